@@ -1,0 +1,119 @@
+"""Our environment flags, registered in SGLang's `envs` so they read like upstream flags.
+
+Upstream `EnvField.get()` (sglang/srt/environ.py:70-89) warns and falls back to the
+default on a bad value. A patch switch must never silently turn itself off or on,
+so our fields parse strictly: a bad value raises `FlagValueError` naming the
+variable and the accepted values.
+
+Fields are added to the `Envs` class after it was created: `EnvField.__set_name__`
+only runs at class creation and asserts afterwards (environ.py:55-57, 2183), so we
+set `name` ourselves and `setattr` the field on `Envs`; `envs.<NAME>.get()` and
+`exportable_env_vars()` (environ.py:2186) then see it like any upstream flag.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from sglang.srt.environ import EnvField, Envs, envs
+
+_TRUE = ("1", "true", "yes", "y", "on")
+_FALSE = ("0", "false", "no", "n", "off")
+
+
+class FlagValueError(ValueError):
+    """A flag holds a value outside its accepted set."""
+
+
+class _StrictField(EnvField):
+    accepted: tuple[str, ...] = ()
+
+    def get(self) -> Any:
+        value = os.getenv(self.name)
+        if value is None or value == "":
+            return self._resolve_default()
+        try:
+            return self.parse(value)
+        except ValueError:
+            raise FlagValueError(
+                f"{self.name}={value!r} is not a valid value; accepted values: "
+                f"{', '.join(self.accepted)} (unset means {self.default!r})"
+            ) from None
+
+
+class StrictEnvBool(_StrictField):
+    accepted = _TRUE + _FALSE
+
+    def parse(self, value: str) -> bool:
+        lowered = value.strip().lower()
+        if lowered in _TRUE:
+            return True
+        if lowered in _FALSE:
+            return False
+        raise ValueError(value)
+
+
+class StrictEnvChoice(_StrictField):
+    def __init__(self, default: str, choices: tuple[str, ...]):
+        assert default in choices, (default, choices)
+        super().__init__(default)
+        self.accepted = choices
+
+    def parse(self, value: str) -> str:
+        lowered = value.strip().lower()
+        if lowered not in self.accepted:
+            raise ValueError(value)
+        return lowered
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One of our flags: its `envs` field plus the text README and `doctor` show."""
+
+    name: str
+    field: _StrictField
+    doc: str
+    off_value: str  # the value that leaves upstream behaviour in place
+
+    def get(self) -> Any:
+        return self.field.get()
+
+    @property
+    def accepted(self) -> tuple[str, ...]:
+        return self.field.accepted
+
+    @property
+    def default(self) -> Any:
+        return self.field.default
+
+
+FLAGS: dict[str, Flag] = {}
+
+
+def _register(name: str, field: _StrictField, doc: str, off_value: str) -> Flag:
+    existing = getattr(Envs, name, None)
+    if isinstance(existing, EnvField) and not isinstance(existing, _StrictField):
+        raise RuntimeError(f"{name} is already an upstream SGLang flag; pick another name")
+    field.name = name
+    setattr(Envs, name, field)
+    flag = Flag(name=name, field=field, doc=doc, off_value=off_value)
+    FLAGS[name] = flag
+    return flag
+
+
+def bool_flag(name: str, default: bool, doc: str) -> Flag:
+    return _register(name, StrictEnvBool(default), doc, off_value="0")
+
+
+def choice_flag(
+    name: str, default: str, choices: tuple[str, ...], doc: str, *, off_value: str
+) -> Flag:
+    assert off_value in choices, (off_value, choices)
+    return _register(name, StrictEnvChoice(default, choices), doc, off_value=off_value)
+
+
+def read(name: str) -> Any:
+    """Read a flag through SGLang's `envs`, as upstream code reads its own."""
+    return getattr(envs, name).get()

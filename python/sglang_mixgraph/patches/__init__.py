@@ -1,0 +1,14 @@
+"""Every patch of sglang-mixgraph, one module each.
+
+A patch module defines its flags at import (they register in SGLang's `envs`) and
+a module-level `PATCH`; it imports upstream modules only inside its hooks, so
+loading the plugin stays cheap in every SGLang process.
+"""
+
+from __future__ import annotations
+
+from sglang_mixgraph.registry import Patch
+
+
+def all_patches() -> tuple[Patch, ...]:
+    return ()

@@ -1,0 +1,24 @@
+"""SGLang general-plugin entry point (`sglang.srt.plugins` group, name `mixgraph`).
+
+`sglang.srt.plugins.load_plugins()` calls `register()` in every SGLang process
+(main, schedulers, DP controller, detokenizer) and then applies the hooks.
+It logs and swallows ordinary exceptions from a plugin (plugins/__init__.py:130-137),
+so a patch that cannot apply raises `SystemExit` here: startup must stop.
+"""
+
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger("sglang_mixgraph")
+
+
+def register() -> None:
+    from sglang_mixgraph.patches import all_patches
+    from sglang_mixgraph.registry import PatchCheckError, install
+
+    try:
+        install(all_patches())
+    except PatchCheckError as e:
+        logger.error("sglang-mixgraph: %s", e)
+        raise SystemExit(f"sglang-mixgraph: startup stopped.\n{e}") from None
