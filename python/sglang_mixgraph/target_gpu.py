@@ -1,21 +1,33 @@
 """Describe a target GPU to SGLang on a machine that has none, for `sglang-mixgraph plan`.
 
-SGLang asks its platform layer about the accelerator while it resolves server
-arguments (memory size, SM version). `plan` must resolve arguments exactly as
-`launch_server` would on the deployment's GPU, so it selects this platform
-through SGLang's own platform-plugin mechanism (entry point group
-`sglang.srt.platforms`, chosen with `SGLANG_PLATFORM`, see
-sglang/srt/platforms/__init__.py `_resolve_platform`) and answers the platform
-facts (`sglang.srt.runtime_context.override_platform`) for the described chip.
+SGLang asks about the accelerator while it resolves server arguments (memory
+size, SM version). `plan` must resolve arguments exactly as `launch_server`
+would on the deployment's GPU, so the chip is described at SGLang's platform
+layer, in three places that together are everything resolution asks:
+- the platform object: this module is a platform plugin (entry point group
+  `sglang.srt.platforms`, selected with `SGLANG_PLATFORM=mixgraph_target`, see
+  sglang/srt/platforms/__init__.py `_resolve_platform`) whose class is SGLang's
+  CUDA platform answering device queries for the described chip;
+- the platform facts: `sglang.srt.runtime_context.override_platform(...)`,
+  upstream's scoped way to state SM version and vendor for every reader;
+- the device probes in `sglang.srt.utils.common` that those facts are computed
+  from (`is_cuda`, `get_device_sm`, `is_sm100_supported`, ...) and that some
+  resolution hooks still call directly; inside `described_gpu()` they answer
+  from the same description and are restored on exit.
 
-Nothing here activates unless `SGLANG_MIXGRAPH_DESCRIBED_GPU` names a GPU; only
-`plan` (in its own process) and the tests set it.
+Nothing activates unless `SGLANG_MIXGRAPH_DESCRIBED_GPU` names a GPU and the
+`described_gpu()` context is entered; only `plan` (in its own process) and the
+tests do that.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
+import types
 from dataclasses import dataclass
+from typing import Iterator
 
 DESCRIBED_GPU_ENV = "SGLANG_MIXGRAPH_DESCRIBED_GPU"
 PLATFORM_PLUGIN_NAME = "mixgraph_target"
@@ -27,24 +39,29 @@ class GpuSpec:
     device_name: str
     sm_major: int
     sm_minor: int
-    memory_bytes: int
+    memory_mib: int  # what `nvidia-smi --query-gpu=memory.total` reports
 
     @property
     def sm(self) -> int:
         return self.sm_major * 10 + self.sm_minor
 
+    @property
+    def memory_bytes(self) -> int:
+        return self.memory_mib << 20
+
     def describe(self) -> str:
         return f"{self.name} (SM{self.sm}), {self.memory_bytes / 1e9:.0f} GB"
 
 
-# Memory as the driver reports it (nvidia-smi memory.total); vendor datasheets round.
+# H200 as read on the lent machine (KINDS.md: 143771 MiB); the others are the
+# usual driver readings for those parts, not measured here.
 GPUS: dict[str, GpuSpec] = {
     spec.name: spec
     for spec in (
-        GpuSpec("B300", "NVIDIA B300 SXM6 AC", 10, 3, 275 * 10**9),
-        GpuSpec("B200", "NVIDIA B200", 10, 0, 183 * 10**9),
-        GpuSpec("H200", "NVIDIA H200", 9, 0, 143 * 10**9),
-        GpuSpec("H100", "NVIDIA H100 80GB HBM3", 9, 0, 85 * 10**9),
+        GpuSpec("B300", "NVIDIA B300 SXM6 AC", 10, 3, 275040),
+        GpuSpec("B200", "NVIDIA B200", 10, 0, 183359),
+        GpuSpec("H200", "NVIDIA H200", 9, 0, 143771),
+        GpuSpec("H100", "NVIDIA H100 80GB HBM3", 9, 0, 81559),
     )
 }
 DEFAULT_GPU = "B300"
@@ -59,14 +76,14 @@ def lookup(name: str) -> GpuSpec:
         ) from None
 
 
-def described_gpu() -> GpuSpec | None:
+def spec_from_env() -> GpuSpec | None:
     name = os.environ.get(DESCRIBED_GPU_ENV)
     return lookup(name) if name else None
 
 
 def activate() -> str | None:
     """Platform-plugin entry point: a platform only when a GPU is being described."""
-    if described_gpu() is None:
+    if spec_from_env() is None:
         return None
     return f"{__name__}.DescribedGpuPlatform"
 
@@ -93,6 +110,115 @@ def platform_facts(spec: GpuSpec) -> dict:
     )
 
 
+def _probe_answers(spec: GpuSpec) -> dict:
+    """`sglang.srt.utils.common` device probes, answered for the described chip."""
+    facts = platform_facts(spec)
+    answers = {
+        "is_cuda": facts["is_cuda"],
+        "is_cuda_alike": True,
+        "is_hip": False,
+        "get_device_sm": spec.sm,
+        "get_device_capability": (spec.sm_major, spec.sm_minor),
+        "get_nvgpu_memory_capacity": spec.memory_mib,
+        "is_sm80_supported": False,
+        "is_sm90_supported": facts["is_sm90"],
+        "is_sm100_supported": facts["is_sm100"],
+        "is_sm100_or_sm110_supported": facts["is_sm100_or_sm110"],
+        "is_sm110_supported": facts["is_sm110"],
+        "is_sm120_supported": facts["is_sm120"],
+        "is_blackwell_supported": facts["is_blackwell"],
+        "is_blackwell": facts["is_blackwell"],
+        "is_hopper_with_cuda_12_3": facts["is_hopper_with_cuda_12_3"],
+        "is_ampere_with_cuda_12_3": False,
+    }
+    return {name: (lambda value=value, *a, **k: value) for name, value in answers.items()}
+
+
+def _import_resolution_modules() -> None:
+    """Import the argument-resolution modules while the probes still tell the truth.
+
+    Model and kernel modules choose their imports by probing at import time
+    (`if is_cuda(): from sgl_kernel import ...`); on a CPU machine they must see
+    the CPU, and only resolution, which runs inside `described_gpu`, sees the target.
+    """
+    import importlib
+    import pkgutil
+
+    import sglang.srt.arg_groups as arg_groups
+
+    importlib.import_module("sglang.srt.server_args")
+    for info in pkgutil.walk_packages(arg_groups.__path__, arg_groups.__name__ + "."):
+        importlib.import_module(info.name)
+
+
+def _rebind(original: object, replacement: object) -> list[tuple[types.ModuleType, str]]:
+    """Point every module-level name bound to `original` at `replacement`.
+
+    Resolution hooks import probes with `from sglang.srt.utils.common import ...`.
+    """
+    rebound = []
+    for mod in list(sys.modules.values()):
+        if not isinstance(mod, types.ModuleType):
+            continue
+        try:
+            items = list(vars(mod).items())
+        except TypeError:
+            continue
+        for name, value in items:
+            if value is original:
+                setattr(mod, name, replacement)
+                rebound.append((mod, name))
+    return rebound
+
+
+@contextlib.contextmanager
+def described_gpu(name: str) -> Iterator[GpuSpec]:
+    """Within this block, SGLang sees `name` (B300, B200, H200, H100) as the local GPU.
+
+    The platform plugin must already be selected when SGLang first resolves its
+    platform (`SGLANG_PLATFORM=mixgraph_target` before `sglang.srt.utils` is
+    imported); `plan` and the test suite's conftest arrange that.
+    """
+    from sglang.srt.platforms import current_platform
+    from sglang.srt.runtime_context import override_platform
+    from sglang.srt.utils import common
+
+    spec = lookup(name)
+    _import_resolution_modules()
+    if not isinstance(current_platform, platform_class()):
+        raise RuntimeError(
+            "SGLang's platform was resolved before the described GPU was selected; "
+            f"set SGLANG_PLATFORM={PLATFORM_PLUGIN_NAME} before importing sglang.srt"
+        )
+    previous_env = os.environ.get(DESCRIBED_GPU_ENV)
+    os.environ[DESCRIBED_GPU_ENV] = spec.name
+    swapped: list[tuple[types.ModuleType, str, object]] = []
+    try:
+        for probe, answer in _probe_answers(spec).items():
+            original = getattr(common, probe)
+            swapped += [(m, n, original) for m, n in _rebind(original, answer)]
+        with override_platform(**platform_facts(spec)):
+            yield spec
+    finally:
+        for mod, attr, original in swapped:
+            setattr(mod, attr, original)
+        if previous_env is None:
+            os.environ.pop(DESCRIBED_GPU_ENV, None)
+        else:
+            os.environ[DESCRIBED_GPU_ENV] = previous_env
+
+
+_platform_class: type | None = None
+
+
+def platform_class() -> type:
+    """The platform class, built on first use: importing this module must not import sglang."""
+    global _platform_class
+    if _platform_class is None:
+        _platform_class = _make_platform_class()
+    return _platform_class
+
+
 def _make_platform_class():
     from sglang.srt.platforms.cuda import CudaSRTPlatform
     from sglang.srt.platforms.device_mixin import DeviceCapability
@@ -101,7 +227,7 @@ def _make_platform_class():
         """SGLang's CUDA platform, answering device queries for the described GPU."""
 
         def _spec(self) -> GpuSpec:
-            spec = described_gpu()
+            spec = spec_from_env()
             assert spec is not None, f"{DESCRIBED_GPU_ENV} is not set"
             return spec
 
@@ -117,7 +243,7 @@ def _make_platform_class():
 
         def get_available_memory(self, device_id: int = 0) -> tuple[int, int]:
             total = self._spec().memory_bytes
-            return total, total
+            return total, total  # (free, total) of an idle GPU
 
         def get_device_capability(self, device_id: int = 0):
             spec = self._spec()
@@ -128,9 +254,7 @@ def _make_platform_class():
 
 
 def __getattr__(name: str):
-    # Built lazily: importing this module must not import sglang or torch.
+    # `_resolve_platform` loads the class by qualified name (pkgutil.resolve_name).
     if name == "DescribedGpuPlatform":
-        cls = _make_platform_class()
-        globals()[name] = cls
-        return cls
+        return platform_class()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
