@@ -60,6 +60,9 @@ class Patch:
     hooks: tuple[Hook, ...]
     # Reads the flags; a patch is enabled when this returns True.
     is_enabled: Callable[[], bool]
+    # For `plan`: given a resolve.Resolution, say what the patch would do there
+    # (act, or fall back and why). None when the patch has nothing to add.
+    explain: Callable[[Any], str] | None = None
 
 
 @dataclass(frozen=True)

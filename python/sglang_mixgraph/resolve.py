@@ -60,10 +60,11 @@ def resolve(argv: list[str], gpu: str = DEFAULT_GPU) -> Resolution:
 
     load_plugins()
     collector = _Collector()
-    root = logging.getLogger()
-    root.addHandler(collector)
-    previous_level = root.level
-    root.setLevel(min(previous_level, logging.INFO) if previous_level else logging.INFO)
+    # On SGLang's package logger, not the root: resolution may reconfigure root handlers.
+    sglang_logger = logging.getLogger("sglang")
+    sglang_logger.addHandler(collector)
+    previous_level = sglang_logger.level
+    sglang_logger.setLevel(logging.INFO)
     try:
         with described_gpu(gpu) as spec:
             from sglang.srt.server_args import prepare_server_args
@@ -72,6 +73,6 @@ def resolve(argv: list[str], gpu: str = DEFAULT_GPU) -> Resolution:
             server_args.resolve_once()
             resolved = server_args.resolved_dict()
     finally:
-        root.removeHandler(collector)
-        root.setLevel(previous_level)
+        sglang_logger.removeHandler(collector)
+        sglang_logger.setLevel(previous_level)
     return Resolution(gpu=spec, server_args=server_args, resolved=resolved, logs=collector.records)

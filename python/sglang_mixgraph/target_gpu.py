@@ -50,7 +50,7 @@ class GpuSpec:
         return self.memory_mib << 20
 
     def describe(self) -> str:
-        return f"{self.name} (SM{self.sm}), {self.memory_bytes / 1e9:.0f} GB"
+        return f"{self.name} (SM{self.sm}), {self.memory_mib} MiB"
 
 
 # H200 as read on the lent machine (KINDS.md: 143771 MiB); the others are the

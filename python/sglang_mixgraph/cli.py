@@ -1,0 +1,354 @@
+"""`sglang-mixgraph doctor | plan`: what is installed and active, and what a deployment resolves to.
+
+`plan` runs SGLang's own argument parser and resolution (see resolve.py) for a
+described target GPU, so it works on a machine without one. It selects the
+described-GPU platform before anything imports `sglang.srt`: this module imports
+sglang only inside the commands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import traceback
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+from sglang_mixgraph.target_gpu import DEFAULT_GPU, GPUS
+
+EMBEDDED_MODEL_DIR = Path(__file__).parent / "data" / "dsv4_pro"
+MEGA_MOE_CAP_ENV = "SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK"
+
+# The reference deployment of DESIGN §5: DSV4-Pro on 8 GPUs, tp 8 with attention DP
+# over 8 ranks, MegaMoE, mixed chunk, 256 running requests and 2816 prefill tokens
+# per rank. SGLang takes both sizes globally and divides by the attention-DP size
+# (arg_groups/parallel_hook.py chunked-prefill adjustment; `max_running_requests //
+# attn_dp_size` in model_executor/pool_configurator.py:956).
+REFERENCE_DP = 8
+REFERENCE_ARGS = [
+    "--model-path", str(EMBEDDED_MODEL_DIR),
+    "--tp", "8",
+    "--attn-dp-size", str(REFERENCE_DP),
+    "--enable-mixed-chunk",
+    "--moe-a2a-backend", "megamoe",
+    "--chunked-prefill-size", str(2816 * REFERENCE_DP),
+    "--max-running-requests", str(256 * REFERENCE_DP),
+]
+REFERENCE_ENV = {MEGA_MOE_CAP_ENV: "2816"}
+
+
+def _dist_version(name: str) -> str | None:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+# ---------------------------------------------------------------- doctor
+
+
+def _gpu_info() -> dict[str, Any]:
+    try:
+        import torch
+    except ImportError:
+        return {"available": False, "reason": "torch is not installed"}
+    if not torch.cuda.is_available():
+        return {"available": False, "reason": "torch.cuda.is_available() is False"}
+    major, minor = torch.cuda.get_device_capability(0)
+    return {
+        "available": True,
+        "count": torch.cuda.device_count(),
+        "name": torch.cuda.get_device_name(0),
+        "capability": f"{major}.{minor}",
+    }
+
+
+def doctor_report() -> dict[str, Any]:
+    from sglang_mixgraph.flags import FLAGS, FlagValueError
+    from sglang_mixgraph.patches import all_patches
+    from sglang_mixgraph.registry import PINNED_SGLANG, check_hook, evaluate
+
+    patches = []
+    for patch in all_patches():
+        status = evaluate(patch)
+        # Read-only checks of every target, also for patches that are off.
+        checks = status.checks or [check_hook(h) for h in patch.hooks]
+        patches.append(
+            {
+                "id": patch.id,
+                "summary": patch.summary,
+                "flags": status.flag_values,
+                "status": status.state,
+                "reason": status.error,
+                "targets": [
+                    {"target": c.target, "expected": c.expected, "found": c.found, "ok": c.ok}
+                    for c in checks
+                ],
+            }
+        )
+    flags = []
+    for flag in FLAGS.values():
+        entry: dict[str, Any] = {
+            "name": flag.name,
+            "default": flag.default,
+            "accepted": list(flag.accepted),
+            "set": os.environ.get(flag.name),
+        }
+        try:
+            entry["value"] = flag.get()
+        except FlagValueError as e:
+            entry["error"] = str(e)
+        flags.append(entry)
+    return {
+        "versions": {
+            "sglang": _dist_version("sglang"),
+            "sglang_pinned": PINNED_SGLANG,
+            "sglang_mixgraph": _dist_version("sglang-mixgraph"),
+            "torch": _dist_version("torch"),
+            "flash_mla": _dist_version("sgl-flash-mla"),
+        },
+        "gpu": _gpu_info(),
+        "flags": flags,
+        "patches": patches,
+        "ok": all(p["status"] != "cannot apply" for p in patches)
+        and all("error" not in f for f in flags),
+    }
+
+
+def _print_doctor(report: dict[str, Any]) -> None:
+    v = report["versions"]
+    print(f"sglang {v['sglang']} (pinned {v['sglang_pinned']}), sglang-mixgraph {v['sglang_mixgraph']}, "
+          f"torch {v['torch']}, flash_mla {v['flash_mla']}")
+    gpu = report["gpu"]
+    print("GPU: " + (f"{gpu['count']}x {gpu['name']} (SM {gpu['capability']})" if gpu["available"]
+                     else f"none ({gpu['reason']})"))
+    print("Flags:")
+    for f in report["flags"]:
+        shown = f"ERROR: {f['error']}" if "error" in f else repr(f["value"])
+        print(f"  {f['name']} = {shown}")
+    print("Patches:")
+    if not report["patches"]:
+        print("  (none)")
+    for p in report["patches"]:
+        print(f"  {p['id']}: {p['status']}  ({p['summary']})")
+        if p["reason"]:
+            for line in p["reason"].splitlines():
+                print(f"      {line}")
+        for t in p["targets"]:
+            mark = "ok " if t["ok"] else "BAD"
+            print(f"      [{mark}] {t['target']}: {t['found']}")
+    print("OK" if report["ok"] else "PROBLEMS: an enabled patch cannot apply or a flag is invalid")
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    report = doctor_report()
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        _print_doctor(report)
+    return 0 if report["ok"] else 1
+
+
+# ---------------------------------------------------------------- plan
+
+
+def plan_report(resolution: Any, argv: list[str], default_deployment: bool) -> dict[str, Any]:
+    from sglang.srt.environ import envs
+
+    from sglang_mixgraph.patches import all_patches
+    from sglang_mixgraph.registry import evaluate
+
+    r = resolution.resolved
+    graphs = r["cuda_graph_config"]
+    attn_dp = r["attn_dp_size"]
+    megamoe = r["moe_a2a_backend"] == "megamoe"
+    patches = []
+    for patch in all_patches():
+        status = evaluate(patch)
+        entry = {"id": patch.id, "status": status.state, "reason": status.error}
+        if status.enabled and status.error is None and patch.explain is not None:
+            entry["note"] = patch.explain(resolution)
+        patches.append(entry)
+    return {
+        "assumed_gpu": {
+            "name": resolution.gpu.name,
+            "sm": resolution.gpu.sm,
+            "memory_bytes": resolution.gpu.memory_bytes,
+            "text": resolution.gpu.describe(),
+        },
+        "server_args": argv,
+        "default_deployment": default_deployment,
+        "model_path": r["model_path"],
+        "tp_size": r["tp_size"],
+        "attn_dp_size": attn_dp,
+        "dp_attention": attn_dp > 1,
+        "mixed_chunk": r["enable_mixed_chunk"],
+        "chunked_prefill_size_per_dp_rank": r["chunked_prefill_size"],
+        "max_running_requests": r["max_running_requests"],
+        "max_running_requests_per_dp_rank": (
+            None if r["max_running_requests"] is None else r["max_running_requests"] // attn_dp
+        ),
+        "attention_backend": r["attention_backend"],
+        "moe": {
+            "a2a_backend": r["moe_a2a_backend"],
+            "runner_backend": r["moe_runner_backend"],
+            "megamoe": megamoe,
+            "megamoe_max_tokens_per_rank": (
+                envs.SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK.get() if megamoe else None
+            ),
+        },
+        "prefill_graph": {
+            "backend": graphs["prefill"]["backend"],
+            "decided_by": _prefill_rule(resolution),
+            "max_bs": graphs["prefill"]["max_bs"],
+            "buckets": graphs["prefill"]["bs"],
+        },
+        "decode_graph": {
+            "backend": graphs["decode"]["backend"],
+            "max_bs": graphs["decode"]["max_bs"],
+            "buckets": graphs["decode"]["bs"],
+        },
+        "patches": patches,
+    }
+
+
+def _prefill_rule(resolution: Any) -> str:
+    """Which upstream step decided the prefill graph backend, from what resolution logged."""
+    if resolution.resolved.get("cuda_graph_backend_prefill") is not None:
+        return "user: --cuda-graph-backend-prefill"
+    marker = "Breakable CUDA graph is incompatible with "
+    for message in resolution.messages("sglang.srt.arg_groups"):
+        if message.startswith(marker):
+            return "upstream rule: " + message[len(marker):].split(";")[0]
+        if "prefill CUDA graph" in message and "isabl" in message:
+            return "upstream: " + message
+    return "upstream default"
+
+
+def _print_plan(p: dict[str, Any]) -> None:
+    print(f"assumed GPU: {p['assumed_gpu']['text']}")
+    if p["default_deployment"]:
+        print("deployment: embedded default (DSV4-Pro-shaped config, reference launch of DESIGN §5)")
+    print("server args: " + " ".join(p["server_args"]))
+    print(f"tp {p['tp_size']}, attention DP {p['attn_dp_size']} "
+          f"({'on' if p['dp_attention'] else 'off'}), mixed chunk {'on' if p['mixed_chunk'] else 'off'}")
+    print(f"chunked prefill per DP rank: {p['chunked_prefill_size_per_dp_rank']}")
+    print(f"max running requests: {p['max_running_requests']} "
+          f"({p['max_running_requests_per_dp_rank']} per DP rank)")
+    moe = p["moe"]
+    cap = f", MegaMoE cap {moe['megamoe_max_tokens_per_rank']} tokens/rank" if moe["megamoe"] else ""
+    print(f"attention backend: {p['attention_backend']}; MoE: a2a {moe['a2a_backend']}, "
+          f"runner {moe['runner_backend']}{cap}")
+    pg = p["prefill_graph"]
+    print(f"prefill graph: {pg['backend']} (decided by {pg['decided_by']}); "
+          f"{len(pg['buckets'] or [])} buckets up to {pg['max_bs']}: {_short_list(pg['buckets'])}")
+    dg = p["decode_graph"]
+    print(f"decode graph: {dg['backend']}; {len(dg['buckets'] or [])} buckets up to {dg['max_bs']}")
+    print("patches:")
+    if not p["patches"]:
+        print("  (none)")
+    for patch in p["patches"]:
+        line = f"  {patch['id']}: {patch['status']}"
+        if patch.get("note"):
+            line += f" - {patch['note']}"
+        print(line)
+        if patch["reason"]:
+            for reason_line in patch["reason"].splitlines():
+                print(f"      {reason_line}")
+
+
+def _short_list(values: list[int] | None, keep: int = 6) -> str:
+    if not values:
+        return "[]"
+    if len(values) <= 2 * keep:
+        return str(values)
+    head = ", ".join(map(str, values[:keep]))
+    tail = ", ".join(map(str, values[-keep:]))
+    return f"[{head}, ..., {tail}]"
+
+
+def cmd_plan(args: argparse.Namespace, server_argv: list[str]) -> int:
+    default_deployment = not server_argv
+    if default_deployment:
+        server_argv = list(REFERENCE_ARGS)
+        for key, value in REFERENCE_ENV.items():
+            os.environ.setdefault(key, value)
+
+    from sglang_mixgraph.resolve import resolve, select_described_platform
+
+    select_described_platform(args.target_gpu)
+    try:
+        resolution = resolve(server_argv, gpu=args.target_gpu)
+    except Exception as e:  # SGLang's own resolution errors (ValueError, AssertionError, ...)
+        frame = traceback.extract_tb(e.__traceback__)[-1]
+        detail = "".join(traceback.format_exception_only(e)).strip()
+        print(
+            f"sglang-mixgraph plan: SGLang rejected the server arguments: {detail}\n"
+            f"  (raised at {frame.filename}:{frame.lineno}, in {frame.name})",
+            file=sys.stderr,
+        )
+        return 1
+    report = plan_report(resolution, server_argv, default_deployment)
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        _print_plan(report)
+    return 0
+
+
+# ---------------------------------------------------------------- entry
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sglang-mixgraph",
+        description="Inspect the sglang-mixgraph plugin and plan SGLang deployments.",
+        allow_abbrev=False,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    doctor = sub.add_parser(
+        "doctor", help="versions, GPU, every flag and patch with its target checks",
+        allow_abbrev=False,
+    )
+    doctor.add_argument("--json", action="store_true", help="print JSON")
+    plan = sub.add_parser(
+        "plan",
+        help="resolve SGLang server arguments as launch_server would, for a target GPU",
+        description=(
+            "Resolve SGLang server arguments exactly as `python -m sglang.launch_server` would "
+            "(with this plugin loaded) without starting anything. Arguments not listed here are "
+            "passed to SGLang's parser. With none, the embedded reference deployment is used."
+        ),
+        allow_abbrev=False,
+    )
+    plan.add_argument("--json", action="store_true", help="print JSON")
+    plan.add_argument(
+        "--target-gpu",
+        default=DEFAULT_GPU,
+        type=str.upper,
+        choices=list(GPUS),
+        help=f"GPU to describe to SGLang (default {DEFAULT_GPU})",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = _parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "doctor":
+        if rest:
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        return cmd_doctor(args)
+    if args.json:
+        # Keep stdout pure JSON; SGLang logs to stderr through the root logger.
+        logging.basicConfig(stream=sys.stderr, level=logging.WARNING)
+    return cmd_plan(args, rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
