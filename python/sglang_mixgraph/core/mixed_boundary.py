@@ -1,0 +1,244 @@
+"""Host-side boundary of a mixed prefill/decode step and decode-tail row slicing (no sglang).
+
+A MIXED batch lists the prefill requests first and the decode requests after them
+(``ScheduleBatch.mix_with_running`` appends the running requests:
+``sglang/srt/managers/schedule_batch.py:3267-3365``, ``merge_batch`` at 3977,
+``extend_lens + [1] * running_bs`` at 3359). With ``P`` prefill and ``D`` decode requests the
+query rows are laid out as
+
+    [0, b0)            prefill rows, b0 = sum(extend_seq_lens[:P])
+    [b0, b0 + D)       one row per decode request
+    [b0 + D, num_rows) padding rows (eager DP-attention padding is appended after the decode
+                       rows: ``forward_batch_info.py`` ``_pad_inputs_to_size`` 1990+); they
+                       belong to neither kernel.
+
+Everything is computed from host-side Python lists so no device synchronization happens. A
+DP-attention decode batch that upstream relabels to a 1-token EXTEND
+(``schedule_batch.py`` ``convert_decode_to_extend`` 3366-3401) is the case ``P == 0``,
+``b0 == 0``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable, List, Optional, Sequence, Tuple
+
+import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class MixedBoundary:
+    """Where the decode tail of one mixed step starts and ends (all host ints)."""
+
+    num_prefill_reqs: int  # P
+    num_decode_reqs: int  # D
+    b0: int  # first decode row == number of prefill rows
+    num_rows: int  # q rows the attention sees, padding included
+
+    @property
+    def decode_end(self) -> int:
+        return self.b0 + self.num_decode_reqs
+
+    @property
+    def num_prefill_rows(self) -> int:
+        return self.b0
+
+    @property
+    def num_padding_rows(self) -> int:
+        return self.num_rows - self.decode_end
+
+    @property
+    def prefill_rows(self) -> slice:
+        return slice(0, self.b0)
+
+    @property
+    def decode_rows(self) -> slice:
+        return slice(self.b0, self.decode_end)
+
+    @property
+    def padding_rows(self) -> slice:
+        return slice(self.decode_end, self.num_rows)
+
+    @property
+    def prefill_reqs(self) -> slice:
+        return slice(0, self.num_prefill_reqs)
+
+    @property
+    def decode_reqs(self) -> slice:
+        return slice(self.num_prefill_reqs, self.num_prefill_reqs + self.num_decode_reqs)
+
+    @property
+    def has_decode_tail(self) -> bool:
+        return self.num_decode_reqs > 0
+
+    @property
+    def has_prefill(self) -> bool:
+        return self.b0 > 0
+
+
+def _host_ints(values: Iterable, name: str) -> List[int]:
+    if isinstance(values, torch.Tensor):
+        # A device tensor here would force a synchronization; the boundary is host math.
+        raise TypeError(f"{name} must be a host list of ints, not a tensor")
+    out = []
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int):
+            try:
+                iv = int(v)
+            except (TypeError, ValueError):
+                raise TypeError(f"{name} holds a non-integer {v!r}") from None
+            if iv != v:
+                raise TypeError(f"{name} holds a non-integer {v!r}")
+            v = iv
+        out.append(int(v))
+    return out
+
+
+def compute_mixed_boundary(
+    extend_seq_lens: Sequence[int],
+    num_decode_reqs: int,
+    num_rows: Optional[int] = None,
+) -> MixedBoundary:
+    """The boundary of one step from the per-request extend lengths (host list).
+
+    ``extend_seq_lens`` covers every request, prefill ones first; the last ``num_decode_reqs``
+    must each have extend length 1. ``num_rows`` is the number of q rows the attention gets
+    (defaults to ``sum(extend_seq_lens)``); rows beyond ``b0 + D`` are padding.
+    """
+    lens = _host_ints(extend_seq_lens, "extend_seq_lens")
+    d = int(num_decode_reqs)
+    if d < 0 or d > len(lens):
+        raise ValueError(f"num_decode_reqs={d} outside [0, {len(lens)}]")
+    p = len(lens) - d
+    if any(x < 0 for x in lens):
+        raise ValueError("extend lengths must be non-negative")
+    tail = lens[p:]
+    if any(x != 1 for x in tail):
+        raise ValueError(f"decode requests must extend by exactly 1 token, got {tail}")
+    b0 = sum(lens[:p])
+    total = b0 + d
+    rows = total if num_rows is None else int(num_rows)
+    if rows < total:
+        raise ValueError(f"num_rows={rows} is smaller than the {total} real rows")
+    return MixedBoundary(num_prefill_reqs=p, num_decode_reqs=d, b0=b0, num_rows=rows)
+
+
+def slice_rows(x: Optional[torch.Tensor], rows: slice) -> Optional[torch.Tensor]:
+    """``x[rows]`` along dim 0 as a view (never a copy); ``None`` passes through."""
+    if x is None:
+        return None
+    if rows.stop > x.shape[0]:
+        raise IndexError(f"rows [{rows.start}, {rows.stop}) outside a tensor of {x.shape[0]} rows")
+    return x.narrow(0, rows.start, rows.stop - rows.start)
+
+
+@dataclasses.dataclass
+class DecodeTailRows:
+    """Per-row inputs of the decode kernel for one compress ratio, rows ``[b0, b0 + D)``.
+
+    ``swa_indices``/``swa_lengths``: the SWA window (main cache); ``extra_indices``/
+    ``extra_lengths``: the c4 top-k page indices or the c128 page indices and their lengths
+    (``None`` for SWA-only layers). All are views of the step's metadata tensors.
+    """
+
+    q: torch.Tensor
+    swa_indices: torch.Tensor
+    swa_lengths: Optional[torch.Tensor]
+    extra_indices: Optional[torch.Tensor] = None
+    extra_lengths: Optional[torch.Tensor] = None
+
+    def tensors(self) -> Tuple[Optional[torch.Tensor], ...]:
+        return (self.q, self.swa_indices, self.swa_lengths, self.extra_indices, self.extra_lengths)
+
+
+def slice_decode_tail(
+    boundary: MixedBoundary,
+    q: torch.Tensor,
+    swa_indices: torch.Tensor,
+    swa_lengths: Optional[torch.Tensor],
+    extra_indices: Optional[torch.Tensor] = None,
+    extra_lengths: Optional[torch.Tensor] = None,
+) -> DecodeTailRows:
+    """Views of rows ``[b0, b0 + D)`` of ``q`` and of the per-row metadata.
+
+    The metadata tensors are indexed by q row (upstream builds them per token with the decode
+    builder, ``deepseek_v4_backend.py`` ``make_core_attn_metadata`` 4746-4911), so the decode
+    rows of a MIXED batch already carry decode-shaped rows; here they are only narrowed.
+    """
+    rows = boundary.decode_rows
+    return DecodeTailRows(
+        q=slice_rows(q, rows),
+        swa_indices=slice_rows(swa_indices, rows),
+        swa_lengths=slice_rows(swa_lengths, rows),
+        extra_indices=slice_rows(extra_indices, rows),
+        extra_lengths=slice_rows(extra_lengths, rows),
+    )
+
+
+def prefill_request_lists(boundary: MixedBoundary, *lists: Sequence) -> Tuple[list, ...]:
+    """The first ``P`` entries of each per-request host list (for a prefill-only chunk cache)."""
+    return tuple(list(x)[: boundary.num_prefill_reqs] for x in lists)
+
+
+def assemble_rows(
+    boundary: MixedBoundary,
+    prefill_out: Optional[torch.Tensor],
+    decode_out: Optional[torch.Tensor],
+    out: Optional[torch.Tensor] = None,
+    like: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """One ``(num_rows, ...)`` output in the original row order; padding rows are zero.
+
+    ``prefill_out`` has ``b0`` rows and ``decode_out`` has ``D`` rows (either may be ``None``
+    when that part is empty). ``out`` may be given to write into a preallocated buffer.
+    """
+    ref = prefill_out if prefill_out is not None and prefill_out.shape[0] else decode_out
+    if ref is None:
+        ref = like
+    if ref is None:
+        raise ValueError("need an output part or `like` to know the row shape")
+    if prefill_out is not None and prefill_out.shape[0] != boundary.b0:
+        raise ValueError(f"prefill part has {prefill_out.shape[0]} rows, expected {boundary.b0}")
+    if decode_out is not None and decode_out.shape[0] != boundary.num_decode_reqs:
+        raise ValueError(
+            f"decode part has {decode_out.shape[0]} rows, expected {boundary.num_decode_reqs}"
+        )
+    if out is None:
+        if boundary.num_padding_rows == 0 and prefill_out is not None and decode_out is not None:
+            return torch.cat([prefill_out, decode_out], dim=0)
+        out = ref.new_empty((boundary.num_rows,) + tuple(ref.shape[1:]))
+    if boundary.b0:
+        out[boundary.prefill_rows] = prefill_out
+    if boundary.num_decode_reqs:
+        out[boundary.decode_rows] = decode_out
+    if boundary.num_padding_rows:
+        out[boundary.padding_rows].zero_()
+    return out
+
+
+def workspace_tokens(
+    seq_lens: Sequence[int],
+    extend_seq_lens: Sequence[int],
+    compress_ratio: int,
+    swa_window: int = 128,
+) -> Tuple[int, int]:
+    """Rows of the bf16 sparse-prefill workspace for these requests: ``(compressed, swa)``.
+
+    Mirrors upstream's sizing: the SWA gather covers ``min(seq, extend + W - 1)`` positions per
+    request (``deepseek_v4_backend.py:2989-2994``); a top-k ratio gathers each request's whole
+    compressed history ``seq // ratio`` (``sparse_prefill_utils.py`` ``ensure_compressed``
+    406-413); c128 gathers ``max(max_seq // 128, 1)`` slots per request (``ensure_c128``
+    329-345).
+    """
+    seqs = _host_ints(seq_lens, "seq_lens")
+    exts = _host_ints(extend_seq_lens, "extend_seq_lens")
+    if len(seqs) != len(exts):
+        raise ValueError("seq_lens and extend_seq_lens differ in length")
+    swa = sum(min(s, e + swa_window - 1) for s, e in zip(seqs, exts))
+    if not seqs or compress_ratio == 0:
+        return 0, swa
+    if compress_ratio == 128:
+        comp = len(seqs) * max(max(seqs) // 128, 1)
+    else:
+        comp = sum(s // compress_ratio for s in seqs)
+    return comp, swa

@@ -1,0 +1,473 @@
+"""F1c: cost model of one mixed step's attention, unsplit vs split, and the adaptive policy.
+
+No sglang imports. Inputs are host-side lists (or the uniform shapes the benchmark sweeps).
+
+What the split changes, per layer (upstream flow: ``deepseek_v4_backend.py``
+``_forward_prefill_sparse`` 4406-4505):
+
+* unsplit: dequantize every request's SWA window and whole compressed history into a bf16
+  workspace, then ``flash_mla_sparse_fwd`` over all ``b0 + D`` rows;
+* split: the same for the ``P`` prefill requests and ``b0`` rows only, the ``D`` decode rows
+  through the fp8 ``flash_mla_with_kvcache`` (no dequantization), then the two outputs are
+  joined in row order (FlashMLA has no ``out=`` argument, so this is a copy).
+
+The model is linear in counts that the host knows before launching anything:
+
+    unsplit = a_ws * ws_all + a_key * keys_all + a_row * rows_all + c_pre
+    split   = [b0 > 0] * (a_ws * ws_pre + a_key * keys_pre + a_row * b0 + c_pre)
+              + d_key * keys_dec + d_row * D + c_dec
+              + [b0 > 0 and D > 0] * a_cat * (b0 + D)
+
+``ws_*`` are workspace rows (tokens dequantized), ``keys_*`` the number of (query row, key)
+pairs the kernel attends to (valid keys only: both kernels skip past ``topk_length``), all in
+milliseconds per unit. Coefficients are fitted per GPU architecture and per compress ratio by
+``benchmark/mixed_split_kernel.py`` and stored as package data
+``sglang_mixgraph/data/split_cost_<arch>.json``. An architecture without a file uses the
+``sm90`` numbers (or the built-in bandwidth-derived ones below when even that is missing) with
+a conservative margin: split only where the model predicts at least ``UNKNOWN_ARCH_MARGIN``
+(10 %) saving.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import math
+from importlib import resources
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+import torch
+
+SWA_WINDOW = 128
+C4_TOPK = 1024
+COEFF_NAMES = ("a_ws", "a_key", "a_row", "c_pre", "d_key", "d_row", "c_dec", "a_cat")
+UNKNOWN_ARCH_MARGIN = 0.10
+KNOWN_ARCH_MARGIN = 0.0
+_DATA_PACKAGE = "sglang_mixgraph"
+_DATA_DIR = "data"
+
+
+class SplitPolicy(str, enum.Enum):
+    ALWAYS = "always"
+    ADAPTIVE = "adaptive"
+
+    @classmethod
+    def parse(cls, value: "str | SplitPolicy") -> "SplitPolicy":
+        if isinstance(value, SplitPolicy):
+            return value
+        try:
+            return cls(str(value).strip().lower())
+        except ValueError:
+            raise ValueError(
+                f"unknown split policy {value!r}; expected one of {[p.value for p in cls]}"
+            ) from None
+
+
+# --------------------------------------------------------------------------------------------
+# closed-form key counts
+# --------------------------------------------------------------------------------------------
+
+
+def _sum_floor_div(n: int, r: int) -> int:
+    """sum_{x=0}^{n} floor(x / r) for n >= -1."""
+    if n < 0:
+        return 0
+    q, rem = divmod(n, r)
+    return r * q * (q - 1) // 2 + q * (rem + 1)
+
+
+def sum_min_floor_div(lo: int, hi: int, r: int, cap: Optional[int]) -> int:
+    """sum_{x=lo}^{hi} min(floor(x / r), cap) (cap None: no cap); 0 when hi < lo."""
+    if hi < lo:
+        return 0
+
+    def prefix(n: int) -> int:
+        if n < 0:
+            return 0
+        if cap is None:
+            return _sum_floor_div(n, r)
+        knee = cap * r - 1  # last x with floor(x/r) < cap
+        return _sum_floor_div(min(n, knee), r) + cap * max(0, n - knee)
+
+    return prefix(hi) - prefix(lo - 1)
+
+
+def sum_min_linear(lo: int, hi: int, cap: int) -> int:
+    """sum_{x=lo}^{hi} min(x, cap); 0 when hi < lo."""
+    if hi < lo:
+        return 0
+    below_hi = min(hi, cap)
+    part = 0
+    if lo <= below_hi:
+        part = (lo + below_hi) * (below_hi - lo + 1) // 2
+    over = max(0, hi - max(lo - 1, cap))
+    return part + cap * over
+
+
+def request_keys(seq_len: int, extend_len: int, ratio: int, topk: Optional[int], swa: int = SWA_WINDOW) -> int:
+    """Valid (row, key) pairs of one request's query rows.
+
+    A query at position ``pos`` (``x = pos + 1`` tokens visible) attends to ``min(x, swa)`` SWA
+    keys plus ``min(x // ratio, topk)`` compressed keys (c128 layers use every compressed
+    entry: ``topk=None``; SWA-only layers ``ratio=0``).
+    """
+    lo, hi = seq_len - extend_len + 1, seq_len
+    keys = sum_min_linear(lo, hi, swa)
+    if ratio:
+        keys += sum_min_floor_div(lo, hi, ratio, topk)
+    return keys
+
+
+# --------------------------------------------------------------------------------------------
+# step features
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class StepShape:
+    """Host-side counts of one mixed step for one layer kind (compress ratio)."""
+
+    ratio: int
+    num_decode: int  # D
+    prefill_rows: int  # b0
+    ws_all: int
+    ws_pre: int
+    keys_all: int
+    keys_pre: int
+    keys_dec: int
+
+    @property
+    def rows_all(self) -> int:
+        return self.prefill_rows + self.num_decode
+
+    @classmethod
+    def from_lists(
+        cls,
+        ratio: int,
+        seq_lens: Sequence[int],
+        extend_seq_lens: Sequence[int],
+        num_decode: int,
+        topk: Optional[int] = C4_TOPK,
+        swa: int = SWA_WINDOW,
+    ) -> "StepShape":
+        """From per-request host lists, prefill requests first (the MIXED batch order)."""
+        seqs = [int(s) for s in seq_lens]
+        exts = [int(e) for e in extend_seq_lens]
+        if len(seqs) != len(exts):
+            raise ValueError("seq_lens and extend_seq_lens differ in length")
+        p = len(seqs) - int(num_decode)
+        if p < 0:
+            raise ValueError("more decode requests than requests")
+        eff_topk = None if ratio == 128 else topk
+        keys = [request_keys(s, e, ratio, eff_topk, swa) for s, e in zip(seqs, exts)]
+        ws_all = sum(_workspace(seqs, exts, ratio, swa))
+        ws_pre = sum(_workspace(seqs[:p], exts[:p], ratio, swa))
+        return cls(
+            ratio=ratio,
+            num_decode=int(num_decode),
+            prefill_rows=sum(exts[:p]),
+            ws_all=ws_all,
+            ws_pre=ws_pre,
+            keys_all=sum(keys),
+            keys_pre=sum(keys[:p]),
+            keys_dec=sum(keys[p:]),
+        )
+
+    @classmethod
+    def uniform(
+        cls,
+        ratio: int,
+        context: int,
+        decode_rows: int,
+        prefill_rows: int,
+        topk: Optional[int] = C4_TOPK,
+        swa: int = SWA_WINDOW,
+    ) -> "StepShape":
+        """The benchmark's step: ``decode_rows`` requests at ``context`` tokens plus (when
+        ``prefill_rows > 0``) one prefill request whose chunk of ``prefill_rows`` tokens ends at
+        ``max(context, prefill_rows)``."""
+        seqs, exts = uniform_step_lists(context, decode_rows, prefill_rows)
+        return cls.from_lists(ratio, seqs, exts, decode_rows, topk, swa)
+
+
+def uniform_step_lists(context: int, decode_rows: int, prefill_rows: int) -> Tuple[List[int], List[int]]:
+    seqs: List[int] = []
+    exts: List[int] = []
+    if prefill_rows > 0:
+        seqs.append(max(context, prefill_rows))
+        exts.append(prefill_rows)
+    seqs += [context] * decode_rows
+    exts += [1] * decode_rows
+    return seqs, exts
+
+
+def _workspace(seqs: List[int], exts: List[int], ratio: int, swa: int) -> Tuple[int, int]:
+    # Same sizing as core.mixed_boundary.workspace_tokens (kept local to avoid the int checks
+    # on hot paths); see that function for the upstream references.
+    if not seqs:
+        return 0, 0
+    swa_rows = sum(min(s, e + swa - 1) for s, e in zip(seqs, exts))
+    if ratio == 0:
+        return 0, swa_rows
+    if ratio == 128:
+        return len(seqs) * max(max(seqs) // 128, 1), swa_rows
+    return sum(s // ratio for s in seqs), swa_rows
+
+
+def features(shape: StepShape) -> Tuple[List[float], List[float]]:
+    """Design rows (unsplit, split) over ``COEFF_NAMES``."""
+    b0, d = shape.prefill_rows, shape.num_decode
+    has_pre = 1.0 if b0 > 0 else 0.0
+    unsplit = [shape.ws_all, shape.keys_all, shape.rows_all, 1.0, 0, 0, 0, 0]
+    split = [
+        has_pre * shape.ws_pre,
+        has_pre * shape.keys_pre,
+        has_pre * b0,
+        has_pre,
+        shape.keys_dec,
+        d,
+        1.0 if d > 0 else 0.0,
+        (b0 + d) if (b0 > 0 and d > 0) else 0,
+    ]
+    return [float(x) for x in unsplit], [float(x) for x in split]
+
+
+# --------------------------------------------------------------------------------------------
+# coefficients
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Coefficients:
+    """Per-ratio coefficients (ms per unit) for one GPU architecture."""
+
+    arch: str
+    per_ratio: Mapping[int, Mapping[str, float]]
+    margin: float = KNOWN_ARCH_MARGIN
+    source: str = ""
+
+    def for_ratio(self, ratio: int) -> Mapping[str, float]:
+        if ratio in self.per_ratio:
+            return self.per_ratio[ratio]
+        # SWA-only layers have no compressed region; the c4 kernel costs are the closest.
+        if 4 in self.per_ratio:
+            return self.per_ratio[4]
+        return next(iter(self.per_ratio.values()))
+
+    def to_json(self) -> dict:
+        return {
+            "arch": self.arch,
+            "margin": self.margin,
+            "source": self.source,
+            "units": "milliseconds per unit; see sglang_mixgraph.core.split_cost_model",
+            "coefficients": {str(r): dict(c) for r, c in self.per_ratio.items()},
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> "Coefficients":
+        per_ratio = {}
+        for r, c in data["coefficients"].items():
+            missing = [k for k in COEFF_NAMES if k not in c]
+            if missing:
+                raise ValueError(f"ratio {r}: missing coefficients {missing}")
+            per_ratio[int(r)] = {k: float(c[k]) for k in COEFF_NAMES}
+        return cls(
+            arch=str(data["arch"]),
+            per_ratio=per_ratio,
+            margin=float(data.get("margin", KNOWN_ARCH_MARGIN)),
+            source=str(data.get("source", "")),
+        )
+
+
+def builtin_coefficients() -> Coefficients:
+    """Bandwidth-derived numbers used only when no calibration file exists at all.
+
+    From DESIGN §4's first H200 probe (fp8 decode 0.19 ms and bf16 sparse prefill 0.14 ms for
+    256 rows x 640 keys) and a 584 B read + 1024 B write per dequantized token at ~3.5 TB/s;
+    output join 2 x 128 KiB per row at ~4 TB/s. Fixed costs are one launch (~10 us).
+    """
+    c = {
+        "a_ws": 1608 / 3.5e12 * 1e3,
+        "a_key": 0.14 / (256 * 640),
+        "a_row": 0.0,
+        "c_pre": 0.01,
+        "d_key": 0.19 / (256 * 640),
+        "d_row": 0.0,
+        "c_dec": 0.01,
+        "a_cat": 2 * 128 * 512 * 2 / 4.0e12 * 1e3,
+    }
+    return Coefficients(arch="builtin", per_ratio={4: c, 128: dict(c)}, margin=UNKNOWN_ARCH_MARGIN,
+                        source="built-in estimate, not calibrated")
+
+
+def arch_key(major: int, minor: int) -> str:
+    return f"sm{major}{minor}"
+
+
+def detect_arch(device: Optional[int] = None) -> Optional[str]:
+    if not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability(device)
+    return arch_key(major, minor)
+
+
+def _read_package_json(name: str) -> Optional[dict]:
+    try:
+        res = resources.files(_DATA_PACKAGE).joinpath(_DATA_DIR, name)
+        if not res.is_file():
+            return None
+        return json.loads(res.read_text())
+    except (FileNotFoundError, ModuleNotFoundError):
+        return None
+
+
+def load_coefficients(arch: Optional[str]) -> Coefficients:
+    """Calibrated coefficients for ``arch`` (e.g. ``"sm90"``), or the conservative fallback.
+
+    Unknown architectures get the sm90 calibration (else the built-in estimate) with
+    ``margin = UNKNOWN_ARCH_MARGIN``.
+    """
+    if arch:
+        data = _read_package_json(f"split_cost_{arch}.json")
+        if data is not None:
+            return Coefficients.from_json(data)
+    base = _read_package_json("split_cost_sm90.json")
+    coeffs = Coefficients.from_json(base) if base is not None else builtin_coefficients()
+    return dataclasses.replace(
+        coeffs,
+        arch=f"{arch or 'unknown'} (fallback: {coeffs.arch})",
+        margin=max(coeffs.margin, UNKNOWN_ARCH_MARGIN),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# prediction and policy
+# --------------------------------------------------------------------------------------------
+
+
+def predict(shape: StepShape, coeffs: Coefficients) -> Tuple[float, float]:
+    """Predicted ``(unsplit_ms, split_ms)`` of one layer of this kind."""
+    c = coeffs.for_ratio(shape.ratio)
+    w = [c[k] for k in COEFF_NAMES]
+    fu, fs = features(shape)
+    unsplit = sum(a * b for a, b in zip(w, fu))
+    split = sum(a * b for a, b in zip(w, fs))
+    if shape.num_decode == 0:
+        split = unsplit  # nothing to split
+    return unsplit, split
+
+
+def should_split(shape: StepShape, coeffs: Coefficients, margin: Optional[float] = None) -> bool:
+    """Adaptive decision for one layer kind: split iff ``split <= (1 - margin) * unsplit``."""
+    if shape.num_decode == 0:
+        return False
+    m = coeffs.margin if margin is None else margin
+    unsplit, split = predict(shape, coeffs)
+    return split <= (1.0 - m) * unsplit
+
+
+def should_split_step(
+    shapes: Iterable[StepShape],
+    coeffs: Coefficients,
+    layer_counts: Optional[Mapping[int, int]] = None,
+    margin: Optional[float] = None,
+) -> bool:
+    """One decision for the whole step: sums the per-kind predictions weighted by how many layers
+    of each kind the model has (``layer_counts[ratio]``, default 1 each)."""
+    tot_u = tot_s = 0.0
+    any_decode = False
+    for s in shapes:
+        n = 1 if layer_counts is None else int(layer_counts.get(s.ratio, 0))
+        u, sp = predict(s, coeffs)
+        tot_u += n * u
+        tot_s += n * sp
+        any_decode |= s.num_decode > 0
+    if not any_decode:
+        return False
+    m = coeffs.margin if margin is None else margin
+    return tot_s <= (1.0 - m) * tot_u
+
+
+def decide(policy: "str | SplitPolicy", shape: StepShape, coeffs: Optional[Coefficients]) -> bool:
+    """``always``: split whenever there are decode rows; ``adaptive``: :func:`should_split`."""
+    p = SplitPolicy.parse(policy)
+    if shape.num_decode == 0:
+        return False
+    if p is SplitPolicy.ALWAYS:
+        return True
+    if coeffs is None:
+        raise ValueError("adaptive policy needs coefficients")
+    return should_split(shape, coeffs)
+
+
+# --------------------------------------------------------------------------------------------
+# calibration
+# --------------------------------------------------------------------------------------------
+
+
+def _nnls(a: torch.Tensor, b: torch.Tensor, iters: int = 50) -> torch.Tensor:
+    """Non-negative least squares by an active-set loop over ``torch.linalg.lstsq`` (float64)."""
+    n = a.shape[1]
+    free = torch.ones(n, dtype=torch.bool)
+    x = torch.zeros(n, dtype=torch.float64)
+    for _ in range(iters):
+        x = torch.zeros(n, dtype=torch.float64)
+        if free.any():
+            sol = torch.linalg.lstsq(a[:, free], b.unsqueeze(1)).solution.squeeze(1)
+            x[free] = sol
+        neg = x < 0
+        if not neg.any():
+            # KKT check: a dropped variable whose gradient says it would help comes back.
+            grad = a.T @ (b - a @ x)
+            back = (~free) & (grad > 1e-12 * (b.abs().sum() + 1))
+            if not back.any():
+                break
+            free |= back
+            continue
+        free &= ~neg
+    return x.clamp_min(0)
+
+
+def fit_coefficients(
+    samples: Iterable[Tuple[StepShape, float, float]],
+    arch: str,
+    margin: float = KNOWN_ARCH_MARGIN,
+    source: str = "",
+) -> Coefficients:
+    """Fit per-ratio coefficients from measured ``(shape, unsplit_ms, split_ms)`` samples.
+
+    Minimizes relative squared error (each equation divided by its measured time) with all
+    coefficients non-negative.
+    """
+    by_ratio: Dict[int, List[Tuple[List[float], float]]] = {}
+    for shape, unsplit_ms, split_ms in samples:
+        fu, fs = features(shape)
+        rows = by_ratio.setdefault(shape.ratio, [])
+        if unsplit_ms is not None and math.isfinite(unsplit_ms) and unsplit_ms > 0:
+            rows.append((fu, unsplit_ms))
+        if shape.num_decode > 0 and split_ms is not None and math.isfinite(split_ms) and split_ms > 0:
+            rows.append((fs, split_ms))
+    per_ratio = {}
+    for ratio, rows in by_ratio.items():
+        a = torch.tensor([r[0] for r in rows], dtype=torch.float64)
+        y = torch.tensor([r[1] for r in rows], dtype=torch.float64)
+        w = 1.0 / y
+        # Column scaling keeps the solve well conditioned (counts span 1 .. 1e7).
+        scale = a.abs().amax(dim=0).clamp_min(1.0)
+        x = _nnls(a / scale * w[:, None], y * w) / scale
+        per_ratio[ratio] = {k: float(v) for k, v in zip(COEFF_NAMES, x.tolist())}
+    return Coefficients(arch=arch, per_ratio=per_ratio, margin=margin, source=source)
+
+
+def relative_errors(
+    samples: Iterable[Tuple[StepShape, float, float]], coeffs: Coefficients
+) -> List[Tuple[float, float]]:
+    """Per sample ``(unsplit_rel_err, split_rel_err)`` of the model (NaN where not measured)."""
+    out = []
+    for shape, u, s in samples:
+        pu, ps = predict(shape, coeffs)
+        eu = (pu - u) / u if u else float("nan")
+        es = (ps - s) / s if (s and shape.num_decode) else float("nan")
+        out.append((eu, es))
+    return out

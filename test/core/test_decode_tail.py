@@ -1,0 +1,100 @@
+import pytest
+import torch
+
+from sglang_mixgraph.core import v4_kv_layout as kvl
+from sglang_mixgraph.core.decode_tail import (
+    DecodeTail,
+    SchedMetaCache,
+    SchedMetaShapeError,
+    run_decode_tail,
+)
+from sglang_mixgraph.core.sparse_mla_reference import (
+    ReferenceSchedMeta,
+    flash_mla_with_kvcache_reference,
+    sparse_decode_reference,
+)
+
+
+def test_one_meta_per_ratio_reused_for_same_shape():
+    made = []
+
+    def factory():
+        made.append(object())
+        return made[-1]
+
+    cache = SchedMetaCache(factory)
+    m4 = cache.get(4, batch=7, topk=128, extra_topk=1024)
+    assert cache.get(4, batch=7, topk=128, extra_topk=1024) is m4  # next layer, same step
+    m128 = cache.get(128, batch=7, topk=128, extra_topk=64)
+    assert m128 is not m4 and len(made) == 2 and len(cache) == 2
+    assert cache.bound_shape(4).batch == 7
+
+
+@pytest.mark.parametrize("change", [
+    dict(batch=8), dict(topk=64), dict(extra_topk=512), dict(extra_topk=None), dict(h_q=64),
+])
+def test_meta_refuses_other_shapes(change):
+    cache = SchedMetaCache(object)
+    args = dict(batch=7, topk=128, extra_topk=1024, h_q=128)
+    cache.get(4, **args)
+    with pytest.raises(SchedMetaShapeError):
+        cache.get(4, **{**args, **change})
+    cache.reset()  # a new step may bind a new shape
+    assert cache.get(4, **{**args, **change}) is not None
+
+
+def _setup(d=5, h=4, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    swa = kvl.allocate_cache(4, 64)
+    kvl.encode_tokens(swa, 64, torch.arange(256), torch.randn(256, 512, generator=gen))
+    extra = kvl.allocate_cache(40, 2)
+    kvl.encode_tokens(extra, 2, torch.arange(80), torch.randn(80, 512, generator=gen))
+    q = torch.randn(d, h, 512, generator=gen).to(torch.bfloat16)
+    si = torch.randint(0, 256, (d, 128), generator=gen).to(torch.int32)
+    sl = torch.randint(1, 129, (d,), generator=gen).to(torch.int32)
+    ei = torch.randint(-1, 80, (d, 64), generator=gen).to(torch.int32)
+    el = torch.randint(1, 65, (d,), generator=gen).to(torch.int32)
+    sink = torch.randn(h, generator=gen)
+    return kvl.kernel_view(swa, 64), kvl.kernel_view(extra, 2), q, si, sl, ei, el, sink
+
+
+def test_decode_tail_reuses_meta_across_layers_and_matches_reference():
+    swa, extra, q, si, sl, ei, el, sink = _setup()
+    calls = []
+
+    def kernel(**kw):
+        calls.append(kw["tile_scheduler_metadata"])
+        return flash_mla_with_kvcache_reference(**kw)
+
+    tail = DecodeTail(kernel=kernel, meta_factory=ReferenceSchedMeta)
+    outs = [tail.forward(4, q, swa, si, sl, sink, extra_k_cache=extra, extra_indices=ei, extra_lengths=el)
+            for _layer in range(3)]
+    assert calls[0] is calls[1] is calls[2]
+    ref, _ = sparse_decode_reference(q, swa, si, sl, sink, extra, ei, el)
+    for o in outs:
+        assert o.shape == (5, 4, 512)
+        torch.testing.assert_close(o, ref[:, 0].to(torch.bfloat16), rtol=0, atol=0)
+    # an SWA-only layer kind gets its own object
+    tail.forward(0, q, swa, si, sl, sink)
+    assert calls[3] is not calls[0]
+    # a different tail size in the same step is refused before it reaches the kernel
+    with pytest.raises(SchedMetaShapeError):
+        tail.forward(4, q[:3], swa, si[:3], sl[:3], sink, extra_k_cache=extra, extra_indices=ei[:3], extra_lengths=el[:3])
+    tail.new_step()
+    tail.forward(4, q[:3], swa, si[:3], sl[:3], sink, extra_k_cache=extra, extra_indices=ei[:3], extra_lengths=el[:3])
+
+
+def test_decode_tail_input_checks():
+    swa, extra, q, si, sl, ei, el, sink = _setup()
+    meta = ReferenceSchedMeta()
+    k = flash_mla_with_kvcache_reference
+    with pytest.raises(ValueError):  # width not a multiple of 64
+        run_decode_tail(q, swa, si[:, :100], sl, sink, meta, kernel=k)
+    with pytest.raises(TypeError):
+        run_decode_tail(q, swa, si.long(), sl, sink, meta, kernel=k)
+    with pytest.raises(ValueError):  # extra cache without indices
+        run_decode_tail(q, swa, si, sl, sink, meta, extra_k_cache=extra, kernel=k)
+    with pytest.raises(ValueError):  # metadata rows != decode rows
+        run_decode_tail(q, swa, si[:4], sl, sink, meta, kernel=k)
+    empty = run_decode_tail(q[:0], swa, si[:0], sl[:0], sink, meta, kernel=k)
+    assert empty.shape == (0, 4, 512) and not meta.have_initialized

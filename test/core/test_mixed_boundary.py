@@ -1,0 +1,129 @@
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from sglang_mixgraph.core.mixed_boundary import (
+    MixedBoundary,
+    assemble_rows,
+    compute_mixed_boundary,
+    prefill_request_lists,
+    slice_decode_tail,
+    slice_rows,
+    workspace_tokens,
+)
+
+batches = st.tuples(
+    st.lists(st.integers(1, 300), min_size=0, max_size=4),  # prefill extend lengths
+    st.integers(0, 8),  # decode requests
+    st.integers(0, 6),  # padding rows
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(batches)
+def test_boundary_partitions_rows(batch):
+    pre, d, pad = batch
+    lens = pre + [1] * d
+    b = compute_mixed_boundary(lens, d, sum(lens) + pad)
+    assert b.num_prefill_reqs == len(pre)
+    assert b.b0 == sum(pre) == b.num_prefill_rows
+    assert b.decode_end == b.b0 + d
+    assert b.num_padding_rows == pad
+    rows = list(range(b.num_rows))
+    parts = rows[b.prefill_rows] + rows[b.decode_rows] + rows[b.padding_rows]
+    assert parts == rows
+    assert len(rows[b.decode_rows]) == d
+    assert b.has_decode_tail == (d > 0) and b.has_prefill == (len(pre) > 0)
+    assert list(range(len(lens)))[b.decode_reqs] == list(range(len(pre), len(lens)))
+
+
+def test_dp_relabelled_decode_batch_has_boundary_zero():
+    b = compute_mixed_boundary([1, 1, 1], 3)
+    assert (b.b0, b.num_prefill_reqs, b.num_decode_reqs, b.num_rows) == (0, 0, 3, 3)
+
+
+def test_single_token_prefill_is_not_a_decode():
+    # a prefill request extending by 1 token, before the decode tail
+    b = compute_mixed_boundary([1, 1, 1], 1)
+    assert b.b0 == 2 and b.decode_rows == slice(2, 3)
+
+
+def test_boundary_rejects_bad_inputs():
+    with pytest.raises(ValueError):
+        compute_mixed_boundary([5, 2], 1)  # decode extending by 2
+    with pytest.raises(ValueError):
+        compute_mixed_boundary([5, 1], 1, num_rows=5)  # fewer rows than real rows
+    with pytest.raises(ValueError):
+        compute_mixed_boundary([5, 1], 3)
+    with pytest.raises(TypeError):
+        compute_mixed_boundary(torch.tensor([5, 1]), 1)  # no device/host tensors: host lists only
+    with pytest.raises(TypeError):
+        compute_mixed_boundary([5.5, 1], 1)
+
+
+@settings(max_examples=100, deadline=None)
+@given(batches, st.sampled_from([64, 128]))
+def test_decode_tail_slices_are_views_of_the_right_rows(batch, width):
+    pre, d, pad = batch
+    lens = pre + [1] * d
+    b = compute_mixed_boundary(lens, d, sum(lens) + pad)
+    n = b.num_rows
+    q = torch.randn(n, 2, 8)
+    swa = torch.arange(n * width, dtype=torch.int32).view(n, width)
+    swa_len = torch.arange(n, dtype=torch.int32)
+    extra = torch.arange(n * 64, dtype=torch.int32).view(n, 64) + 7
+    extra_len = torch.arange(n, dtype=torch.int32) * 3
+    tail = slice_decode_tail(b, q, swa, swa_len, extra, extra_len)
+    for full, part in zip((q, swa, swa_len, extra, extra_len), tail.tensors()):
+        assert part.shape[0] == d
+        assert part.untyped_storage().data_ptr() == full.untyped_storage().data_ptr()  # a view
+        assert part.storage_offset() == full.storage_offset() + b.b0 * full.stride(0)
+        assert part.stride() == full.stride()
+        assert torch.equal(part, full[b.b0:b.b0 + d])
+    # writing through the view writes the step's tensor
+    if d:
+        tail.swa_lengths.fill_(-5)
+        assert (swa_len[b.b0:b.b0 + d] == -5).all()
+        assert (swa_len[:b.b0] != -5).all() and (swa_len[b.b0 + d:] != -5).all()
+
+
+def test_slice_rows_none_and_bounds():
+    assert slice_rows(None, slice(0, 2)) is None
+    with pytest.raises(IndexError):
+        slice_rows(torch.zeros(3), slice(2, 5))
+
+
+@settings(max_examples=50, deadline=None)
+@given(batches)
+def test_assemble_rows_keeps_order_and_zeroes_padding(batch):
+    pre, d, pad = batch
+    lens = pre + [1] * d
+    b = compute_mixed_boundary(lens, d, sum(lens) + pad)
+    full = torch.randn(b.num_rows, 3)
+    o_pre = full[: b.b0].clone() if b.b0 else None
+    o_dec = full[b.b0:b.decode_end].clone() if d else None
+    if o_pre is None and o_dec is None:
+        out = assemble_rows(b, None, None, like=full)
+    else:
+        out = assemble_rows(b, o_pre, o_dec)
+    assert out.shape == full.shape
+    assert torch.equal(out[: b.decode_end], full[: b.decode_end])
+    assert (out[b.decode_end:] == 0).all()
+
+
+def test_workspace_tokens_follow_upstream_sizing():
+    seqs, exts = [1000, 50, 300, 300], [200, 50, 1, 1]
+    # SWA: min(seq, ext + 127)
+    assert workspace_tokens(seqs, exts, 0) == (0, 327 + 50 + 128 + 128)
+    # c4: whole history per request
+    assert workspace_tokens(seqs, exts, 4)[0] == 250 + 12 + 75 + 75
+    # c128: max(max_seq // 128, 1) slots per request
+    assert workspace_tokens(seqs, exts, 128)[0] == 4 * 7
+    # prefill-only workspace of a split excludes exactly the decode requests' share (c4, SWA)
+    b = compute_mixed_boundary(exts, 2)
+    ps, pe = prefill_request_lists(b, seqs, exts)
+    assert (ps, pe) == ([1000, 50], [200, 50])
+    comp_all, swa_all = workspace_tokens(seqs, exts, 4)
+    comp_pre, swa_pre = workspace_tokens(ps, pe, 4)
+    comp_dec, swa_dec = workspace_tokens(seqs[2:], exts[2:], 4)
+    assert (comp_all, swa_all) == (comp_pre + comp_dec, swa_pre + swa_dec)
