@@ -1,0 +1,590 @@
+"""F1/F1b/F1c: split a DSV4 MIXED step at the prefill/decode boundary (eager path).
+
+Upstream 0.5.23 sends every row of a MIXED batch through the sparse-prefill path, which
+dequantizes each request's SWA window and whole compressed history into a bf16 workspace
+(``sglang/srt/layers/attention/deepseek_v4_backend.py`` ``_forward_prefill_sparse`` 4406-4505).
+The decode rows (one query each) pay for that workspace although the fp8 decode kernel
+(``flash_mla_with_kvcache``, the pure-decode path at 4362-4401) reads the paged cache directly.
+With ``SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN=1``:
+
+* the boundary is taken from the batch the scheduler built: decode requests are appended after
+  the prefill requests (``schedule_batch.py`` ``mix_with_running`` 3267-3365, ``decoding_reqs``
+  set at ``scheduler.py`` 4396, or ``convert_decode_to_extend`` 3367-3401 for a DP-attention
+  decode batch relabelled to a 1-token EXTEND), recorded by an AFTER hook on
+  ``ForwardBatch.init_new``; a DECODE batch relabelled to EXTEND inside
+  ``ForwardBatch.prepare_mlp_sync_batch`` (``forward_batch_info.py`` 1903-1920) is recognised by
+  its ``_original_forward_mode``;
+* an AFTER hook on ``DeepseekV4AttnBackend.init_forward_metadata`` (2861-2876) decides the split
+  for the step (fallbacks, policy), stores a :class:`SplitPlan` on the fresh metadata (every
+  build resets it), and installs a sparse-prefill chunk cache built over the prefill requests
+  only before the first layer runs;
+* an AROUND hook on ``_build_sparse_prefill_chunk_cache`` (2959-3030) makes every builder call
+  of a split step (our pre-build, the eager WAR snapshot 2935-2957, the lazy build 4429-4434)
+  produce that prefill-only cache;
+* AROUND hooks on ``_forward_prefill_sparse`` and the SM90 ``_forward_prefill_sparse_q8kv8``
+  (4564-4681) run upstream's body on rows ``[0, b0)`` and the fp8 decode kernel on rows
+  ``[b0, b0 + D)`` with exactly those rows of the step's metadata, and return one output in the
+  original row order (padding rows zero, as the sparse kernel leaves rows no request owns).
+
+Anything this code does not handle falls back to the upstream path for the whole step, logged
+once per reason (see :data:`FALLBACK_REASONS` and docs/mixed-split.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
+
+from sglang.srt.plugins.hook_registry import HookType
+
+from sglang_mixgraph.core.decode_tail import DecodeTail
+from sglang_mixgraph.core.mixed_boundary import MixedBoundary, compute_mixed_boundary
+from sglang_mixgraph.fallback import fallback_once
+from sglang_mixgraph.flags import bool_flag, choice_flag
+from sglang_mixgraph.registry import Hook, Patch
+
+logger = logging.getLogger(__name__)
+
+PATCH_ID = "mixed_split"
+BACKEND = "sglang.srt.layers.attention.deepseek_v4_backend.DeepseekV4AttnBackend"
+FORWARD_BATCH = "sglang.srt.model_executor.forward_batch_info.ForwardBatch"
+
+SPLIT_FLAG = bool_flag(
+    "SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN",
+    False,
+    "DSV4: split mixed prefill/decode steps at the boundary; decode rows use the fp8 decode "
+    "kernel, the sparse-prefill workspace covers only the prefill requests.",
+)
+POLICY_FLAG = choice_flag(
+    "SGLANG_MIXGRAPH_SPLIT_POLICY",
+    "always",
+    ("always", "adaptive"),
+    "With the mixed split on: `always` splits every step with decode rows; `adaptive` splits "
+    "only where the per-GPU cost model predicts a gain.",
+    off_value="always",
+)
+
+# Attribute names we add to upstream objects (prefixed so they never collide).
+NUM_DECODE_ATTR = "_mixgraph_num_decode"  # on ForwardBatch, from init_new
+PLAN_ATTR = "mixgraph_split"  # on DSV4Metadata, one per metadata build
+
+FALLBACK_REASONS = {
+    "trtllm": "trtllm attention backend (no sparse-prefill path to split)",
+    "mega": "mega attention backend (fused RoPE prefill/decode kernels)",
+    "cp": "context parallelism",
+    "hisparse": "hisparse",
+    "sm120": "SM120",
+    "dsv41": "DSV4.1 (interleaved KV layouts, low-ratio c1/c2 layers)",
+    "low_ratio": "DSV4.1 low-ratio (c1/c2) layers",
+    "late_tail": "decoder SWA bounded replay (late-layer tail)",
+    "spec": "speculative decoding",
+    "dspark": "DSpark draft backend",
+    "request_window": "request-window SWA layout",
+    "encoder_replay": "encoder SWA replay rows",
+    "xpu": "XPU",
+    "bcg": "breakable CUDA graph replay (the split runs in eager steps only)",
+    "heads": "query head count outside the decode kernel's {64, 128}",
+    "rows": "metadata rows do not cover the decode tail",
+    "boundary": "decode requests are not the 1-token tail of the batch",
+    "shape": "attention rows differ from the planned step",
+}
+
+
+def _fallback(reason_key: str) -> None:
+    fallback_once(PATCH_ID, FALLBACK_REASONS[reason_key])
+
+
+# --------------------------------------------------------------------------------------------
+# per-step state
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SplitPlan:
+    """The split of one step, stored on the step's ``DSV4Metadata`` (attribute ``mixgraph_split``)."""
+
+    boundary: MixedBoundary
+    forward_batch_ref: Any  # weakref to the ForwardBatch the plan was made for
+    tail: DecodeTail
+    # Requests' host lists, prefill requests only (for the prefill-only chunk cache).
+    prefill_seq_lens_cpu: list = field(default_factory=list)
+    prefill_extend_seq_lens_cpu: list = field(default_factory=list)
+    # Diagnostics for tests and logs.
+    policy: str = "always"
+    decode_calls: Dict[int, int] = field(default_factory=dict)
+
+    def matches(self, forward_batch) -> bool:
+        ref = self.forward_batch_ref
+        target = ref() if isinstance(ref, weakref.ref) else ref
+        return target is forward_batch
+
+
+def get_plan(backend) -> Optional[SplitPlan]:
+    metadata = getattr(backend, "forward_metadata", None)
+    return getattr(metadata, PLAN_ATTR, None)
+
+
+def _weak(obj):
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return obj
+
+
+# --------------------------------------------------------------------------------------------
+# boundary detection
+# --------------------------------------------------------------------------------------------
+
+
+def after_forward_batch_init_new(result, cls, batch, model_runner, **kwargs):
+    """AFTER ``ForwardBatch.init_new``: remember how many decode requests end the batch.
+
+    ``init_new`` reads ``batch.decoding_reqs`` only for ``contains_last_prefill_chunk``
+    (forward_batch_info.py:1023-1029) and keeps no count; we keep ``len(decoding_reqs)`` when
+    those requests are exactly the tail of ``batch.reqs`` (mix_with_running appends them,
+    schedule_batch.py:3977; convert_decode_to_extend makes every request one, 3400).
+    """
+    num_decode = None
+    mode = getattr(batch, "forward_mode", None)
+    decoding = getattr(batch, "decoding_reqs", None)
+    if mode is not None and decoding and (mode.is_mixed() or mode.is_extend_without_speculative()):
+        reqs = list(getattr(batch, "reqs", ()) or ())
+        d = len(decoding)
+        tail = reqs[len(reqs) - d :] if d <= len(reqs) else []
+        if len(tail) == d and all(a is b for a, b in zip(tail, decoding)):
+            num_decode = d
+    setattr(result, NUM_DECODE_ATTR, num_decode)
+    return None
+
+
+def num_decode_requests(forward_batch) -> Optional[int]:
+    """Decode requests at the end of this step's batch, or None when unknown / not a candidate."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    mode = forward_batch.forward_mode
+    if mode == ForwardMode.MIXED:
+        return getattr(forward_batch, NUM_DECODE_ATTR, None)
+    if mode == ForwardMode.EXTEND:
+        original = getattr(forward_batch, "_original_forward_mode", None)
+        if original is not None and original.is_decode():
+            # DP-attention: a DECODE batch padded to a 1-token EXTEND in
+            # prepare_mlp_sync_batch (forward_batch_info.py:1903-1920).
+            lens = forward_batch.extend_seq_lens_cpu or []
+            return len(lens)
+        d = getattr(forward_batch, NUM_DECODE_ATTR, None)
+        if d is not None and d == forward_batch.batch_size:
+            # convert_decode_to_extend (schedule_batch.py:3367-3401): every request decodes.
+            return d
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# the per-step decision (AFTER init_forward_metadata)
+# --------------------------------------------------------------------------------------------
+
+
+def _unsupported_reason(backend, forward_batch, metadata) -> Optional[str]:
+    from sglang.srt.layers.cp.utils import is_cp_active
+    from sglang.srt.runtime_context import get_platform
+
+    from sglang.srt.layers.attention import deepseek_v4_backend as dsv4
+
+    if getattr(backend, "trtllm_attn", False):
+        return "trtllm"
+    try:
+        from sglang.srt.layers.attention.deepseek_v4_mega_backend import DeepseekV4MegaAttnBackend
+
+        if isinstance(backend, DeepseekV4MegaAttnBackend):
+            return "mega"
+    except ImportError:  # pragma: no cover - module exists in 0.5.23
+        pass
+    if getattr(dsv4, "_is_xpu", False):
+        return "xpu"
+    if get_platform().is_sm120:
+        return "sm120"
+    if is_cp_active(forward_batch):
+        return "cp"
+    if getattr(backend, "hisparse_coordinator", None) is not None:
+        return "hisparse"
+    if getattr(backend, "is_dsv41", False):
+        return "dsv41"
+    if getattr(backend, "low_ratios", ()):
+        return "low_ratio"
+    if getattr(backend, "is_dspark_draft", False):
+        return "dspark"
+    spec_algo = getattr(forward_batch, "spec_algorithm", None)
+    if (
+        getattr(backend, "mtp_enabled", False)
+        or getattr(forward_batch, "spec_info", None) is not None
+        or (spec_algo is not None and not spec_algo.is_none())
+    ):
+        return "spec"
+    if metadata.late_layer_tail is not None or getattr(backend, "tail_forward_metadata", None) is not None:
+        return "late_tail"
+    core = metadata.core_attn_metadata
+    if getattr(core, "request_window_layout", None) is not None or (
+        getattr(backend.token_to_kv_pool, "request_window", None) is not None
+    ):
+        return "request_window"
+    if getattr(forward_batch, "encoder_swa_replay", None) is not None or getattr(
+        forward_batch, "encoder_swa_compress_rows", None
+    ) is not None:
+        return "encoder_replay"
+    return None
+
+
+_coeff_cache: Dict[str, Any] = {}
+
+
+def _cost_coefficients():
+    from sglang.srt.runtime_context import get_platform
+
+    from sglang_mixgraph.core import split_cost_model as scm
+
+    sm = getattr(get_platform(), "device_sm", None)
+    arch = f"sm{sm}" if sm else None
+    key = arch or "unknown"
+    if key not in _coeff_cache:
+        _coeff_cache[key] = scm.load_coefficients(arch)
+    return _coeff_cache[key]
+
+
+def _adaptive_says_split(backend, boundary: MixedBoundary, seqs, exts) -> bool:
+    from sglang_mixgraph.core import split_cost_model as scm
+
+    ratios = [r for r in (0, 4, 128) if r == 0 or r in getattr(backend, "present_ratios", ())]
+    topk = getattr(backend, "index_topk", scm.C4_TOPK)
+    n = boundary.num_prefill_reqs + boundary.num_decode_reqs
+    shapes = [
+        scm.StepShape.from_lists(r, seqs[:n], exts[:n], boundary.num_decode_reqs, topk=topk)
+        for r in ratios
+    ]
+    counts = _layer_counts(backend)
+    return scm.should_split_step(shapes, _cost_coefficients(), layer_counts=counts)
+
+
+def _layer_counts(backend) -> Optional[Dict[int, int]]:
+    ratios = getattr(backend.token_to_kv_pool, "compression_ratios", None)
+    if not ratios:
+        return None
+    counts: Dict[int, int] = {}
+    for r in ratios:
+        counts[int(r)] = counts.get(int(r), 0) + 1
+    return counts
+
+
+def plan_split(backend, forward_batch) -> Optional[SplitPlan]:
+    """Decide the split of this step; store it (or None) on ``backend.forward_metadata``."""
+    from sglang.srt.layers.attention.deepseek_v4_backend import DSV4Metadata
+
+    metadata = getattr(backend, "forward_metadata", None)
+    if not isinstance(metadata, DSV4Metadata):
+        return None
+    setattr(metadata, PLAN_ATTR, None)  # reset on every build
+    num_decode = num_decode_requests(forward_batch)
+    if not num_decode:
+        return None
+    reason = _unsupported_reason(backend, forward_batch, metadata)
+    if reason is not None:
+        _fallback(reason)
+        return None
+    num_rows = int(forward_batch.input_ids.shape[0]) if forward_batch.input_ids is not None else None
+    if num_rows is None or not backend._use_sparse_prefill(forward_batch, num_qo_tokens=num_rows):
+        # Dense extend (deepseek_v4_backend.py:2917-2933 says no sparse prefill): upstream
+        # already runs every row through the decode kernel; nothing to split.
+        return None
+    exts = list(forward_batch.extend_seq_lens_cpu or [])
+    seqs = [int(x) for x in forward_batch.seq_lens_cpu.tolist()]
+    num_reqs = len(exts)
+    try:
+        boundary = compute_mixed_boundary(exts[:num_reqs], num_decode, num_rows=num_rows)
+    except (ValueError, TypeError):
+        _fallback("boundary")
+        return None
+    core = metadata.core_attn_metadata
+    if core.swa_page_indices.shape[0] < boundary.decode_end:
+        _fallback("rows")
+        return None
+    policy = str(POLICY_FLAG.get())
+    if policy == "adaptive" and not _adaptive_says_split(backend, boundary, seqs, exts):
+        logger.debug("mixed split: adaptive policy keeps step unsplit (%s)", boundary)
+        return None
+    p = boundary.num_prefill_reqs
+    plan = SplitPlan(
+        boundary=boundary,
+        forward_batch_ref=_weak(forward_batch),
+        tail=DecodeTail(
+            kernel=backend._flash_mla_with_kvcache,
+            meta_factory=_sched_meta_factory,
+            use_legacy=not getattr(backend, "_swa_interleaved", False),
+        ),
+        prefill_seq_lens_cpu=seqs[:p],
+        prefill_extend_seq_lens_cpu=exts[:p],
+        policy=policy,
+    )
+    setattr(metadata, PLAN_ATTR, plan)
+    # Install the prefill-only chunk cache before the first layer (through the hooked builder).
+    metadata.sparse_prefill_cache = backend._build_sparse_prefill_chunk_cache(
+        forward_batch, core, num_qo_tokens=boundary.b0
+    )
+    return plan
+
+
+def _sched_meta_factory():
+    # A fresh FlashMLASchedMeta as upstream creates them (deepseek_v4_backend.py:210-215),
+    # looked up at call time.
+    from sglang.srt.layers.attention import deepseek_v4_backend as dsv4
+
+    return dsv4._create_flashmla_metadata()
+
+
+def after_init_forward_metadata(result, backend, forward_batch):
+    """AFTER ``DeepseekV4AttnBackend.init_forward_metadata(self, forward_batch)``."""
+    plan_split(backend, forward_batch)
+    return None
+
+
+def after_prepare_bcg_replay(result, backend, capture_metadata, forward_batch, *, static_forward_batch):
+    """AFTER ``prepare_forward_metadata_for_breakable_cuda_graph_replay``: no split under BCG.
+
+    The replayed attention break sees the static EXTEND batch (prefill_cuda_graph_runner.py
+    1952-1962), not the live MIXED one, so no plan can match it; clear any plan on the
+    persistent capture metadata and say once that MIXED replays stay unsplit.
+    """
+    setattr(capture_metadata, PLAN_ATTR, None)
+    metadata = getattr(backend, "forward_metadata", None)
+    if metadata is not None:
+        setattr(metadata, PLAN_ATTR, None)
+    if num_decode_requests(forward_batch):
+        _fallback("bcg")
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# prefill-only chunk cache (AROUND _build_sparse_prefill_chunk_cache)
+# --------------------------------------------------------------------------------------------
+
+
+class _PrefillRequestsView:
+    """The first P requests of a ForwardBatch, as the chunk-cache builder reads them.
+
+    ``_build_sparse_prefill_chunk_cache`` (deepseek_v4_backend.py:2959-3030) reads
+    ``seq_lens(_cpu)``, ``extend_seq_lens(_cpu)``, ``req_pool_indices`` and asks
+    ``is_cp_active`` (``forward_mode``/``input_ids``); everything else is delegated.
+    Tensor fields are views, host lists are new lists.
+    """
+
+    def __init__(self, forward_batch, plan: SplitPlan):
+        p = plan.boundary.num_prefill_reqs
+        self._fb = forward_batch
+        self.seq_lens = forward_batch.seq_lens[:p]
+        self.seq_lens_cpu = forward_batch.seq_lens_cpu[:p]
+        self.extend_seq_lens = forward_batch.extend_seq_lens[:p]
+        self.extend_seq_lens_cpu = list(forward_batch.extend_seq_lens_cpu[:p])
+        self.req_pool_indices = forward_batch.req_pool_indices[:p]
+        self.batch_size = p
+
+    def __getattr__(self, name):
+        return getattr(self._fb, name)
+
+
+def around_build_chunk_cache(original, backend, forward_batch, core_attn_metadata, *, num_qo_tokens):
+    plan = get_plan(backend)
+    if plan is None or not plan.matches(forward_batch):
+        return original(backend, forward_batch, core_attn_metadata, num_qo_tokens=num_qo_tokens)
+    if plan.boundary.b0 == 0:
+        # No prefill rows: nothing reads a chunk cache this step (the sparse AROUND never
+        # calls upstream's body), so none is built.
+        return None
+    view = _PrefillRequestsView(forward_batch, plan)
+    return original(backend, view, core_attn_metadata, num_qo_tokens=plan.boundary.b0)
+
+
+# --------------------------------------------------------------------------------------------
+# the split attention (AROUND _forward_prefill_sparse / _forward_prefill_sparse_q8kv8)
+# --------------------------------------------------------------------------------------------
+
+
+def _kernel_cache_view(buf, page_size: int, bytes_per_token: int):
+    # The (pages, page_size, 1, bytes) view upstream hands FlashMLA (deepseek_v4_backend.py
+    # 4181-4207); the kernel detects the cache format from the last dim.
+    assert buf.ndim == 2
+    return buf[:, : page_size * bytes_per_token].view(buf.shape[0], page_size, 1, bytes_per_token)
+
+
+def _decode_tail(backend, plan: SplitPlan, q, layer_id, compress_ratio, pool, core, attn_sink):
+    b = plan.boundary
+    rows = b.decode_rows
+    swa_cache = _kernel_cache_view(
+        pool.get_swa_key_buffer_radix(layer_id),
+        pool.get_swa_key_page_size(),
+        pool.get_swa_key_bytes_per_token(),
+    )
+    extra_cache = extra_idx = extra_len = None
+    if compress_ratio != 0:
+        extra_cache = _kernel_cache_view(
+            pool.get_extra_key_buffer(layer_id),
+            pool.get_extra_key_page_size(layer_id),
+            pool.get_extra_key_bytes_per_token(layer_id),
+        )
+        extra_idx = core.sparse_page_indices(compress_ratio)[rows]
+        extra_len = core.sparse_topk_lengths(compress_ratio)[rows]
+    q_tail = q[rows]
+    if q_tail.dim() == 4:
+        q_tail = q_tail.squeeze(1)
+    plan.decode_calls[compress_ratio] = plan.decode_calls.get(compress_ratio, 0) + 1
+    return plan.tail.forward(
+        compress_ratio,
+        q_tail,
+        swa_cache,
+        core.swa_page_indices[rows],
+        core.swa_topk_lengths[rows],
+        attn_sink,
+        extra_k_cache=extra_cache,
+        extra_indices=extra_idx,
+        extra_lengths=extra_len,
+        softmax_scale=backend.softmax_scale,
+    )
+
+
+def _split_forward(original, backend, q, layer_id, compress_ratio, forward_batch, pool, core, attn_sink, extra_kwargs):
+    plan = get_plan(backend)
+    if plan is None or not plan.matches(forward_batch):
+        return None
+    b = plan.boundary
+    if q.shape[0] != b.num_rows:
+        _fallback("shape")
+        return None
+    if q.shape[-2] not in (64, 128):
+        _fallback("heads")
+        return None
+    if compress_ratio not in (0, 4, 128):
+        _fallback("low_ratio")
+        return None
+    from sglang_mixgraph.core.mixed_boundary import assemble_rows
+
+    o_pre = None
+    if b.b0:
+        o_pre = original(
+            backend,
+            q=q[: b.b0],
+            layer_id=layer_id,
+            compress_ratio=compress_ratio,
+            forward_batch=forward_batch,
+            token_to_kv_pool=pool,
+            core_attn_metadata=core,
+            attn_sink=attn_sink,
+            **extra_kwargs,
+        )
+    o_dec = _decode_tail(backend, plan, q, layer_id, compress_ratio, pool, core, attn_sink)
+    if o_pre is not None and o_dec.shape[1:] != o_pre.shape[1:]:
+        # q8kv8 returns only the active heads (deepseek_v4_backend.py:4681).
+        o_dec = o_dec[:, : o_pre.shape[1]]
+    return assemble_rows(b, o_pre, o_dec, like=o_dec)
+
+
+def around_forward_prefill_sparse(
+    original, backend, q, layer_id, compress_ratio, forward_batch, token_to_kv_pool,
+    core_attn_metadata, attn_sink, cos_sin_cache=None,
+):
+    call = dict(
+        q=q, layer_id=layer_id, compress_ratio=compress_ratio, forward_batch=forward_batch,
+        token_to_kv_pool=token_to_kv_pool, core_attn_metadata=core_attn_metadata,
+        attn_sink=attn_sink, cos_sin_cache=cos_sin_cache,
+    )
+    if cos_sin_cache is not None:
+        if get_plan(backend) is not None:
+            _fallback("mega")
+        return original(backend, **call)
+    out = _split_forward(
+        original, backend, q, layer_id, compress_ratio, forward_batch, token_to_kv_pool,
+        core_attn_metadata, attn_sink, {"cos_sin_cache": None},
+    )
+    return original(backend, **call) if out is None else out
+
+
+def around_forward_prefill_sparse_q8kv8(
+    original, backend, q, layer_id, compress_ratio, forward_batch, token_to_kv_pool,
+    core_attn_metadata, attn_sink,
+):
+    out = _split_forward(
+        original, backend, q, layer_id, compress_ratio, forward_batch, token_to_kv_pool,
+        core_attn_metadata, attn_sink, {},
+    )
+    if out is None:
+        return original(
+            backend, q=q, layer_id=layer_id, compress_ratio=compress_ratio,
+            forward_batch=forward_batch, token_to_kv_pool=token_to_kv_pool,
+            core_attn_metadata=core_attn_metadata, attn_sink=attn_sink,
+        )
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# the patch
+# --------------------------------------------------------------------------------------------
+
+_SPARSE_SIG = "self, q, layer_id, compress_ratio, forward_batch, token_to_kv_pool, core_attn_metadata, attn_sink"
+
+HOOKS = (
+    Hook(
+        f"{FORWARD_BATCH}.init_new",
+        "classmethod",
+        "cls, batch, model_runner, *, capture_hidden_mode, return_hidden_states_before_norm, "
+        "extend_position_info, spec_mrope_positions, kv_loc_plan, write_cols",
+        HookType.AFTER,
+        after_forward_batch_init_new,
+    ),
+    Hook(
+        f"{BACKEND}.init_forward_metadata",
+        "method",
+        "self, forward_batch",
+        HookType.AFTER,
+        after_init_forward_metadata,
+    ),
+    Hook(
+        f"{BACKEND}.prepare_forward_metadata_for_breakable_cuda_graph_replay",
+        "method",
+        "self, capture_metadata, forward_batch, *, static_forward_batch",
+        HookType.AFTER,
+        after_prepare_bcg_replay,
+    ),
+    Hook(
+        f"{BACKEND}._build_sparse_prefill_chunk_cache",
+        "method",
+        "self, forward_batch, core_attn_metadata, *, num_qo_tokens",
+        HookType.AROUND,
+        around_build_chunk_cache,
+    ),
+    Hook(
+        f"{BACKEND}._forward_prefill_sparse",
+        "method",
+        _SPARSE_SIG + ", cos_sin_cache",
+        HookType.AROUND,
+        around_forward_prefill_sparse,
+    ),
+    Hook(
+        f"{BACKEND}._forward_prefill_sparse_q8kv8",
+        "method",
+        _SPARSE_SIG,
+        HookType.AROUND,
+        around_forward_prefill_sparse_q8kv8,
+    ),
+)
+
+
+def _is_enabled() -> bool:
+    POLICY_FLAG.get()  # a bad policy value stops startup even before the split flag is read
+    return bool(SPLIT_FLAG.get())
+
+
+PATCH = Patch(
+    id=PATCH_ID,
+    summary="DSV4 mixed prefill/decode split: decode rows via the fp8 decode kernel, "
+    "prefill-only sparse workspace (F1, F1b, F1c)",
+    flags=(SPLIT_FLAG, POLICY_FLAG),
+    hooks=HOOKS,
+    is_enabled=_is_enabled,
+)
