@@ -1,0 +1,255 @@
+"""Capture-memory model for breakable prefill CUDA graphs (F7). No sglang imports.
+
+An estimate, not a measurement: it states which allocations a BCG prefill capture
+keeps alive, per the upstream code (paths relative to the installed `sglang/`),
+and sums them for a bucket list. docs/graph-config.md walks through every term.
+
+Needed, for buckets b_1..b_n (tokens per rank), largest b_max:
+- graph objects: n x 8 MiB, upstream's own per-bucket estimate of non-torch graph
+  memory (srt/arg_groups/memory_hook.py:384-386);
+- static inputs and the shared output buffer, sized once for b_max
+  (srt/model_executor/runner/prefill_cuda_graph_runner.py:430-448;
+  srt/model_executor/runner_backend/breakable_cuda_graph_backend.py:126-135);
+- the private graph pool's activation peak: buckets capture largest first and share one
+  pool (prefill_cuda_graph_runner.py:1715; breakable_cuda_graph_backend.py:98-100), so the
+  pool holds one b_max forward's activations; per token we use upstream's activation
+  coefficient, 1.5 MiB (memory_hook.py:305-310);
+- DeepSeek-V4 only, per bucket (sum over buckets):
+  * the captured attention metadata, kept per bucket
+    (prefill_cuda_graph_runner.py:1247-1253) and built at the capture context width W
+    (srt/layers/attention/deepseek_v4_backend.py:3167-3175, 3210-3222; W is
+    --cuda-graph-prefill-max-context or the pool's context width, 1296): c4 sparse page
+    and raw indices (2 x index_topk int32, 890-898), c128 page indices (W/128 int32),
+    the indexer page table (W/page_size int32), SWA page indices (the window), a few
+    scalars;
+  * the c4 indexer logits, fp32 [b, W/4] rows padded to 256 columns
+    (srt/layers/attention/mqa_logits_utils.py:20-41), never row-chunked under capture
+    (srt/layers/attention/dsv4/metadata.py:297-316). Upstream's DSV4 rule says this
+    scratch "is pinned in the capture pool and OOMs" (srt/arg_groups/cuda_graph_hook.py:
+    193-195); we take that at its word and count it for every bucket (conservative).
+
+Available: the GPU memory outside the static fraction, total x (1 - mem_fraction_static)
+(weights and the KV pool live inside the fraction; memory_hook.py:58-67), minus what
+upstream reserves there for everything else: 512 MiB of backend metadata, eager
+activations for one chunk, the parallel-size slack, decode graphs, DeepEP buffers
+(memory_hook.py:304-317, 357-414).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+# memory_hook.py:386: "len(prefill_cuda_graph_config.bs) * 8" MiB for non-MLA models.
+GRAPH_OBJECT_BYTES_PER_BUCKET = 8 * MiB
+# memory_hook.py:310: "activation_tokens * 1.5" MiB.
+ACTIVATION_BYTES_PER_TOKEN = int(1.5 * MiB)
+# memory_hook.py:309: constant backend metadata.
+CONSTANT_RESERVE_BYTES = 512 * MiB
+# memory_hook.py:305: activation tokens are at least 2048.
+MIN_ACTIVATION_TOKENS = 2048
+# mqa_logits_utils.py:20, 26.
+LOGITS_BYTES_PER_ELEM = 4
+LOGITS_ROW_ALIGN = 256
+# Static per-token input slots: input ids, positions, out cache loc, seq/extend
+# bookkeeping; int64 each (prefill_cuda_graph_runner.py:277-300).
+STATIC_INPUT_BYTES_PER_TOKEN = 8 * 8
+# Default safety margin: the estimate must fit in this fraction of what is available.
+DEFAULT_MARGIN_FRACTION = 0.10
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class SparseIndexerShape:
+    """The DeepSeek-V4 parts of the model that size per-bucket capture metadata."""
+
+    index_topk: int
+    context_width: int  # W: capture context width in tokens
+    page_size: int = 256
+    swa_window: int = 128
+    c4_ratio: int = 4
+    c128_ratio: int = 128
+    scalar_ints_per_token: int = 16
+
+    def metadata_bytes_per_token(self) -> int:
+        ints = (
+            2 * self.index_topk
+            + _ceil_div(self.context_width, self.c128_ratio)
+            + _ceil_div(self.context_width, self.page_size)
+            + self.swa_window
+            + self.scalar_ints_per_token
+        )
+        return 4 * ints
+
+    def logits_bytes_per_token(self) -> int:
+        cols = _ceil_div(self.context_width, self.c4_ratio)
+        cols = _ceil_div(cols, LOGITS_ROW_ALIGN) * LOGITS_ROW_ALIGN
+        return cols * LOGITS_BYTES_PER_ELEM
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    hidden_size: int
+    hidden_multiplier: int = 1  # DSV4 hyper-connections carry hc_mult residual copies
+    dtype_bytes: int = 2
+    sparse: SparseIndexerShape | None = None  # DeepSeek-V4 only
+
+
+@dataclass(frozen=True)
+class CaptureEstimate:
+    buckets: tuple[int, ...]
+    terms: dict[str, int]  # bytes per term
+
+    @property
+    def total(self) -> int:
+        return sum(self.terms.values())
+
+    def as_dict(self) -> dict:
+        return {
+            "buckets": len(self.buckets),
+            "largest": max(self.buckets) if self.buckets else 0,
+            "bytes": self.total,
+            "terms": dict(self.terms),
+        }
+
+
+def estimate_capture_bytes(buckets: Sequence[int], model: ModelShape) -> CaptureEstimate:
+    ordered = tuple(sorted(set(int(b) for b in buckets)))
+    if not ordered:
+        return CaptureEstimate(ordered, {})
+    largest = ordered[-1]
+    total_tokens = sum(ordered)
+    terms = {
+        "graph_objects": GRAPH_OBJECT_BYTES_PER_BUCKET * len(ordered),
+        "static_buffers": largest
+        * (STATIC_INPUT_BYTES_PER_TOKEN + model.hidden_size * model.hidden_multiplier * model.dtype_bytes),
+        "pool_activations": largest * ACTIVATION_BYTES_PER_TOKEN,
+    }
+    if model.sparse is not None:
+        terms["dsv4_captured_metadata"] = total_tokens * model.sparse.metadata_bytes_per_token()
+        terms["dsv4_indexer_logits"] = total_tokens * model.sparse.logits_bytes_per_token()
+    return CaptureEstimate(ordered, terms)
+
+
+def decode_graph_reserve_bytes(
+    *, decode_max_bs: int, decode_graph_on: bool, attn_dp_enabled: bool, attn_dp_size: int,
+    prefill_node: bool = False,
+) -> int:
+    """Upstream's decode-graph reserve (memory_hook.py:364-378), in bytes."""
+    if prefill_node:
+        return 0
+    mib = 0.0
+    if decode_graph_on:
+        mib += decode_max_bs * 2
+    if attn_dp_enabled:
+        mib += decode_max_bs * attn_dp_size * 3
+        if decode_max_bs > 300:
+            mib += decode_max_bs * attn_dp_size * 1.5
+    return int(mib * MiB)
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    total_bytes: int
+    mem_fraction_static: float
+    reserves: dict[str, int] = field(default_factory=dict)  # bytes, kept for everything else
+
+    @property
+    def outside_static(self) -> int:
+        return int(self.total_bytes * (1.0 - self.mem_fraction_static))
+
+    @property
+    def available(self) -> int:
+        return self.outside_static - sum(self.reserves.values())
+
+    def as_dict(self) -> dict:
+        return {
+            "gpu_total_bytes": self.total_bytes,
+            "mem_fraction_static": self.mem_fraction_static,
+            "outside_static_bytes": self.outside_static,
+            "reserves": dict(self.reserves),
+            "available_bytes": self.available,
+        }
+
+
+def memory_budget(
+    *,
+    total_bytes: int,
+    mem_fraction_static: float,
+    chunk_per_rank: int,
+    tp_size: int,
+    pp_size: int,
+    decode_reserve_bytes: int,
+    deepep_reserve_bytes: int = 0,
+) -> MemoryBudget:
+    activation_tokens = max(chunk_per_rank, MIN_ACTIVATION_TOKENS)
+    reserves = {
+        "constant": CONSTANT_RESERVE_BYTES,
+        "eager_activations": activation_tokens * ACTIVATION_BYTES_PER_TOKEN,
+        "parallel_slack": int(tp_size * pp_size / 8 * 1024 * MiB),  # memory_hook.py:312
+        "decode_graphs": decode_reserve_bytes,
+    }
+    if deepep_reserve_bytes:
+        reserves["deepep"] = deepep_reserve_bytes
+    return MemoryBudget(total_bytes, mem_fraction_static, reserves)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    fits: bool
+    needed: int
+    available: int
+    margin_fraction: float
+
+    @property
+    def margin_bytes(self) -> int:
+        return self.available - self.needed
+
+    @property
+    def limit(self) -> int:
+        return int(self.available * (1.0 - self.margin_fraction))
+
+    def as_dict(self) -> dict:
+        return {
+            "fits": self.fits,
+            "needed_bytes": self.needed,
+            "available_bytes": self.available,
+            "margin_bytes": self.margin_bytes,
+            "required_margin_fraction": self.margin_fraction,
+        }
+
+
+def decide(needed: int, available: int, margin_fraction: float = DEFAULT_MARGIN_FRACTION) -> Verdict:
+    """BCG stays on when the estimate fits in available x (1 - margin)."""
+    fits = available > 0 and needed <= available * (1.0 - margin_fraction)
+    return Verdict(fits=fits, needed=needed, available=available, margin_fraction=margin_fraction)
+
+
+def largest_fitting_prefix(
+    buckets: Sequence[int], model: ModelShape, available: int, margin_fraction: float = DEFAULT_MARGIN_FRACTION
+) -> int | None:
+    """The largest max-bucket b such that the buckets <= b fit; None if none do.
+
+    Used to suggest a --cuda-graph-max-bs-prefill when the estimate does not fit.
+    """
+    ordered = sorted(set(int(b) for b in buckets))
+    best = None
+    for i in range(len(ordered)):
+        est = estimate_capture_bytes(ordered[: i + 1], model)
+        if decide(est.total, available, margin_fraction).fits:
+            best = ordered[i]
+    return best
+
+
+def fmt_bytes(n: int) -> str:
+    sign = "-" if n < 0 else ""
+    n = abs(n)
+    if n >= GiB:
+        return f"{sign}{n / GiB:.1f} GiB"
+    return f"{sign}{n / MiB:.0f} MiB"

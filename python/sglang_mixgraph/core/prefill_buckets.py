@@ -1,0 +1,233 @@
+"""Prefill CUDA-graph bucket derivation for mixed chunked prefill (F8). No sglang imports.
+
+What a prefill graph replay sees on one DP rank (see docs/graph-config.md):
+- a steady mixed step is exactly ``C`` tokens, C = per-rank chunked prefill size: the
+  prefill budget is charged for the decode rows first
+  (sglang/srt/managers/schedule_policy.py:654-655), so prefill + decode = C;
+- a prefill-only step, or a mixed step whose queue ran dry, is at most ``C`` tokens;
+- a decode batch relabelled to a 1-token EXTEND under DP attention is at most ``R``
+  tokens, R = running requests per DP rank
+  (max_running_requests // attn_dp_size, sglang/srt/model_executor/pool_configurator.py:1142).
+
+The runner replays the smallest captured bucket >= the live size, and only when the
+bucket is at most ``max_padding`` (2) times the live size; otherwise the step runs
+eagerly (sglang/srt/model_executor/runner/prefill_cuda_graph_runner.py:158, 1417-1420).
+Under DP attention every rank is padded to the bucket of the largest rank
+(sglang/srt/model_executor/forward_batch_info.py:1795-1810).
+
+The derived list is therefore: C, then a halving ladder down to ``min_bucket`` (each
+step divides by at most ``max_padding``, so every size from ``min_bucket/max_padding``
+to C replays), plus a bucket at R so relabelled decode batches land exactly, everything
+rounded up to the capture alignment and capped by the MoE per-rank cap.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+# The prefill runner's replay cap: a bucket replays only up to this many times the
+# live token count (prefill_cuda_graph_runner.py:158).
+UPSTREAM_MAX_PADDING_FACTOR = 2.0
+# Below this many tokens a step is launch-bound whichever list is used; upstream's
+# generic list starts at 4 (cuda_graph_hook.py:487), ours stops halving here.
+DEFAULT_MIN_BUCKET = 16
+
+
+class BucketDerivationError(ValueError):
+    """The inputs do not admit a bucket list (for example C above the MoE cap)."""
+
+
+def ceil_align(value: int, alignment: int) -> int:
+    if alignment <= 1:
+        return int(value)
+    return (int(value) + alignment - 1) // alignment * alignment
+
+
+def bucket_alignment(*, attn_tp_size: int = 1, deepep: bool = False) -> int:
+    """Granularity every bucket is rounded up to.
+
+    The runner rounds capture sizes up to the attention-TP width when gathered buffers
+    are used (sglang/srt/utils/common.py:4168-4185, prefill_cuda_graph_runner.py:164-170),
+    and DeepEP needs multiples of 8 under BCG (cuda_graph_hook.py:321-329). Rounding
+    here keeps the list we declare equal to the list that is captured.
+    """
+    alignment = max(1, int(attn_tp_size))
+    if deepep:
+        alignment = alignment * 8 // math.gcd(alignment, 8)
+    return alignment
+
+
+def derive_prefill_buckets(
+    *,
+    chunk_per_rank: int,
+    running_per_rank: int | None,
+    cap: int | None = None,
+    alignment: int = 1,
+    max_padding: float = UPSTREAM_MAX_PADDING_FACTOR,
+    min_bucket: int = DEFAULT_MIN_BUCKET,
+) -> list[int]:
+    """The derived bucket list for one DP rank, ascending.
+
+    chunk_per_rank: C, the per-rank chunked prefill size (the largest bucket).
+    running_per_rank: R, max running requests per DP rank (None when unknown).
+    cap: the MoE per-rank token cap (MegaMoE); every bucket must be at most this.
+    """
+    if chunk_per_rank <= 0:
+        raise BucketDerivationError(f"chunked prefill size per rank must be positive, got {chunk_per_rank}")
+    if max_padding <= 1.0:
+        raise BucketDerivationError(f"max_padding must be above 1, got {max_padding}")
+    alignment = max(1, int(alignment))
+    top = ceil_align(chunk_per_rank, alignment)
+    if cap is not None and top > cap:
+        raise BucketDerivationError(
+            f"the per-rank chunk {chunk_per_rank} (aligned {top}) exceeds the MoE per-rank "
+            f"token cap {cap}"
+        )
+    floor = max(alignment, ceil_align(min(min_bucket, top), alignment))
+    buckets = {top}
+    b = top
+    while b > floor:
+        nxt = max(floor, ceil_align(math.ceil(b / max_padding), alignment))
+        if nxt >= b:  # alignment stops the ladder from shrinking
+            break
+        buckets.add(nxt)
+        b = nxt
+    if running_per_rank is not None and 0 < running_per_rank < top:
+        buckets.add(ceil_align(running_per_rank, alignment))
+    return sorted(b for b in buckets if cap is None or b <= cap)
+
+
+def bucket_for(size: int, buckets: Sequence[int]) -> int | None:
+    """The bucket a live size replays on (the smallest >= size), or None if above all."""
+    for b in sorted(buckets):
+        if b >= size:
+            return b
+    return None
+
+
+def replays(size: int, buckets: Sequence[int], max_padding: float = UPSTREAM_MAX_PADDING_FACTOR) -> bool:
+    b = bucket_for(size, buckets)
+    return b is not None and b <= size * max_padding
+
+
+@dataclass(frozen=True)
+class PaddingProfile:
+    """How a bucket list treats every live size in [lo, hi] (tokens)."""
+
+    lo: int
+    hi: int
+    count: int
+    largest: int
+    smallest_replayed: int | None  # smallest size in range that replays
+    eager_sizes: int  # sizes in range that run eagerly (above the padding cap or all buckets)
+    worst_factor: float  # max bucket/size over replayed sizes
+    worst_waste_tokens: int  # max bucket - size over replayed sizes
+    mean_factor: float  # mean bucket/size over replayed sizes
+
+    def as_dict(self) -> dict:
+        return {
+            "range": [self.lo, self.hi],
+            "count": self.count,
+            "largest": self.largest,
+            "smallest_replayed": self.smallest_replayed,
+            "eager_sizes": self.eager_sizes,
+            "worst_padding_factor": round(self.worst_factor, 4),
+            "worst_padding_tokens": self.worst_waste_tokens,
+            "mean_padding_factor": round(self.mean_factor, 4),
+        }
+
+
+def padding_profile(
+    buckets: Sequence[int],
+    lo: int = 1,
+    hi: int | None = None,
+    max_padding: float = UPSTREAM_MAX_PADDING_FACTOR,
+) -> PaddingProfile:
+    """Exact profile over every integer size in [lo, hi] (hi defaults to the largest bucket)."""
+    ordered = sorted(set(int(b) for b in buckets))
+    if not ordered:
+        raise ValueError("empty bucket list")
+    hi = ordered[-1] if hi is None else hi
+    worst_factor, worst_waste, factor_sum, replayed, eager = 1.0, 0, 0.0, 0, 0
+    smallest = None
+    idx = 0
+    for size in range(max(1, lo), hi + 1):
+        while idx < len(ordered) and ordered[idx] < size:
+            idx += 1
+        if idx == len(ordered) or ordered[idx] > size * max_padding:
+            eager += 1
+            continue
+        b = ordered[idx]
+        if smallest is None:
+            smallest = size
+        replayed += 1
+        factor = b / size
+        factor_sum += factor
+        worst_factor = max(worst_factor, factor)
+        worst_waste = max(worst_waste, b - size)
+    return PaddingProfile(
+        lo=max(1, lo),
+        hi=hi,
+        count=len(ordered),
+        largest=ordered[-1],
+        smallest_replayed=smallest,
+        eager_sizes=eager,
+        worst_factor=worst_factor,
+        worst_waste_tokens=worst_waste,
+        mean_factor=factor_sum / replayed if replayed else 0.0,
+    )
+
+
+def check_bucket_list(
+    buckets: Iterable[int],
+    *,
+    chunk_per_rank: int | None,
+    running_per_rank: int | None,
+    cap: int | None,
+    max_padding: float = UPSTREAM_MAX_PADDING_FACTOR,
+) -> list[str]:
+    """Problems a prefill bucket list has for mixed chunked prefill; empty when none.
+
+    Used for reporting any list (upstream's, ours, the user's); the MoE cap problem is
+    the one the startup validation turns into an error.
+    """
+    ordered = sorted(set(int(b) for b in buckets))
+    problems: list[str] = []
+    if not ordered:
+        return ["the bucket list is empty"]
+    if cap is not None and ordered[-1] > cap:
+        over = [b for b in ordered if b > cap]
+        problems.append(f"buckets {over} exceed the MoE per-rank cap {cap}")
+    if chunk_per_rank is not None and chunk_per_rank > 0:
+        if chunk_per_rank not in ordered:
+            b = bucket_for(chunk_per_rank, ordered)
+            problems.append(
+                f"steady mixed steps ({chunk_per_rank} tokens) land on "
+                + (f"bucket {b} (padded)" if b is not None else "no bucket (eager)")
+            )
+    if running_per_rank is not None and running_per_rank > 0:
+        if not replays(running_per_rank, ordered, max_padding):
+            problems.append(
+                f"a relabelled decode batch of {running_per_rank} tokens does not replay "
+                f"(no bucket within {max_padding:g}x)"
+            )
+    return problems
+
+
+def mixed_sampling_rows_bound(
+    *, running_per_rank: int, attn_dp_size: int, attn_dp_enabled: bool, draft_tokens: int = 1
+) -> int:
+    """Rows a mixed step hands the logits all-gather, at most.
+
+    Without logprobs a request contributes one sampling row
+    (sglang/srt/managers/scheduler_components/dp_attn.py:548-562). New requests are
+    admitted only while running + new < max running requests
+    (sglang/srt/managers/scheduler.py:4221-4227), and the request being chunked is one
+    more row, so one rank contributes at most R + 1 rows. Under DP attention the
+    logits processor gathers every rank's rows before the vocab all-gather
+    (sglang/srt/layers/logits_processor.py:441-455), so the gather sees the sum.
+    """
+    per_rank = running_per_rank * max(1, draft_tokens) + 1
+    return per_rank * attn_dp_size if attn_dp_enabled else per_rank
