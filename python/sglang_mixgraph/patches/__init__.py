@@ -11,4 +11,6 @@ from sglang_mixgraph.registry import Patch
 
 
 def all_patches() -> tuple[Patch, ...]:
-    return ()
+    from sglang_mixgraph.patches import mixed_split
+
+    return (mixed_split.PATCH,)
