@@ -1,0 +1,200 @@
+"""`sglang-mixgraph doctor` and `plan`, run as a user runs them: the installed console script."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sglang_mixgraph.cli import EMBEDDED_MODEL_DIR, MEGA_MOE_CAP_ENV
+from sglang_mixgraph.flags import FLAGS
+from sglang_mixgraph.patches import all_patches
+
+SCRIPT = shutil.which("sglang-mixgraph", path=os.path.dirname(sys.executable)) or shutil.which(
+    "sglang-mixgraph"
+)
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    assert SCRIPT, "the sglang-mixgraph console script is not installed"
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_")}
+    full_env.update(env or {})
+    return subprocess.run([SCRIPT, *args], env=full_env, capture_output=True, text=True, timeout=300)
+
+
+def cli_json(*args: str, env: dict[str, str] | None = None) -> dict:
+    result = cli(*args, "--json", env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout)
+
+
+# ---------------------------------------------------------------- doctor
+
+
+def test_doctor_json_reports_versions_gpu_flags_and_every_patch():
+    report = cli_json("doctor")
+    assert report["versions"]["sglang"] == "0.5.23"
+    assert report["versions"]["sglang_pinned"] == "0.5.23"
+    assert report["versions"]["torch"]
+    assert report["versions"]["flash_mla"]
+    assert report["gpu"]["available"] is False
+    assert {f["name"] for f in report["flags"]} == set(FLAGS)
+    for f in report["flags"]:
+        assert f["value"] == FLAGS[f["name"]].default
+    assert [p["id"] for p in report["patches"]] == [p.id for p in all_patches()]
+    for p in report["patches"]:
+        assert p["status"] == "off"
+        assert p["targets"] and all(t["ok"] for t in p["targets"]), p
+    assert report["ok"] is True
+
+
+def test_doctor_exits_1_on_an_invalid_flag():
+    if not FLAGS:
+        pytest.skip("no flag defined")
+    name = sorted(FLAGS)[0]
+    result = cli("doctor", "--json", env={name: "maybe"})
+    assert result.returncode == 1
+    report = json.loads(result.stdout)
+    entry = next(f for f in report["flags"] if f["name"] == name)
+    assert "is not a valid value" in entry["error"]
+    assert report["ok"] is False
+
+
+def test_doctor_exits_1_when_an_enabled_patch_cannot_apply():
+    code = (
+        "import sys\n"
+        "from sglang.srt.plugins.hook_registry import HookType\n"
+        "import sglang_mixgraph.patches as patches\n"
+        "from sglang_mixgraph.flags import bool_flag\n"
+        "from sglang_mixgraph.registry import Hook, Patch\n"
+        "f = bool_flag('SGLANG_MIXGRAPH_TEST_BROKEN', False, 'test')\n"
+        "hook = Hook('sglang.srt.server_args.ServerArgs.no_such_method', 'method', 'self', HookType.AROUND, print)\n"
+        "patches.all_patches = lambda: (Patch('broken', 'test', (f,), (hook,), f.get),)\n"
+        "from sglang_mixgraph.cli import main\n"
+        "sys.exit(main(['doctor', '--json']))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_")}
+    env["SGLANG_MIXGRAPH_TEST_BROKEN"] = "1"
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stderr
+    report = json.loads(result.stdout)
+    (patch,) = report["patches"]
+    assert patch["status"] == "cannot apply"
+    assert "ServerArgs.no_such_method" in patch["reason"]
+    assert patch["targets"][0]["ok"] is False
+
+
+# ---------------------------------------------------------------- plan
+
+
+@pytest.fixture(scope="module")
+def reference_plan() -> dict:
+    return cli_json("plan")
+
+
+def test_plan_default_is_the_reference_deployment(reference_plan):
+    p = reference_plan
+    assert p["default_deployment"] is True
+    assert p["assumed_gpu"]["name"] == "B300" and p["assumed_gpu"]["sm"] == 103
+    assert p["model_path"] == str(EMBEDDED_MODEL_DIR)
+    assert p["tp_size"] == 8
+    assert p["attn_dp_size"] == 8 and p["dp_attention"] is True
+    assert p["mixed_chunk"] is True
+    assert p["chunked_prefill_size_per_dp_rank"] == 2816
+    assert p["max_running_requests"] == 2048
+    assert p["max_running_requests_per_dp_rank"] == 256
+    assert p["attention_backend"] == "dsv4"
+    assert p["moe"]["a2a_backend"] == "megamoe" and p["moe"]["megamoe"] is True
+    assert p["moe"]["megamoe_max_tokens_per_rank"] == 2816
+    for phase in ("prefill_graph", "decode_graph"):
+        graph = p[phase]
+        assert graph["backend"] in ("breakable", "full", "disabled")
+        assert graph["buckets"] == sorted(graph["buckets"])
+        assert graph["max_bs"] >= max(graph["buckets"])
+    assert p["prefill_graph"]["decided_by"]
+    assert {x["id"] for x in p["patches"]} == {x.id for x in all_patches()}
+
+
+def test_plan_megamoe_cap_comes_from_the_environment():
+    p = cli_json("plan", env={MEGA_MOE_CAP_ENV: "4096"})
+    assert p["moe"]["megamoe_max_tokens_per_rank"] == 4096
+
+
+def test_plan_target_gpu_reaches_sglang_resolution(tmp_path):
+    model = _dense_model(tmp_path)
+    b300 = cli_json("plan", "--model-path", str(model))
+    h200 = cli_json("plan", "--target-gpu", "h200", "--model-path", str(model))
+    assert (b300["assumed_gpu"]["sm"], h200["assumed_gpu"]["sm"]) == (103, 90)
+    # SGLang picks the attention backend from the SM version (model_override_base.py).
+    assert b300["attention_backend"] == "trtllm_mha"
+    assert h200["attention_backend"] == "fa3"
+
+
+def _dense_model(tmp_path: Path) -> Path:
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 1024,
+        "intermediate_size": 2816,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 4,
+        "vocab_size": 32000,
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "torch_dtype": "bfloat16",
+        "hidden_act": "silu",
+    }
+    model = tmp_path / "dense"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(config))
+    return model
+
+
+def test_plan_small_dense_model(tmp_path):
+    model = _dense_model(tmp_path)
+    p = cli_json(
+        "plan", "--model-path", str(model), "--chunked-prefill-size", "4096",
+        "--max-running-requests", "64",
+    )
+    assert p["default_deployment"] is False
+    assert p["tp_size"] == 1 and p["attn_dp_size"] == 1 and p["dp_attention"] is False
+    assert p["mixed_chunk"] is False
+    assert p["chunked_prefill_size_per_dp_rank"] == 4096
+    assert p["max_running_requests"] == 64 and p["max_running_requests_per_dp_rank"] == 64
+    assert p["moe"]["megamoe"] is False and p["moe"]["megamoe_max_tokens_per_rank"] is None
+    assert p["prefill_graph"]["backend"] == "breakable"
+    assert p["prefill_graph"]["decided_by"] == "upstream default"
+    assert max(p["prefill_graph"]["buckets"]) <= 4096
+
+
+def test_plan_text_output_states_the_assumed_gpu():
+    result = cli("plan")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "assumed GPU: B300 (SM103)" in result.stdout
+    assert "chunked prefill per DP rank: 2816" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "args, returncode, message",
+    [
+        (["--tp", "abc"], 2, "invalid int value: 'abc'"),
+        (["--tp", "8", "--attn-dp-size", "3"], 1, "SGLang rejected the server arguments"),
+    ],
+)
+def test_plan_invalid_server_arguments_give_sglangs_error(args, returncode, message):
+    result = cli("plan", "--model-path", str(EMBEDDED_MODEL_DIR), *args)
+    assert result.returncode == returncode
+    assert message in result.stderr
+
+
+def test_plan_rejects_unknown_target_gpu():
+    result = cli("plan", "--target-gpu", "A100")
+    assert result.returncode == 2
+    assert "invalid choice" in result.stderr

@@ -1,0 +1,272 @@
+"""Plugin discovery through SGLang's loader, flag parsing, and the registry's all-or-nothing install."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+from sglang_mixgraph import plugin
+from sglang_mixgraph.flags import FLAGS, FlagValueError, bool_flag, choice_flag
+from sglang_mixgraph.patches import all_patches
+from sglang_mixgraph.registry import (
+    Hook,
+    Patch,
+    PatchCheckError,
+    check_hook,
+    describe_signature,
+    install,
+    installed_sglang_version,
+)
+
+
+def run_python(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run `code` in a fresh interpreter (SGLang loads plugins once per process)."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_")}
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+# Flags a test can set to turn each patch on (the first non-off value).
+def _on_value(flag) -> str:
+    return "1" if isinstance(flag.default, bool) else next(
+        v for v in flag.accepted if v != flag.off_value
+    )
+
+
+LOAD_AND_REPORT = """
+    import json, logging, sys
+    logging.basicConfig(level=logging.INFO)
+    from sglang.srt.plugins import load_plugins
+    load_plugins()
+    print(json.dumps({"loaded": "sglang_mixgraph.plugin" in sys.modules}))
+"""
+
+
+def test_sglang_loader_discovers_and_runs_mixgraph():
+    result = run_python(LOAD_AND_REPORT)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.splitlines()[-1]) == {"loaded": True}
+    assert "Executed general plugin: mixgraph" in result.stderr
+    assert "sglang-mixgraph:" in result.stderr
+
+
+def test_sglang_plugins_allowlist_without_mixgraph_skips_it():
+    result = run_python(LOAD_AND_REPORT, env={"SGLANG_PLUGINS": "someone_else"})
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.splitlines()[-1]) == {"loaded": False}
+    assert "Skipping plugin mixgraph" in result.stderr
+
+
+IDENTITIES = """
+    import inspect, json, pkgutil
+    from sglang_mixgraph.patches import all_patches
+    from sglang_mixgraph.registry import _resolve
+
+    def identities():
+        out = {}
+        for patch in all_patches():
+            for hook in patch.hooks:
+                owner, attr, _ = _resolve(hook.target)
+                out[hook.target] = id(inspect.getattr_static(owner, attr))
+        return out
+
+    before = identities()
+    from sglang.srt.plugins import load_plugins
+    load_plugins()
+    after = identities()
+    print(json.dumps({"before": before, "after": after}))
+"""
+
+
+def _every_patch_target() -> set[str]:
+    return {h.target for p in all_patches() for h in p.hooks}
+
+
+def test_with_every_flag_off_no_upstream_attribute_changes():
+    env = {f.name: f.off_value for f in FLAGS.values()}
+    result = run_python(IDENTITIES, env=env)
+    assert result.returncode == 0, result.stderr
+    ids = json.loads(result.stdout.splitlines()[-1])
+    assert set(ids["before"]) == _every_patch_target()
+    assert ids["before"], "no patch registers a target"
+    assert ids["after"] == ids["before"]
+
+
+def test_with_every_flag_on_every_target_is_wrapped():
+    env = {f.name: _on_value(f) for f in FLAGS.values()}
+    result = run_python(IDENTITIES, env=env)
+    assert result.returncode == 0, result.stderr
+    ids = json.loads(result.stdout.splitlines()[-1])
+    changed = {t for t in ids["before"] if ids["before"][t] != ids["after"][t]}
+    assert changed == _every_patch_target()
+
+
+@pytest.mark.parametrize("flag_name", sorted(FLAGS))
+def test_invalid_flag_value_stops_startup_naming_variable_and_values(flag_name):
+    result = run_python(
+        "from sglang.srt.plugins import load_plugins\nload_plugins()\n",
+        env={flag_name: "maybe"},
+    )
+    assert result.returncode != 0
+    flag = FLAGS[flag_name]
+    assert f"{flag_name}='maybe' is not a valid value" in result.stderr
+    assert all(v in result.stderr for v in flag.accepted)
+
+
+# ---------------------------------------------------------------- in-process registry tests
+
+
+def _victim(a, b, *, c=1):
+    return (a, b, c)
+
+
+class _Victim:
+    def method(self, x, *args, y, **kwargs):
+        return x
+
+    @classmethod
+    def build(cls, z, /):
+        return z
+
+
+def _passthrough(original, *args, **kwargs):
+    return original(*args, **kwargs)
+
+
+@pytest.fixture
+def test_flags(monkeypatch):
+    bool_flag("SGLANG_MIXGRAPH_TEST_BOOL", False, "test-only")
+    choice_flag("SGLANG_MIXGRAPH_TEST_CHOICE", "a", ("a", "b"), "test-only", off_value="a")
+    yield
+    for name in ("SGLANG_MIXGRAPH_TEST_BOOL", "SGLANG_MIXGRAPH_TEST_CHOICE"):
+        FLAGS.pop(name)
+
+
+@pytest.fixture
+def clean_hook_registry():
+    saved = {k: list(v) for k, v in HookRegistry._hooks.items()}
+    yield
+    HookRegistry._hooks.clear()
+    HookRegistry._hooks.update(saved)
+
+
+def test_describe_signature_marks_positional_and_keyword_only():
+    assert describe_signature(_victim) == "a, b, *, c"
+    assert describe_signature(_Victim.method) == "self, x, *args, y, **kwargs"
+    assert describe_signature(_Victim.__dict__["build"].__func__) == "cls, z, /"
+
+
+def test_check_hook_reports_kind_and_signature():
+    here = __name__
+    ok = check_hook(Hook(f"{here}._victim", "function", "a, b, *, c", HookType.AROUND, _passthrough))
+    assert ok.ok and ok.found == "function (a, b, *, c)"
+    cls = check_hook(Hook(f"{here}._Victim.build", "classmethod", "cls, z, /", HookType.AFTER, print))
+    assert cls.ok
+    wrong_kind = check_hook(Hook(f"{here}._Victim.build", "method", "cls, z, /", HookType.AFTER, print))
+    assert not wrong_kind.ok and wrong_kind.found.startswith("classmethod")
+    missing = check_hook(Hook(f"{here}._Victim.gone", "method", "self", HookType.AFTER, print))
+    assert not missing.ok and "has no attribute 'gone'" in missing.found
+
+
+def _patch(pid, flag_name, hooks):
+    flag = FLAGS[flag_name]
+    return Patch(id=pid, summary="test", flags=(flag,), hooks=tuple(hooks), is_enabled=lambda: flag.get() not in (False, flag.off_value))
+
+
+@pytest.mark.parametrize(
+    "bad_hook, found_text",
+    [
+        (Hook(f"{__name__}._Victim.missing_method", "method", "self", HookType.AROUND, _passthrough),
+         "missing: "),
+        (Hook(f"{__name__}._victim", "function", "a, b, c", HookType.AROUND, _passthrough),
+         "found function (a, b, *, c)"),
+    ],
+    ids=["missing-method", "signature-mismatch"],
+)
+def test_enabled_patch_with_wrong_target_fails_and_nothing_is_registered(
+    test_flags, clean_hook_registry, monkeypatch, bad_hook, found_text
+):
+    monkeypatch.setenv("SGLANG_MIXGRAPH_TEST_BOOL", "1")
+    monkeypatch.setenv("SGLANG_MIXGRAPH_TEST_CHOICE", "b")
+    good = _patch("good", "SGLANG_MIXGRAPH_TEST_CHOICE",
+                  [Hook(f"{__name__}._victim", "function", "a, b, *, c", HookType.AROUND, _passthrough)])
+    bad = _patch("bad", "SGLANG_MIXGRAPH_TEST_BOOL", [bad_hook])
+    registered_before = {k: list(v) for k, v in HookRegistry._hooks.items()}
+    with pytest.raises(PatchCheckError) as err:
+        install([good, bad])
+    message = str(err.value)
+    assert "patch 'bad' (SGLANG_MIXGRAPH_TEST_BOOL=True)" in message
+    assert f"target {bad_hook.target}: expected {bad_hook.kind} ({bad_hook.signature})" in message
+    assert found_text in message
+    assert f"installed sglang {installed_sglang_version()}" in message
+    assert "SGLANG_MIXGRAPH_TEST_BOOL=0" in message
+    assert {k: list(v) for k, v in HookRegistry._hooks.items()} == registered_before
+
+    # Through the entry point the same failure stops startup (SystemExit escapes
+    # load_plugins, which swallows ordinary exceptions).
+    monkeypatch.setattr("sglang_mixgraph.patches.all_patches", lambda: (good, bad))
+    with pytest.raises(SystemExit) as stop:
+        plugin.register()
+    assert "startup stopped" in str(stop.value) and bad_hook.target in str(stop.value)
+    assert {k: list(v) for k, v in HookRegistry._hooks.items()} == registered_before
+
+
+def test_disabled_patch_with_wrong_target_is_never_resolved(test_flags, clean_hook_registry, monkeypatch):
+    monkeypatch.delenv("SGLANG_MIXGRAPH_TEST_BOOL", raising=False)
+    bad = _patch("bad", "SGLANG_MIXGRAPH_TEST_BOOL",
+                 [Hook("no_such_module_anywhere.f", "function", "x", HookType.AROUND, _passthrough)])
+    statuses = install([bad])
+    assert [s.state for s in statuses] == ["off"]
+    assert statuses[0].checks == []
+    assert "no_such_module_anywhere.f" not in HookRegistry._hooks
+
+
+def test_enabled_patch_registers_its_hooks(test_flags, clean_hook_registry, monkeypatch):
+    monkeypatch.setenv("SGLANG_MIXGRAPH_TEST_CHOICE", "b")
+    hook = Hook(f"{__name__}._victim", "function", "a, b, *, c", HookType.AROUND, _passthrough)
+    install([_patch("good", "SGLANG_MIXGRAPH_TEST_CHOICE", [hook])])
+    assert [(t, h) for t, h, _ in HookRegistry._hooks[hook.target]] == [(HookType.AROUND, _passthrough)]
+
+
+@pytest.mark.parametrize(
+    "name, value, expected",
+    [
+        ("SGLANG_MIXGRAPH_TEST_BOOL", "1", True),
+        ("SGLANG_MIXGRAPH_TEST_BOOL", "False", False),
+        ("SGLANG_MIXGRAPH_TEST_BOOL", "", False),
+        ("SGLANG_MIXGRAPH_TEST_CHOICE", "B", "b"),
+    ],
+)
+def test_flags_parse_strictly_through_sglang_envs(test_flags, monkeypatch, name, value, expected):
+    from sglang.srt.environ import envs
+
+    monkeypatch.setenv(name, value)
+    assert getattr(envs, name).get() == expected
+
+
+@pytest.mark.parametrize("name, value", [("SGLANG_MIXGRAPH_TEST_BOOL", "maybe"), ("SGLANG_MIXGRAPH_TEST_CHOICE", "c")])
+def test_bad_flag_value_raises_naming_variable_and_accepted_values(test_flags, monkeypatch, name, value):
+    from sglang.srt.environ import envs
+
+    monkeypatch.setenv(name, value)
+    with pytest.raises(FlagValueError) as err:
+        getattr(envs, name).get()
+    assert name in str(err.value) and repr(value) in str(err.value)
+    assert all(v in str(err.value) for v in FLAGS[name].accepted)
+
+
+def test_our_flags_cannot_shadow_upstream_flags():
+    with pytest.raises(RuntimeError, match="already an upstream SGLang flag"):
+        bool_flag("SGLANG_OPT_FLASHMLA_SPARSE_PREFILL", False, "clash")
