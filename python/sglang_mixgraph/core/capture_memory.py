@@ -24,7 +24,7 @@ Needed, for buckets b_1..b_n (tokens per rank), largest b_max:
     scalars;
   * the c4 indexer logits, fp32 [b, W/4] rows padded to 256 columns
     (srt/layers/attention/mqa_logits_utils.py:20-41), never row-chunked under capture
-    (srt/layers/attention/dsv4/metadata.py:297-316). Upstream's DSV4 rule says this
+    (srt/layers/attention/dsv4/metadata.py:295-316). Upstream's DSV4 rule says this
     scratch "is pinned in the capture pool and OOMs" (srt/arg_groups/cuda_graph_hook.py:
     193-195); we take that at its word and count it for every bucket (conservative).
 

@@ -16,9 +16,10 @@ Under DP attention every rank is padded to the bucket of the largest rank
 (sglang/srt/model_executor/forward_batch_info.py:1795-1810).
 
 The derived list is therefore: C, then a halving ladder down to ``min_bucket`` (each
-step divides by at most ``max_padding``, so every size from ``min_bucket/max_padding``
-to C replays), plus a bucket at R so relabelled decode batches land exactly, everything
-rounded up to the capture alignment and capped by the MoE per-rank cap.
+step divides by at most ``max_padding`` and rounds up to a multiple of 8, so every size
+from ``min_bucket/max_padding`` to C replays), plus a bucket at R (rounded up to 8) so
+relabelled decode batches land without padding beyond alignment, everything rounded up
+to the capture alignment and capped by the MoE per-rank cap.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ UPSTREAM_MAX_PADDING_FACTOR = 2.0
 # Below this many tokens a step is launch-bound whichever list is used; upstream's
 # generic list starts at 4 (cuda_graph_hook.py:487), ours stops halving here.
 DEFAULT_MIN_BUCKET = 16
+# Ladder buckets (all but C) are multiples of this, like upstream's small steps
+# (cuda_graph_hook.py:487-491) and DeepEP's requirement (cuda_graph_hook.py:321-329).
+LADDER_GRANULARITY = 8
 
 
 class BucketDerivationError(ValueError):
@@ -80,22 +84,23 @@ def derive_prefill_buckets(
         raise BucketDerivationError(f"max_padding must be above 1, got {max_padding}")
     alignment = max(1, int(alignment))
     top = ceil_align(chunk_per_rank, alignment)
+    step = alignment * LADDER_GRANULARITY // math.gcd(alignment, LADDER_GRANULARITY)
     if cap is not None and top > cap:
         raise BucketDerivationError(
             f"the per-rank chunk {chunk_per_rank} (aligned {top}) exceeds the MoE per-rank "
             f"token cap {cap}"
         )
-    floor = max(alignment, ceil_align(min(min_bucket, top), alignment))
+    floor = max(step, ceil_align(min(min_bucket, top), step))
     buckets = {top}
     b = top
     while b > floor:
-        nxt = max(floor, ceil_align(math.ceil(b / max_padding), alignment))
+        nxt = max(floor, ceil_align(math.ceil(b / max_padding), step))
         if nxt >= b:  # alignment stops the ladder from shrinking
             break
         buckets.add(nxt)
         b = nxt
     if running_per_rank is not None and 0 < running_per_rank < top:
-        buckets.add(ceil_align(running_per_rank, alignment))
+        buckets.add(min(top, ceil_align(running_per_rank, step)))
     return sorted(b for b in buckets if cap is None or b <= cap)
 
 

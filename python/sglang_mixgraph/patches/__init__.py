@@ -11,6 +11,6 @@ from sglang_mixgraph.registry import Patch
 
 
 def all_patches() -> tuple[Patch, ...]:
-    from sglang_mixgraph.patches import mixed_split
+    from sglang_mixgraph.patches import force_bcg, graph_config, mixed_split
 
-    return (mixed_split.PATCH,)
+    return (mixed_split.PATCH, force_bcg.PATCH, graph_config.PATCH)

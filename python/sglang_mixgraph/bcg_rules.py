@@ -1,0 +1,127 @@
+"""Upstream's breakable-prefill-graph incompatibility rules, one by one, and what decided.
+
+`disable_breakable_cudagraph_if_incompatible` (sglang/srt/arg_groups/cuda_graph_hook.py:
+170-255) keeps its rules in a function-local list and stops at the first match, so
+nobody outside can tell which rules hold. To log each rule FORCE_BCG overrides, and to
+defer only the DeepSeek-V4 rule to the capture-memory estimate, we evaluate the same
+predicates here, by calling the same upstream helpers on the same inputs. The rule
+names are upstream's own strings; test_graph_config_rules checks this table against
+the upstream source so a changed rule list fails CI instead of drifting.
+
+Decisions taken during one resolution are kept per ServerArgs object (ServerArgs is a
+msgspec Struct with slots, so nothing can be attached to it); `graph_plan` reads them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+DSV4_RULE = "DeepSeek-V4 (heavy capture-pool memory pressure)"
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str  # upstream's name; the silent CP rule has none upstream
+    upstream_name: str | None
+    reason: str  # upstream's comment, with the line it is on
+    predicate: Callable[[Any], bool]
+
+
+def _rules() -> tuple[Rule, ...]:
+    from sglang.srt.arg_groups.overrides import model_config_of, resolved_view, resolving_view
+    from sglang.srt.configs.model_config import is_deepseek_v4, uses_kda_attention
+    from sglang.srt.layers.cp.bcg import supports_prefill_cp_bcg
+
+    def kda(sa):
+        hf = model_config_of(sa).hf_config
+        return uses_kda_attention(hf) and "Glm5NextForConditionalGeneration" not in hf.architectures
+
+    return (
+        Rule(
+            "KDA hybrid linear attention", "KDA hybrid linear attention",
+            "only GLM-5.3 Flash is BCG-validated among KDA models (cuda_graph_hook.py:186)",
+            kda,
+        ),
+        Rule(
+            DSV4_RULE, DSV4_RULE,
+            "DSV4 is BCG-compatible but the c4 indexer scratch is pinned in the capture pool "
+            "and OOMs (cuda_graph_hook.py:193-195)",
+            lambda sa: is_deepseek_v4(model_config_of(sa).hf_config) and not supports_prefill_cp_bcg(sa),
+        ),
+        Rule(
+            "attention context parallel without CP-BCG support", None,
+            "CP all_gather replay size mismatch under BCG (cuda_graph_hook.py:203-211, silent upstream)",
+            lambda sa: resolved_view(sa).attn_cp_size > 1 and not supports_prefill_cp_bcg(sa),
+        ),
+        Rule(
+            "decode context parallel (dcp_size > 1)", "decode context parallel (dcp_size > 1)",
+            "capture builds a dummy extend forward with attn_dcp_metadata=None (cuda_graph_hook.py:212)",
+            lambda sa: resolving_view(sa).dcp_size > 1,
+        ),
+        Rule(
+            "two-batch overlap", "two-batch overlap",
+            "TBO capture is unsupported (cuda_graph_hook.py:217)",
+            lambda sa: bool(resolving_view(sa).enable_two_batch_overlap),
+        ),
+        Rule(
+            "unvalidated a2a backend", "unvalidated a2a backend",
+            "MoE all-to-all backends other than none/deepep/megamoe/flashinfer are not validated "
+            "under BCG (cuda_graph_hook.py:222-228)",
+            lambda sa: resolved_view(sa).moe_a2a_backend not in ("none", "deepep", "megamoe", "flashinfer"),
+        ),
+        Rule(
+            "multimodal model", "multimodal model",
+            "multimodal prefill replay faults under BCG; allowlisted archs opt back in "
+            "(cuda_graph_hook.py:229)",
+            lambda sa: (
+                model_config_of(sa).is_multimodal
+                and not model_config_of(sa).is_multimodal_breakable_cuda_graph_supported
+            ),
+        ),
+    )
+
+
+_RULES: tuple[Rule, ...] | None = None
+
+
+def rules() -> tuple[Rule, ...]:
+    global _RULES
+    if _RULES is None:
+        _RULES = _rules()
+    return _RULES
+
+
+def matching_rules(server_args: Any) -> list[Rule]:
+    return [r for r in rules() if r.predicate(server_args)]
+
+
+@dataclass
+class GraphDecisions:
+    """What our hooks decided while one ServerArgs was resolved."""
+
+    rule_matches: list[dict] = field(default_factory=list)  # {name, reason, action}
+    prefill_backend_source: str | None = None  # "force", "estimate", "upstream rule", ...
+    estimate: dict | None = None
+    bucket_policy: str | None = None  # "auto", "upstream", "user", "fallback: <reason>"
+    derived_buckets: list[int] | None = None
+    upstream_buckets: list[int] | None = None
+    validations: list[dict] = field(default_factory=list)
+    logits_gather: dict | None = None
+
+
+_DECISIONS: dict[int, tuple[Any, GraphDecisions]] = {}
+
+
+def decisions_for(server_args: Any) -> GraphDecisions:
+    """The record for this ServerArgs, created on first use (the object is kept alive)."""
+    entry = _DECISIONS.get(id(server_args))
+    if entry is None or entry[0] is not server_args:
+        entry = (server_args, GraphDecisions())
+        _DECISIONS[id(server_args)] = entry
+    return entry[1]
+
+
+def recorded(server_args: Any) -> GraphDecisions | None:
+    entry = _DECISIONS.get(id(server_args))
+    return entry[1] if entry is not None and entry[0] is server_args else None
