@@ -228,7 +228,8 @@ def _unsupported_reason(backend, forward_batch, metadata) -> Optional[str]:
         getattr(backend.token_to_kv_pool, "request_window", None) is not None
     ):
         return "request_window"
-    if getattr(forward_batch, "encoder_swa_replay", None) is not None or getattr(
+    # forward_batch_info.py:790-794 (bool flag + optional row tensors).
+    if getattr(forward_batch, "encoder_swa_replay", False) or getattr(
         forward_batch, "encoder_swa_compress_rows", None
     ) is not None:
         return "encoder_replay"
