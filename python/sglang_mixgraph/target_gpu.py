@@ -197,6 +197,12 @@ def described_gpu(name: str) -> Iterator[GpuSpec]:
         for probe, answer in _probe_answers(spec).items():
             original = getattr(common, probe)
             swapped += [(m, n, original) for m, n in _rebind(original, answer)]
+        # Some resolution hooks ask torch directly (model_hook.py:341 for DSA models,
+        # `torch.cuda.get_device_capability()`); answer that from the description too.
+        import torch
+
+        swapped.append((torch.cuda, "get_device_capability", torch.cuda.get_device_capability))
+        torch.cuda.get_device_capability = lambda *a, **k: (spec.sm_major, spec.sm_minor)
         with override_platform(**platform_facts(spec)):
             yield spec
     finally:

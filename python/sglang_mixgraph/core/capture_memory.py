@@ -10,10 +10,11 @@ Needed, for buckets b_1..b_n (tokens per rank), largest b_max:
 - static inputs and the shared output buffer, sized once for b_max
   (srt/model_executor/runner/prefill_cuda_graph_runner.py:430-448;
   srt/model_executor/runner_backend/breakable_cuda_graph_backend.py:126-135);
-- the private graph pool's activation peak: buckets capture largest first and share one
-  pool (prefill_cuda_graph_runner.py:1715; breakable_cuda_graph_backend.py:98-100), so the
-  pool holds one b_max forward's activations; per token we use upstream's activation
-  coefficient, 1.5 MiB (memory_hook.py:305-310);
+- not counted: the activations of the captured segments. Buckets capture largest first
+  into one shared pool (prefill_cuda_graph_runner.py:1715; breakable_cuda_graph_backend.py:
+  98-100), and upstream's reserve assumes that torch memory is reused between capture and
+  eager forwards ("Only non-torch memory is counted", memory_hook.py:385), so it lives in
+  the eager activation reserve below; we follow upstream there;
 - DeepSeek-V4 only, per bucket (sum over buckets):
   * the captured attention metadata, kept per bucket
     (prefill_cuda_graph_runner.py:1247-1253) and built at the capture context width W
@@ -129,7 +130,6 @@ def estimate_capture_bytes(buckets: Sequence[int], model: ModelShape) -> Capture
         "graph_objects": GRAPH_OBJECT_BYTES_PER_BUCKET * len(ordered),
         "static_buffers": largest
         * (STATIC_INPUT_BYTES_PER_TOKEN + model.hidden_size * model.hidden_multiplier * model.dtype_bytes),
-        "pool_activations": largest * ACTIVATION_BYTES_PER_TOKEN,
     }
     if model.sparse is not None:
         terms["dsv4_captured_metadata"] = total_tokens * model.sparse.metadata_bytes_per_token()
