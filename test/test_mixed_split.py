@@ -1,0 +1,377 @@
+"""F1/F1b/F1c on upstream's DSV4 backend (CPU): split == unsplit, routing, workspace, fallbacks.
+
+See test/mixed_split_kit.py for what runs upstream code and what is ours.
+"""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import mixed_split_kit as K
+from sglang_mixgraph import fallback
+from sglang_mixgraph.target_gpu import described_gpu
+
+K.import_upstream()
+
+from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
+
+from sglang_mixgraph.patches import mixed_split as ms  # noqa: E402
+from sglang_mixgraph.registry import PatchCheckError, check_hook, install  # noqa: E402
+
+# Outputs are bf16 from fp32 math over identical key values; only summation order differs,
+# which can move a value by one bf16 ulp.
+ATOL, RTOL = 4e-3, 8e-3
+
+
+@pytest.fixture(autouse=True)
+def _fresh_fallback_log():
+    fallback._said.clear()
+    yield
+    fallback._said.clear()
+
+
+def _ctx(gpu="H200", q8=False):
+    import contextlib
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(described_gpu(gpu))
+    stack.enter_context(K.sglang_context())
+    stack.enter_context(K.reference_kernels())
+    return stack
+
+
+def _prefill_only_slots(world, layer):
+    p = len(world.step.prefill)
+    return world.request_slots(range(p), layer)
+
+
+def _check_split_step(world, base, out, plan, step):
+    b0, d = step.b0, len(step.decode)
+    for layer in out:
+        torch.testing.assert_close(out[layer].float(), base[layer].float(), atol=ATOL, rtol=RTOL)
+        if step.padding:
+            assert out[layer][b0 + d :].abs().max() == 0
+    if d == 0:
+        assert plan is None and not K.CALLS.decode
+        return
+    assert plan is not None
+    assert (plan.boundary.b0, plan.boundary.num_decode_reqs, plan.boundary.num_rows) == (b0, d, step.num_rows)
+    # Decode rows reach the decode kernel with exactly their own metadata rows, once per layer.
+    core = world.backend.forward_metadata.core_attn_metadata
+    assert len(K.CALLS.decode) == len(out)
+    q = world.q()
+    for call, layer in zip(K.CALLS.decode, sorted(out)):
+        ratio = K.LAYER_RATIOS[layer]
+        assert call["q"].shape[0] == d
+        assert torch.equal(call["q"].squeeze(1), q[b0 : b0 + d])
+        assert torch.equal(call["indices"].squeeze(1), core.swa_page_indices[b0 : b0 + d])
+        assert torch.equal(call["topk_length"], core.swa_topk_lengths[b0 : b0 + d])
+        if ratio:
+            assert torch.equal(call["extra_indices_in_kvcache"].squeeze(1), core.sparse_page_indices(ratio)[b0 : b0 + d])
+            assert torch.equal(call["extra_topk_length"], core.sparse_topk_lengths(ratio)[b0 : b0 + d])
+        else:
+            assert call["extra_indices_in_kvcache"] is None
+        # One scheduling-metadata object per ratio for this step, bound to the tail shape.
+        assert plan.tail.metas.bound_shape(ratio).batch == d
+    # The sparse-prefill kernel sees only the prefill rows; without prefill rows it never runs.
+    assert K.CALLS.sparse_rows == ([b0] * len(out) if b0 else [])
+    # The workspace holds only prefill requests' tokens.
+    cache = world.backend.forward_metadata.sparse_prefill_cache
+    pre = step.prefill
+    if b0 == 0:
+        assert cache is None and not K.CALLS.dequant_slots
+        return
+    assert cache.num_reqs == len(pre) and cache.num_qo_tokens == b0
+    assert cache.swa_token_ids.numel() == sum(min(p + e, e + K.SWA - 1) for p, e in pre)
+    for layer in out:
+        swa_ptr = world.pool.get_swa_key_buffer_radix(layer).data_ptr()
+        swa_ok, comp_ok = _prefill_only_slots(world, layer)
+        extra_ptr = world.pool.get_extra_key_buffer(layer).data_ptr() if K.LAYER_RATIOS[layer] else None
+        for ptr, slots in K.CALLS.dequant_slots:
+            s = set(slots.tolist())
+            if ptr == swa_ptr:
+                assert s <= swa_ok
+            elif ptr == extra_ptr:
+                assert s <= comp_ok | {0}  # upstream clamps unused c128/c4 gather slots to 0
+
+
+step_strategy = st.builds(
+    K.Step,
+    prefill=st.lists(
+        st.tuples(st.integers(0, 420), st.integers(1, 40)), min_size=0, max_size=4
+    ),
+    decode=st.lists(st.integers(0, 600), min_size=0, max_size=8),
+    padding=st.integers(0, 4),
+    seed=st.integers(0, 2**16),
+).filter(lambda s: s.prefill or s.decode)
+
+
+@pytest.mark.parametrize("gpu", ["H200", "B200"])
+@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
+@given(step=step_strategy)
+def test_split_equals_unsplit(gpu, step):
+    with _ctx(gpu):
+        world = K.World(step)
+        base = world.run_step(world.forward_batch())
+        with K.patch_installed():
+            K.CALLS.clear()
+            out = world.run_step(world.forward_batch())
+            plan = ms.get_plan(world.backend)
+            _check_split_step(world, base, out, plan, step)
+
+
+FIXED_STEPS = [
+    # crosses the SWA window and a page boundary on both sides of the boundary
+    K.Step(prefill=[(300, 29), (0, 7)], decode=[255, 256, 129, 0], padding=2, seed=11),
+    K.Step(prefill=[], decode=[511, 3, 130], padding=3, seed=12),  # decode only (b0 = 0)
+    K.Step(prefill=[(130, 12)], decode=[], padding=1, seed=13),  # prefill only: no split
+]
+
+
+@pytest.mark.parametrize("step", FIXED_STEPS, ids=["mixed", "decode_only", "prefill_only"])
+@pytest.mark.parametrize("gpu", ["H200", "B200"])
+def test_split_fixed_cases(gpu, step):
+    test_split_equals_unsplit.hypothesis.inner_test(gpu, step)
+
+
+@pytest.mark.parametrize("step", [
+    K.Step(prefill=[(200, 24), (0, 9)], decode=[300, 17, 140], padding=2, holes=False, seed=21),
+    K.Step(prefill=[], decode=[260, 5], padding=1, holes=False, seed=22),
+], ids=["mixed", "decode_only"])
+def test_sm90_q8kv8_prefill_rows_unchanged_decode_rows_exact(step):
+    """SM90 Q8KV8: prefill rows take upstream's Q8KV8 path unchanged; decode rows take the fp8
+    decode kernel, i.e. they match the bf16 sparse path (no fp8 cast of q) instead of Q8KV8."""
+    with _ctx("H200"):
+        q8 = K.World(step, q8kv8=True)
+        base_q8 = q8.run_step(q8.forward_batch())
+        bf16 = K.World(step)
+        base_bf16 = bf16.run_step(bf16.forward_batch())
+        with K.patch_installed():
+            K.CALLS.clear()
+            out = q8.run_step(q8.forward_batch())
+            plan = ms.get_plan(q8.backend)
+        b0, d = step.b0, len(step.decode)
+        assert plan is not None and plan.boundary.b0 == b0
+        for layer in out:
+            assert torch.equal(out[layer][:b0], base_q8[layer][:b0])
+            torch.testing.assert_close(
+                out[layer][b0 : b0 + d].float(), base_bf16[layer][b0 : b0 + d].float(), atol=ATOL, rtol=RTOL
+            )
+            # Against the fp8-q unsplit output the decode rows differ only by q's e4m3 cast.
+            torch.testing.assert_close(
+                out[layer][b0 : b0 + d].float(), base_q8[layer][b0 : b0 + d].float(), atol=0.1, rtol=0.1
+            )
+            assert out[layer][b0 + d :].abs().max() == 0
+
+
+# ---- F1b: DP-attention decode batches relabelled to a 1-token EXTEND -------------------------
+
+
+@pytest.mark.parametrize("how", ["prepare_mlp_sync_relabel", "convert_decode_to_extend"])
+def test_dp_attention_decode_relabelled_to_extend_splits_at_zero(how):
+    step = K.Step(prefill=[], decode=[40, 257, 600], padding=5, seed=31)
+    with _ctx("B200"):
+        world = K.World(step)
+        kw = dict(mode=ForwardMode.EXTEND)
+        if how == "prepare_mlp_sync_relabel":
+            kw.update(num_decode_attr=None, original_mode=ForwardMode.DECODE)
+        else:
+            kw.update(num_decode_attr=len(step.decode))
+        base = world.run_step(world.forward_batch(**kw))
+        with K.patch_installed():
+            K.CALLS.clear()
+            out = world.run_step(world.forward_batch(**kw))
+            plan = ms.get_plan(world.backend)
+            _check_split_step(world, base, out, plan, step)
+            assert plan.boundary.b0 == 0
+
+
+def test_plain_extend_is_not_split():
+    step = K.Step(prefill=[(10, 5), (0, 1)], decode=[], seed=32)
+    with _ctx("H200"):
+        world = K.World(step)
+        with K.patch_installed():
+            K.CALLS.clear()
+            world.run_step(world.forward_batch(mode=ForwardMode.EXTEND, num_decode_attr=None))
+            assert ms.get_plan(world.backend) is None and not K.CALLS.decode
+
+
+# ---- boundary recording on ForwardBatch.init_new --------------------------------------------
+
+
+def test_init_new_hook_records_decode_tail_only_when_it_is_the_tail():
+    reqs = [object() for _ in range(5)]
+    fb = SimpleNamespace()
+
+    def rec(mode, decoding):
+        ms.after_forward_batch_init_new(fb, None, SimpleNamespace(forward_mode=mode, reqs=reqs, decoding_reqs=decoding), None)
+        return getattr(fb, ms.NUM_DECODE_ATTR)
+
+    assert rec(ForwardMode.MIXED, reqs[2:]) == 3
+    assert rec(ForwardMode.EXTEND, reqs) == 5  # convert_decode_to_extend
+    assert rec(ForwardMode.MIXED, reqs[1:3]) is None  # not the tail
+    assert rec(ForwardMode.MIXED, None) is None
+    assert rec(ForwardMode.DECODE, reqs) is None
+
+
+def test_stale_plan_never_applies_to_another_batch():
+    """A plan belongs to the ForwardBatch it was made for (e.g. BCG's static batch differs)."""
+    step = K.Step(prefill=[(50, 10)], decode=[70, 300], seed=41)
+    with _ctx("H200"):
+        world = K.World(step)
+        base = world.run_step(world.forward_batch())
+        with K.patch_installed():
+            fb = world.forward_batch()
+            world.backend.init_forward_metadata(fb)
+            assert ms.get_plan(world.backend) is not None
+            # The pre-built prefill-only cache would not fit another batch's rows: drop it
+            # so upstream rebuilds for the batch it sees, as after a BCG refresh.
+            world.backend.forward_metadata.sparse_prefill_cache = None
+            K.CALLS.clear()
+            other = world.forward_batch()
+            out = world.run_layer(other, 1)
+            assert not K.CALLS.decode
+            torch.testing.assert_close(out.float(), base[1].float(), atol=0, rtol=0)
+
+
+def test_bcg_replay_clears_plan_and_logs(caplog):
+    cap = SimpleNamespace()
+    setattr(cap, ms.PLAN_ATTR, "stale")
+    backend = SimpleNamespace(forward_metadata=SimpleNamespace())
+    fb = SimpleNamespace(forward_mode=ForwardMode.MIXED)
+    setattr(fb, ms.NUM_DECODE_ATTR, 4)
+    with caplog.at_level(logging.INFO, logger="sglang_mixgraph"):
+        ms.after_prepare_bcg_replay(None, backend, cap, fb, static_forward_batch=None)
+        ms.after_prepare_bcg_replay(None, backend, cap, fb, static_forward_batch=None)
+    assert getattr(cap, ms.PLAN_ATTR) is None
+    assert sum("breakable CUDA graph" in r.message for r in caplog.records) == 1
+
+
+# ---- flag off, registry ----------------------------------------------------------------------
+
+
+def test_flag_off_leaves_upstream_untouched():
+    from sglang.srt.layers.attention.deepseek_v4_backend import DeepseekV4AttnBackend
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+    step = K.Step(prefill=[(30, 8)], decode=[9, 200], padding=1, seed=51)
+    before = {n: DeepseekV4AttnBackend.__dict__[n] for n in (
+        "init_forward_metadata", "_forward_prefill_sparse", "_forward_prefill_sparse_q8kv8",
+        "_build_sparse_prefill_chunk_cache", "prepare_forward_metadata_for_breakable_cuda_graph_replay")}
+    init_new = ForwardBatch.__dict__["init_new"]
+    with _ctx("H200"):
+        world = K.World(step)
+        with K.patch_installed(flag_on=False) as status:
+            assert status.state == "off"
+            for n, fn in before.items():
+                assert DeepseekV4AttnBackend.__dict__[n] is fn
+            assert ForwardBatch.__dict__["init_new"] is init_new
+            K.CALLS.clear()
+            world.run_step(world.forward_batch(num_decode_attr=None))
+            assert getattr(world.backend.forward_metadata, ms.PLAN_ATTR, None) is None
+            assert not K.CALLS.decode and K.CALLS.sparse_rows == [step.num_rows] * 3
+    for n, fn in before.items():  # and the kit restores what an enabled install changed
+        assert DeepseekV4AttnBackend.__dict__[n] is fn
+
+
+def test_hook_targets_resolve_and_flags_are_strict(monkeypatch):
+    for h in ms.HOOKS:
+        assert check_hook(h).ok, check_hook(h)
+    assert ms.SPLIT_FLAG.default is False and ms.POLICY_FLAG.default == "always"
+    monkeypatch.setenv("SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN", "1")
+    monkeypatch.setenv("SGLANG_MIXGRAPH_SPLIT_POLICY", "sometimes")
+    with pytest.raises(PatchCheckError, match="SGLANG_MIXGRAPH_SPLIT_POLICY"):
+        install((ms.PATCH,))
+
+
+# ---- fallbacks -------------------------------------------------------------------------------
+
+
+FALLBACKS = {
+    "hisparse": lambda w, fb, mp: setattr(w.backend, "hisparse_coordinator", object()),
+    "dsv41": lambda w, fb, mp: setattr(w.backend, "is_dsv41", True),
+    "spec": lambda w, fb, mp: setattr(w.backend, "mtp_enabled", True),
+    "cp": lambda w, fb, mp: mp.setattr("sglang.srt.layers.cp.utils.is_cp_active", lambda fb: True),
+    "trtllm": lambda w, fb, mp: setattr(w.backend, "trtllm_attn", True),
+    "request_window": lambda w, fb, mp: setattr(w.pool, "request_window", SimpleNamespace(activate=lambda layout: None)),
+    "low_ratio": lambda w, fb, mp: setattr(w.backend, "low_ratios", (1,)),
+}
+
+
+@pytest.mark.parametrize("reason", sorted(FALLBACKS))
+def test_unsupported_configs_fall_back_logged_once(reason, monkeypatch, caplog):
+    step = K.Step(prefill=[(20, 6)], decode=[8, 150], seed=61)
+    with _ctx("H200"):
+        world = K.World(step)
+        with K.patch_installed(), caplog.at_level(logging.INFO, logger="sglang_mixgraph"):
+            FALLBACKS[reason](world, None, monkeypatch)
+            for _ in range(2):
+                fb = world.forward_batch()
+                world.backend.init_forward_metadata(fb)
+                assert ms.get_plan(world.backend) is None
+        msgs = [r.message for r in caplog.records if "falls back" in r.message]
+        assert msgs == [f"sglang-mixgraph: mixed_split falls back to upstream: {ms.FALLBACK_REASONS[reason]}"]
+
+
+@pytest.mark.parametrize("reason", ["hisparse", "dsv41", "spec"])
+def test_fallback_output_is_upstream_output(reason, monkeypatch):
+    step = K.Step(prefill=[(20, 6)], decode=[8, 150], padding=1, seed=62)
+    with _ctx("H200"):
+        world = K.World(step)
+        FALLBACKS[reason](world, None, monkeypatch)
+        base = world.run_step(world.forward_batch())
+        with K.patch_installed():
+            K.CALLS.clear()
+            out = world.run_step(world.forward_batch())
+            assert not K.CALLS.decode
+        for layer in out:
+            assert torch.equal(out[layer], base[layer])
+
+
+def test_mega_backend_and_sm120_fall_back(caplog):
+    from sglang.srt.layers.attention.deepseek_v4_mega_backend import DeepseekV4MegaAttnBackend
+    from sglang.srt.runtime_context import override_platform
+
+    step = K.Step(prefill=[(20, 6)], decode=[8], seed=63)
+    with _ctx("B200"):
+        mega = K.World(step, backend_cls=DeepseekV4MegaAttnBackend)
+        normal = K.World(step)
+        with K.patch_installed(), caplog.at_level(logging.INFO, logger="sglang_mixgraph"):
+            mega.backend.init_forward_metadata(mega.forward_batch())
+            assert ms.get_plan(mega.backend) is None
+            with override_platform(is_sm120=True):
+                normal.backend.init_forward_metadata(normal.forward_batch())
+            assert ms.get_plan(normal.backend) is None
+    text = "\n".join(r.message for r in caplog.records)
+    assert ms.FALLBACK_REASONS["mega"] in text and ms.FALLBACK_REASONS["sm120"] in text
+
+
+# ---- F1c: the adaptive policy is wired to the cost model -------------------------------------
+
+
+@pytest.mark.parametrize("decode_cost,expect_split", [(0.0, True), (1.0, False)])
+def test_adaptive_policy_follows_cost_model(decode_cost, expect_split, monkeypatch):
+    from sglang_mixgraph.core import split_cost_model as scm
+
+    coeffs = scm.builtin_coefficients()
+    per = {r: dict(c, d_key=decode_cost, d_row=decode_cost, c_dec=0.0, a_cat=0.0) for r, c in coeffs.per_ratio.items()}
+    monkeypatch.setattr(ms, "_cost_coefficients", lambda: scm.Coefficients("test", per, margin=0.0))
+    step = K.Step(prefill=[(100, 16)], decode=[400, 500, 90], padding=1, seed=71)
+    with _ctx("H200"):
+        world = K.World(step)
+        base = world.run_step(world.forward_batch())
+        with K.patch_installed(policy="adaptive"):
+            K.CALLS.clear()
+            out = world.run_step(world.forward_batch())
+            plan = ms.get_plan(world.backend)
+        assert (plan is not None) == expect_split
+        if expect_split:
+            assert plan.policy == "adaptive"
+        for layer in out:
+            torch.testing.assert_close(out[layer].float(), base[layer].float(), atol=ATOL, rtol=RTOL)
