@@ -162,7 +162,7 @@ class MemoryBudget:
 
     @property
     def outside_static(self) -> int:
-        return int(self.total_bytes * (1.0 - self.mem_fraction_static))
+        return round(self.total_bytes * (1.0 - self.mem_fraction_static))
 
     @property
     def available(self) -> int:

@@ -100,7 +100,10 @@ def derive_prefill_buckets(
         buckets.add(nxt)
         b = nxt
     if running_per_rank is not None and 0 < running_per_rank < top:
-        buckets.add(min(top, ceil_align(running_per_rank, step)))
+        rb = ceil_align(running_per_rank, step)
+        if rb > top or rb > running_per_rank * max_padding:
+            rb = ceil_align(running_per_rank, alignment)
+        buckets.add(rb)
     return sorted(b for b in buckets if cap is None or b <= cap)
 
 

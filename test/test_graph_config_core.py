@@ -1,0 +1,158 @@
+"""Pure logic of F7/F8/F9: bucket derivation, padding bounds, capture-memory model."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sglang_mixgraph.core.capture_memory import (
+    GRAPH_OBJECT_BYTES_PER_BUCKET,
+    MiB,
+    ModelShape,
+    SparseIndexerShape,
+    decide,
+    decode_graph_reserve_bytes,
+    estimate_capture_bytes,
+    largest_fitting_prefix,
+    memory_budget,
+)
+from sglang_mixgraph.core.prefill_buckets import (
+    BucketDerivationError,
+    bucket_alignment,
+    bucket_for,
+    check_bucket_list,
+    derive_prefill_buckets,
+    mixed_sampling_rows_bound,
+    padding_profile,
+    replays,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    chunk=st.integers(1, 40000),
+    running=st.one_of(st.none(), st.integers(1, 4096)),
+    alignment=st.sampled_from([1, 2, 4, 8]),
+    cap_slack=st.one_of(st.none(), st.integers(0, 5000)),
+)
+def test_derived_buckets_properties(chunk, running, alignment, cap_slack):
+    top = -(-chunk // alignment) * alignment
+    cap = None if cap_slack is None else top + cap_slack
+    buckets = derive_prefill_buckets(chunk_per_rank=chunk, running_per_rank=running, cap=cap, alignment=alignment)
+    assert buckets == sorted(set(buckets))
+    assert buckets[-1] == top  # always contains C (as captured) and nothing above it
+    assert all(b % alignment == 0 for b in buckets)
+    if cap is not None:
+        assert max(buckets) <= cap
+    # every size from the ladder floor to C replays within upstream's 2x padding cap
+    lo = math.ceil(min(top, 16) / 2)  # the ladder stops halving at 16 tokens
+    for size in range(max(1, lo), top + 1):
+        assert replays(size, buckets), (size, buckets)
+    # a relabelled decode batch of R tokens replays too
+    # a relabelled decode batch of R tokens replays too (up to the capture alignment,
+    # which the runner applies to every batch anyway)
+    if running is not None and running <= top:
+        aligned = -(-running // alignment) * alignment
+        assert bucket_for(running, buckets) <= max(2 * running, aligned)
+    # short: the halving ladder plus R
+    assert len(buckets) <= max(1, math.ceil(math.log2(max(top, 16) / 8))) + 2
+
+
+def test_reference_deployment_list():
+    buckets = derive_prefill_buckets(chunk_per_rank=2816, running_per_rank=256, cap=2816)
+    assert buckets == [16, 24, 48, 88, 176, 256, 352, 704, 1408, 2816]
+    assert check_bucket_list(buckets, chunk_per_rank=2816, running_per_rank=256, cap=2816) == []
+
+
+def test_chunk_above_cap_is_rejected():
+    with pytest.raises(BucketDerivationError, match="exceeds the MoE per-rank token cap 2048"):
+        derive_prefill_buckets(chunk_per_rank=2816, running_per_rank=256, cap=2048)
+
+
+def test_alignment_for_attn_tp_and_deepep():
+    assert bucket_alignment(attn_tp_size=1) == 1
+    assert bucket_alignment(attn_tp_size=4) == 4
+    assert bucket_alignment(attn_tp_size=1, deepep=True) == 8
+    assert bucket_alignment(attn_tp_size=3, deepep=True) == 24
+    buckets = derive_prefill_buckets(chunk_per_rank=1000, running_per_rank=100, alignment=3)
+    assert buckets[-1] == 1002 and all(b % 3 == 0 for b in buckets)
+
+
+def test_padding_profile_exact_small_case():
+    prof = padding_profile([4, 8], lo=1, hi=8)
+    # sizes 1 (4x) runs eagerly; 2 -> 4 (2x), 3 -> 4, 4, 5..8 -> 8
+    assert prof.eager_sizes == 1
+    assert prof.smallest_replayed == 2
+    assert prof.worst_factor == 2.0
+    assert prof.worst_waste_tokens == 3  # 5 -> 8
+    expected_mean = (4 / 2 + 4 / 3 + 1 + 8 / 5 + 8 / 6 + 8 / 7 + 1) / 7
+    assert prof.mean_factor == pytest.approx(expected_mean)
+
+
+def test_check_bucket_list_reports_problems():
+    problems = check_bucket_list([512, 1024, 2048, 4096], chunk_per_rank=3000, running_per_rank=100, cap=2816)
+    assert any("exceed the MoE per-rank cap 2816" in p for p in problems)
+    assert any("3000 tokens) land on bucket 4096" in p for p in problems)
+    assert any("100 tokens does not replay" in p for p in problems)
+    assert bucket_for(5000, [512]) is None
+
+
+def test_mixed_sampling_rows_bound():
+    assert mixed_sampling_rows_bound(running_per_rank=256, attn_dp_size=8, attn_dp_enabled=True) == 8 * 257
+    assert mixed_sampling_rows_bound(running_per_rank=256, attn_dp_size=8, attn_dp_enabled=False) == 257
+
+
+DSV4 = ModelShape(
+    hidden_size=7168,
+    hidden_multiplier=4,
+    sparse=SparseIndexerShape(index_topk=1024, context_width=1 << 20),
+)
+
+
+def test_dsv4_terms_per_token():
+    sparse = DSV4.sparse
+    # c4 logits: W/4 fp32 columns (already a multiple of 256) -> 1 MiB per token at 1M context
+    assert sparse.logits_bytes_per_token() == (1 << 20) // 4 * 4
+    ints = 2 * 1024 + (1 << 20) // 128 + (1 << 20) // 256 + 128 + 16
+    assert sparse.metadata_bytes_per_token() == 4 * ints
+
+
+def test_estimate_sums_per_bucket_terms():
+    est = estimate_capture_bytes([2816, 16, 1408], DSV4)
+    assert est.buckets == (16, 1408, 2816)
+    assert est.terms["graph_objects"] == 3 * GRAPH_OBJECT_BYTES_PER_BUCKET
+    assert est.terms["dsv4_indexer_logits"] == (16 + 1408 + 2816) * DSV4.sparse.logits_bytes_per_token()
+    assert est.total == sum(est.terms.values())
+    dense = estimate_capture_bytes([2816, 16, 1408], ModelShape(hidden_size=1024))
+    assert "dsv4_indexer_logits" not in dense.terms and dense.total < est.total
+    # more buckets never need less memory
+    assert estimate_capture_bytes([16, 1408, 2816, 704], DSV4).total > est.total
+
+
+def test_budget_and_verdict():
+    decode = decode_graph_reserve_bytes(decode_max_bs=512, decode_graph_on=True, attn_dp_enabled=True, attn_dp_size=8)
+    assert decode == (512 * 2 + 512 * 8 * 3 + 512 * 8 * 1.5) * MiB
+    budget = memory_budget(
+        total_bytes=100_000 * MiB, mem_fraction_static=0.8, chunk_per_rank=2816, tp_size=8, pp_size=1,
+        decode_reserve_bytes=decode,
+    )
+    assert budget.outside_static == 20_000 * MiB
+    assert budget.reserves["eager_activations"] == int(2816 * 1.5 * MiB)
+    assert budget.available == 20_000 * MiB - sum(budget.reserves.values())
+    v = decide(budget.available // 2, budget.available)
+    assert v.fits and v.margin_bytes == budget.available - budget.available // 2
+    assert not decide(int(budget.available * 0.95), budget.available).fits  # inside the 10% margin
+    assert not decide(1, -5).fits
+
+
+def test_largest_fitting_prefix_suggests_a_max_bs():
+    buckets = [16, 24, 48, 88, 176, 256, 352, 704, 1408, 2816]
+    full = estimate_capture_bytes(buckets, DSV4).total
+    suggestion = largest_fitting_prefix(buckets, DSV4, available=int(full * 0.6 / 0.9))
+    assert suggestion is not None and suggestion < 2816
+    fitting = [b for b in buckets if b <= suggestion]
+    assert decide(estimate_capture_bytes(fitting, DSV4).total, int(full * 0.6 / 0.9)).fits
+    assert largest_fitting_prefix(buckets, DSV4, available=0) is None
