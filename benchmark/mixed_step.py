@@ -123,7 +123,10 @@ class Step:
         return kvl.kernel_view(self.extra_cache, self.extra_page_size)
 
 
-def build_step(spec: StepSpec, device="cpu", q_scale: float = 1.0) -> Step:
+def build_step(spec: StepSpec, device="cpu", q_scale: float = 1.0,
+               swa_cache: Optional[torch.Tensor] = None, extra_cache: Optional[torch.Tensor] = None) -> Step:
+    """Build one step. ``swa_cache``/``extra_cache``: optional pre-filled pools (the benchmark
+    reuses large pools across points); otherwise pools are allocated and filled here."""
     dev = torch.device(device)
     gen = torch.Generator(device=dev)
     gen.manual_seed(spec.seed)
@@ -137,10 +140,14 @@ def build_step(spec: StepSpec, device="cpu", q_scale: float = 1.0) -> Step:
     gather_lens = [min(s, e + SWA - 1) for s, e in zip(seqs, exts)]
     g_max = max(gather_lens)
     swa_needed = sum(gather_lens)
-    swa_tokens = max(swa_needed, spec.min_swa_tokens)
-    swa_pages = -(-swa_tokens // spec.swa_page_size)
-    swa_cache = kvl.allocate_cache(swa_pages, spec.swa_page_size, dev)
-    fill_random(swa_cache, spec.swa_page_size, gen)
+    if swa_cache is None:
+        swa_tokens = max(swa_needed, spec.min_swa_tokens)
+        swa_pages = -(-swa_tokens // spec.swa_page_size)
+        swa_cache = kvl.allocate_cache(swa_pages, spec.swa_page_size, dev)
+        fill_random(swa_cache, spec.swa_page_size, gen)
+    swa_pages = swa_cache.shape[0]
+    if swa_pages * spec.swa_page_size < swa_needed:
+        raise ValueError(f"SWA pool of {swa_pages * spec.swa_page_size} tokens < {swa_needed} needed")
     perm = torch.randperm(swa_pages * spec.swa_page_size, device=dev, generator=gen)[:swa_needed]
     swa_slots = torch.zeros(nreq, g_max, dtype=torch.int64, device=dev)
     col = torch.arange(g_max, device=dev)
@@ -150,16 +157,19 @@ def build_step(spec: StepSpec, device="cpu", q_scale: float = 1.0) -> Step:
     gather_first = torch.tensor([s - g for s, g in zip(seqs, gather_lens)], device=dev)
 
     comp_lens = [s // ratio for s in seqs] if ratio else [0] * nreq
-    extra_cache = None
     extra_page = max(spec.full_page_size // ratio, 1) if ratio else 1
     comp_slots = None
+    if not ratio:
+        extra_cache = None
     if ratio:
         c_max = max(max(comp_lens), 1)
         pages_per_req = -(-c_max // extra_page)
         need_pages = sum(-(-max(c, 1) // extra_page) for c in comp_lens)
-        extra_pages = max(need_pages, -(-spec.min_extra_tokens // extra_page), 1)
-        extra_cache = kvl.allocate_cache(extra_pages, extra_page, dev)
-        fill_random(extra_cache, extra_page, gen)
+        if extra_cache is None:
+            extra_pages = max(need_pages, -(-spec.min_extra_tokens // extra_page), 1)
+            extra_cache = kvl.allocate_cache(extra_pages, extra_page, dev)
+            fill_random(extra_cache, extra_page, gen)
+        extra_pages = extra_cache.shape[0]
         if extra_pages >= nreq * pages_per_req:
             page_tab = torch.randperm(extra_pages, device=dev, generator=gen)[: nreq * pages_per_req]
         else:  # pool smaller than the union: pages may be shared between requests

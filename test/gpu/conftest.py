@@ -1,0 +1,52 @@
+"""GPU tests: our torch reference against FlashMLA's legacy kernels on the V4 layout, our Triton
+dequant against the torch one, split against unsplit with the real kernels.
+
+Every test here carries the ``gpu`` marker and is skipped when ``torch.cuda.is_available()`` is
+False (and when FlashMLA cannot be imported). FlashMLA may come from an installed
+``sgl-flash-mla`` or from the wheel unpacked at ``<repo>/.whl/site`` (docs/mixed-split-kernels.md).
+"""
+
+import os
+import sys
+
+import pytest
+import torch
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+for _p in (os.path.join(_ROOT, "python"), os.path.join(_ROOT, "benchmark"), os.path.join(_ROOT, ".whl", "site")):
+    if os.path.isdir(_p) and _p not in sys.path:
+        sys.path.insert(0, _p)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU (and FlashMLA for the kernel tests)")
+    config.addinivalue_line("markers", "needs_flash_mla: needs the sgl-flash-mla kernels")
+
+
+def _flash_mla_error():
+    try:
+        import flash_mla  # noqa: F401
+
+        if not flash_mla.has_legacy():
+            return "FlashMLA has no legacy (SM90 / V4) kernels"
+    except Exception as exc:  # pragma: no cover - depends on the machine
+        return f"FlashMLA unavailable: {exc}"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    here = os.path.dirname(os.path.abspath(__file__))
+    ours = [it for it in items if str(it.fspath).startswith(here)]
+    for it in ours:
+        it.add_marker(pytest.mark.gpu)
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="no CUDA GPU (torch.cuda.is_available() is False)")
+        for it in ours:
+            it.add_marker(skip)
+        return
+    err = _flash_mla_error()
+    if err:
+        skip = pytest.mark.skip(reason=err)
+        for it in ours:
+            if "needs_flash_mla" in it.keywords:
+                it.add_marker(skip)
