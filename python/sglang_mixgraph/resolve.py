@@ -60,11 +60,13 @@ def resolve(argv: list[str], gpu: str = DEFAULT_GPU) -> Resolution:
 
     load_plugins()
     collector = _Collector()
-    # On SGLang's package logger, not the root: resolution may reconfigure root handlers.
-    sglang_logger = logging.getLogger("sglang")
-    sglang_logger.addHandler(collector)
-    previous_level = sglang_logger.level
-    sglang_logger.setLevel(logging.INFO)
+    # On SGLang's package logger and ours, not the root: resolution may reconfigure root
+    # handlers. Our patches log to "sglang_mixgraph" while SGLang resolves.
+    loggers = [logging.getLogger("sglang"), logging.getLogger("sglang_mixgraph")]
+    previous_levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.addHandler(collector)
+        lg.setLevel(logging.INFO)
     try:
         with described_gpu(gpu) as spec:
             from sglang.srt.server_args import prepare_server_args
@@ -73,6 +75,7 @@ def resolve(argv: list[str], gpu: str = DEFAULT_GPU) -> Resolution:
             server_args.resolve_once()
             resolved = server_args.resolved_dict()
     finally:
-        sglang_logger.removeHandler(collector)
-        sglang_logger.setLevel(previous_level)
+        for lg, level in zip(loggers, previous_levels):
+            lg.removeHandler(collector)
+            lg.setLevel(level)
     return Resolution(gpu=spec, server_args=server_args, resolved=resolved, logs=collector.records)

@@ -283,7 +283,12 @@ def derived_buckets_for(server_args) -> tuple[list[int] | None, str]:
     """(derived list or None, policy label) for the current resolving view."""
     from sglang.srt.model_executor.cuda_graph_config import Backend, Phase
 
-    from sglang_mixgraph.core.prefill_buckets import BucketDerivationError, bucket_alignment, derive_prefill_buckets
+    from sglang_mixgraph.core.prefill_buckets import (
+        BucketDerivationError,
+        bucket_alignment,
+        ceil_align,
+        derive_prefill_buckets,
+    )
 
     ctx = _ctx(server_args)
     cfg = ctx["cfg"]
@@ -302,12 +307,24 @@ def derived_buckets_for(server_args) -> tuple[list[int] | None, str]:
     top = ctx["chunk"]
     if prefill.max_bs:
         top = min(top, prefill.max_bs)  # upstream caps: MLA 8192, max_total_tokens (memory_hook.py:233-263)
+    cap = _mega_moe_cap(server_args)
+    alignment = bucket_alignment(attn_tp_size=ctx["attn_tp"], deepep=ctx["a2a"] == "deepep")
+    if cap is not None and ceil_align(top, alignment) > cap:
+        # A steady mixed step is C tokens; its bucket cannot fit under the cap. Upstream
+        # checks the chunk against the cap only for some checkpoints
+        # (mega_moe_hook.py:88-91); with a prefill graph, capture would assert.
+        raise GraphConfigError(
+            f"MegaMoE: the per-rank chunked prefill size {top} (a steady mixed step, so the "
+            f"largest prefill CUDA-graph bucket) exceeds SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK="
+            f"{cap}. Raise the variable to at least {ceil_align(top, alignment)}, lower "
+            f"--chunked-prefill-size to {cap * ctx['attn_dp']} or less, or --disable-prefill-cuda-graph."
+        )
     try:
         derived = derive_prefill_buckets(
             chunk_per_rank=top,
             running_per_rank=ctx["running_per_rank"],
-            cap=_mega_moe_cap(server_args),
-            alignment=bucket_alignment(attn_tp_size=ctx["attn_tp"], deepep=ctx["a2a"] == "deepep"),
+            cap=cap,
+            alignment=alignment,
         )
     except BucketDerivationError as e:
         fallback_once(PATCH_ID, f"prefill buckets: {e}")

@@ -1,0 +1,406 @@
+"""F6-F9 through SGLang's real server-argument resolution, for a table of deployments.
+
+The graph_config patch is always installed and reads SGLANG_MIXGRAPH_PREFILL_BUCKETS when
+its hooks run, so the table runs in this process with the flag set per row. The upstream
+baseline (no mixgraph plugin at all) and SGLANG_EXPERIMENTAL_FORCE_BCG (its hook is only
+installed when the flag is on at load) run in subprocesses.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import sglang_mixgraph
+from sglang_mixgraph.core.prefill_buckets import padding_profile, replays
+from sglang_mixgraph.resolve import resolve
+
+DSV4 = str(Path(sglang_mixgraph.__file__).parent / "data" / "dsv4_pro")
+CAP_ENV = "SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK"
+BUCKETS_ENV = "SGLANG_MIXGRAPH_PREFILL_BUCKETS"
+FORCE_ENV = "SGLANG_EXPERIMENTAL_FORCE_BCG"
+DSV4_RULE = "DeepSeek-V4 (heavy capture-pool memory pressure)"
+
+
+def reference(chunk_per_rank=2816, tp=8, dp=8, extra=()):
+    return [
+        "--model-path", DSV4, "--tp", str(tp), "--dp", str(dp), "--enable-dp-attention",
+        "--enable-mixed-chunk", "--chunked-prefill-size", str(chunk_per_rank * dp),
+        "--max-running-requests", "2048", "--moe-a2a-backend", "megamoe", *extra,
+    ]
+
+
+GLM5_CONFIG = {
+    "architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa", "hidden_size": 6144,
+    "num_hidden_layers": 78, "num_attention_heads": 64, "num_key_value_heads": 64, "kv_lora_rank": 512,
+    "q_lora_rank": 2048, "qk_rope_head_dim": 64, "qk_nope_head_dim": 192, "qk_head_dim": 256,
+    "v_head_dim": 256, "index_topk": 2048, "index_head_dim": 128, "index_n_heads": 32,
+    "n_routed_experts": 256, "num_experts_per_tok": 8, "n_shared_experts": 1, "moe_intermediate_size": 2048,
+    "intermediate_size": 12288, "first_k_dense_replace": 3, "vocab_size": 154880,
+    "max_position_embeddings": 202752, "rope_theta": 1000000, "torch_dtype": "bfloat16", "n_group": 1,
+    "topk_group": 1, "routed_scaling_factor": 2.5, "norm_topk_prob": True, "rms_norm_eps": 1e-5,
+}
+DENSE_CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 1024, "num_hidden_layers": 4,
+    "num_attention_heads": 16, "num_key_value_heads": 4, "intermediate_size": 2816, "vocab_size": 32000,
+    "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16",
+}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    out = {}
+    for name, cfg in (("glm5", GLM5_CONFIG), ("dense", DENSE_CONFIG)):
+        d = root / name
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps(cfg))
+        out[name] = str(d)
+    return out
+
+
+@pytest.fixture
+def flags(monkeypatch):
+    monkeypatch.delenv(FORCE_ENV, raising=False)
+    monkeypatch.delenv(BUCKETS_ENV, raising=False)
+    monkeypatch.setenv(CAP_ENV, "2816")
+
+    def set_(**env):
+        for k, v in env.items():
+            if v is None:
+                monkeypatch.delenv(k, raising=False)
+            else:
+                monkeypatch.setenv(k, str(v))
+
+    return set_
+
+
+def plan_of(argv, gpu="B300"):
+    from sglang_mixgraph.graph_plan import graph_plan
+
+    r = resolve(argv, gpu=gpu)
+    d = graph_plan(r)
+    json.dumps(d)  # the plan is JSON-serialisable
+    return r, d
+
+
+def assert_bucket_properties(d, chunk, cap, running=None, max_count=12):
+    buckets = d["prefill_graph"]["buckets"]
+    assert chunk in buckets, (chunk, buckets)
+    assert max(buckets) == chunk
+    if cap is not None:
+        assert max(buckets) <= cap
+    assert len(buckets) <= max_count
+    prof = padding_profile(buckets, lo=16, hi=chunk)
+    assert prof.eager_sizes == 0 and prof.worst_factor <= 2.0
+    if running is not None and running <= chunk:
+        assert replays(running, buckets)
+    upstream = d["bucket_lists"]["upstream"]
+    assert len(buckets) < upstream["count"]
+
+
+# ---------------------------------------------------------------- DSV4 table
+
+DSV4_ROWS = [
+    # id, argv kwargs, cap, per-rank chunk, running per rank
+    ("reference", dict(), 2816, 2816, 256),
+    ("chunk-2048", dict(chunk_per_rank=2048), 2048, 2048, 256),
+    ("chunk-8192", dict(chunk_per_rank=8192), 8192, 8192, 256),
+    ("chunk-16384", dict(chunk_per_rank=16384), 16384, 16384, 256),
+    ("tp4-dp4", dict(tp=4, dp=4), 2816, 2816, 512),
+    ("mixed-chunk-off", dict(extra=()), 2816, 2816, 256),
+    ("max-running-512", dict(extra=("--max-running-requests", "512")), 2816, 2816, 64),
+]
+
+
+@pytest.mark.parametrize("row", DSV4_ROWS, ids=[r[0] for r in DSV4_ROWS])
+def test_dsv4_table(flags, row):
+    name, kw, cap, chunk, running = row
+    flags(**{CAP_ENV: cap})
+    argv = reference(**kw)
+    if name == "mixed-chunk-off":
+        argv.remove("--enable-mixed-chunk")
+    r, d = plan_of(argv)
+    pg = d["prefill_graph"]
+    assert d["deployment"]["chunked_prefill_per_rank"] == chunk
+    assert d["deployment"]["running_per_rank"] == running
+    assert pg["backend"] == "breakable"
+    assert pg["decided_by"]["kind"] == "estimate"
+    assert pg["rules"][0]["name"] == DSV4_RULE and "fits" in pg["rules"][0]["action"]
+    assert d["capture_memory"]["verdict"]["fits"] is True
+    assert d["bucket_lists"]["policy"] == "auto"
+    assert_bucket_properties(d, chunk, cap, running)
+    assert r.resolved["cuda_graph_config"]["prefill"]["bs"] == pg["buckets"]
+    assert d["ok"] and all(v["ok"] for v in d["validations"])
+    # upstream's generic list for the same chunk would not fit the same budget
+    assert d["bucket_lists"]["upstream"]["capture_fits"] is False
+
+
+def test_reference_without_dp_attention(flags):
+    flags(**{CAP_ENV: 8192})
+    argv = ["--model-path", DSV4, "--tp", "8", "--enable-mixed-chunk", "--chunked-prefill-size", "8192",
+            "--max-running-requests", "2048", "--moe-a2a-backend", "megamoe"]
+    _, d = plan_of(argv)
+    assert d["deployment"]["dp_attention"] is False
+    assert d["deployment"]["running_per_rank"] == 2048
+    buckets = d["prefill_graph"]["buckets"]
+    assert all(b % 8 == 0 for b in buckets)  # attention TP 8: captured sizes are multiples of 8
+    assert_bucket_properties(d, 8192, 8192, 2048)
+
+
+def test_megamoe_off_has_no_cap_check(flags):
+    argv = reference(extra=())
+    argv[argv.index("megamoe")] = "none"
+    _, d = plan_of(argv)
+    assert d["deployment"]["mega_moe_cap_per_rank"] is None
+    assert all(v["name"] != "mega_moe_cap_covers_prefill_buckets" for v in d["validations"])
+    assert_bucket_properties(d, 2816, None, 256)
+
+
+def test_reference_plan_contents(flags):
+    """What `plan --json` shows for the reference deployment."""
+    _, d = plan_of(reference())
+    cm = d["capture_memory"]
+    assert cm["verdict"]["needed_bytes"] == cm["estimate"]["bytes"] > 0
+    assert cm["verdict"]["available_bytes"] == cm["budget"]["available_bytes"] > cm["verdict"]["needed_bytes"]
+    assert set(cm["estimate"]["terms"]) >= {"dsv4_indexer_logits", "dsv4_captured_metadata", "graph_objects"}
+    bl = d["bucket_lists"]
+    assert bl["upstream"]["count"] == 45 and bl["upstream"]["largest"] == 2816
+    assert bl["ours"]["buckets"] == [16, 24, 48, 88, 176, 256, 352, 704, 1408, 2816]
+    assert bl["ours"]["capture_bytes"] < bl["upstream"]["capture_bytes"]
+    names = {v["name"] for v in d["validations"]}
+    assert names == {"mega_moe_cap_covers_prefill_buckets", "logits_multimem_gather_covers_mixed_steps"}
+    logits = next(v for v in d["validations"] if v["name"].startswith("logits"))
+    assert logits["rows"] == 8 * 257 and logits["upstream_rows"] == 2048
+    from sglang_mixgraph.graph_plan import format_graph_plan
+
+    text = format_graph_plan(d)
+    assert "decided by estimate" in text and "upstream: 45 buckets" in text and "derived : 10 buckets" in text
+
+
+def test_estimate_turns_bcg_off_with_numbers(flags, caplog):
+    caplog.set_level(logging.INFO, logger="sglang_mixgraph")
+    r, d = plan_of(reference(extra=("--mem-fraction-static", "0.9")), gpu="H200")
+    pg = d["prefill_graph"]
+    assert pg["backend"] == "disabled"
+    assert pg["decided_by"]["kind"] == "estimate"
+    assert "does not fit" in pg["rules"][0]["action"]
+    msgs = [m for m in r.messages("sglang_mixgraph") if "disabled for DeepSeek-V4" in m]
+    assert len(msgs) == 1
+    assert "GiB" in msgs[0] and "--mem-fraction-static" in msgs[0] and "--cuda-graph-bs-prefill" in msgs[0]
+
+
+def test_two_rules_keep_upstream(flags):
+    """DSV4 plus another matching rule: the deferral does not apply."""
+    argv = ["--model-path", DSV4, "--tp", "8", "--dp", "8", "--enable-dp-attention", "--moe-a2a-backend", "mori"]
+    _, d = plan_of(argv)
+    pg = d["prefill_graph"]
+    assert pg["backend"] == "disabled"
+    assert pg["decided_by"] == {"kind": "upstream rule", "rule": DSV4_RULE, "reason": pg["rules"][0]["reason"]}
+    assert [m["name"] for m in pg["rules"]] == [DSV4_RULE, "unvalidated a2a backend"]
+
+
+# ---------------------------------------------------------------- explicit settings win
+
+
+def test_explicit_bucket_list_is_kept(flags):
+    r, d = plan_of(reference(extra=("--cuda-graph-bs-prefill", "512", "1024", "2048")))
+    assert d["prefill_graph"]["buckets"] == [512, 1024, 2048]
+    assert d["bucket_lists"]["policy"] == "user"
+    assert d["prefill_graph"]["decided_by"]["kind"] == "estimate"  # the user's list is what is estimated
+    assert d["capture_memory"]["estimate"]["buckets"] == 3
+
+
+def test_explicit_max_bs_is_kept(flags):
+    from sglang.srt.arg_groups.cuda_graph_hook import generate_prefill_cuda_graph_batch_sizes
+
+    _, d = plan_of(reference(extra=("--cuda-graph-max-bs-prefill", "1024")))
+    assert d["prefill_graph"]["buckets"] == generate_prefill_cuda_graph_batch_sizes(1024)
+    assert d["bucket_lists"]["policy"] == "user"
+
+
+def test_explicit_backend_is_kept(flags):
+    _, d = plan_of(reference(extra=("--cuda-graph-backend-prefill", "breakable")))
+    assert d["prefill_graph"]["backend"] == "breakable"
+    assert d["prefill_graph"]["decided_by"]["kind"] == "user"
+    _, d = plan_of(reference(extra=("--disable-prefill-cuda-graph",)))
+    assert d["prefill_graph"]["backend"] == "disabled"
+    assert d["prefill_graph"]["decided_by"]["kind"] == "user"
+
+
+# ---------------------------------------------------------------- F9 validation errors
+
+
+def test_bucket_above_megamoe_cap_is_rejected(flags):
+    from sglang_mixgraph.patches.graph_config import GraphConfigError
+
+    with pytest.raises(GraphConfigError) as e:
+        resolve(reference(extra=("--cuda-graph-bs-prefill", "1024", "2816", "4096")))
+    msg = str(e.value)
+    assert "[4096]" in msg and f"{CAP_ENV}=2816" in msg and "at least 4096" in msg
+
+
+def test_cap_below_chunk_is_rejected(flags):
+    flags(**{CAP_ENV: 2048})
+    with pytest.raises(ValueError, match=CAP_ENV):
+        resolve(reference())
+
+
+# ---------------------------------------------------------------- other models
+
+
+def test_glm5_shaped(flags, models):
+    _, d = plan_of(["--model-path", models["glm5"], "--tp", "8", "--enable-mixed-chunk",
+                    "--max-running-requests", "512"], gpu="B200")
+    assert d["prefill_graph"]["backend"] == "breakable"
+    assert d["prefill_graph"]["decided_by"]["kind"] == "default"
+    assert d["prefill_graph"]["rules"] == []
+    # MLA caps the prefill capture at 8192 tokens (memory_hook.py:233-238); B200 chunk is 16384
+    assert d["deployment"]["chunked_prefill_per_rank"] == 16384
+    assert_bucket_properties(d, 8192, None, 512)
+    _, d = plan_of(["--model-path", models["glm5"], "--tp", "8", "--dp", "8", "--enable-dp-attention",
+                    "--enable-mixed-chunk", "--max-running-requests", "1024"], gpu="B200")
+    assert_bucket_properties(d, 2048, None, 128)
+
+
+def test_dense(flags, models):
+    _, d = plan_of(["--model-path", models["dense"], "--enable-mixed-chunk", "--chunked-prefill-size", "4096",
+                    "--max-running-requests", "128"], gpu="H100")
+    assert d["prefill_graph"]["backend"] == "breakable"
+    assert d["capture_memory"]["estimate"]["terms"].keys() == {"graph_objects", "static_buffers"}
+    assert_bucket_properties(d, 4096, None, 128)
+
+
+# ---------------------------------------------------------------- flags off = upstream
+
+IDENTITY_ROWS = {
+    "reference": reference(),
+    "no-dp-attention": ["--model-path", DSV4, "--tp", "8", "--enable-mixed-chunk", "--chunked-prefill-size",
+                        "2816", "--moe-a2a-backend", "megamoe"],
+    "explicit-bs": reference(extra=("--cuda-graph-bs-prefill", "512", "1024", "2048")),
+    "glm5": ["--model-path", "{glm5}", "--tp", "8", "--enable-mixed-chunk"],
+    "dense": ["--model-path", "{dense}", "--enable-mixed-chunk", "--chunked-prefill-size", "4096"],
+}
+
+_BASELINE = textwrap.dedent(
+    """
+    import json, sys
+    from sglang_mixgraph.resolve import select_described_platform, resolve
+    select_described_platform()
+    rows = json.loads(sys.argv[1])
+    out = {k: json.loads(json.dumps(resolve(v).resolved, default=str)) for k, v in rows.items()}
+    print("BASELINE" + json.dumps(out))
+    """
+)
+
+
+def _rows_for(models):
+    # a fixed seed: resolution draws a random one otherwise
+    return {k: [a.format(**models) for a in v] + ["--random-seed", "7"] for k, v in IDENTITY_ROWS.items()}
+
+
+def test_flags_off_resolve_exactly_like_upstream(flags, models):
+    rows = _rows_for(models)
+    env = dict(os.environ, SGLANG_PLUGINS="mixgraph_target")  # the described GPU, no mixgraph patches
+    proc = subprocess.run([sys.executable, "-c", _BASELINE, json.dumps(rows)], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "sglang-mixgraph" not in proc.stderr  # really no plugin
+    baseline = json.loads(proc.stdout.split("BASELINE", 1)[1])
+    flags(**{BUCKETS_ENV: "upstream"})
+    for name, argv in rows.items():
+        ours = json.loads(json.dumps(resolve(argv).resolved, default=str))
+        assert ours == baseline[name], name
+    # and with our default the reference does change (the test can fail)
+    flags(**{BUCKETS_ENV: None})
+    assert json.loads(json.dumps(resolve(rows["reference"]).resolved, default=str)) != baseline["reference"]
+
+
+# ---------------------------------------------------------------- FORCE_BCG
+
+_FORCE = textwrap.dedent(
+    """
+    import json, sys
+    from sglang_mixgraph.resolve import select_described_platform, resolve
+    select_described_platform()
+    from sglang_mixgraph.graph_plan import graph_plan
+    out = {}
+    for name, (argv, gpu) in json.loads(sys.argv[1]).items():
+        r = resolve(argv, gpu=gpu)
+        out[name] = {"plan": graph_plan(r), "messages": r.messages("sglang_mixgraph")}
+    print("FORCE" + json.dumps(out))
+    """
+)
+
+
+def test_force_bcg(tmp_path):
+    rows = {
+        "dsv4-upstream-buckets": (reference(), "B300"),
+        "two-rules": (["--model-path", DSV4, "--tp", "8", "--dp", "8", "--enable-dp-attention",
+                       "--moe-a2a-backend", "mori"], "B300"),
+        "estimate-would-disable": (reference(extra=("--mem-fraction-static", "0.9")), "H200"),
+    }
+    env = dict(os.environ, **{FORCE_ENV: "1", BUCKETS_ENV: "upstream", CAP_ENV: "2816"})
+    proc = subprocess.run([sys.executable, "-c", _FORCE, json.dumps(rows)], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.split("FORCE", 1)[1])
+    for name, row in out.items():
+        pg = row["plan"]["prefill_graph"]
+        assert pg["backend"] == "breakable", name
+        assert pg["decided_by"]["kind"] == "force", name
+        assert all(m["action"] == "overridden by FORCE_BCG" for m in pg["rules"])
+    two = out["two-rules"]
+    assert [m["name"] for m in two["plan"]["prefill_graph"]["rules"]] == [DSV4_RULE, "unvalidated a2a backend"]
+    logged = [m for m in two["messages"] if "SGLANG_EXPERIMENTAL_FORCE_BCG=1 keeps" in m]
+    assert len(logged) == 2 and DSV4_RULE in logged[0] and "unvalidated a2a backend" in logged[1]
+    # upstream buckets (policy upstream), clamped per DP rank by upstream
+    ref = out["dsv4-upstream-buckets"]["plan"]
+    assert ref["prefill_graph"]["buckets"] == ref["bucket_lists"]["upstream"]["buckets"]
+
+
+def test_force_bcg_wrong_value_is_rejected():
+    env = dict(os.environ, **{FORCE_ENV: "maybe"})
+    code = "from sglang_mixgraph.resolve import select_described_platform, resolve; select_described_platform(); " \
+           f"resolve(['--model-path', {DSV4!r}])"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "SGLANG_EXPERIMENTAL_FORCE_BCG='maybe' is not a valid value" in proc.stderr
+
+
+@pytest.mark.parametrize("env,value", [(FORCE_ENV, "2"), (BUCKETS_ENV, "generic")])
+def test_bad_flag_values_fail_patch_evaluation(monkeypatch, env, value):
+    from sglang_mixgraph.patches import force_bcg, graph_config
+    from sglang_mixgraph.registry import evaluate
+
+    monkeypatch.setenv(env, value)
+    patch = force_bcg.PATCH if env == FORCE_ENV else graph_config.PATCH
+    status = evaluate(patch)
+    assert status.state == "cannot apply"
+    assert f"{env}={value!r} is not a valid value" in status.error
+
+
+# ---------------------------------------------------------------- rule table drift
+
+
+def test_rule_table_matches_upstream_source():
+    from sglang.srt.arg_groups import cuda_graph_hook
+
+    from sglang_mixgraph.bcg_rules import rules
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cuda_graph_hook.disable_breakable_cudagraph_if_incompatible)))
+    lists = [n for n in ast.walk(tree) if isinstance(n, ast.Assign) and n.targets[0].id == "rules"]
+    assert len(lists) == 1
+    upstream_names = [
+        elt.elts[0].value if isinstance(elt.elts[0], ast.Constant) else None for elt in lists[0].value.elts
+    ]
+    assert upstream_names == [r.upstream_name for r in rules()]
