@@ -47,7 +47,7 @@ for _p in (os.path.join(_ROOT, "python"), os.path.join(_ROOT, "benchmark"), os.p
 import torch  # noqa: E402
 
 from mixed_step import (  # noqa: E402
-    StepSpec, build_step, fill_random, fill_workspace, plan_workspace, softmax_scale,
+    StepSpec, build_step, fill_random, fill_workspace, plan_split_prefill, plan_workspace, softmax_scale,
     split_attention, unsplit_attention,
 )
 from sglang_mixgraph.core import split_cost_model as cm  # noqa: E402
@@ -73,6 +73,7 @@ class Timer:
     def __init__(self, device, flush_bytes=256 << 20):
         self.cuda = device.type == "cuda"
         self.flush = torch.empty(flush_bytes if self.cuda else 1, dtype=torch.uint8, device=device)
+        self.sleep_cycles = 2_000_000  # ~1 ms at 1.98 GHz
 
     def sync(self):
         if self.cuda:
@@ -82,6 +83,10 @@ class Timer:
         self.flush.zero_()
         if self.cuda:
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            # keep the GPU busy while the host enqueues fn's launches, so the events time the
+            # GPU work and not Python launch overhead (seen in the smoke run: tiny decode-only
+            # points were host-bound and jittered 5x)
+            torch.cuda._sleep(self.sleep_cycles)
             s.record()
             fn()
             e.record()
@@ -188,7 +193,7 @@ class Bench:
         step = build_step(spec, device=self.device, q_scale=2.0, swa_cache=swa, extra_cache=extra)
         b = step.boundary
         plan_all = plan_workspace(step, len(seqs), b.decode_end)
-        plan_pre = plan_workspace(step, b.num_prefill_reqs, b.b0) if b.num_prefill_reqs else None
+        plan_pre = plan_split_prefill(step, "copy")
         ws_all = torch.empty(plan_all.num_tokens, 1, 512, dtype=torch.bfloat16, device=self.device)
         ws_pre = (torch.empty(plan_pre.num_tokens, 1, 512, dtype=torch.bfloat16, device=self.device)
                   if plan_pre is not None else None)
@@ -229,6 +234,7 @@ class Bench:
             extra["nan"] = bool(torch.isnan(s).any() or torch.isnan(u).any())
         rec["unsplit_workspace_bytes"] = plan_all.nbytes
         rec["split_workspace_bytes"] = plan_pre.nbytes if plan_pre is not None else 0
+        rec = {k: rec[k] for k in FIELDS if k in rec}
         rec["decode_floor_ms"] = shape.keys_dec * kvl.BYTES_PER_TOKEN / self.bw * 1e3 if self.bw == self.bw else None
         extra["shape"] = {k: getattr(shape, k) for k in ("ws_all", "ws_pre", "keys_all", "keys_pre", "keys_dec")}
         return rec, extra, shape
@@ -246,8 +252,16 @@ class Bench:
             out["dequant_prefill_ms"] = self.timer.median(lambda: fill_workspace(step, plan_pre, dequantize_v4, ws_pre))[0]
             fill_workspace(step, plan_pre, dequantize_v4, ws_pre)
             out["sparse_fwd_prefill_rows_ms"] = self.timer.median(lambda: self.sparse_fwd(
-                step.q[: b.b0], ws_pre, plan_pre.indices.unsqueeze(1), softmax_scale(), 512, step.attn_sink,
-                plan_pre.lengths))[0]
+                step.q[: b.b0], ws_pre, plan_pre.indices[: b.b0].unsqueeze(1), softmax_scale(), 512, step.attn_sink,
+                plan_pre.lengths[: b.b0]))[0]
+            out["sparse_fwd_prefill_plus_empty_rows_ms"] = self.timer.median(lambda: self.sparse_fwd(
+                step.q[: plan_pre.num_rows], ws_pre, plan_pre.indices.unsqueeze(1), softmax_scale(), 512,
+                step.attn_sink, plan_pre.lengths))[0]
+            plan_cat = plan_split_prefill(step, "cat")
+            out["split_cat_join_ms"] = self.timer.median(
+                lambda: split_attention(step, plan_cat, dequantize_v4, self.sparse_fwd, tail, ws=ws_pre))[0]
+            out["split_copy_join_ms"] = self.timer.median(
+                lambda: split_attention(step, plan_pre, dequantize_v4, self.sparse_fwd, tail, ws=ws_pre))[0]
         rows = b.decode_rows
 
         def dec():
@@ -260,7 +274,9 @@ class Bench:
         o_dec = dec()
         if b.b0:
             o_pre = torch.empty(b.b0, step.q.shape[1], 512, dtype=torch.bfloat16, device=self.device)
-            out["join_ms"] = self.timer.median(lambda: assemble_rows(b, o_pre, o_dec))[0]
+            out["cat_join_ms"] = self.timer.median(lambda: assemble_rows(b, o_pre, o_dec))[0]
+            o_all = torch.empty(b.num_rows, step.q.shape[1], 512, dtype=torch.bfloat16, device=self.device)
+            out["copy_decode_rows_ms"] = self.timer.median(lambda: o_all[b.decode_rows].copy_(o_dec))[0]
         # allocation behaviour in steady state (after the calls above)
         if self.device.type == "cuda":
             unsplit, split = self.fns(step, plan_all, plan_pre, ws_all, ws_pre, tail)

@@ -279,8 +279,12 @@ class WorkspacePlan:
         return self.num_tokens * kvl.HEAD_DIM * 2
 
 
-def plan_workspace(step: Step, num_reqs: int, num_rows: int) -> WorkspacePlan:
-    """Workspace + combined indices for the first ``num_reqs`` requests and their ``num_rows`` rows."""
+def plan_workspace(step: Step, num_reqs: int, num_rows: int, empty_rows: int = 0) -> WorkspacePlan:
+    """Workspace + combined indices for the first ``num_reqs`` requests and their ``num_rows`` rows.
+
+    ``empty_rows`` appends rows with no key at all (indices -1, length 0): the split runs the
+    sparse prefill over ``b0 + D (+ padding)`` rows with the decode rows empty, so its output
+    already has every row and the decode kernel's rows are copied in (no join of all rows)."""
     dev = step.q.device
     ratio = step.spec.ratio
     glens = step.gather_lens[:num_reqs]
@@ -335,10 +339,13 @@ def plan_workspace(step: Step, num_reqs: int, num_rows: int) -> WorkspacePlan:
     # scatter the valid SWA entries right after the valid compressed ones
     buf.scatter_(1, torch.where(ok, dest, torch.full_like(dest, width + SWA - 1)), torch.where(ok, swa_ws, -1))
     buf[:, width + SWA - 1] = -1
-    indices = buf[:, :width].to(torch.int32).contiguous()
+    indices = buf[:, :width].to(torch.int32)
     lengths = (n_sel + step.n_swa[:num_rows]).to(torch.int32)
-    return WorkspacePlan(num_reqs=num_reqs, num_rows=num_rows, comp_ids=comp_ids, swa_ids=swa_ids,
-                         indices=indices, lengths=lengths)
+    if empty_rows:
+        indices = torch.cat([indices, torch.full((empty_rows, width), -1, dtype=torch.int32, device=dev)])
+        lengths = torch.cat([lengths, torch.zeros(empty_rows, dtype=torch.int32, device=dev)])
+    return WorkspacePlan(num_reqs=num_reqs, num_rows=num_rows + empty_rows, comp_ids=comp_ids, swa_ids=swa_ids,
+                         indices=indices.contiguous(), lengths=lengths)
 
 
 DequantFn = Callable[..., torch.Tensor]
@@ -378,13 +385,16 @@ def split_attention(step: Step, plan_pre: Optional[WorkspacePlan], dequant: Dequ
                     tail: DecodeTail, ratio_key: Optional[int] = None,
                     ws: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The split: prefill rows through a prefill-only workspace, decode rows through the fp8
-    decode kernel (``core.decode_tail``), joined in row order."""
+    decode kernel (``core.decode_tail``), one output in row order.
+
+    How the two outputs are joined depends on ``plan_pre`` (FlashMLA has no ``out=``):
+
+    * ``plan_pre.num_rows == b0``: ``torch.cat``-style join of every row (``assemble_rows``);
+    * ``plan_pre.num_rows == num_rows`` (built with ``empty_rows = D + padding``): the sparse
+      prefill runs over all rows with the decode and padding rows empty (zero output), and only
+      the D decode rows are copied into its output.
+    """
     b = step.boundary
-    o_pre = None
-    if b.b0:
-        ws = fill_workspace(step, plan_pre, dequant, ws)
-        o_pre, _, _ = sparse_fwd(step.q[: b.b0], ws, plan_pre.indices.unsqueeze(1), softmax_scale(),
-                                 kvl.HEAD_DIM, step.attn_sink, plan_pre.lengths)
     o_dec = None
     if b.num_decode_reqs:
         rows = b.decode_rows
@@ -396,11 +406,35 @@ def split_attention(step: Step, plan_pre: Optional[WorkspacePlan], dequant: Dequ
             extra_lengths=None if step.extra_lengths is None else step.extra_lengths[rows],
             softmax_scale=softmax_scale(),
         )
-    if o_pre is None and b.num_padding_rows == 0:
-        return o_dec
+    if not b.b0:
+        if b.num_padding_rows == 0:
+            return o_dec
+        return assemble_rows(b, None, o_dec, like=step.q)
+    ws = fill_workspace(step, plan_pre, dequant, ws)
+    n = plan_pre.num_rows
+    o_pre, _, _ = sparse_fwd(step.q[:n], ws, plan_pre.indices.unsqueeze(1), softmax_scale(),
+                             kvl.HEAD_DIM, step.attn_sink, plan_pre.lengths)
+    if n == b.num_rows:  # decode (and padding) rows came out empty: drop the decode rows in
+        if o_dec is not None:
+            o_pre[b.decode_rows].copy_(o_dec)
+        return o_pre
+    if n != b.b0:
+        raise ValueError(f"prefill plan has {n} rows; expected b0={b.b0} or num_rows={b.num_rows}")
     if o_dec is None and b.num_padding_rows == 0:
         return o_pre
     return assemble_rows(b, o_pre, o_dec, like=step.q)
+
+
+def plan_split_prefill(step: Step, join: str = "copy") -> Optional[WorkspacePlan]:
+    """The split's prefill plan: ``join="copy"`` (empty decode/padding rows, copy-in) or ``"cat"``."""
+    b = step.boundary
+    if not b.num_prefill_reqs:
+        return None
+    if join == "copy":
+        return plan_workspace(step, b.num_prefill_reqs, b.b0, empty_rows=b.num_rows - b.b0)
+    if join == "cat":
+        return plan_workspace(step, b.num_prefill_reqs, b.b0)
+    raise ValueError(join)
 
 
 def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -3,7 +3,7 @@
 import torch
 from hypothesis import given, settings, strategies as st
 
-from mixed_step import StepSpec, build_step, plan_workspace, rel_l2, split_attention, unsplit_attention
+from mixed_step import StepSpec, build_step, plan_split_prefill, plan_workspace, rel_l2, split_attention, unsplit_attention
 from sglang_mixgraph.core.decode_tail import DecodeTail
 from sglang_mixgraph.core.sparse_mla_reference import (
     ReferenceSchedMeta,
@@ -52,14 +52,14 @@ def mixed_batches(draw):
 
 
 @settings(max_examples=25, deadline=None)
-@given(mixed_batches())
-def test_split_equals_unsplit_reference(batch):
+@given(mixed_batches(), st.sampled_from(["copy", "cat"]))
+def test_split_equals_unsplit_reference(batch, join):
     spec = StepSpec(topk=64, h_q=4, swa_page_size=64, full_page_size=64, **batch)
     step = build_step(spec, q_scale=2.0)
     b = step.boundary
     n_req = len(spec.seq_lens)
     plan_all = plan_workspace(step, n_req, b.decode_end)
-    plan_pre = plan_workspace(step, b.num_prefill_reqs, b.b0)
+    plan_pre = plan_split_prefill(step, join)
     calls = []
 
     def decode(**kw):
@@ -75,8 +75,15 @@ def test_split_equals_unsplit_reference(batch):
     assert (split[b.padding_rows] == 0).all()
     # the workspace holds only prefill requests' tokens
     prefill_tokens = sum(min(s, e + 127) for s, e in zip(spec.seq_lens[:b.num_prefill_reqs], spec.extend_lens[:b.num_prefill_reqs]))
-    assert plan_pre.swa_ids.numel() == prefill_tokens
-    assert plan_pre.num_tokens <= plan_all.num_tokens
+    if b.num_prefill_reqs:
+        assert plan_pre.swa_ids.numel() == prefill_tokens
+        assert plan_pre.num_tokens <= plan_all.num_tokens
+        # copy-join: decode and padding rows reach the sparse prefill with no key at all
+        if join == "copy":
+            assert plan_pre.num_rows == b.num_rows
+            assert (plan_pre.lengths[b.b0:] == 0).all() and (plan_pre.indices[b.b0:] == -1).all()
+    else:
+        assert plan_pre is None
     # decode rows reach the decode kernel with exactly their own metadata rows
     if b.num_decode_reqs:
         (kw,) = calls
@@ -97,9 +104,9 @@ def test_bf16_outputs_agree_and_swa_only_rows():
     b = step.boundary
     assert step.n_sel[121] == 0 and step.extra_lengths[121] == 1 and (step.extra_indices[121] == -1).all()
     plan_all = plan_workspace(step, 4, b.decode_end)
-    plan_pre = plan_workspace(step, 1, b.b0)
-    tail = DecodeTail(kernel=flash_mla_with_kvcache_reference, meta_factory=ReferenceSchedMeta)
     u = unsplit_attention(step, plan_all, dequantize_v4, flash_mla_sparse_fwd_reference)
-    s = split_attention(step, plan_pre, dequantize_v4, flash_mla_sparse_fwd_reference, tail)
-    assert u.dtype == s.dtype == torch.bfloat16
-    assert rel_l2(s, u) < 1e-3
+    for join in ("copy", "cat"):
+        tail = DecodeTail(kernel=flash_mla_with_kvcache_reference, meta_factory=ReferenceSchedMeta)
+        s = split_attention(step, plan_split_prefill(step, join), dequantize_v4, flash_mla_sparse_fwd_reference, tail)
+        assert u.dtype == s.dtype == torch.bfloat16
+        assert rel_l2(s, u) < 1e-3

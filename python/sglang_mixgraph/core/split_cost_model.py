@@ -8,15 +8,17 @@ What the split changes, per layer (upstream flow: ``deepseek_v4_backend.py``
 * unsplit: dequantize every request's SWA window and whole compressed history into a bf16
   workspace, then ``flash_mla_sparse_fwd`` over all ``b0 + D`` rows;
 * split: the same for the ``P`` prefill requests and ``b0`` rows only, the ``D`` decode rows
-  through the fp8 ``flash_mla_with_kvcache`` (no dequantization), then the two outputs are
-  joined in row order (FlashMLA has no ``out=`` argument, so this is a copy).
+  through the fp8 ``flash_mla_with_kvcache`` (no dequantization). FlashMLA has no ``out=``
+  argument, so the outputs must be joined: the sparse prefill runs over all rows with the decode
+  rows empty (no keys, zero output) and the decode kernel's ``D`` rows are copied in (a join of
+  every row with ``torch.cat`` measured slower on H200; docs/results/mixed_split_h200.md).
 
 The model is linear in counts that the host knows before launching anything:
 
     unsplit = a_ws * ws_all + a_key * keys_all + a_row * rows_all + c_pre
     split   = [b0 > 0] * (a_ws * ws_pre + a_key * keys_pre + a_row * b0 + c_pre)
               + d_key * keys_dec + d_row * D + c_dec
-              + [b0 > 0 and D > 0] * a_cat * (b0 + D)
+              + [b0 > 0 and D > 0] * a_cat * D      (empty rows in the prefill + copy-in)
 
 ``ws_*`` are workspace rows (tokens dequantized), ``keys_*`` the number of (query row, key)
 pairs the kernel attends to (valid keys only: both kernels skip past ``topk_length``), all in
@@ -228,7 +230,7 @@ def features(shape: StepShape) -> Tuple[List[float], List[float]]:
         shape.keys_dec,
         d,
         1.0 if d > 0 else 0.0,
-        (b0 + d) if (b0 > 0 and d > 0) else 0,
+        d if (b0 > 0 and d > 0) else 0,
     ]
     return [float(x) for x in unsplit], [float(x) for x in split]
 
