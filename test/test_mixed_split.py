@@ -375,3 +375,25 @@ def test_adaptive_policy_follows_cost_model(decode_cost, expect_split, monkeypat
             assert plan.policy == "adaptive"
         for layer in out:
             torch.testing.assert_close(out[layer].float(), base[layer].float(), atol=ATOL, rtol=RTOL)
+
+
+def test_call_time_surprise_abandons_plan_and_runs_upstream_on_all_rows(caplog):
+    """A head count the decode kernel cannot take is only visible at the first layer: the step
+    goes back to upstream with a full-batch workspace, and the output is upstream's."""
+    step = K.Step(prefill=[(60, 11)], decode=[30, 290], padding=1, seed=81)
+    with _ctx("H200"):
+        world = K.World(step)
+        q = world.q(heads=32)
+        base_fb = world.forward_batch()
+        world.backend.init_forward_metadata(base_fb)
+        base = world.run_layer(base_fb, 1, q=q)
+        with K.patch_installed(), caplog.at_level(logging.INFO, logger="sglang_mixgraph"):
+            fb = world.forward_batch()
+            world.backend.init_forward_metadata(fb)
+            assert ms.get_plan(world.backend) is not None
+            K.CALLS.clear()
+            out = world.run_layer(fb, 1, q=q)
+            assert ms.get_plan(world.backend) is None and not K.CALLS.decode
+            assert K.CALLS.sparse_rows == [step.num_rows]
+        assert torch.equal(out, base)
+        assert ms.FALLBACK_REASONS["heads"] in caplog.text

@@ -450,19 +450,30 @@ def _decode_tail(backend, plan: SplitPlan, q, layer_id, compress_ratio, pool, co
     )
 
 
+def _abandon_plan(backend, reason_key: str) -> None:
+    """A planned step meets something only visible at the first layer: upstream for the rest
+    of the step. The prefill-only cache is dropped so upstream's lazy build
+    (deepseek_v4_backend.py:4429-4434) covers every row again. Not expected in practice: the
+    plan-time checks cover the configurations that lead here (see docs/mixed-split.md)."""
+    _fallback(reason_key)
+    metadata = backend.forward_metadata
+    setattr(metadata, PLAN_ATTR, None)
+    metadata.sparse_prefill_cache = None
+
+
 def _split_forward(original, backend, q, layer_id, compress_ratio, forward_batch, pool, core, attn_sink, extra_kwargs):
     plan = get_plan(backend)
     if plan is None or not plan.matches(forward_batch):
         return None
     b = plan.boundary
     if q.shape[0] != b.num_rows:
-        _fallback("shape")
+        _abandon_plan(backend, "shape")
         return None
     if q.shape[-2] not in (64, 128):
-        _fallback("heads")
+        _abandon_plan(backend, "heads")
         return None
     if compress_ratio not in (0, 4, 128):
-        _fallback("low_ratio")
+        _abandon_plan(backend, "low_ratio")
         return None
     from sglang_mixgraph.core.mixed_boundary import assemble_rows
 
@@ -496,8 +507,9 @@ def around_forward_prefill_sparse(
         attn_sink=attn_sink, cos_sin_cache=cos_sin_cache,
     )
     if cos_sin_cache is not None:
-        if get_plan(backend) is not None:
-            _fallback("mega")
+        plan = get_plan(backend)
+        if plan is not None and plan.matches(forward_batch):
+            _abandon_plan(backend, "mega")
         return original(backend, **call)
     out = _split_forward(
         original, backend, q, layer_id, compress_ratio, forward_batch, token_to_kv_pool,
