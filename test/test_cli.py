@@ -170,7 +170,7 @@ def test_plan_small_dense_model(tmp_path):
     assert p["max_running_requests"] == 64 and p["max_running_requests_per_dp_rank"] == 64
     assert p["moe"]["megamoe"] is False and p["moe"]["megamoe_max_tokens_per_rank"] is None
     assert p["prefill_graph"]["backend"] == "breakable"
-    assert p["prefill_graph"]["decided_by"] == "upstream default"
+    assert p["prefill_graph"]["decided_by"]["kind"] == "default"
     assert max(p["prefill_graph"]["buckets"]) <= 4096
 
 
@@ -178,14 +178,14 @@ def test_plan_text_output_states_the_assumed_gpu():
     result = cli("plan")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "assumed GPU: B300 (SM103)" in result.stdout
-    assert "chunked prefill per DP rank: 2816" in result.stdout
+    assert "chunked prefill per rank 2816" in result.stdout
 
 
 @pytest.mark.parametrize(
     "args, returncode, message",
     [
         (["--tp", "abc"], 2, "invalid int value: 'abc'"),
-        (["--tp", "8", "--attn-dp-size", "3"], 1, "SGLang rejected the server arguments"),
+        (["--tp", "8", "--attn-dp-size", "3"], 1, "the server arguments do not resolve: AssertionError"),
     ],
 )
 def test_plan_invalid_server_arguments_give_sglangs_error(args, returncode, message):

@@ -159,10 +159,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 def plan_report(resolution: Any, argv: list[str], default_deployment: bool) -> dict[str, Any]:
     from sglang.srt.environ import envs
 
+    from sglang_mixgraph.graph_plan import graph_plan
     from sglang_mixgraph.patches import all_patches
     from sglang_mixgraph.registry import evaluate
 
     r = resolution.resolved
+    graph = graph_plan(resolution)
     graphs = r["cuda_graph_config"]
     attn_dp = r["attn_dp_size"]
     megamoe = r["moe_a2a_backend"] == "megamoe"
@@ -203,7 +205,7 @@ def plan_report(resolution: Any, argv: list[str], default_deployment: bool) -> d
         },
         "prefill_graph": {
             "backend": graphs["prefill"]["backend"],
-            "decided_by": _prefill_rule(resolution),
+            "decided_by": graph["prefill_graph"]["decided_by"],
             "max_bs": graphs["prefill"]["max_bs"],
             "buckets": graphs["prefill"]["bs"],
         },
@@ -213,41 +215,20 @@ def plan_report(resolution: Any, argv: list[str], default_deployment: bool) -> d
             "buckets": graphs["decode"]["bs"],
         },
         "patches": patches,
+        "graph": graph,
     }
 
 
-def _prefill_rule(resolution: Any) -> str:
-    """Which upstream step decided the prefill graph backend, from what resolution logged."""
-    if resolution.resolved.get("cuda_graph_backend_prefill") is not None:
-        return "user: --cuda-graph-backend-prefill"
-    marker = "Breakable CUDA graph is incompatible with "
-    for message in resolution.messages("sglang.srt.arg_groups"):
-        if message.startswith(marker):
-            return "upstream rule: " + message[len(marker):].split(";")[0]
-        if "prefill CUDA graph" in message and "isabl" in message:
-            return "upstream: " + message
-    return "upstream default"
-
-
 def _print_plan(p: dict[str, Any]) -> None:
+    from sglang_mixgraph.graph_plan import format_graph_plan
+
     print(f"assumed GPU: {p['assumed_gpu']['text']}")
     if p["default_deployment"]:
         print("deployment: embedded default (DSV4-Pro-shaped config, reference launch of DESIGN §5)")
     print("server args: " + " ".join(p["server_args"]))
-    print(f"tp {p['tp_size']}, attention DP {p['attn_dp_size']} "
-          f"({'on' if p['dp_attention'] else 'off'}), mixed chunk {'on' if p['mixed_chunk'] else 'off'}")
-    print(f"chunked prefill per DP rank: {p['chunked_prefill_size_per_dp_rank']}")
-    print(f"max running requests: {p['max_running_requests']} "
-          f"({p['max_running_requests_per_dp_rank']} per DP rank)")
     moe = p["moe"]
-    cap = f", MegaMoE cap {moe['megamoe_max_tokens_per_rank']} tokens/rank" if moe["megamoe"] else ""
-    print(f"attention backend: {p['attention_backend']}; MoE: a2a {moe['a2a_backend']}, "
-          f"runner {moe['runner_backend']}{cap}")
-    pg = p["prefill_graph"]
-    print(f"prefill graph: {pg['backend']} (decided by {pg['decided_by']}); "
-          f"{len(pg['buckets'] or [])} buckets up to {pg['max_bs']}: {_short_list(pg['buckets'])}")
-    dg = p["decode_graph"]
-    print(f"decode graph: {dg['backend']}; {len(dg['buckets'] or [])} buckets up to {dg['max_bs']}")
+    print(f"attention backend: {p['attention_backend']}; MoE runner: {moe['runner_backend']}")
+    print(format_graph_plan(p["graph"]))
     print("patches:")
     if not p["patches"]:
         print("  (none)")
@@ -259,16 +240,6 @@ def _print_plan(p: dict[str, Any]) -> None:
         if patch["reason"]:
             for reason_line in patch["reason"].splitlines():
                 print(f"      {reason_line}")
-
-
-def _short_list(values: list[int] | None, keep: int = 6) -> str:
-    if not values:
-        return "[]"
-    if len(values) <= 2 * keep:
-        return str(values)
-    head = ", ".join(map(str, values[:keep]))
-    tail = ", ".join(map(str, values[-keep:]))
-    return f"[{head}, ..., {tail}]"
 
 
 def cmd_plan(args: argparse.Namespace, server_argv: list[str]) -> int:
@@ -287,7 +258,7 @@ def cmd_plan(args: argparse.Namespace, server_argv: list[str]) -> int:
         frame = traceback.extract_tb(e.__traceback__)[-1]
         detail = "".join(traceback.format_exception_only(e)).strip()
         print(
-            f"sglang-mixgraph plan: SGLang rejected the server arguments: {detail}\n"
+            f"sglang-mixgraph plan: the server arguments do not resolve: {detail}\n"
             f"  (raised at {frame.filename}:{frame.lineno}, in {frame.name})",
             file=sys.stderr,
         )
