@@ -12,7 +12,7 @@ With ``SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN=1``:
   set at ``scheduler.py`` 4396, or ``convert_decode_to_extend`` 3367-3401 for a DP-attention
   decode batch relabelled to a 1-token EXTEND), recorded by an AFTER hook on
   ``ForwardBatch.init_new``; a DECODE batch relabelled to EXTEND inside
-  ``ForwardBatch.prepare_mlp_sync_batch`` (``forward_batch_info.py`` 1903-1920) is recognised by
+  ``ForwardBatch.prepare_mlp_sync_batch`` (``forward_batch_info.py`` 1872-1932) is recognised by
   its ``_original_forward_mode``;
 * an AFTER hook on ``DeepseekV4AttnBackend.init_forward_metadata`` (2861-2876) decides the split
   for the step (fallbacks, policy), stores a :class:`SplitPlan` on the fresh metadata (every
@@ -170,7 +170,7 @@ def num_decode_requests(forward_batch) -> Optional[int]:
         original = getattr(forward_batch, "_original_forward_mode", None)
         if original is not None and original.is_decode():
             # DP-attention: a DECODE batch padded to a 1-token EXTEND in
-            # prepare_mlp_sync_batch (forward_batch_info.py:1903-1920).
+            # prepare_mlp_sync_batch (forward_batch_info.py:1872-1932).
             lens = forward_batch.extend_seq_lens_cpu or []
             return len(lens)
         d = getattr(forward_batch, NUM_DECODE_ATTR, None)
