@@ -200,7 +200,7 @@ def reference_kernels():
 
 
 @contextlib.contextmanager
-def patch_installed(flag_on: bool = True, policy: Optional[str] = None, monkeypatch=None):
+def patch_installed(flag_on: bool = True, policy: Optional[str] = "always", monkeypatch=None):
     """Install the mixed_split patch through ``registry.install`` + SGLang's ``apply_hooks``;
     restore every touched class attribute afterwards."""
     import importlib

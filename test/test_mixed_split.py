@@ -283,7 +283,7 @@ def test_flag_off_leaves_upstream_untouched():
 def test_hook_targets_resolve_and_flags_are_strict(monkeypatch):
     for h in ms.HOOKS:
         assert check_hook(h).ok, check_hook(h)
-    assert ms.SPLIT_FLAG.default is False and ms.POLICY_FLAG.default == "always"
+    assert ms.SPLIT_FLAG.default is False and ms.POLICY_FLAG.default == "adaptive"
     monkeypatch.setenv("SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN", "1")
     monkeypatch.setenv("SGLANG_MIXGRAPH_SPLIT_POLICY", "sometimes")
     with pytest.raises(PatchCheckError, match="SGLANG_MIXGRAPH_SPLIT_POLICY"):

@@ -57,9 +57,11 @@ SPLIT_FLAG = bool_flag(
     "DSV4: split mixed prefill/decode steps at the boundary; decode rows use the fp8 decode "
     "kernel, the sparse-prefill workspace covers only the prefill requests.",
 )
+# Default from the H200 sweep (docs/results/mixed_split_h200.md, "Conclusions and default
+# policy"): `always` loses up to 17 % per step at short contexts, `adaptive` stays within ~1 %.
 POLICY_FLAG = choice_flag(
     "SGLANG_MIXGRAPH_SPLIT_POLICY",
-    "always",
+    "adaptive",
     ("always", "adaptive"),
     "With the mixed split on: `always` splits every step with decode rows; `adaptive` splits "
     "only where the per-GPU cost model predicts a gain.",
