@@ -15,6 +15,10 @@ from sglang_mixgraph.cli import EMBEDDED_MODEL_DIR, MEGA_MOE_CAP_ENV
 from sglang_mixgraph.flags import FLAGS
 from sglang_mixgraph.patches import all_patches
 
+# Every patch module registers its flags in FLAGS when imported; import them all now so
+# FLAGS is complete whatever ran before (collection order decides otherwise).
+all_patches()
+
 SCRIPT = shutil.which("sglang-mixgraph", path=os.path.dirname(sys.executable)) or shutil.which(
     "sglang-mixgraph"
 )
@@ -36,7 +40,13 @@ def cli_json(*args: str, env: dict[str, str] | None = None) -> dict:
 # ---------------------------------------------------------------- doctor
 
 
-def test_doctor_json_reports_versions_gpu_flags_and_every_patch():
+def test_doctor_json_reports_versions_gpu_flags_and_every_patch(monkeypatch):
+    from sglang_mixgraph.registry import evaluate
+
+    for name in FLAGS:  # doctor runs with no SGLANG_* variable (see cli())
+        monkeypatch.delenv(name, raising=False)
+    # a patch whose flags default to on (graph_config: SGLANG_MIXGRAPH_PREFILL_BUCKETS=auto) is active
+    default_state = {p.id: evaluate(p).state for p in all_patches()}
     report = cli_json("doctor")
     assert report["versions"]["sglang"] == "0.5.23"
     assert report["versions"]["sglang_pinned"] == "0.5.23"
@@ -48,7 +58,7 @@ def test_doctor_json_reports_versions_gpu_flags_and_every_patch():
         assert f["value"] == FLAGS[f["name"]].default
     assert [p["id"] for p in report["patches"]] == [p.id for p in all_patches()]
     for p in report["patches"]:
-        assert p["status"] == "off"
+        assert p["status"] == default_state[p["id"]]
         assert p["targets"] and all(t["ok"] for t in p["targets"]), p
     assert report["ok"] is True
 

@@ -24,6 +24,10 @@ from sglang_mixgraph.registry import (
     installed_sglang_version,
 )
 
+# Every patch module registers its flags in FLAGS when imported; import them all now so
+# FLAGS is complete whatever ran before (collection order decides otherwise).
+all_patches()
+
 
 def run_python(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run `code` in a fresh interpreter (SGLang loads plugins once per process)."""

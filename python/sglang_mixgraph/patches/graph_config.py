@@ -29,8 +29,11 @@ Hooks (all during server-argument resolution, except the last):
   requests' rows; larger inputs silently take NCCL (triton_symm_mem_ag.py:495-520). With
   mixed chunk on and no speculative decoding we size it for the mixed bound.
 
-This patch is always installed (F9 is always on); the bucket policy is read when the
-hooks run. Configurations it does not handle keep upstream's behaviour, logged once.
+The patch is on with the default `SGLANG_MIXGRAPH_PREFILL_BUCKETS=auto` (so F9's checks run
+by default); `upstream` switches all of it off and leaves SGLang untouched. The hooks also
+read the flag when they run, so a process that installed them behaves like upstream once
+the flag says `upstream`. Configurations it does not handle keep upstream's behaviour,
+logged once.
 """
 
 from __future__ import annotations
@@ -522,6 +525,8 @@ def _validate_around(original, server_args):
     from sglang_mixgraph.bcg_rules import decisions_for
 
     original(server_args)
+    if not _auto():  # the patch is off: upstream behaviour only (installed for a test process)
+        return
     _apply_buckets(server_args)
     _settle_deferred_dsv4(server_args)
     record = decisions_for(server_args)
@@ -541,7 +546,7 @@ def _validate_around(original, server_args):
 def _recommended_max_tokens_around(original, *args, **kwargs):
     value = original(*args, **kwargs)
     include_prefill = kwargs.get("include_prefill", args[0] if args else True)
-    if include_prefill:
+    if include_prefill or not _auto():
         return value
     try:
         from sglang.srt.runtime_context import get_parallel, get_schedule, get_spec
@@ -569,9 +574,8 @@ def _recommended_max_tokens_around(original, *args, **kwargs):
         return value
 
 
-def _always_on() -> bool:
-    PREFILL_BUCKETS.get()  # a bad value stops startup (FlagValueError), like every flag
-    return True
+def _enabled() -> bool:
+    return _auto()
 
 
 PATCH = Patch(
@@ -586,5 +590,5 @@ PATCH = Patch(
         Hook(VALIDATE_TARGET, "function", "server_args", HookType.AROUND, _validate_around),
         Hook(LOGITS_TARGET, "function", "include_prefill, floor", HookType.AROUND, _recommended_max_tokens_around),
     ),
-    is_enabled=_always_on,
+    is_enabled=_enabled,
 )
