@@ -230,9 +230,9 @@ def mixed_sampling_rows_bound(
     """Rows a mixed step hands the logits all-gather, at most.
 
     Without logprobs a request contributes one sampling row
-    (sglang/srt/managers/scheduler_components/dp_attn.py:548-562). New requests are
+    (sglang/srt/managers/scheduler_components/dp_attn.py:552-563). New requests are
     admitted only while running + new < max running requests
-    (sglang/srt/managers/scheduler.py:4221-4227), and the request being chunked is one
+    (sglang/srt/managers/scheduler.py:4221-4232), and the request being chunked is one
     more row, so one rank contributes at most R + 1 rows. Under DP attention the
     logits processor gathers every rank's rows before the vocab all-gather
     (sglang/srt/layers/logits_processor.py:441-455), so the gather sees the sum.
