@@ -404,3 +404,40 @@ def test_rule_table_matches_upstream_source():
         elt.elts[0].value if isinstance(elt.elts[0], ast.Constant) else None for elt in lists[0].value.elts
     ]
     assert upstream_names == [r.upstream_name for r in rules()]
+
+
+# ---------------------------------------------------------------- logits all-gather sizing (runtime hook)
+
+
+class _Bag:
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+@pytest.mark.parametrize(
+    "mixed, dp_on, spec, mrr, expected",
+    [
+        (True, True, None, 2048, 8 * 257),  # mixed steps on 8 DP ranks: 8 x (256 + 1)
+        (True, False, None, 2048, 2049),  # no DP attention: one rank's rows
+        (False, True, None, 2048, 2048),  # no mixed chunk: upstream's sizing stands
+        (True, True, "EAGLE", 2048, 2048),  # speculative decoding: not resized
+        (True, True, None, None, 128),  # unknown request cap: upstream's floor
+    ],
+)
+def test_logits_gather_sizing_hook(monkeypatch, flags, mixed, dp_on, spec, mrr, expected):
+    import sglang.srt.runtime_context as rc
+
+    from sglang_mixgraph.patches.graph_config import _recommended_max_tokens_around
+
+    monkeypatch.setattr(rc, "get_schedule", lambda: _Bag(enable_mixed_chunk=mixed, max_running_requests=mrr))
+    monkeypatch.setattr(rc, "get_spec", lambda: _Bag(speculative_algorithm=spec))
+    monkeypatch.setattr(rc, "get_parallel", lambda: _Bag(attn_dp_size=8, attn_dp_enabled=dp_on))
+
+    def upstream(include_prefill, floor=0):  # what triton_symm_mem_ag.recommended_max_tokens returns here
+        return max(mrr or 0, floor)
+
+    assert _recommended_max_tokens_around(upstream, include_prefill=False, floor=128) == expected
+    # prefill-inclusive callers and the upstream policy are untouched
+    assert _recommended_max_tokens_around(upstream, include_prefill=True, floor=128) == max(mrr or 0, 128)
+    flags(**{BUCKETS_ENV: "upstream"})
+    assert _recommended_max_tokens_around(upstream, include_prefill=False, floor=128) == max(mrr or 0, 128)
