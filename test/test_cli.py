@@ -208,3 +208,27 @@ def test_plan_rejects_unknown_target_gpu():
     result = cli("plan", "--target-gpu", "A100")
     assert result.returncode == 2
     assert "invalid choice" in result.stderr
+
+
+def test_plan_says_what_the_mixed_split_would_do(tmp_path):
+    on = {"SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN": "1"}
+    notes = {
+        p["id"]: p.get("note") for p in cli_json("plan", env=on)["patches"]
+    }
+    # graph_config keeps BCG on for the reference deployment: its replays stay unsplit.
+    assert notes["mixed_split"].startswith("splits eager mixed steps")
+    assert "steps of up to 2816 tokens replay breakable prefill graphs" in notes["mixed_split"]
+
+    eager = {p["id"]: p for p in cli_json(
+        "plan", env={**on, "SGLANG_MIXGRAPH_PREFILL_BUCKETS": "upstream"})["patches"]}
+    assert eager["mixed_split"]["status"] == "active"
+    assert "replay" not in eager["mixed_split"]["note"]
+
+    trtllm = {p["id"]: p.get("note") for p in cli_json(
+        "plan", "--model-path", str(EMBEDDED_MODEL_DIR), "--tp", "8", "--dsv4-attn-backend", "trtllm",
+        env=on)["patches"]}
+    assert trtllm["mixed_split"].startswith("falls back to upstream: trtllm")
+
+    dense = {p["id"]: p.get("note") for p in cli_json(
+        "plan", "--model-path", str(_dense_model(tmp_path)), env=on)["patches"]}
+    assert dense["mixed_split"] == "not a DeepSeek-V4 model: nothing to split"

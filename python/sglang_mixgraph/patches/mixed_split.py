@@ -590,6 +590,51 @@ HOOKS = (
 )
 
 
+def explain_for_deployment(resolution) -> str:
+    """For `plan`: what the split would do in a resolved deployment, from its server arguments.
+
+    The runtime checks in `_unsupported_reason` still decide per step; this names the
+    deployment-wide reasons they will hit, and the graph interaction.
+    """
+    from sglang.srt.arg_groups.overrides import model_config_of
+    from sglang.srt.configs.model_config import is_deepseek_v4
+
+    r = resolution.resolved
+    hf = model_config_of(resolution.server_args).hf_config
+    if not is_deepseek_v4(hf):
+        return "not a DeepSeek-V4 model: nothing to split"
+    if getattr(hf, "model_type", None) == "deepseek_v41":
+        return f"falls back to upstream: {FALLBACK_REASONS['dsv41']}"
+    backend = r.get("dsv4_attn_backend")
+    if backend == "trtllm":
+        return f"falls back to upstream: {FALLBACK_REASONS['trtllm']}"
+    if backend == "flashmla_mega":
+        return f"falls back to upstream: {FALLBACK_REASONS['mega']}"
+    if resolution.gpu.sm_major == 12:
+        return f"falls back to upstream: {FALLBACK_REASONS['sm120']}"
+    if r.get("speculative_algorithm"):
+        return f"falls back to upstream: {FALLBACK_REASONS['spec']}"
+    if r.get("attn_cp_size", 1) > 1 or r.get("enable_prefill_cp"):
+        return f"falls back to upstream: {FALLBACK_REASONS['cp']}"
+    if r.get("enable_hisparse"):
+        return f"falls back to upstream: {FALLBACK_REASONS['hisparse']}"
+    dp_attention = r.get("attn_dp_size", 1) > 1
+    if r.get("enable_mixed_chunk"):
+        acts = "splits eager mixed steps at the prefill/decode boundary"
+    elif dp_attention:
+        acts = "no mixed steps (mixed chunk off); splits DP-attention decode batches relabelled to EXTEND"
+    else:
+        return "no mixed steps (mixed chunk off) and no DP attention: nothing to split"
+    acts += f" (policy {POLICY_FLAG.get()})"
+    prefill_graph = r["cuda_graph_config"]["prefill"]
+    if prefill_graph["backend"] == "breakable" and prefill_graph["bs"]:
+        acts += (
+            f"; steps of up to {max(prefill_graph['bs'])} tokens replay breakable prefill graphs "
+            f"and stay unsplit ({FALLBACK_REASONS['bcg']})"
+        )
+    return acts
+
+
 def _is_enabled() -> bool:
     POLICY_FLAG.get()  # a bad policy value stops startup even before the split flag is read
     return bool(SPLIT_FLAG.get())
@@ -602,4 +647,5 @@ PATCH = Patch(
     flags=(SPLIT_FLAG, POLICY_FLAG),
     hooks=HOOKS,
     is_enabled=_is_enabled,
+    explain=explain_for_deployment,
 )
