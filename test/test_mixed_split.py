@@ -62,6 +62,9 @@ def _check_split_step(world, base, out, plan, step):
         return
     assert plan is not None
     assert (plan.boundary.b0, plan.boundary.num_decode_reqs, plan.boundary.num_rows) == (b0, d, step.num_rows)
+    # Every ratio splits: no all-requests cache is built, no layer runs unsplit.
+    assert plan.split_ratios == frozenset(ms.ALL_RATIOS)
+    assert plan.full_cache is None and not plan.unsplit_calls
     # Decode rows reach the decode kernel with exactly their own metadata rows, once per layer.
     core = world.backend.forward_metadata.core_attn_metadata
     assert len(K.CALLS.decode) == len(out)
@@ -397,3 +400,207 @@ def test_call_time_surprise_abandons_plan_and_runs_upstream_on_all_rows(caplog):
             assert K.CALLS.sparse_rows == [step.num_rows]
         assert torch.equal(out, base)
         assert ms.FALLBACK_REASONS["heads"] in caplog.text
+
+
+# ---- F1c: adaptive decides per compress ratio ------------------------------------------------
+
+
+def _base_run(world, fb):
+    """Upstream's step: outputs, its chunk cache, and what each layer dequantized."""
+    K.CALLS.clear()
+    out = world.run_step(fb)
+    return out, world.backend.forward_metadata.sparse_prefill_cache, list(K.CALLS.dequant_slots)
+
+
+def _layer_dequants(world, calls, layer):
+    ptrs = {world.pool.get_swa_key_buffer_radix(layer).data_ptr()}
+    if K.LAYER_RATIOS[layer]:
+        ptrs.add(world.pool.get_extra_key_buffer(layer).data_ptr())
+    return [(ptr, slots.tolist()) for ptr, slots in calls if ptr in ptrs]
+
+
+def _same_chunk_cache(a, b, ratios):
+    assert (a.num_reqs, a.num_qo_tokens, a.max_seq_len) == (b.num_reqs, b.num_qo_tokens, b.max_seq_len)
+    for name in ("seq_lens", "query_start_loc", "query_pos", "swa_token_ids", "swa_offsets",
+                 "swa_gather_lens", "c0_combined_indices", "c0_combined_lens"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+    for r in ratios:
+        ga, gb = a.compressed[r], b.compressed[r]
+        for name in ("flat_token_ids", "compressed_base", "swa_base", "combined_indices", "combined_lens"):
+            assert torch.equal(getattr(ga, name), getattr(gb, name)), (r, name)
+
+
+def _check_per_ratio_step(world, base, base_cache, base_dequant, out, plan, step, split):
+    """``split``: the ratios the cost model splits. Split layers as in `_check_split_step`; the
+    other layers run upstream's unsplit body over every row with upstream's own chunk cache."""
+    b0, d = step.b0, len(step.decode)
+    for layer in out:
+        torch.testing.assert_close(out[layer].float(), base[layer].float(), atol=ATOL, rtol=RTOL)
+        if step.padding:
+            assert out[layer][b0 + d :].abs().max() == 0
+    if d == 0 or not split:
+        assert plan is None and not K.CALLS.decode
+        return
+    assert plan is not None and plan.policy == "adaptive" and plan.split_ratios == split
+    split_layers = [l for l in sorted(out) if K.LAYER_RATIOS[l] in split]
+    unsplit_layers = [l for l in sorted(out) if K.LAYER_RATIOS[l] not in split]
+    core = world.backend.forward_metadata.core_attn_metadata
+    q = world.q()
+    # Split ratios: the tail rows reach the decode kernel, once per split layer, nothing else.
+    assert len(K.CALLS.decode) == len(split_layers)
+    assert plan.decode_calls == {K.LAYER_RATIOS[l]: 1 for l in split_layers}
+    for call, layer in zip(K.CALLS.decode, split_layers):
+        ratio = K.LAYER_RATIOS[layer]
+        assert torch.equal(call["q"].squeeze(1), q[b0 : b0 + d])
+        assert torch.equal(call["indices"].squeeze(1), core.swa_page_indices[b0 : b0 + d])
+        if ratio:
+            assert torch.equal(call["extra_indices_in_kvcache"].squeeze(1), core.sparse_page_indices(ratio)[b0 : b0 + d])
+    # Unsplit ratios: upstream's body over all rows, once per layer.
+    assert plan.unsplit_calls == {K.LAYER_RATIOS[l]: 1 for l in unsplit_layers}
+    expect_rows = [b0 if K.LAYER_RATIOS[l] in split else step.num_rows for l in sorted(out)]
+    assert K.CALLS.sparse_rows == [r for r in expect_rows if r]
+    # ... seeing exactly the chunk cache upstream built for the step (all requests), whose
+    # compressed parts exist only for the unsplit ratios (no compressed gather is built twice).
+    if unsplit_layers:
+        unsplit_c = {K.LAYER_RATIOS[l] for l in unsplit_layers} - {0}
+        assert set(plan.full_cache.compressed) == unsplit_c
+        _same_chunk_cache(plan.full_cache, base_cache, unsplit_c)
+    else:
+        assert plan.full_cache is None
+    # ... and dequantizing exactly what upstream dequantized for those layers.
+    for layer in unsplit_layers:
+        assert _layer_dequants(world, K.CALLS.dequant_slots, layer) == _layer_dequants(world, base_dequant, layer)
+    # The metadata keeps the prefill-only cache for the split ratios.
+    cache = world.backend.forward_metadata.sparse_prefill_cache
+    if b0 == 0:
+        assert cache is None
+    else:
+        assert cache.num_reqs == len(step.prefill) and cache.num_qo_tokens == b0
+        assert set(cache.compressed) <= split
+        for layer in split_layers:
+            swa_ok, comp_ok = _prefill_only_slots(world, layer)
+            for ptr, slots in _layer_dequants(world, K.CALLS.dequant_slots, layer):
+                assert set(slots) <= (swa_ok if ptr == world.pool.get_swa_key_buffer_radix(layer).data_ptr() else comp_ok | {0})
+
+
+def _decide_ratios(split):
+    """The real cost model's per-kind interface (`should_split(shape, coeffs, margin)`), answering
+    yes exactly for the ratios in ``split`` (and never without decode rows, as the model does)."""
+    return lambda shape, coeffs, margin=None: shape.num_decode > 0 and shape.ratio in split
+
+
+def _c4_not_c128_coefficients():
+    """Real coefficients, skewed so the real ``should_split`` splits c4 (and SWA-only, which
+    borrows c4's numbers) layers and keeps c128 layers unsplit."""
+    from sglang_mixgraph.core import split_cost_model as scm
+
+    base = scm.builtin_coefficients().per_ratio[4]
+    per = {
+        4: dict(base, d_key=0.0, d_row=0.0, c_dec=0.0, a_cat=0.0),
+        128: dict(base, d_key=1.0, d_row=1.0, c_dec=1.0),
+    }
+    return scm.Coefficients("test", per, margin=0.0)
+
+
+@pytest.mark.parametrize("step", [
+    FIXED_STEPS[0],
+    K.Step(prefill=[(100, 16)], decode=[400, 500, 90], padding=1, seed=72),
+    K.Step(prefill=[], decode=[511, 3, 130], padding=3, seed=73),
+], ids=["mixed", "mixed2", "decode_only"])
+def test_adaptive_splits_c4_not_c128_with_injected_coefficients(step, monkeypatch):
+    from sglang_mixgraph.core import split_cost_model as scm
+
+    coeffs = _c4_not_c128_coefficients()
+    b = scm.StepShape.from_lists
+    assert scm.should_split(b(4, step.seq_lens, step.extend_lens, len(step.decode)), coeffs)
+    assert not scm.should_split(b(128, step.seq_lens, step.extend_lens, len(step.decode)), coeffs)
+    monkeypatch.setattr(ms, "_cost_coefficients", lambda: coeffs)
+    with _ctx("H200"):
+        world = K.World(step)
+        base, base_cache, base_dequant = _base_run(world, world.forward_batch())
+        with K.patch_installed(policy="adaptive"):
+            K.CALLS.clear()
+            out = world.run_step(world.forward_batch())
+            plan = ms.get_plan(world.backend)
+            _check_per_ratio_step(world, base, base_cache, base_dequant, out, plan, step, frozenset({0, 4}))
+
+
+_ratio_sets = st.sets(st.sampled_from(ms.ALL_RATIOS)).map(frozenset)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@given(step=step_strategy, split=_ratio_sets)
+def test_adaptive_per_ratio_equals_unsplit(step, split):
+    from sglang_mixgraph.core import split_cost_model as scm
+
+    with _ctx("H200"), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(scm, "should_split", _decide_ratios(split))
+        world = K.World(step)
+        base, base_cache, base_dequant = _base_run(world, world.forward_batch())
+        with K.patch_installed(policy="adaptive"):
+            K.CALLS.clear()
+            out = world.run_step(world.forward_batch())
+            plan = ms.get_plan(world.backend)
+            _check_per_ratio_step(world, base, base_cache, base_dequant, out, plan, step, split)
+
+
+@pytest.mark.parametrize("split", [frozenset({4}), frozenset({0, 128})], ids=["c4", "c0_c128"])
+def test_adaptive_per_ratio_dp_decode_relabelled_to_extend(split, monkeypatch):
+    """F1b with b0 = 0: unsplit ratios still get upstream's all-requests cache (built at
+    metadata time, before the WAR snapshot), split ratios no workspace at all."""
+    from sglang_mixgraph.core import split_cost_model as scm
+
+    monkeypatch.setattr(scm, "should_split", _decide_ratios(split))
+    step = K.Step(prefill=[], decode=[40, 257, 600], padding=5, seed=74)
+    kw = dict(mode=ForwardMode.EXTEND, num_decode_attr=None, original_mode=ForwardMode.DECODE)
+    with _ctx("B200"):
+        world = K.World(step)
+        base, base_cache, base_dequant = _base_run(world, world.forward_batch(**kw))
+        with K.patch_installed(policy="adaptive"):
+            K.CALLS.clear()
+            out = world.run_step(world.forward_batch(**kw))
+            plan = ms.get_plan(world.backend)
+            _check_per_ratio_step(world, base, base_cache, base_dequant, out, plan, step, split)
+
+
+def test_adaptive_per_ratio_q8kv8_unsplit_layers_are_upstream_exactly(monkeypatch):
+    from sglang_mixgraph.core import split_cost_model as scm
+
+    monkeypatch.setattr(scm, "should_split", _decide_ratios(frozenset({0, 4})))
+    step = K.Step(prefill=[(200, 24), (0, 9)], decode=[300, 17, 140], padding=2, holes=False, seed=75)
+    with _ctx("H200"):
+        q8 = K.World(step, q8kv8=True)
+        base_q8 = q8.run_step(q8.forward_batch())
+        with K.patch_installed(policy="adaptive"):
+            K.CALLS.clear()
+            out = q8.run_step(q8.forward_batch())
+            plan = ms.get_plan(q8.backend)
+        assert plan.split_ratios == {0, 4} and plan.unsplit_calls == {128: 1}
+        assert torch.equal(out[2], base_q8[2])  # the c128 layer: upstream's Q8KV8 on every row
+        b0 = step.b0
+        for layer in (0, 1):
+            assert torch.equal(out[layer][:b0], base_q8[layer][:b0])
+
+
+def test_abandoned_per_ratio_plan_hands_upstream_its_full_cache(monkeypatch):
+    """A call-time surprise in a step with an unsplit ratio: the all-requests cache the plan
+    built becomes the step's cache, so upstream does not rebuild it late."""
+    from sglang_mixgraph.core import split_cost_model as scm
+
+    monkeypatch.setattr(scm, "should_split", _decide_ratios(frozenset({4})))
+    step = K.Step(prefill=[(60, 11)], decode=[30, 290], padding=1, seed=76)
+    with _ctx("H200"):
+        world = K.World(step)
+        q = world.q(heads=32)
+        base_fb = world.forward_batch()
+        world.backend.init_forward_metadata(base_fb)
+        base = world.run_layer(base_fb, 1, q=q)
+        with K.patch_installed(policy="adaptive"):
+            fb = world.forward_batch()
+            world.backend.init_forward_metadata(fb)
+            plan = ms.get_plan(world.backend)
+            assert plan is not None and plan.full_cache is not None
+            out = world.run_layer(fb, 1, q=q)
+            assert ms.get_plan(world.backend) is None
+            assert world.backend.forward_metadata.sparse_prefill_cache is plan.full_cache
+        assert torch.equal(out, base)

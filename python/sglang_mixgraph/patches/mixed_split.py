@@ -15,16 +15,20 @@ With ``SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN=1``:
   ``ForwardBatch.prepare_mlp_sync_batch`` (``forward_batch_info.py`` 1872-1932) is recognised by
   its ``_original_forward_mode``;
 * an AFTER hook on ``DeepseekV4AttnBackend.init_forward_metadata`` (2861-2876) decides the split
-  for the step (fallbacks, policy), stores a :class:`SplitPlan` on the fresh metadata (every
-  build resets it), and installs a sparse-prefill chunk cache built over the prefill requests
-  only before the first layer runs;
+  for the step (fallbacks, policy; ``adaptive`` decides per compress ratio), stores a
+  :class:`SplitPlan` on the fresh metadata (every build resets it), and installs a sparse-prefill
+  chunk cache built over the prefill requests only before the first layer runs; when some
+  present ratio stays unsplit it also builds, first and through upstream's builder unchanged,
+  the all-requests chunk cache upstream itself would have built, which layers of that ratio see;
 * an AROUND hook on ``_build_sparse_prefill_chunk_cache`` (2959-3030) makes every builder call
   of a split step (our pre-build, the eager WAR snapshot 2935-2957, the lazy build 4429-4434)
   produce that prefill-only cache;
 * AROUND hooks on ``_forward_prefill_sparse`` and the SM90 ``_forward_prefill_sparse_q8kv8``
-  (4564-4681) run upstream's body on rows ``[0, b0)`` and the fp8 decode kernel on rows
-  ``[b0, b0 + D)`` with exactly those rows of the step's metadata, and return one output in the
-  original row order (padding rows zero, as the sparse kernel leaves rows no request owns).
+  (4564-4681), for a layer whose ratio splits, run upstream's body on rows ``[0, b0)`` and the
+  fp8 decode kernel on rows ``[b0, b0 + D)`` with exactly those rows of the step's metadata, and
+  return one output in the original row order (padding rows zero, as the sparse kernel leaves
+  rows no request owns); for a layer whose ratio does not split they run upstream's body on all
+  rows with the all-requests chunk cache swapped in for the call.
 
 Anything this code does not handle falls back to the upstream path for the whole step, logged
 once per reason (see :data:`FALLBACK_REASONS` and docs/mixed-split.md).
@@ -35,7 +39,7 @@ from __future__ import annotations
 import logging
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any, Dict, FrozenSet, Optional
 
 from sglang.srt.plugins.hook_registry import HookType
 
@@ -67,6 +71,9 @@ POLICY_FLAG = choice_flag(
     "only where the per-GPU cost model predicts a gain.",
     off_value="always",
 )
+
+# The compress ratios of a DSV4 (not V4.1) model: SWA-only, CSA, HCA.
+ALL_RATIOS = (0, 4, 128)
 
 # Attribute names we add to upstream objects (prefixed so they never collide).
 NUM_DECODE_ATTR = "_mixgraph_num_decode"  # on ForwardBatch, from init_new
@@ -113,9 +120,18 @@ class SplitPlan:
     # Requests' host lists, prefill requests only (for the prefill-only chunk cache).
     prefill_seq_lens_cpu: list = field(default_factory=list)
     prefill_extend_seq_lens_cpu: list = field(default_factory=list)
+    # Compress ratios whose layers take the split path this step (``always``: every ratio).
+    split_ratios: FrozenSet[int] = frozenset(ALL_RATIOS)
+    # The all-requests chunk cache upstream would have built for this step, for the layers of
+    # ratios outside ``split_ratios``; None when every present ratio splits.
+    full_cache: Any = None
     # Diagnostics for tests and logs.
     policy: str = "always"
     decode_calls: Dict[int, int] = field(default_factory=dict)
+    unsplit_calls: Dict[int, int] = field(default_factory=dict)
+
+    def splits(self, compress_ratio: int) -> bool:
+        return compress_ratio in self.split_ratios
 
     def matches(self, forward_batch) -> bool:
         ref = self.forward_batch_ref
@@ -254,28 +270,29 @@ def _cost_coefficients():
     return _coeff_cache[key]
 
 
-def _adaptive_says_split(backend, boundary: MixedBoundary, seqs, exts) -> bool:
+def _adaptive_split_ratios(backend, boundary: MixedBoundary, seqs, exts) -> FrozenSet[int]:
+    """The compress ratios the cost model says to split this step (``should_split`` per layer
+    kind). Every ratio is decided, present or not, so a layer never meets an undecided ratio."""
     from sglang_mixgraph.core import split_cost_model as scm
 
-    ratios = [r for r in (0, 4, 128) if r == 0 or r in getattr(backend, "present_ratios", ())]
     topk = getattr(backend, "index_topk", scm.C4_TOPK)
     n = boundary.num_prefill_reqs + boundary.num_decode_reqs
-    shapes = [
-        scm.StepShape.from_lists(r, seqs[:n], exts[:n], boundary.num_decode_reqs, topk=topk)
-        for r in ratios
-    ]
-    counts = _layer_counts(backend)
-    return scm.should_split_step(shapes, _cost_coefficients(), layer_counts=counts)
+    coeffs = _cost_coefficients()
+    return frozenset(
+        r
+        for r in ALL_RATIOS
+        if scm.should_split(
+            scm.StepShape.from_lists(r, seqs[:n], exts[:n], boundary.num_decode_reqs, topk=topk),
+            coeffs,
+        )
+    )
 
 
-def _layer_counts(backend) -> Optional[Dict[int, int]]:
-    ratios = getattr(backend.token_to_kv_pool, "compression_ratios", None)
-    if not ratios:
-        return None
-    counts: Dict[int, int] = {}
-    for r in ratios:
-        counts[int(r)] = counts.get(int(r), 0) + 1
-    return counts
+def _present_ratios(backend) -> FrozenSet[int]:
+    """Ratios some layer of this model has: SWA-only always, c4/c128 as the backend lists."""
+    present = {0}
+    present.update(int(r) for r in getattr(backend, "present_ratios", ()) or ())
+    return frozenset(present)
 
 
 def plan_split(backend, forward_batch) -> Optional[SplitPlan]:
@@ -311,9 +328,23 @@ def plan_split(backend, forward_batch) -> Optional[SplitPlan]:
         _fallback("rows")
         return None
     policy = str(POLICY_FLAG.get())
-    if policy == "adaptive" and not _adaptive_says_split(backend, boundary, seqs, exts):
-        logger.debug("mixed split: adaptive policy keeps step unsplit (%s)", boundary)
-        return None
+    split_ratios = frozenset(ALL_RATIOS)
+    if policy == "adaptive":
+        split_ratios = _adaptive_split_ratios(backend, boundary, seqs, exts)
+        if not split_ratios & _present_ratios(backend):
+            logger.debug("mixed split: adaptive policy keeps step unsplit (%s)", boundary)
+            return None
+        logger.debug("mixed split: adaptive splits ratios %s (%s)", sorted(split_ratios), boundary)
+    full_cache = None
+    if not _present_ratios(backend) <= split_ratios:
+        # Some layers stay unsplit: they get exactly the chunk cache upstream would build for
+        # this step (all requests, all rows). Built now, before the plan is stored, so the
+        # builder hook passes the call through to upstream unchanged; and at metadata time, so
+        # it reads req_to_token/full_to_swa before the eager WAR snapshot publishes read-done
+        # (eager_runner.py 328-339), as upstream's own snapshot build does.
+        full_cache = backend._build_sparse_prefill_chunk_cache(
+            forward_batch, core, num_qo_tokens=num_rows
+        )
     p = boundary.num_prefill_reqs
     plan = SplitPlan(
         boundary=boundary,
@@ -325,6 +356,8 @@ def plan_split(backend, forward_batch) -> Optional[SplitPlan]:
         ),
         prefill_seq_lens_cpu=seqs[:p],
         prefill_extend_seq_lens_cpu=exts[:p],
+        split_ratios=split_ratios,
+        full_cache=full_cache,
         policy=policy,
     )
     setattr(metadata, PLAN_ATTR, plan)
@@ -454,13 +487,40 @@ def _decode_tail(backend, plan: SplitPlan, q, layer_id, compress_ratio, pool, co
 
 def _abandon_plan(backend, reason_key: str) -> None:
     """A planned step meets something only visible at the first layer: upstream for the rest
-    of the step. The prefill-only cache is dropped so upstream's lazy build
-    (deepseek_v4_backend.py:4429-4434) covers every row again. Not expected in practice: the
-    plan-time checks cover the configurations that lead here (see docs/mixed-split.md)."""
+    of the step. The prefill-only cache is replaced by the all-requests one when the plan
+    built it, else dropped so upstream's lazy build (deepseek_v4_backend.py:4429-4434) covers
+    every row again. Not expected in practice: the plan-time checks cover the configurations
+    that lead here (see docs/mixed-split.md)."""
     _fallback(reason_key)
     metadata = backend.forward_metadata
+    plan = getattr(metadata, PLAN_ATTR, None)
     setattr(metadata, PLAN_ATTR, None)
-    metadata.sparse_prefill_cache = None
+    metadata.sparse_prefill_cache = plan.full_cache if plan is not None else None
+
+
+def _unsplit_forward(original, backend, plan: SplitPlan, forward_batch, compress_ratio, call):
+    """A layer whose ratio the plan does not split: upstream's body on every row, seeing the
+    all-requests chunk cache it would have built itself (swapped in for the call only; the
+    prefill-only cache stays the metadata's for the split ratios)."""
+    metadata = backend.forward_metadata
+    split_cache = metadata.sparse_prefill_cache
+    if plan.full_cache is None:
+        # Defensive: every present ratio was expected to split. Build it as upstream's lazy
+        # path would, through the builder with the plan detached (so the hook passes it on).
+        setattr(metadata, PLAN_ATTR, None)
+        try:
+            plan.full_cache = backend._build_sparse_prefill_chunk_cache(
+                forward_batch, call["core_attn_metadata"], num_qo_tokens=plan.boundary.num_rows
+            )
+        finally:
+            setattr(metadata, PLAN_ATTR, plan)
+    metadata.sparse_prefill_cache = plan.full_cache
+    try:
+        out = original(backend, **call)
+    finally:
+        metadata.sparse_prefill_cache = split_cache
+    plan.unsplit_calls[compress_ratio] = plan.unsplit_calls.get(compress_ratio, 0) + 1
+    return out
 
 
 def _split_forward(original, backend, q, layer_id, compress_ratio, forward_batch, pool, core, attn_sink, extra_kwargs):
@@ -474,24 +534,25 @@ def _split_forward(original, backend, q, layer_id, compress_ratio, forward_batch
     if q.shape[-2] not in (64, 128):
         _abandon_plan(backend, "heads")
         return None
-    if compress_ratio not in (0, 4, 128):
+    if compress_ratio not in ALL_RATIOS:
         _abandon_plan(backend, "low_ratio")
         return None
+    call = dict(
+        layer_id=layer_id,
+        compress_ratio=compress_ratio,
+        forward_batch=forward_batch,
+        token_to_kv_pool=pool,
+        core_attn_metadata=core,
+        attn_sink=attn_sink,
+        **extra_kwargs,
+    )
+    if not plan.splits(compress_ratio):
+        return _unsplit_forward(original, backend, plan, forward_batch, compress_ratio, dict(call, q=q))
     from sglang_mixgraph.core.mixed_boundary import assemble_rows
 
     o_pre = None
     if b.b0:
-        o_pre = original(
-            backend,
-            q=q[: b.b0],
-            layer_id=layer_id,
-            compress_ratio=compress_ratio,
-            forward_batch=forward_batch,
-            token_to_kv_pool=pool,
-            core_attn_metadata=core,
-            attn_sink=attn_sink,
-            **extra_kwargs,
-        )
+        o_pre = original(backend, q=q[: b.b0], **call)
     o_dec = _decode_tail(backend, plan, q, layer_id, compress_ratio, pool, core, attn_sink)
     if o_pre is not None and o_dec.shape[1:] != o_pre.shape[1:]:
         # q8kv8 returns only the active heads (deepseek_v4_backend.py:4681).
