@@ -27,8 +27,7 @@ and the torch reference on the CPU.
 from __future__ import annotations
 
 import dataclasses
-import math
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence
 
 import torch
 

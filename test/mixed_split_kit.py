@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import inspect
 import sys
 import types
 from types import SimpleNamespace

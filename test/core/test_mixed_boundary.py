@@ -3,7 +3,6 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from sglang_mixgraph.core.mixed_boundary import (
-    MixedBoundary,
     assemble_rows,
     compute_mixed_boundary,
     prefill_request_lists,

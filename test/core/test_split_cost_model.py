@@ -128,28 +128,6 @@ def test_shipped_calibration_is_loadable_when_present():
         assert all(v >= 0 for v in c.for_ratio(ratio).values())
 
 
-def test_policy_parsing_and_decide():
-    assert m.SplitPolicy.parse("Always") is m.SplitPolicy.ALWAYS
-    with pytest.raises(ValueError):
-        m.SplitPolicy.parse("sometimes")
-    s = m.StepShape.uniform(4, 1024, 32, 4096)
-    c = _coeffs()
-    assert m.decide("always", s, c)
-    assert m.decide("adaptive", s, c) == m.should_split(s, c)
-    assert not m.decide("always", m.StepShape.uniform(4, 1024, 0, 4096), c)
-
-
-def test_step_level_decision_weights_layer_kinds():
-    c = _coeffs()
-    c4 = m.StepShape.uniform(4, 32768, 512, 512)
-    c128 = m.StepShape.uniform(128, 32768, 512, 512)
-    assert m.should_split_step([c4, c128], c, {4: 30, 128: 31}) == (
-        sum(n * m.predict(s, c)[1] for s, n in ((c4, 30), (c128, 31)))
-        <= sum(n * m.predict(s, c)[0] for s, n in ((c4, 30), (c128, 31)))
-    )
-    assert not m.should_split_step([m.StepShape.uniform(4, 1024, 0, 10)], c)
-
-
 def test_shipped_sm90_model_picks_within_3_percent_of_the_measured_best():
     """Against the recorded H200 sweep (docs/results/mixed_split_h200.json), the shipped
     coefficients' choice is never more than 3 % slower than the faster measured path."""

@@ -4,7 +4,6 @@ import pytest
 import torch
 
 from mixed_step import StepSpec, build_step, plan_workspace, rel_l2, softmax_scale
-from sglang_mixgraph.core import v4_kv_layout as kvl
 from sglang_mixgraph.core.decode_tail import DecodeTail, SchedMetaShapeError
 from sglang_mixgraph.core.sparse_mla_reference import sparse_decode_reference, sparse_prefill_reference
 from sglang_mixgraph.kernels.v4_dequant import dequantize_v4

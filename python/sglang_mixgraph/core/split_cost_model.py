@@ -33,7 +33,6 @@ a conservative margin: split only where the model predicts at least ``UNKNOWN_AR
 from __future__ import annotations
 
 import dataclasses
-import enum
 import json
 import math
 from importlib import resources
@@ -48,22 +47,6 @@ UNKNOWN_ARCH_MARGIN = 0.10
 KNOWN_ARCH_MARGIN = 0.0
 _DATA_PACKAGE = "sglang_mixgraph"
 _DATA_DIR = "data"
-
-
-class SplitPolicy(str, enum.Enum):
-    ALWAYS = "always"
-    ADAPTIVE = "adaptive"
-
-    @classmethod
-    def parse(cls, value: "str | SplitPolicy") -> "SplitPolicy":
-        if isinstance(value, SplitPolicy):
-            return value
-        try:
-            return cls(str(value).strip().lower())
-        except ValueError:
-            raise ValueError(
-                f"unknown split policy {value!r}; expected one of {[p.value for p in cls]}"
-            ) from None
 
 
 # --------------------------------------------------------------------------------------------
@@ -367,40 +350,6 @@ def should_split(shape: StepShape, coeffs: Coefficients, margin: Optional[float]
     m = coeffs.margin if margin is None else margin
     unsplit, split = predict(shape, coeffs)
     return split <= (1.0 - m) * unsplit
-
-
-def should_split_step(
-    shapes: Iterable[StepShape],
-    coeffs: Coefficients,
-    layer_counts: Optional[Mapping[int, int]] = None,
-    margin: Optional[float] = None,
-) -> bool:
-    """One decision for the whole step: sums the per-kind predictions weighted by how many layers
-    of each kind the model has (``layer_counts[ratio]``, default 1 each)."""
-    tot_u = tot_s = 0.0
-    any_decode = False
-    for s in shapes:
-        n = 1 if layer_counts is None else int(layer_counts.get(s.ratio, 0))
-        u, sp = predict(s, coeffs)
-        tot_u += n * u
-        tot_s += n * sp
-        any_decode |= s.num_decode > 0
-    if not any_decode:
-        return False
-    m = coeffs.margin if margin is None else margin
-    return tot_s <= (1.0 - m) * tot_u
-
-
-def decide(policy: "str | SplitPolicy", shape: StepShape, coeffs: Optional[Coefficients]) -> bool:
-    """``always``: split whenever there are decode rows; ``adaptive``: :func:`should_split`."""
-    p = SplitPolicy.parse(policy)
-    if shape.num_decode == 0:
-        return False
-    if p is SplitPolicy.ALWAYS:
-        return True
-    if coeffs is None:
-        raise ValueError("adaptive policy needs coefficients")
-    return should_split(shape, coeffs)
 
 
 # --------------------------------------------------------------------------------------------
