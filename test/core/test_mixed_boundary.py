@@ -5,7 +5,6 @@ from hypothesis import given, settings, strategies as st
 from sglang_mixgraph.core.mixed_boundary import (
     assemble_rows,
     compute_mixed_boundary,
-    prefill_request_lists,
     slice_decode_tail,
     slice_rows,
     workspace_tokens,
@@ -120,7 +119,7 @@ def test_workspace_tokens_follow_upstream_sizing():
     assert workspace_tokens(seqs, exts, 128)[0] == 4 * 7
     # prefill-only workspace of a split excludes exactly the decode requests' share (c4, SWA)
     b = compute_mixed_boundary(exts, 2)
-    ps, pe = prefill_request_lists(b, seqs, exts)
+    ps, pe = seqs[: b.num_prefill_reqs], exts[: b.num_prefill_reqs]
     assert (ps, pe) == ([1000, 50], [200, 50])
     comp_all, swa_all = workspace_tokens(seqs, exts, 4)
     comp_pre, swa_pre = workspace_tokens(ps, pe, 4)

@@ -60,10 +60,6 @@ class MixedBoundary:
         return slice(self.decode_end, self.num_rows)
 
     @property
-    def prefill_reqs(self) -> slice:
-        return slice(0, self.num_prefill_reqs)
-
-    @property
     def decode_reqs(self) -> slice:
         return slice(self.num_prefill_reqs, self.num_prefill_reqs + self.num_decode_reqs)
 
@@ -173,11 +169,6 @@ def slice_decode_tail(
         extra_indices=slice_rows(extra_indices, rows),
         extra_lengths=slice_rows(extra_lengths, rows),
     )
-
-
-def prefill_request_lists(boundary: MixedBoundary, *lists: Sequence) -> Tuple[list, ...]:
-    """The first ``P`` entries of each per-request host list (for a prefill-only chunk cache)."""
-    return tuple(list(x)[: boundary.num_prefill_reqs] for x in lists)
 
 
 def assemble_rows(

@@ -44,7 +44,11 @@ from typing import Any, Dict, FrozenSet, Optional
 from sglang.srt.plugins.hook_registry import HookType
 
 from sglang_mixgraph.core.decode_tail import DecodeTail
-from sglang_mixgraph.core.mixed_boundary import MixedBoundary, compute_mixed_boundary
+from sglang_mixgraph.core.mixed_boundary import (
+    MixedBoundary,
+    compute_mixed_boundary,
+    slice_decode_tail,
+)
 from sglang_mixgraph.fallback import fallback_once
 from sglang_mixgraph.flags import bool_flag, choice_flag
 from sglang_mixgraph.registry import Hook, Patch
@@ -117,9 +121,6 @@ class SplitPlan:
     boundary: MixedBoundary
     forward_batch_ref: Any  # weakref to the ForwardBatch the plan was made for
     tail: DecodeTail
-    # Requests' host lists, prefill requests only (for the prefill-only chunk cache).
-    prefill_seq_lens_cpu: list = field(default_factory=list)
-    prefill_extend_seq_lens_cpu: list = field(default_factory=list)
     # Compress ratios whose layers take the split path this step (``always``: every ratio).
     split_ratios: FrozenSet[int] = frozenset(ALL_RATIOS)
     # The all-requests chunk cache upstream would have built for this step, for the layers of
@@ -345,7 +346,6 @@ def plan_split(backend, forward_batch) -> Optional[SplitPlan]:
         full_cache = backend._build_sparse_prefill_chunk_cache(
             forward_batch, core, num_qo_tokens=num_rows
         )
-    p = boundary.num_prefill_reqs
     plan = SplitPlan(
         boundary=boundary,
         forward_batch_ref=_weak(forward_batch),
@@ -354,8 +354,6 @@ def plan_split(backend, forward_batch) -> Optional[SplitPlan]:
             meta_factory=_sched_meta_factory,
             use_legacy=not getattr(backend, "_swa_interleaved", False),
         ),
-        prefill_seq_lens_cpu=seqs[:p],
-        prefill_extend_seq_lens_cpu=exts[:p],
         split_ratios=split_ratios,
         full_cache=full_cache,
         policy=policy,
@@ -451,8 +449,6 @@ def _kernel_cache_view(buf, page_size: int, bytes_per_token: int):
 
 
 def _decode_tail(backend, plan: SplitPlan, q, layer_id, compress_ratio, pool, core, attn_sink):
-    b = plan.boundary
-    rows = b.decode_rows
     swa_cache = _kernel_cache_view(
         pool.get_swa_key_buffer_radix(layer_id),
         pool.get_swa_key_page_size(),
@@ -465,22 +461,23 @@ def _decode_tail(backend, plan: SplitPlan, q, layer_id, compress_ratio, pool, co
             pool.get_extra_key_page_size(layer_id),
             pool.get_extra_key_bytes_per_token(layer_id),
         )
-        extra_idx = core.sparse_page_indices(compress_ratio)[rows]
-        extra_len = core.sparse_topk_lengths(compress_ratio)[rows]
-    q_tail = q[rows]
-    if q_tail.dim() == 4:
-        q_tail = q_tail.squeeze(1)
+        extra_idx = core.sparse_page_indices(compress_ratio)
+        extra_len = core.sparse_topk_lengths(compress_ratio)
+    tail = slice_decode_tail(
+        plan.boundary, q, core.swa_page_indices, core.swa_topk_lengths, extra_idx, extra_len
+    )
+    q_tail = tail.q.squeeze(1) if tail.q.dim() == 4 else tail.q
     plan.decode_calls[compress_ratio] = plan.decode_calls.get(compress_ratio, 0) + 1
     return plan.tail.forward(
         compress_ratio,
         q_tail,
         swa_cache,
-        core.swa_page_indices[rows],
-        core.swa_topk_lengths[rows],
+        tail.swa_indices,
+        tail.swa_lengths,
         attn_sink,
         extra_k_cache=extra_cache,
-        extra_indices=extra_idx,
-        extra_lengths=extra_len,
+        extra_indices=tail.extra_indices,
+        extra_lengths=tail.extra_lengths,
         softmax_scale=backend.softmax_scale,
     )
 
