@@ -66,7 +66,7 @@ def import_upstream() -> None:
 
 
 @contextlib.contextmanager
-def sglang_context(dsv4_prefill_backend: str = "auto"):
+def sglang_context(dsv4_prefill_backend: str = "auto", device: str = "cpu"):
     from sglang.srt.model_executor.cuda_graph_config import Backend, CudaGraphConfig, PhaseConfig
     from sglang.srt.runtime_context import get_context, get_parallel
 
@@ -91,7 +91,7 @@ def sglang_context(dsv4_prefill_backend: str = "auto"):
         speculative_num_draft_tokens=0,
         speculative_num_steps=0,
         tp_size=1,
-        device="cpu",
+        device=device,
         mem_fraction_static=0.8,
     )
     override.install()
@@ -272,14 +272,19 @@ class Step:
 
 
 class World:
-    """Pool + request placement + backend for one step."""
+    """Pool + request placement + backend for one step.
 
-    def __init__(self, step: Step, *, q8kv8: bool = False, backend_cls=None):
+    On ``device="cpu"`` (this kit) the backend is built with ``object.__new__`` and its metadata
+    by :meth:`build_metadata`; the GPU kit (test/gpu_upstream/gpu_kit.py) builds the same world
+    on CUDA with upstream's real ``__init__`` and metadata builder.
+    """
+
+    def __init__(self, step: Step, *, q8kv8: bool = False, backend_cls=None, device: str = "cpu"):
         from sglang.srt.layers.attention import deepseek_v4_backend as dsv4
-        from sglang.srt.layers.attention.dsv4.sparse_prefill_utils import SparsePrefillKVBuffer
         from sglang.srt.mem_cache.deepseek_v4_memory_pool import DeepSeekV4TokenToKVPool
 
         self.step = step
+        self.device = device
         g = torch.Generator().manual_seed(step.seed)
         self.g = g
         self.pool = DeepSeekV4TokenToKVPool(
@@ -287,11 +292,11 @@ class World:
             c4_state_pool_size=MAX_REQS, c128_state_pool_size=MAX_REQS, page_size=PAGE,
             swa_page_size=PAGE, dtype=torch.float8_e4m3fn, c4_state_dtype=torch.bfloat16,
             c128_state_dtype=torch.bfloat16, qk_nope_head_dim=448, qk_rope_head_dim=64,
-            indexer_head_dim=128, layer_num=len(LAYER_RATIOS), device="cpu",
+            indexer_head_dim=128, layer_num=len(LAYER_RATIOS), device=device,
             enable_memory_saver=False, compression_ratios=list(LAYER_RATIOS),
             kv_source_layers=[], full_size=SWA_SIZE,
         )
-        self.pool.register_mapping(torch.arange(SWA_SIZE, dtype=torch.int64))
+        self.pool.register_mapping(torch.arange(SWA_SIZE, dtype=torch.int64, device=device))
         self.req_to_token = torch.zeros(MAX_REQS, MAX_CTX, dtype=torch.int32)
         # Requests get shuffled, non-contiguous pages (page 0 stays unused).
         n_reqs = len(step.seq_lens)
@@ -306,6 +311,8 @@ class World:
             self.req_to_token[r, : step.seq_lens[r]] = (
                 torch.tensor(own)[pos // PAGE] * PAGE + pos % PAGE
             ).to(torch.int32)
+        self.req_to_token_cpu = self.req_to_token
+        self.req_to_token = self.req_to_token_cpu.to(device)
         # Caches: every position's key in the SWA cache, every compressed entry in c4/c128.
         for layer, ratio in enumerate(LAYER_RATIOS):
             swa_buf = self.pool.get_swa_key_buffer_radix(layer)
@@ -318,13 +325,12 @@ class World:
                 for r in range(n_reqs):
                     n = step.seq_lens[r] // ratio
                     if n:
-                        slots = self.compressed_slots(r, torch.arange(n), ratio)
+                        slots = self.compressed_slots(r, torch.arange(n), ratio).to(device)
                         kvl.encode_tokens(extra.view(torch.uint8), cps, slots, self._keys(n))
         self.backend = self._make_backend(dsv4, backend_cls or dsv4.DeepseekV4AttnBackend, q8kv8)
-        self.backend.sparse_prefill_kv_buffer = SparsePrefillKVBuffer(torch.device("cpu"))
 
     def _keys(self, n):
-        return torch.randn(n, 512, generator=self.g) * 0.5
+        return (torch.randn(n, 512, generator=self.g) * 0.5).to(self.device)
 
     def compressed_slots(self, r: int, k: torch.Tensor, ratio: int) -> torch.Tensor:
         per_page = PAGE // ratio
@@ -332,6 +338,8 @@ class World:
         return pages * per_page + k % per_page
 
     def _make_backend(self, dsv4, cls, q8kv8: bool):
+        from sglang.srt.layers.attention.dsv4.sparse_prefill_utils import SparsePrefillKVBuffer
+
         b = object.__new__(cls)
         # The attributes DeepseekV4AttnBackend.__init__ (1207-1340) sets that this path reads.
         b.page_size = PAGE
@@ -361,6 +369,7 @@ class World:
         b._q8kv8_identity_scale = None
         b.forward_metadata = None
         b._build_forward_metadata = lambda fb, **kw: self.build_metadata(fb)
+        b.sparse_prefill_kv_buffer = SparsePrefillKVBuffer(torch.device("cpu"))
         return b
 
     # ---- forward batch --------------------------------------------------------------------
@@ -376,26 +385,28 @@ class World:
         for r in range(n):
             for p in range(s.seq_lens[r] - s.extend_lens[r], s.seq_lens[r]):
                 positions.append(p)
-                locs.append(int(self.req_to_token[r, p]))
+                locs.append(int(self.req_to_token_cpu[r, p]))
         positions += [0] * s.padding
         locs += [0] * s.padding
         mode = mode or ForwardMode.MIXED
-        ext = torch.tensor(s.extend_lens, dtype=torch.int32)
+        dev = self.device
+        ext = torch.tensor(s.extend_lens, dtype=torch.int32, device=dev)
         fb = ForwardBatch(
             forward_mode=mode,
             batch_size=n,
-            input_ids=torch.zeros(s.num_rows, dtype=torch.int64),
-            req_pool_indices=torch.arange(n, dtype=torch.int32),
-            seq_lens=torch.tensor(s.seq_lens, dtype=torch.int32),
+            input_ids=torch.zeros(s.num_rows, dtype=torch.int64, device=dev),
+            req_pool_indices=torch.arange(n, dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor(s.seq_lens, dtype=torch.int32, device=dev),
             seq_lens_cpu=torch.tensor(s.seq_lens, dtype=torch.int32),
-            out_cache_loc=torch.tensor(locs, dtype=torch.int64),
+            out_cache_loc=torch.tensor(locs, dtype=torch.int64, device=dev),
             seq_lens_sum=sum(s.seq_lens),
-            positions=torch.tensor(positions, dtype=torch.int64),
+            positions=torch.tensor(positions, dtype=torch.int64, device=dev),
         )
+        prefix = [a - b for a, b in zip(s.seq_lens, s.extend_lens)]
         fb.extend_seq_lens = ext
         fb.extend_seq_lens_cpu = list(s.extend_lens)
-        fb.extend_prefix_lens = torch.tensor([a - b for a, b in zip(s.seq_lens, s.extend_lens)], dtype=torch.int32)
-        fb.extend_prefix_lens_cpu = fb.extend_prefix_lens.tolist()
+        fb.extend_prefix_lens = torch.tensor(prefix, dtype=torch.int32, device=dev)
+        fb.extend_prefix_lens_cpu = prefix
         fb.extend_start_loc = torch.cumsum(ext, 0, dtype=torch.int32) - ext
         fb.extend_num_tokens = s.num_rows
         if original_mode is not None:
@@ -438,7 +449,7 @@ class World:
                 page_table[t, : len(self.pages[r])] = torch.tensor(self.pages[r], dtype=torch.int32)
                 seq_casual[t], pos_casual[t] = p + 1, p
                 L = min(p + 1, SWA)
-                swa_idx[t, :L] = self.req_to_token[r, p + 1 - L : p + 1]
+                swa_idx[t, :L] = self.req_to_token_cpu[r, p + 1 - L : p + 1]
                 swa_len[t] = L
                 # c4: the indexer's top-k over the (p+1)//4 visible compressed entries,
                 # in its (arbitrary) order, with -1 holes where it selected nothing.
@@ -481,11 +492,11 @@ class World:
 
     def q(self, heads: int = HEADS):
         g = torch.Generator().manual_seed(self.step.seed + 2)
-        return (torch.randn(self.step.num_rows, heads, 512, generator=g) * 0.5).to(torch.bfloat16)
+        return (torch.randn(self.step.num_rows, heads, 512, generator=g) * 0.5).to(torch.bfloat16).to(self.device)
 
     def attn_sink(self, heads: int = HEADS):
         g = torch.Generator().manual_seed(self.step.seed + 3)
-        return torch.randn(heads, generator=g)
+        return torch.randn(heads, generator=g).to(self.device)
 
     def run_layer(self, fb, layer: int, q=None, sink=None):
         from sglang.srt.environ import envs
@@ -513,7 +524,7 @@ class World:
         out = set()
         ratio = LAYER_RATIOS[layer]
         for r in reqs:
-            out |= set(self.req_to_token[r, : self.step.seq_lens[r]].tolist())
+            out |= set(self.req_to_token_cpu[r, : self.step.seq_lens[r]].tolist())
         comp = set()
         if ratio:
             for r in reqs:

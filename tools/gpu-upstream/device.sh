@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# On a bare torch GPU machine, from the repository root: install what prepare.sh put in
+# .gpu-upstream/ into /tmp/site, then run the given command with sglang 0.5.23 importable:
+#   bash tools/gpu-upstream/device.sh python3 -m pytest test/gpu_upstream -q
+# The import shim (sitecustomize.py + stubs.py beside this file) starts in every Python
+# process. Built JIT kernels are saved to $OUT/jit_cache.tgz when OUT is set; put that file at
+# .gpu-upstream/jit_cache.tgz to skip the nvcc builds (about a minute) next time.
+set -uo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(cd "$HERE/../.." && pwd)"
+U="$ROOT/.gpu-upstream"
+SITE=/tmp/site
+T0=$(date +%s)
+if [[ ! -f "$SITE/.ready" ]]; then
+  rm -rf "$SITE" && mkdir -p "$SITE"
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" "$U"/wheels/*.whl \
+    || { echo "gpu-upstream: pip install of the carried wheels failed (run tools/gpu-upstream/prepare.sh, carry .gpu-upstream)" >&2; exit 1; }
+  tar xzf "$U/sglang_pruned.tgz" -C "$SITE" && touch "$SITE/.ready"
+fi
+[[ -f "$U/jit_cache.tgz" ]] && mkdir -p "$HOME/.cache/sglang" && tar xzf "$U/jit_cache.tgz" -C "$HOME/.cache/sglang"
+if ls "$U"/hdr/sgl_deep_gemm-*.whl >/dev/null 2>&1 && [[ ! -d /tmp/cutlass_hdr ]]; then
+  python3 - "$U"/hdr/sgl_deep_gemm-*.whl <<'PY'
+import sys, zipfile
+z = zipfile.ZipFile(sys.argv[1])
+z.extractall("/tmp/cutlass_hdr", [n for n in z.namelist() if n.startswith(("deep_gemm/include/cutlass/", "deep_gemm/include/cute/"))])
+PY
+fi
+[[ -d /tmp/cutlass_hdr ]] && export CUTLASS_INCLUDE=/tmp/cutlass_hdr/deep_gemm/include
+# shim/ holds sitecustomize.py, stubs.py and a metadata-only sglang_kernel dist-info.
+export PYTHONPATH="$SITE:$HERE/shim:$ROOT/python${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1 MAX_JOBS="${MAX_JOBS:-16}" MIXGRAPH_GPU_UPSTREAM_KIT=1
+echo "gpu-upstream: install $(( $(date +%s) - T0 ))s; $(python3 -c 'import torch,triton;print("torch",torch.__version__,"triton",triton.__version__,torch.cuda.get_device_name())')"
+"$@"
+rc=$?
+if [[ -n "${OUT:-}" && -d "$HOME/.cache/sglang/jit" ]]; then
+  tar czf "$OUT/jit_cache.tgz" -C "$HOME/.cache/sglang" jit
+fi
+exit $rc

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Fill .gpu-upstream/ (git-ignored) in the repository root with what a bare torch GPU machine
+# (torch, Triton, nvcc; no sglang, no package index) needs to run SGLang 0.5.23's own Python
+# code: small wheels, sglang's wheel without multimodal_gen and the Rust extensions, and the
+# CUTLASS/CuTe headers of the SM90 Q8KV8 JIT kernel. About 43 MB. Needs pip and an index.
+#
+#   bash tools/gpu-upstream/prepare.sh
+#   (GPU machine, carry .gpu-upstream)  bash tools/gpu-upstream/device.sh python3 -m pytest test/gpu_upstream -q
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+U="$ROOT/.gpu-upstream"
+mkdir -p "$U/wheels" "$U/hdr"
+PLAT=(--platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_24_x86_64
+      --platform manylinux_2_27_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_34_x86_64
+      --platform manylinux1_x86_64)
+dl() { python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+         "${PLAT[@]}" -d "$1" "$2" 2>&1 | grep -v '^WARNING' || true; }
+# The versions a full `pip install sglang==0.5.23` resolves to. sgl-flash-mla uses torch's
+# stable ABI, so it loads on the GPU machine's older torch.
+for w in msgspec==0.23.0 orjson==3.13.0 pybase64==1.5.1 pydantic==2.14.4 pydantic-core==2.50.5 \
+         annotated-types==0.8.0 typing-inspection==0.4.5 typing-extensions==4.16.0 pyzmq==27.3.0 \
+         partial-json-parser==0.2.1.1.post7 dill==0.4.1 setproctitle==1.3.8 apache-tvm-ffi==0.1.11 \
+         starlette==1.10.0 fastapi==0.165.0 opentelemetry-api==1.45.2 openai==2.8.0 jiter==0.19.0 \
+         distro==1.9.0 sniffio==1.3.1 sgl-flash-mla==1.0.0; do
+  ls "$U/wheels" | grep -qi "^$(echo "${w%%==*}" | tr '-' '_')-${w##*==}-" || dl "$U/wheels" "$w"
+done
+# Only the CUTLASS/CuTe headers of this wheel are used (device.sh extracts them).
+ls "$U/hdr" | grep -q '^sgl_deep_gemm-0.2.3.post2-' || dl "$U/hdr" sgl-deep-gemm==0.2.3.post2
+if [[ ! -f "$U/sglang_pruned.tgz" ]]; then
+  tmp=$(mktemp -d)
+  dl "$tmp/dl" sglang==0.5.23
+  mkdir -p "$tmp/sgl" && (cd "$tmp/sgl" && python3 -m zipfile -e "$tmp"/dl/sglang-0.5.23-*.whl .)
+  rm -rf "$tmp/sgl/sglang/multimodal_gen" "$tmp"/sgl/sglang/srt/rust_extensions/_*.so
+  tar czf "$U/sglang_pruned.tgz" -C "$tmp/sgl" sglang sglang-0.5.23.dist-info
+  rm -rf "$tmp"
+fi
+du -sh "$U"
