@@ -1,0 +1,297 @@
+#!/usr/bin/env python3
+"""In-server timing of the mixed split: one DSV4-Pro layer through upstream's own
+``DeepseekV4AttnBackend.forward``, with the plugin's ``mixed_split`` hooks off and on.
+
+Unlike benchmark/mixed_split_kernel.py (our re-assembly of the kernels, with a copy-in join),
+this times the code the server runs: upstream's backend built by its real ``__init__``, its real
+metadata builder, its sparse-prefill chunk cache and Triton dequant, FlashMLA, and, with the
+patch on, the patch's hooks as installed by the plugin registry. Needs sglang 0.5.23 importable
+(a full install, or tools/gpu-upstream/device.sh on a bare torch GPU machine) and a CUDA GPU.
+
+Points: a CSA layer (c4, top-1024) and an HCA layer (c128), h_q 128, SWA 128; one prefill
+request of P rows at context C plus D decode requests at context C (the kernel benchmark's
+``uniform_step_lists``); P = 0 is a decode batch relabelled to a 1-token EXTEND (DP attention).
+Per point: the layer's forward (chunk cache already built, as for every layer after the first),
+CUDA-event time after an L2 flush (the GPU waits for the host too: launches are not queued
+ahead), wall time with a synchronize, and host time of the call; medians over ``--reps`` calls
+and ``--rounds`` rounds with the arms (off, always, adaptive) interleaved. Also the step set-up
+(metadata build, plus the patch's plan and prefill-only chunk cache when on).
+
+    bash tools/gpu-upstream/device.sh python3 benchmark/mixed_split_inserver.py --out $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+import time
+from types import SimpleNamespace
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+for _sub in ("python", "test"):  # test/: the kits' server-args context
+    sys.path.insert(0, os.path.join(_ROOT, _sub))
+
+import torch  # noqa: E402
+
+from sglang_mixgraph.core import split_cost_model as cm  # noqa: E402
+from sglang_mixgraph.core import v4_kv_layout as kvl  # noqa: E402
+
+DEV = "cuda"
+PAGE = 256
+HEADS = 128
+TOPK = 1024
+RATIOS = (4, 128)  # layer 0: CSA, layer 1: HCA
+LAYER_NAMES = {4: "csa_c4_top1024", 128: "hca_c128"}
+SEED_PAGES = 64  # pages encoded with random keys; the rest of each pool repeats them
+
+
+class Deployment:
+    """A DSV4 KV pool holding 1 + max(D) requests at one context, and upstream's backend."""
+
+    def __init__(self, context: int, max_decode: int):
+        from sglang.srt.layers.attention.deepseek_v4_backend import DeepseekV4AttnBackend
+        from sglang.srt.mem_cache.deepseek_v4_memory_pool import DeepSeekV4TokenToKVPool
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        self.context = context
+        self.num_reqs = 1 + max_decode
+        self.pages_per_req = -(-context // PAGE)
+        num_pages = self.num_reqs * self.pages_per_req + 1  # page 0 stays unused
+        size = num_pages * PAGE
+        self.pool = DeepSeekV4TokenToKVPool(
+            max_num_reqs=self.num_reqs, swa_size=size, c4_size=size, c128_size=size,
+            c4_state_pool_size=self.num_reqs, c128_state_pool_size=self.num_reqs, page_size=PAGE,
+            swa_page_size=PAGE, dtype=torch.float8_e4m3fn, c4_state_dtype=torch.bfloat16,
+            c128_state_dtype=torch.bfloat16, qk_nope_head_dim=448, qk_rope_head_dim=64,
+            indexer_head_dim=128, layer_num=len(RATIOS), device=DEV, enable_memory_saver=False,
+            compression_ratios=list(RATIOS), kv_source_layers=[], full_size=size,
+        )
+        self.pool.register_mapping(torch.arange(size, dtype=torch.int64, device=DEV))
+        g = torch.Generator(device=DEV).manual_seed(0)
+        perm = torch.randperm(num_pages - 1, generator=g, device=DEV) + 1
+        self.pages = perm[: self.num_reqs * self.pages_per_req].view(self.num_reqs, self.pages_per_req)
+        pos = torch.arange(self.pages_per_req * PAGE, device=DEV)
+        self.req_to_token = (self.pages[:, pos // PAGE] * PAGE + pos % PAGE).to(torch.int32)
+        for layer, ratio in enumerate(RATIOS):
+            self._fill(self.pool.get_swa_key_buffer_radix(layer), PAGE, g)
+            self._fill(self.pool.get_extra_key_buffer(layer), self.pool.get_extra_key_page_size(layer), g)
+        cfg = SimpleNamespace(model_type="deepseek_v4", index_topk=TOPK)
+        runner = SimpleNamespace(
+            device=DEV, page_size=PAGE, token_to_kv_pool=self.pool,
+            req_to_token_pool=SimpleNamespace(req_to_token=self.req_to_token, size=self.num_reqs),
+            model_config=SimpleNamespace(context_len=self.pages_per_req * PAGE, head_dim=512, v_head_dim=512,
+                                         hf_text_config=cfg, hf_config=cfg),
+            hisparse_coordinator=None, spec_algorithm=SpeculativeAlgorithm.NONE, is_draft_worker=False,
+        )
+        self.backend = DeepseekV4AttnBackend(runner)
+        torch.cuda.synchronize()
+
+    @staticmethod
+    def _fill(buf, page_size: int, g) -> None:
+        """Random keys in the first SEED_PAGES pages, repeated page by page over the pool."""
+        n = min(SEED_PAGES, buf.shape[0])
+        slots = torch.arange(n * page_size, device=DEV)
+        keys = torch.randn(slots.numel(), 512, generator=g, device=DEV) * 0.5
+        kvl.encode_tokens(buf.view(torch.uint8), page_size, slots, keys)
+        for start in range(n, buf.shape[0], n):
+            m = min(n, buf.shape[0] - start)
+            buf[start:start + m].copy_(buf[:m])
+
+    def compressed_slots(self, req: torch.Tensor, k: torch.Tensor, ratio: int) -> torch.Tensor:
+        per_page = PAGE // ratio
+        return self.pages[req, k // per_page] * per_page + k % per_page
+
+
+def make_batch(dep: Deployment, d: int, p: int):
+    """The step's ForwardBatch, the live rows' request ids and positions."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+
+    from sglang_mixgraph.patches import mixed_split as ms
+
+    seqs, exts = cm.uniform_step_lists(dep.context, d, p)
+    reqs = list(range(len(seqs))) if p else list(range(1, d + 1))
+    row_req = torch.cat([torch.full((e,), r, dtype=torch.int64) for r, e in zip(reqs, exts)])
+    positions = torch.cat([torch.arange(s - e, s) for s, e in zip(seqs, exts)])
+    row_req, positions = row_req.to(DEV), positions.to(DEV)
+    ext = torch.tensor(exts, dtype=torch.int32, device=DEV)
+    prefix = [s - e for s, e in zip(seqs, exts)]
+    mode = ForwardMode.MIXED if p else ForwardMode.EXTEND
+    fb = ForwardBatch(
+        forward_mode=mode, batch_size=len(seqs),
+        input_ids=torch.zeros(positions.numel(), dtype=torch.int64, device=DEV),
+        req_pool_indices=torch.tensor(reqs, dtype=torch.int32, device=DEV),
+        seq_lens=torch.tensor(seqs, dtype=torch.int32, device=DEV),
+        seq_lens_cpu=torch.tensor(seqs, dtype=torch.int32),
+        out_cache_loc=dep.req_to_token[row_req, positions].to(torch.int64),
+        seq_lens_sum=sum(seqs), positions=positions,
+        extend_seq_lens=ext, extend_seq_lens_cpu=list(exts),
+        extend_prefix_lens=torch.tensor(prefix, dtype=torch.int32, device=DEV),
+        extend_prefix_lens_cpu=prefix, extend_start_loc=torch.cumsum(ext, 0, dtype=torch.int32) - ext,
+        extend_num_tokens=positions.numel(),
+    )
+    if not p:
+        fb._original_forward_mode = ForwardMode.DECODE
+    # What the plugin's AFTER hook on ForwardBatch.init_new records for a scheduler batch.
+    sched_reqs = [object() for _ in seqs]
+    decoding = sched_reqs[1:] if p else None
+    ms.after_forward_batch_init_new(
+        fb, ForwardBatch, SimpleNamespace(forward_mode=mode, reqs=sched_reqs, decoding_reqs=decoding), None)
+    return fb, row_req, positions
+
+
+def write_c4_topk(dep: Deployment, core, row_req, positions) -> None:
+    """The indexer's per-layer write (a stand-in: random distinct visible entries per row)."""
+    visible = (positions + 1) // 4
+    width = int(visible.max())
+    g = torch.Generator(device=DEV).manual_seed(1)
+    rows = positions.numel()
+    k = min(TOPK, core.c4_sparse_page_indices.shape[1])
+    raw = torch.empty(rows, k, dtype=torch.int64, device=DEV)
+    for start in range(0, rows, 256):  # bounded memory: 256 rows x width scores at a time
+        sl = slice(start, min(rows, start + 256))
+        scores = torch.rand(sl.stop - sl.start, width, generator=g, device=DEV)
+        scores[torch.arange(width, device=DEV)[None, :] >= visible[sl, None]] = -1.0
+        raw[sl] = scores.topk(k, dim=1).indices
+    valid = raw < visible[:, None]
+    page = torch.where(valid, dep.compressed_slots(row_req[:, None], raw, 4), -1)
+    raw = torch.where(valid, raw, -1)
+    core.c4_sparse_page_indices[:rows].fill_(-1)
+    core.c4_sparse_page_indices[:rows, :k].copy_(page)
+    if core.c4_sparse_raw_indices is not None:
+        core.c4_sparse_raw_indices[:rows].fill_(-1)
+        core.c4_sparse_raw_indices[:rows, :k].copy_(raw)
+
+
+def time_point(dep: Deployment, layer: int, d: int, p: int, reps: int, flush: torch.Tensor):
+    from sglang.srt.environ import envs
+    from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+
+    from sglang_mixgraph.patches import mixed_split as ms
+
+    backend = dep.backend
+    ratio = RATIOS[layer]
+    g = torch.Generator(device=DEV).manual_seed(2)
+    setup_ms = []
+    with torch.no_grad(), forward_context(ForwardContext(attn_backend=backend)), \
+            envs.SGLANG_OPT_FLASHMLA_SPARSE_PREFILL.override(True):
+        for _ in range(3):
+            fb, row_req, positions = make_batch(dep, d, p)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            backend.init_forward_metadata(fb)
+            torch.cuda.synchronize()
+            setup_ms.append((time.perf_counter() - t0) * 1e3)
+        core = backend.forward_metadata.core_attn_metadata
+        write_c4_topk(dep, core, row_req, positions)
+        q = (torch.randn(positions.numel(), HEADS, 512, generator=g, device=DEV) * 0.5).to(torch.bfloat16)
+        sink = torch.randn(HEADS, generator=g, device=DEV)
+        lo = SimpleNamespace(layer_id=layer, v_head_dim=512, tp_q_head_num=HEADS)
+
+        def call():
+            return backend.forward(q=q, k=q, v=q, layer=lo, forward_batch=fb, compress_ratio=ratio,
+                                   save_kv_cache=False, attn_sink=sink)
+
+        out = call()  # the first layer of a step builds the chunk cache lazily (unsplit)
+        plan = ms.get_plan(backend)
+        gpu, wall, host = [], [], []
+        for _ in range(reps):
+            flush.zero_()
+            torch.cuda.synchronize()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            t0 = time.perf_counter()
+            a.record()
+            call()
+            t1 = time.perf_counter()
+            b.record()
+            torch.cuda.synchronize()
+            wall.append((time.perf_counter() - t0) * 1e3)
+            host.append((t1 - t0) * 1e3)
+            gpu.append(a.elapsed_time(b))
+    return dict(
+        layer_ms=statistics.median(gpu), layer_wall_ms=statistics.median(wall),
+        layer_host_ms=statistics.median(host),
+        setup_ms=statistics.median(setup_ms), split=plan is not None and plan.splits(ratio),
+        decode_calls=dict(plan.decode_calls) if plan else {}, out=out,
+    )
+
+
+def time_arm(dep, layer, d, p, reps, flush, arm, kit):
+    """One arm: upstream alone (``off``), or with the patch installed through the plugin
+    registry and SGLang's HookRegistry for the given policy (removed again afterwards)."""
+    if arm == "off":
+        return time_point(dep, layer, d, p, reps, flush)
+    with kit.patch_installed(flag_on=True, policy=arm):
+        return time_point(dep, layer, d, p, reps, flush)
+
+
+def kernel_prediction(path: str):
+    try:
+        with open(path) as f:
+            return {(x["layer"], x["context"], x["decode_rows"], x["prefill_rows"]): x for x in json.load(f)}
+    except OSError:
+        return {}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--contexts", type=int, nargs="+", default=[8192, 32768])
+    ap.add_argument("--decode", type=int, nargs="+", default=[32, 256])
+    ap.add_argument("--prefill", type=int, nargs="+", default=[0, 512, 1792])
+    ap.add_argument("--reps", type=int, default=15, help="timed calls per arm per round")
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+
+    import mixed_split_kit as kit
+
+    kernel = kernel_prediction(os.path.join(_ROOT, "docs", "results", "mixed_split_h200.json"))
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device=DEV)
+    arms = ["off", "always", "adaptive"]
+    results = []
+    with kit.sglang_context(device=DEV):
+        for c in args.contexts:
+            dep = Deployment(c, max(args.decode))
+            for layer, ratio in enumerate(RATIOS):
+                for d in args.decode:
+                    for p in args.prefill:
+                        rec = dict(layer=LAYER_NAMES[ratio], context=c, decode_rows=d, prefill_rows=p)
+                        samples, outs = {}, {}
+                        # arms interleaved, the order reversed every round, so drift hits all arms
+                        for rnd in range(args.rounds):
+                            for arm in (arms if rnd % 2 == 0 else arms[::-1]):
+                                r = time_arm(dep, layer, d, p, args.reps, flush, arm, kit)
+                                outs[arm] = r.pop("out")
+                                for k, v in r.items():
+                                    samples.setdefault(f"{arm}_{k}", []).append(v)
+                        for k, v in samples.items():
+                            rec[k] = statistics.median(v) if isinstance(v[0], float) else v[-1]
+                        for arm in arms[1:]:
+                            rec[f"{arm}_max_abs_diff_vs_off"] = float((outs[arm].float() - outs["off"].float()).abs().max())
+                        kp = kernel.get((rec["layer"], c, d, p))
+                        if kp:
+                            rec["kernel_unsplit_ms"], rec["kernel_split_ms"] = kp["unsplit_ms"], kp["split_ms"]
+                        results.append(rec)
+                        print(json.dumps(rec), flush=True)
+            del dep
+            torch.cuda.empty_cache()
+    env = dict(date=datetime.date.today().isoformat(), gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+               reps=args.reps, rounds=args.rounds, command=" ".join(sys.argv))
+    try:
+        import sglang
+        import triton
+
+        env.update(sglang=sglang.__version__, triton=triton.__version__)
+    except Exception:  # noqa: BLE001
+        pass
+    with open(os.path.join(args.out, "mixed_split_inserver_h200.json"), "w") as f:
+        json.dump(dict(environment=env, points=results), f, indent=1)
+    print("wrote", os.path.join(args.out, "mixed_split_inserver_h200.json"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,254 @@
+"""GPU kit: the CPU kit's steps (test/mixed_split_kit.py) on upstream's real code on a CUDA GPU.
+
+What is upstream here that the CPU kit stands in for:
+* ``DeepseekV4AttnBackend`` built by its real ``__init__`` (from a model-runner stand-in that
+  carries the attributes ``__init__`` reads), so FlashMLA, the Triton dequant and the SM90
+  Q8KV8 kernels are the real ones;
+* the step metadata built by upstream's real ``init_forward_metadata`` (Triton page-table,
+  causal-SWA and compression-metadata kernels, JIT indexer metadata);
+* breakable CUDA graphs: upstream's ``BreakableCUDAGraph`` capture and replay, the backend's own
+  ``init_forward_metadata_for_breakable_cuda_graph_capture`` /
+  ``prepare_forward_metadata_for_breakable_cuda_graph_replay``, and the model's eager break
+  ``bcg_deepseek_v4_attention_with_output`` (sglang.srt.models.deepseek_v4).
+Still a stand-in: the indexer's per-layer c4 top-k write (a model layer with weights); the
+CPU kit's torch selection for the same step is written into upstream's metadata instead.
+"""
+
+from __future__ import annotations
+
+import copy
+from types import SimpleNamespace
+from typing import Dict, List, Sequence
+
+import torch
+
+import mixed_split_kit as K
+
+DEV = "cuda"
+
+
+def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.float(), b.float()
+    return float((a - b).norm() / b.norm().clamp_min(1e-12))
+
+
+class GpuWorld(K.World):
+    """The CPU kit's world on CUDA, with upstream's backend and metadata builder."""
+
+    def __init__(self, step: K.Step, *, q8kv8: bool = False):
+        super().__init__(step, q8kv8=q8kv8, device=DEV)
+
+    def _model_runner(self):
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        cfg = SimpleNamespace(model_type="deepseek_v4", index_topk=K.TOPK)
+        return SimpleNamespace(
+            device=DEV, page_size=K.PAGE, token_to_kv_pool=self.pool,
+            req_to_token_pool=SimpleNamespace(req_to_token=self.req_to_token, size=K.MAX_REQS),
+            model_config=SimpleNamespace(
+                context_len=K.MAX_CTX, head_dim=512, v_head_dim=512, hf_text_config=cfg, hf_config=cfg
+            ),
+            hisparse_coordinator=None, spec_algorithm=SpeculativeAlgorithm.NONE, is_draft_worker=False,
+        )
+
+    def _make_backend(self, dsv4, cls, q8kv8: bool):
+        backend = cls(self._model_runner())
+        if q8kv8:
+            backend.dsv4_prefill_backend = "flashmla_sparse_q8"
+        return backend
+
+    def view(self, step: K.Step) -> "GpuWorld":
+        """The same requests (pool, caches, backend) batched differently: ``step`` must keep the
+        sequence lengths of this world's first ``len(step.seq_lens)`` requests."""
+        n = len(step.seq_lens)
+        assert step.seq_lens == self.step.seq_lens[:n], (step.seq_lens, self.step.seq_lens)
+        other = copy.copy(self)
+        other.step = step
+        return other
+
+    def decode_batch(self, relabelled: bool = False):
+        """A decode-only step (no prefill requests): DECODE, or (``relabelled``) the 1-token
+        EXTEND that DP attention makes of it in ``ForwardBatch.prepare_mlp_sync_batch``."""
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+        assert not self.step.prefill
+        if relabelled:
+            return self.forward_batch(mode=ForwardMode.EXTEND, num_decode_attr=None,
+                                      original_mode=ForwardMode.DECODE)
+        fb = self.forward_batch(mode=ForwardMode.DECODE, num_decode_attr=None)
+        for name in ("extend_seq_lens", "extend_seq_lens_cpu", "extend_prefix_lens",
+                     "extend_prefix_lens_cpu", "extend_start_loc", "extend_num_tokens"):
+            setattr(fb, name, None)
+        return fb
+
+    # ---- metadata ------------------------------------------------------------------------
+
+    def standin_core(self, fb):
+        """The CPU kit's torch metadata for this step (on the CPU)."""
+        return K.World.build_metadata(self, fb).core_attn_metadata
+
+    def write_c4_topk(self, core, fb) -> None:
+        """What the indexer writes per layer: the stand-in's c4 top-k for the live rows."""
+        want = self.standin_core(fb)
+        rows = self.step.num_rows - self.step.padding
+        for name in ("c4_sparse_page_indices", "c4_sparse_raw_indices"):
+            dst = getattr(core, name, None)
+            if dst is None:
+                continue
+            src = getattr(want, name)[:rows]
+            w = min(dst.shape[1], src.shape[1])
+            dst[:rows].fill_(-1)
+            dst[:rows, :w].copy_(src[:, :w].to(dst.device))
+
+    def upstream_metadata(self, fb):
+        from sglang.srt.environ import envs
+
+        with torch.no_grad(), envs.SGLANG_OPT_FLASHMLA_SPARSE_PREFILL.override(True):
+            self.backend.init_forward_metadata(fb)
+        core = self.backend.forward_metadata.core_attn_metadata
+        self.write_c4_topk(core, fb)
+        return core
+
+    def run_step(self, fb, layers: Sequence[int] = (0, 1, 2), q=None, sink=None) -> Dict[int, torch.Tensor]:
+        self.upstream_metadata(fb)
+        return {layer: self.run_layer(fb, layer, q=q, sink=sink) for layer in layers}
+
+
+def compare_metadata(real, standin, rows: int) -> List[str]:
+    """Upstream's metadata against the CPU kit's for the first ``rows`` rows, field by field
+    over what the attention reads: causal lengths and positions, the SWA window (as a set per
+    row: upstream orders it by its own kernel), c4 top-k lengths, c128 indices and lengths."""
+    bad = []
+
+    def host(t):
+        return t[:rows].cpu()
+
+    for name in ("seq_lens_casual", "positions_casual", "swa_topk_lengths",
+                 "c4_sparse_topk_lengths", "c128_topk_lengths_clamp1"):
+        a, b = host(getattr(real, name)), host(getattr(standin, name))
+        if not torch.equal(a.to(torch.int64), b.to(torch.int64)):
+            t = int((a.to(torch.int64) != b.to(torch.int64)).nonzero()[0, 0])
+            bad.append(f"{name}: row {t} upstream {a[t].tolist()} kit {b[t].tolist()}")
+    swa_r, swa_s = host(real.swa_page_indices), host(standin.swa_page_indices)
+    lens = host(standin.swa_topk_lengths).tolist()
+    for t, n in enumerate(lens):
+        if sorted(swa_r[t, :n].tolist()) != sorted(swa_s[t, :n].tolist()):
+            bad.append(f"swa_page_indices: row {t} window differs")
+            break
+    c128_r, c128_s = host(real.c128_page_indices), host(standin.c128_page_indices)
+    visible = (host(standin.positions_casual) + 1) // 128
+    for t, n in enumerate(visible.tolist()):
+        if n and c128_r[t, :n].tolist() != c128_s[t, :n].tolist():
+            bad.append(f"c128_page_indices: row {t} differs in its first {n} entries")
+            break
+    return bad
+
+
+class BreakableBucket:
+    """One prefill-graph bucket of ``size`` tokens, as upstream's breakable prefill runner
+    drives it for a captured-metadata backend: a static padded EXTEND batch, the backend's
+    capture/replay metadata entry points, and the model's DSV4 attention as an eager break
+    between captured segments (one per layer)."""
+
+    def __init__(self, world: GpuWorld, size: int, layers: Sequence[int] = (0, 1, 2)):
+        self.world, self.size, self.layers = world, size, tuple(layers)
+        self.q = torch.zeros(size, K.HEADS, 512, dtype=torch.bfloat16, device=DEV)
+        self.sink = world.attn_sink()
+        self.layer_objs = [
+            SimpleNamespace(layer_id=i, v_head_dim=512, tp_q_head_num=K.HEADS)
+            for i in range(len(K.LAYER_RATIOS))
+        ]
+        self.graph = None
+        self.metadata = None
+        self.outputs: Dict[int, torch.Tensor] = {}
+
+    def static_batch(self, live):
+        """The padded EXTEND batch the replayed graph sees (upstream's runner builds it from the
+        live batch: live lengths, bucket-sized token tensors, the live row count)."""
+        from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+
+        rows = int(live.input_ids.shape[0])
+        pad = self.size - rows
+        assert pad >= 0, f"{rows} live rows do not fit a {self.size}-token bucket"
+
+        def padded(t):
+            return torch.cat([t, t.new_zeros(pad)])
+
+        return ForwardBatch(
+            forward_mode=ForwardMode.EXTEND, batch_size=live.batch_size,
+            input_ids=padded(live.input_ids), req_pool_indices=live.req_pool_indices,
+            seq_lens=live.seq_lens, seq_lens_cpu=live.seq_lens_cpu,
+            out_cache_loc=padded(live.out_cache_loc), seq_lens_sum=live.seq_lens_sum,
+            positions=padded(live.positions), extend_seq_lens=live.extend_seq_lens,
+            extend_prefix_lens=live.extend_prefix_lens, extend_start_loc=live.extend_start_loc,
+            extend_prefix_lens_cpu=live.extend_prefix_lens_cpu,
+            extend_seq_lens_cpu=live.extend_seq_lens_cpu, extend_num_tokens=live.extend_num_tokens,
+            global_num_token_non_padded_cpu=rows, max_seq_len_override=K.MAX_CTX,
+        )
+
+    def _contexts(self, static_fb):
+        import contextlib
+
+        from sglang.srt.environ import envs
+        from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+        from sglang.srt.model_executor.runner_backend_utils.tc_piecewise_cuda_graph.context_manager import (
+            set_tc_piecewise_forward_context,
+        )
+
+        stack = contextlib.ExitStack()
+        stack.enter_context(torch.no_grad())
+        stack.enter_context(forward_context(ForwardContext(attn_backend=self.world.backend)))
+        stack.enter_context(envs.SGLANG_OPT_FLASHMLA_SPARSE_PREFILL.override(True))
+        stack.enter_context(set_tc_piecewise_forward_context(
+            static_fb, attention_layers=self.layer_objs, quant_config=None, moe_layers=[], moe_fusions=[]))
+        return stack
+
+    def _body(self):
+        from sglang.srt.models.deepseek_v4 import bcg_deepseek_v4_attention_with_output
+
+        for layer in self.layers:
+            q = self.q * 1.0  # a captured kernel feeding the break, as the model's projections do
+            o = torch.empty_like(q)
+            bcg_deepseek_v4_attention_with_output(q, q, o, layer, K.LAYER_RATIOS[layer], self.sink, False)
+            self.outputs[layer] = o + 0.0  # a captured kernel reading the break's output
+
+    def capture(self, world: GpuWorld, live, q_live) -> None:
+        from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph.breakable_cuda_graph import (
+            BreakableCUDAGraph,
+            BreakableCUDAGraphCapture,
+        )
+
+        static_fb = self.static_batch(live)
+        backend = self.world.backend
+        with self._contexts(static_fb):
+            self.metadata = backend.init_forward_metadata_for_breakable_cuda_graph_capture(static_fb)
+            world.write_c4_topk(self.metadata.core_attn_metadata, live)
+            self._load(q_live)
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                self._body()  # warm-up, as upstream's runner does before capturing
+            torch.cuda.current_stream().wait_stream(stream)
+            self.graph = BreakableCUDAGraph()
+            with BreakableCUDAGraphCapture(self.graph, pool=torch.cuda.graph_pool_handle(), stream=stream):
+                self._body()
+        torch.cuda.synchronize()
+
+    def _load(self, q_live) -> None:
+        rows = q_live.shape[0]
+        self.q[:rows].copy_(q_live)
+        self.q[rows:].zero_()
+
+    def replay(self, world: GpuWorld, live, q_live) -> Dict[int, torch.Tensor]:
+        """Refresh the captured metadata for ``live`` and replay; the bucket's outputs (all rows)."""
+        static_fb = self.static_batch(live)
+        backend = self.world.backend
+        with self._contexts(static_fb):
+            backend.prepare_forward_metadata_for_breakable_cuda_graph_replay(
+                self.metadata, live, static_forward_batch=static_fb
+            )
+            world.write_c4_topk(self.metadata.core_attn_metadata, live)
+            self._load(q_live)
+            self.graph.replay()
+        torch.cuda.synchronize()
+        return {layer: out.clone() for layer, out in self.outputs.items()}

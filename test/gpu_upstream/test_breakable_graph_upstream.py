@@ -1,0 +1,77 @@
+"""Upstream's DSV4 attention under upstream's breakable CUDA graph: captured at one bucket
+through the backend's own capture/replay metadata entry points, with the model's eager
+attention break, replayed for live batches of different shapes and compared with eager upstream.
+
+Today the mixed split does not act inside replays (the replayed break sees the static EXTEND
+batch): with the patch on, replayed MIXED steps must fall back and give upstream's bits."""
+
+import pytest
+import torch
+
+import gpu_kit as G
+import mixed_split_kit as K
+from sglang_mixgraph.patches import mixed_split as ms
+
+BUCKET = 64
+# One set of requests; each live batch below batches the first requests of it differently.
+WORLD = K.Step(prefill=[(300, 40), (0, 64)], decode=[5, 130, 600, 257], seed=51)
+S = WORLD.seq_lens  # [340, 64, 6, 131, 601, 258]
+LIVE = {
+    "capture": K.Step(prefill=[(S[0] - 20, 20), (S[1] - 30, 30)], decode=[S[2] - 1, S[3] - 1]),
+    "mixed_a": K.Step(prefill=[(S[0] - 16, 16)], decode=[S[1] - 1, S[2] - 1, S[3] - 1, S[4] - 1, S[5] - 1]),
+    "mixed_b": K.Step(prefill=[(S[0] - 33, 33), (S[1] - 20, 20)], decode=[S[2] - 1, S[3] - 1, S[4] - 1]),
+    "extend": K.Step(prefill=[(S[0] - 50, 50), (S[1] - 9, 9)], decode=[]),
+    "mixed_c": K.Step(prefill=[(S[0] - 1, 1)], decode=[S[1] - 1, S[2] - 1]),
+}
+
+
+def _live(world, name):
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    view = world.view(K.Step(LIVE[name].prefill, LIVE[name].decode, seed=WORLD.seed))
+    mode = ForwardMode.MIXED if view.step.decode and view.step.prefill else ForwardMode.EXTEND
+    return view, view.forward_batch(mode=mode)
+
+
+def _eager(view, name):
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    mode = ForwardMode.MIXED if view.step.decode and view.step.prefill else ForwardMode.EXTEND
+    fb = view.forward_batch(mode=mode, num_decode_attr=None)
+    return view.run_step(fb, q=view.q(), sink=view.attn_sink())
+
+
+@pytest.fixture(scope="module")
+def bucket(sglang_cuda):
+    world = G.GpuWorld(WORLD)
+    b = G.BreakableBucket(world, BUCKET)
+    view, fb = _live(world, "capture")
+    b.capture(view, fb, view.q())
+    return world, b
+
+
+@pytest.mark.parametrize("name", ["mixed_a", "mixed_b", "extend", "mixed_c", "mixed_a"])
+def test_replay_equals_eager(bucket, name):
+    world, b = bucket
+    assert len(b.graph._break_fns) == len(b.layers)
+    view, fb = _live(world, name)
+    got = b.replay(view, fb, view.q())
+    want = _eager(view, name)
+    rows = view.step.num_rows
+    for layer in b.layers:
+        err = G.rel_l2(got[layer][:rows], want[layer])
+        assert err < 1e-3, f"{name} layer {layer}: replay vs eager rel L2 {err:.2e}"
+        assert torch.count_nonzero(got[layer][rows:]) == 0, "rows past the live ones must be zero"
+
+
+def test_split_patch_falls_back_under_replay(bucket):
+    world, b = bucket
+    view, fb = _live(world, "mixed_b")
+    off = b.replay(view, fb, view.q())
+    with K.patch_installed(policy="always"):
+        view, fb = _live(world, "mixed_b")
+        on = b.replay(view, fb, view.q())
+        assert ms.get_plan(world.backend) is None
+        assert getattr(b.metadata, ms.PLAN_ATTR, None) is None
+    for layer in b.layers:
+        assert torch.equal(on[layer], off[layer])

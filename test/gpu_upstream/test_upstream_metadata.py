@@ -1,0 +1,54 @@
+"""Upstream's real metadata builder equals the CPU kit's torch metadata, which the CPU tests of
+the mixed split rely on (test/mixed_split_kit.py ``World.build_metadata``)."""
+
+import pytest
+import torch
+
+import gpu_kit as G
+import mixed_split_kit as K
+
+def _extend():
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    return ForwardMode.EXTEND
+
+
+STEPS = {
+    "mixed": K.Step(prefill=[(300, 29), (0, 7)], decode=[255, 256, 129, 0, 700], seed=1),
+    "mixed_page_edges": K.Step(prefill=[(255, 2), (510, 3)], decode=[127, 128, 511, 1000], seed=2),
+    "extend": K.Step(prefill=[(0, 40), (130, 17), (900, 5)], decode=[], seed=3),
+}
+
+
+@pytest.mark.parametrize("name", sorted(STEPS))
+def test_metadata_mixed_and_extend(sglang_cuda, name):
+    world = G.GpuWorld(STEPS[name])
+    fb = world.forward_batch(mode=None if world.step.decode else _extend(), num_decode_attr=None)
+    real = world.upstream_metadata(fb)
+    torch.cuda.synchronize()
+    assert G.compare_metadata(real, world.standin_core(fb), world.step.num_rows) == []
+
+
+@pytest.mark.parametrize("relabelled", [False, True], ids=["decode", "dp_relabelled_extend"])
+def test_metadata_decode(sglang_cuda, relabelled):
+    world = G.GpuWorld(K.Step(prefill=[], decode=[0, 5, 127, 128, 300, 1000], seed=4))
+    fb = world.decode_batch(relabelled=relabelled)
+    real = world.upstream_metadata(fb)
+    torch.cuda.synchronize()
+    assert G.compare_metadata(real, world.standin_core(fb), world.step.num_rows) == []
+
+
+def test_seeded_random_steps(sglang_cuda):
+    """Random MIXED steps, seeded: ragged prefixes and extends, contexts up to the pool's width."""
+    g = torch.Generator().manual_seed(20261130)
+    for i in range(6):
+        n_pre = int(torch.randint(0, 3, (1,), generator=g))
+        n_dec = int(torch.randint(1 if n_pre == 0 else 0, 6, (1,), generator=g))
+        pre = [(int(torch.randint(0, 900, (1,), generator=g)), int(torch.randint(1, 60, (1,), generator=g)))
+               for _ in range(n_pre)]
+        dec = [int(torch.randint(0, 1000, (1,), generator=g)) for _ in range(n_dec)]
+        world = G.GpuWorld(K.Step(prefill=pre, decode=dec, seed=100 + i))
+        fb = world.forward_batch(mode=None if dec else _extend(), num_decode_attr=None)
+        real = world.upstream_metadata(fb)
+        torch.cuda.synchronize()
+        assert G.compare_metadata(real, world.standin_core(fb), world.step.num_rows) == [], (pre, dec)
