@@ -11,7 +11,8 @@ patch on, the patch's hooks as installed by the plugin registry. Needs sglang 0.
 Points: a CSA layer (c4, top-1024) and an HCA layer (c128), h_q 128, SWA 128; one prefill
 request of P rows at context C plus D decode requests at context C (the kernel benchmark's
 ``uniform_step_lists``); P = 0 is a decode batch relabelled to a 1-token EXTEND (DP attention).
-Per point: the layer's forward (chunk cache already built, as for every layer after the first),
+Per point: the layer's forward (chunk cache already built, as for every layer after the first;
+the workspace's compressed part dequantized anew, as for a layer with its own cache),
 CUDA-event time after an L2 flush (the GPU waits for the host too: launches are not queued
 ahead), wall time with a synchronize, and host time of the call; medians over ``--reps`` calls
 and ``--rounds`` rounds with the arms (off, always, adaptive) interleaved. Also the step set-up
@@ -199,6 +200,10 @@ def time_point(dep: Deployment, layer: int, d: int, p: int, reps: int, flush: to
         plan = ms.get_plan(backend)
         gpu, wall, host = [], [], []
         for _ in range(reps):
+            # Each layer of a real step reads its own cache: forget the compressed dequant the
+            # previous call left in the shared workspace (upstream reuses it for layers that
+            # share a kv source, which DSV4-Pro's do not).
+            backend.sparse_prefill_kv_buffer.forget_head()
             flush.zero_()
             torch.cuda.synchronize()
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
