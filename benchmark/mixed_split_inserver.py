@@ -19,6 +19,7 @@ and ``--rounds`` rounds with the arms (off, always, adaptive) interleaved. Also 
 (metadata build, plus the patch's plan and prefill-only chunk cache when on).
 
     bash tools/gpu-upstream/device.sh python3 benchmark/mixed_split_inserver.py --out $OUT
+    python3 benchmark/mixed_split_inserver.py --out docs/results --report-only docs/results/mixed_split_inserver_h200.json
 """
 
 from __future__ import annotations
@@ -241,9 +242,88 @@ def kernel_prediction(path: str):
         return {}
 
 
+def summary_lines(points) -> list:
+    """Figures the page states in words, computed from the points."""
+    out = []
+    for c in sorted({r["context"] for r in points}):
+        key = next((r for r in points if (r["layer"], r["context"], r["decode_rows"], r["prefill_rows"])
+                    == ("csa_c4_top1024", c, 256, 1792)), None)
+        if key and key.get("kernel_split_ms"):
+            out.append(
+                f"- CSA {c // 1024}k / D 256 / P 1792: in-server `always` {key['off_layer_ms'] / key['always_layer_ms']:.2f}x "
+                f"(off {key['off_layer_ms']:.3f} ms, split {key['always_layer_ms']:.3f} ms), `adaptive` "
+                f"{key['off_layer_ms'] / key['adaptive_layer_ms']:.2f}x; the kernel benchmark predicted "
+                f"{key['kernel_unsplit_ms'] / key['kernel_split_ms']:.2f}x.")
+    host_off = statistics.median(r["off_layer_host_ms"] for r in points)
+    host_on = statistics.median(r["always_layer_host_ms"] for r in points)
+    out.append(f"- Host time per layer call, median over the points: upstream {host_off:.3f} ms, with the split "
+               f"({'always'}) {host_on:.3f} ms. Where the GPU work of a layer is shorter than this, the layer "
+               "is host-bound in an eager step and a GPU saving does not show.")
+    same = [abs(r["adaptive_layer_ms"] / r["off_layer_ms"] - 1) for r in points if not r["adaptive_split"]]
+    if same:
+        out.append(f"- Noise: where `adaptive` keeps the layer unsplit it runs upstream's code, yet differs from "
+                   f"`off` by up to {100 * max(same):.0f}% (median {100 * statistics.median(same):.0f}%): "
+                   "differences below that are not resolved by this run.")
+    setup = statistics.median(r["adaptive_setup_ms"] - r["off_setup_ms"] for r in points)
+    setup_always = statistics.median(r["always_setup_ms"] - r["off_setup_ms"] for r in points)
+    out.append(f"- Step set-up added by the patch, median: `always` {setup_always:.2f} ms, `adaptive` {setup:.2f} ms "
+               "per step (once for all layers).")
+    return out
+
+
+def write_report(data: dict, path: str) -> None:
+    """The results page: per point, upstream (off), the patch (always, adaptive) and the kernel
+    benchmark's figures for the same point."""
+    env = data["environment"]
+    lines = [
+        "# Mixed split in-server timing (H200)",
+        "",
+        f"Date {env['date']}, {env['gpu']}, torch {env['torch']}, Triton {env.get('triton', '?')}, sglang "
+        f"{env.get('sglang', '?')} (its pins ask for torch 2.14.1: this stack is older, run through "
+        "tools/gpu-upstream). Command: `bash tools/gpu-upstream/device.sh python3 "
+        f"{env['command']}`; {env['reps']} calls x {env['rounds']} rounds per arm, arms interleaved.",
+        "",
+        "One layer through upstream's `DeepseekV4AttnBackend.forward` (h_q 128): `off` is upstream, `always` "
+        "and `adaptive` the patch installed by the plugin registry. ms = median CUDA-event time of one layer "
+        "call after an L2 flush; the GPU also waits for the host here, so `host` (time until the call "
+        "returns) is given beside it. `kernel` = benchmark/mixed_split_kernel.py for the same point "
+        "(docs/results/mixed_split_h200.json): kernels only, copy-in join, no host work. Speedup = off / arm.",
+        "",
+        "| layer | context | D | P | off ms (host) | always ms (host) | always x | adaptive ms | adaptive "
+        "x (splits?) | kernel unsplit / split ms | kernel x |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in data["points"]:
+        kx = r["kernel_unsplit_ms"] / r["kernel_split_ms"] if r.get("kernel_split_ms") else float("nan")
+        lines.append(
+            f"| {r['layer']} | {r['context']} | {r['decode_rows']} | {r['prefill_rows']} | "
+            f"{r['off_layer_ms']:.3f} ({r['off_layer_host_ms']:.3f}) | "
+            f"{r['always_layer_ms']:.3f} ({r['always_layer_host_ms']:.3f}) | "
+            f"{r['off_layer_ms'] / r['always_layer_ms']:.2f} | {r['adaptive_layer_ms']:.3f} | "
+            f"{r['off_layer_ms'] / r['adaptive_layer_ms']:.2f} ({'yes' if r['adaptive_split'] else 'no'}) | "
+            f"{r.get('kernel_unsplit_ms', float('nan')):.3f} / {r.get('kernel_split_ms', float('nan')):.3f} | "
+            f"{kx:.2f} |"
+        )
+    lines += ["", "## Reading", ""] + summary_lines(data["points"])
+    lines += [
+        "",
+        "Step set-up (metadata build; with the patch also its plan and the prefill-only chunk cache), "
+        "median ms, once per step for all layers:",
+        "",
+        "| layer | context | D | P | off | always | adaptive |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in data["points"]:
+        lines.append(f"| {r['layer']} | {r['context']} | {r['decode_rows']} | {r['prefill_rows']} | "
+                     f"{r['off_setup_ms']:.2f} | {r['always_setup_ms']:.2f} | {r['adaptive_setup_ms']:.2f} |")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
+    ap.add_argument("--report-only", metavar="JSON", help="rewrite the .md page from a results JSON")
     ap.add_argument("--contexts", type=int, nargs="+", default=[8192, 32768])
     ap.add_argument("--decode", type=int, nargs="+", default=[32, 256])
     ap.add_argument("--prefill", type=int, nargs="+", default=[0, 512, 1792])
@@ -251,6 +331,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
+    md = os.path.join(args.out, "mixed_split_inserver_h200.md")
+    if args.report_only:
+        with open(args.report_only) as f:
+            write_report(json.load(f), md)
+        return
 
     import mixed_split_kit as kit
 
@@ -293,9 +378,11 @@ def main() -> None:
         env.update(sglang=sglang.__version__, triton=triton.__version__)
     except Exception:  # noqa: BLE001
         pass
+    data = dict(environment=env, points=results)
     with open(os.path.join(args.out, "mixed_split_inserver_h200.json"), "w") as f:
-        json.dump(dict(environment=env, points=results), f, indent=1)
-    print("wrote", os.path.join(args.out, "mixed_split_inserver_h200.json"))
+        json.dump(data, f, indent=1)
+    write_report(data, md)
+    print("wrote", os.path.join(args.out, "mixed_split_inserver_h200.{json,md}"))
 
 
 if __name__ == "__main__":

@@ -10,8 +10,11 @@ What is upstream here that the CPU kit stands in for:
   ``init_forward_metadata_for_breakable_cuda_graph_capture`` /
   ``prepare_forward_metadata_for_breakable_cuda_graph_replay``, and the model's eager break
   ``bcg_deepseek_v4_attention_with_output`` (sglang.srt.models.deepseek_v4).
-Still a stand-in: the indexer's per-layer c4 top-k write (a model layer with weights); the
-CPU kit's torch selection for the same step is written into upstream's metadata instead.
+* the c4 top-k selection and its page mapping: upstream's own torch top-k
+  (``dsv4.indexer.topk_transform_pytorch_vectorized``, what ``--dsa-topk-backend torch`` runs)
+  over upstream's indexer metadata.
+Still a stand-in: the indexer's logits (they need the model's indexer weights and its key
+cache); seeded random scores feed upstream's top-k instead.
 """
 
 from __future__ import annotations
@@ -87,27 +90,30 @@ class GpuWorld(K.World):
         """The CPU kit's torch metadata for this step (on the CPU)."""
         return K.World.build_metadata(self, fb).core_attn_metadata
 
-    def write_c4_topk(self, core, fb) -> None:
-        """What the indexer writes per layer: the stand-in's c4 top-k for the live rows."""
-        want = self.standin_core(fb)
+    def write_c4_topk(self, metadata) -> None:
+        """What the indexer writes per layer, for the live rows: upstream's torch top-k over
+        seeded random scores, mapped to cache slots through upstream's indexer metadata."""
+        from sglang.srt.layers.attention.dsv4.indexer import topk_transform_pytorch_vectorized
+
         rows = self.step.num_rows - self.step.padding
-        for name in ("c4_sparse_page_indices", "c4_sparse_raw_indices"):
-            dst = getattr(core, name, None)
-            if dst is None:
-                continue
-            src = getattr(want, name)[:rows]
-            w = min(dst.shape[1], src.shape[1])
-            dst[:rows].fill_(-1)
-            dst[:rows, :w].copy_(src[:, :w].to(dst.device))
+        im, core = metadata.indexer_metadata, metadata.core_attn_metadata
+        lens = im.compressed_seq_lens[:rows]
+        width = max(int(lens.max()) if rows else 1, 1)
+        g = torch.Generator(device=DEV).manual_seed(self.step.seed + 5)
+        scores = torch.rand(rows, width, generator=g, device=DEV)
+        raw = core.c4_sparse_raw_indices
+        topk_transform_pytorch_vectorized(
+            scores, lens, im.page_table[:rows], core.c4_sparse_page_indices[:rows],
+            im.compressed_page_size, raw[:rows] if raw is not None else None,
+        )
 
     def upstream_metadata(self, fb):
         from sglang.srt.environ import envs
 
         with torch.no_grad(), envs.SGLANG_OPT_FLASHMLA_SPARSE_PREFILL.override(True):
             self.backend.init_forward_metadata(fb)
-        core = self.backend.forward_metadata.core_attn_metadata
-        self.write_c4_topk(core, fb)
-        return core
+        self.write_c4_topk(self.backend.forward_metadata)
+        return self.backend.forward_metadata.core_attn_metadata
 
     def run_step(self, fb, layers: Sequence[int] = (0, 1, 2), q=None, sink=None) -> Dict[int, torch.Tensor]:
         self.upstream_metadata(fb)
@@ -222,7 +228,7 @@ class BreakableBucket:
         backend = self.world.backend
         with self._contexts(static_fb):
             self.metadata = backend.init_forward_metadata_for_breakable_cuda_graph_capture(static_fb)
-            world.write_c4_topk(self.metadata.core_attn_metadata, live)
+            world.write_c4_topk(self.metadata)
             self._load(q_live)
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
@@ -247,7 +253,7 @@ class BreakableBucket:
             backend.prepare_forward_metadata_for_breakable_cuda_graph_replay(
                 self.metadata, live, static_forward_batch=static_fb
             )
-            world.write_c4_topk(self.metadata.core_attn_metadata, live)
+            world.write_c4_topk(self.metadata)
             self._load(q_live)
             self.graph.replay()
         torch.cuda.synchronize()

@@ -52,3 +52,22 @@ def test_seeded_random_steps(sglang_cuda):
         real = world.upstream_metadata(fb)
         torch.cuda.synchronize()
         assert G.compare_metadata(real, world.standin_core(fb), world.step.num_rows) == [], (pre, dec)
+
+
+def test_upstream_c4_topk_selects_visible_entries_in_the_kit_layout(sglang_cuda):
+    """Upstream's own top-k and page mapping (the indexer's torch path) pick, for every row,
+    min(visible, top-k) distinct compressed entries of that row's request, at the cache slots
+    the CPU kit's layout gives them."""
+    step = K.Step(prefill=[(300, 29), (0, 7)], decode=[255, 1000, 600, 2], seed=6)
+    world = G.GpuWorld(step)
+    core = world.upstream_metadata(world.forward_batch(num_decode_attr=None))
+    page = core.c4_sparse_page_indices.cpu()
+    t = 0
+    for r, (seq, ext) in enumerate(zip(step.seq_lens, step.extend_lens)):
+        for pos in range(seq - ext, seq):
+            n4 = (pos + 1) // 4
+            got = page[t][page[t] >= 0].tolist()
+            assert len(got) == len(set(got)) == min(n4, K.TOPK), (r, pos)
+            visible = set(world.compressed_slots(r, torch.arange(n4), 4).tolist())
+            assert set(got) <= visible, (r, pos)
+            t += 1
