@@ -12,7 +12,7 @@ import pytest
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
 from sglang_mixgraph import plugin
-from sglang_mixgraph.flags import FLAGS, FlagValueError, bool_flag, choice_flag
+from sglang_mixgraph.flags import FLAGS, FlagValueError, StrictEnvSeconds, bool_flag, choice_flag
 from sglang_mixgraph.patches import all_patches
 from sglang_mixgraph.registry import (
     Hook,
@@ -44,6 +44,8 @@ def run_python(code: str, env: dict[str, str] | None = None) -> subprocess.Compl
 
 # Flags a test can set to turn each patch on (the first non-off value).
 def _on_value(flag) -> str:
+    if isinstance(flag.field, StrictEnvSeconds):
+        return "1"
     return "1" if isinstance(flag.default, bool) else next(
         v for v in flag.accepted if v != flag.off_value
     )

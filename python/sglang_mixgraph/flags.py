@@ -13,6 +13,7 @@ set `name` ourselves and `setattr` the field on `Envs`; `envs.<NAME>.get()` and
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,8 @@ class FlagValueError(ValueError):
 
 class _StrictField(EnvField):
     accepted: tuple[str, ...] = ()
+    # Added to the accepted values in the error message when they are a placeholder.
+    accepted_help: str = ""
 
     def get(self) -> Any:
         value = os.getenv(self.name)
@@ -39,7 +42,8 @@ class _StrictField(EnvField):
         except ValueError:
             raise FlagValueError(
                 f"{self.name}={value!r} is not a valid value; accepted values: "
-                f"{', '.join(self.accepted)} (unset means {self.default!r})"
+                f"{', '.join(self.accepted + ((self.accepted_help,) if self.accepted_help else ()))}"
+                f" (unset means {self.default!r})"
             ) from None
 
 
@@ -66,6 +70,19 @@ class StrictEnvChoice(_StrictField):
         if lowered not in self.accepted:
             raise ValueError(value)
         return lowered
+
+
+class StrictEnvSeconds(_StrictField):
+    """A duration in seconds: a finite number >= 0 (``60``, ``0.5``)."""
+
+    accepted = ("<seconds>",)
+    accepted_help = "a number >= 0"
+
+    def parse(self, value: str) -> float:
+        seconds = float(value.strip())  # ValueError for anything that is not a number
+        if not math.isfinite(seconds) or seconds < 0:
+            raise ValueError(value)
+        return seconds
 
 
 @dataclass(frozen=True)
@@ -117,3 +134,8 @@ def choice_flag(
 def read(name: str) -> Any:
     """Read a flag through SGLang's `envs`, as upstream code reads its own."""
     return getattr(envs, name).get()
+
+
+def seconds_flag(name: str, default: int, doc: str) -> Flag:
+    """A duration flag; ``0`` is its off value."""
+    return _register(name, StrictEnvSeconds(default), doc, off_value="0")

@@ -14,11 +14,14 @@ logger = logging.getLogger("sglang_mixgraph")
 
 
 def register() -> None:
+    from sglang_mixgraph import counters
+    from sglang_mixgraph.flags import FlagValueError
     from sglang_mixgraph.patches import all_patches
     from sglang_mixgraph.registry import PatchCheckError, install
 
     try:
+        counters.INTERVAL_FLAG.get()  # strict: a bad value stops startup like a patch flag
         install(all_patches())
-    except PatchCheckError as e:
+    except (PatchCheckError, FlagValueError) as e:
         logger.error("sglang-mixgraph: %s", e)
         raise SystemExit(f"sglang-mixgraph: startup stopped.\n{e}") from None

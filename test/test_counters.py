@@ -1,0 +1,137 @@
+"""Activity counters: counting, the snapshot, the log line and its interval flag, fallbacks."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from sglang_mixgraph import counters, fallback
+from sglang_mixgraph.flags import FLAGS, FlagValueError
+
+INTERVAL = "SGLANG_MIXGRAPH_COUNTERS_LOG_INTERVAL"
+
+
+@pytest.fixture(autouse=True)
+def _fresh(monkeypatch):
+    # No periodic thread unless a test asks for one; every test starts from zero.
+    monkeypatch.setenv(INTERVAL, "0")
+    counters.stop_reporter()
+    counters.reset()
+    fallback._said.clear()
+    yield
+    counters.stop_reporter()
+    counters.reset()
+    fallback._said.clear()
+
+
+def test_counts_add_up_per_patch_and_event():
+    counters.count("p", "steps")
+    counters.count("p", "steps")
+    counters.count("p", "rows", 7)
+    counters.count("q", "steps")
+    counters.count_fallback("p", "why")
+    snap = counters.snapshot()
+    assert snap["events"] == {"p": {"rows": 7, "steps": 2}, "q": {"steps": 1}}
+    assert snap["fallbacks"] == {"p": {"why": 1}}
+    assert counters.get("p", "steps") == 2 and counters.get("p", "never") == 0
+    counters.reset()
+    assert counters.snapshot()["events"] == {} and counters.get_fallback("p", "why") == 0
+
+
+def test_fallback_counts_every_time_and_logs_once(caplog):
+    with caplog.at_level(logging.INFO, logger="sglang_mixgraph"):
+        results = [fallback.fallback_once("p", "a long reason", key="short") for _ in range(3)]
+        fallback.fallback_once("p", "other reason")
+    assert results == [True, False, False]
+    assert counters.snapshot()["fallbacks"] == {"p": {"other reason": 1, "short": 3}}
+    said = [r.message for r in caplog.records if "falls back" in r.message]
+    assert said == [
+        "sglang-mixgraph: p falls back to upstream: a long reason",
+        "sglang-mixgraph: p falls back to upstream: other reason",
+    ]
+
+
+def test_log_line_round_trips_through_any_log_prefix():
+    counters.count("mixed_split", "steps_split", 3)
+    counters.count_fallback("mixed_split", "bcg")
+    line = "[2026-11-30 10:00:00 TP0] " + counters.format_line()
+    parsed = counters.parse_line(line)
+    assert parsed == counters.snapshot()
+    assert parsed["events"]["mixed_split"]["steps_split"] == 3
+    assert counters.parse_line("some other line") is None
+    assert counters.parse_line(counters.LOG_PREFIX + "{not json") is None
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "nan", "inf", "1s"])
+def test_interval_flag_is_strict(value, monkeypatch):
+    monkeypatch.setenv(INTERVAL, value)
+    with pytest.raises(FlagValueError, match=f"{INTERVAL}=.*<seconds>, a number >= 0"):
+        counters.INTERVAL_FLAG.get()
+
+
+def test_interval_flag_values_and_registration(monkeypatch):
+    assert FLAGS[INTERVAL] is counters.INTERVAL_FLAG
+    monkeypatch.delenv(INTERVAL)
+    assert counters.INTERVAL_FLAG.get() == 60
+    monkeypatch.setenv(INTERVAL, " 0.5 ")
+    assert counters.INTERVAL_FLAG.get() == 0.5
+
+
+def test_bad_interval_stops_startup(monkeypatch):
+    from sglang_mixgraph import plugin
+
+    monkeypatch.setenv(INTERVAL, "often")
+    with pytest.raises(SystemExit, match=INTERVAL):
+        plugin.register()
+
+
+def test_reporter_logs_changes_at_the_interval_only(monkeypatch, caplog):
+    monkeypatch.setenv(INTERVAL, "0.05")
+    with caplog.at_level(logging.INFO, logger="sglang_mixgraph.counters"):
+        counters.count("p", "steps")  # the first count starts the reporter
+        deadline = time.monotonic() + 5
+        while not _lines(caplog) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert [line["events"] for line in _lines(caplog)] == [{"p": {"steps": 1}}]
+        time.sleep(0.3)  # nothing changed: no new line
+        assert len(_lines(caplog)) == 1
+        counters.count("p", "steps")
+        deadline = time.monotonic() + 5
+        while len(_lines(caplog)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    assert _lines(caplog)[-1]["events"] == {"p": {"steps": 2}}
+
+
+def _lines(caplog):
+    return [counters.parse_line(r.getMessage()) for r in caplog.records if counters.parse_line(r.getMessage())]
+
+
+def test_a_process_logs_its_totals_at_exit():
+    code = (
+        "import logging; logging.basicConfig(level=logging.INFO, format='%(name)s %(message)s')\n"
+        "from sglang_mixgraph import counters\n"
+        "counters.count('p', 'steps', 2); counters.count_fallback('p', 'why')\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+        env={**os.environ, INTERVAL: "0"},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = [counters.parse_line(line) for line in proc.stderr.splitlines() if counters.parse_line(line)]
+    assert len(lines) == 1
+    assert lines[0]["events"] == {"p": {"steps": 2}} and lines[0]["fallbacks"] == {"p": {"why": 1}}
+    assert "sglang_mixgraph.counters " + counters.LOG_PREFIX in proc.stderr
+
+
+def test_a_process_that_counted_nothing_logs_nothing():
+    proc = subprocess.run(
+        [sys.executable, "-c", "import logging; logging.basicConfig(level=logging.INFO)\n"
+                               "from sglang_mixgraph import counters"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0 and counters.LOG_PREFIX not in proc.stderr
