@@ -13,7 +13,9 @@ With ``SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN=1``:
   decode batch relabelled to a 1-token EXTEND), recorded by an AFTER hook on
   ``ForwardBatch.init_new``; a DECODE batch relabelled to EXTEND inside
   ``ForwardBatch.prepare_mlp_sync_batch`` (``forward_batch_info.py`` 1872-1932) is recognised by
-  its ``_original_forward_mode``;
+  its ``_original_forward_mode``; a MIXED batch that ``EagerRunner.execute`` runs as EXTEND
+  is recognised because ``init_new`` saw it MIXED (an AFTER hook on ``EagerRunner.load_batch``
+  carries that record onto the copy of the batch the eager forward runs);
 * an AFTER hook on ``DeepseekV4AttnBackend.init_forward_metadata`` (2861-2876) decides the split
   for the step (fallbacks, policy; ``adaptive`` decides per compress ratio), stores a
   :class:`SplitPlan` on the fresh metadata (every build resets it), and installs a sparse-prefill
@@ -43,6 +45,7 @@ from typing import Any, Dict, FrozenSet, Optional
 
 from sglang.srt.plugins.hook_registry import HookType
 
+from sglang_mixgraph import counters
 from sglang_mixgraph.core.decode_tail import DecodeTail
 from sglang_mixgraph.core.mixed_boundary import (
     MixedBoundary,
@@ -58,6 +61,7 @@ logger = logging.getLogger(__name__)
 PATCH_ID = "mixed_split"
 BACKEND = "sglang.srt.layers.attention.deepseek_v4_backend.DeepseekV4AttnBackend"
 FORWARD_BATCH = "sglang.srt.model_executor.forward_batch_info.ForwardBatch"
+EAGER_RUNNER = "sglang.srt.model_executor.runner.eager_runner.EagerRunner"
 
 SPLIT_FLAG = bool_flag(
     "SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN",
@@ -81,6 +85,7 @@ ALL_RATIOS = (0, 4, 128)
 
 # Attribute names we add to upstream objects (prefixed so they never collide).
 NUM_DECODE_ATTR = "_mixgraph_num_decode"  # on ForwardBatch, from init_new
+BUILT_MIXED_ATTR = "_mixgraph_built_mixed"  # on ForwardBatch: init_new saw a MIXED batch
 PLAN_ATTR = "mixgraph_split"  # on DSV4Metadata, one per metadata build
 
 FALLBACK_REASONS = {
@@ -106,7 +111,11 @@ FALLBACK_REASONS = {
 
 
 def _fallback(reason_key: str) -> None:
-    fallback_once(PATCH_ID, FALLBACK_REASONS[reason_key])
+    fallback_once(PATCH_ID, FALLBACK_REASONS[reason_key], key=reason_key)
+
+
+def _count(event: str, n: int = 1) -> None:
+    counters.count(PATCH_ID, event, n)
 
 
 # --------------------------------------------------------------------------------------------
@@ -175,28 +184,64 @@ def after_forward_batch_init_new(result, cls, batch, model_runner, **kwargs):
         if len(tail) == d and all(a is b for a, b in zip(tail, decoding)):
             num_decode = d
     setattr(result, NUM_DECODE_ATTR, num_decode)
+    # The label can change before the forward (EagerRunner.execute runs MIXED as EXTEND);
+    # what the scheduler built cannot.
+    setattr(result, BUILT_MIXED_ATTR, num_decode is not None and mode.is_mixed())
+    return None
+
+
+def after_eager_load_batch(result, runner, forward_batch, pp_proxy_tensors=None, **kwargs):
+    """AFTER ``EagerRunner.load_batch``: the batch the eager forward runs is a new ForwardBatch.
+
+    ``load_batch`` returns ``dataclasses.replace`` of the live batch (through
+    ``CudaGraphBufferRegistry.extract_buffer``, or directly with
+    ``SGLANG_EAGER_INPUT_NO_COPY``), which keeps dataclass fields only, so what
+    ``after_forward_batch_init_new`` recorded would be lost before
+    ``init_forward_metadata`` runs. Carry it over.
+    """
+    if result is not None and result is not forward_batch:
+        for attr in (NUM_DECODE_ATTR, BUILT_MIXED_ATTR):
+            if hasattr(forward_batch, attr):
+                setattr(result, attr, getattr(forward_batch, attr))
+    return None
+
+
+def decode_tail_of(forward_batch) -> Optional[tuple]:
+    """``(decode requests at the end of this step's batch, how the step was recognised)``, or
+    None when unknown / not a candidate. The ways, as counted in ``steps_seen.<way>``:
+
+    * ``mixed``: a MIXED batch (``ScheduleBatch.mix_with_running``) still labelled MIXED;
+    * ``mixed_run_as_extend``: the same batch after ``EagerRunner.execute`` relabelled it
+      EXTEND ("a mixed batch is extend-shaped"); recognised only because ``init_new`` saw it
+      MIXED with its decode requests as the tail, never from the label;
+    * ``dp_decode_relabel``: DP attention padded a DECODE batch to a 1-token EXTEND
+      (``ForwardBatch.prepare_mlp_sync_batch``, ``_original_forward_mode`` = DECODE);
+    * ``converted_decode``: ``ScheduleBatch.convert_decode_to_extend`` (every request decodes).
+    """
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    mode = forward_batch.forward_mode
+    d = getattr(forward_batch, NUM_DECODE_ATTR, None)
+    if mode == ForwardMode.MIXED:
+        return (d, "mixed") if d else None
+    if mode == ForwardMode.EXTEND:
+        original = getattr(forward_batch, "_original_forward_mode", None)
+        if original is not None and original.is_decode():
+            lens = forward_batch.extend_seq_lens_cpu or []
+            return (len(lens), "dp_decode_relabel") if lens else None
+        if not d or original is not None:
+            return None
+        if getattr(forward_batch, BUILT_MIXED_ATTR, False):
+            return d, "mixed_run_as_extend"
+        if d == forward_batch.batch_size:
+            return d, "converted_decode"
     return None
 
 
 def num_decode_requests(forward_batch) -> Optional[int]:
     """Decode requests at the end of this step's batch, or None when unknown / not a candidate."""
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
-
-    mode = forward_batch.forward_mode
-    if mode == ForwardMode.MIXED:
-        return getattr(forward_batch, NUM_DECODE_ATTR, None)
-    if mode == ForwardMode.EXTEND:
-        original = getattr(forward_batch, "_original_forward_mode", None)
-        if original is not None and original.is_decode():
-            # DP-attention: a DECODE batch padded to a 1-token EXTEND in
-            # prepare_mlp_sync_batch (forward_batch_info.py:1872-1932).
-            lens = forward_batch.extend_seq_lens_cpu or []
-            return len(lens)
-        d = getattr(forward_batch, NUM_DECODE_ATTR, None)
-        if d is not None and d == forward_batch.batch_size:
-            # convert_decode_to_extend (schedule_batch.py:3367-3401): every request decodes.
-            return d
-    return None
+    tail = decode_tail_of(forward_batch)
+    return tail[0] if tail else None
 
 
 # --------------------------------------------------------------------------------------------
@@ -304,9 +349,11 @@ def plan_split(backend, forward_batch) -> Optional[SplitPlan]:
     if not isinstance(metadata, DSV4Metadata):
         return None
     setattr(metadata, PLAN_ATTR, None)  # reset on every build
-    num_decode = num_decode_requests(forward_batch)
-    if not num_decode:
+    decode_tail = decode_tail_of(forward_batch)
+    if not decode_tail:
         return None
+    num_decode, recognised_as = decode_tail
+    _count(f"steps_seen.{recognised_as}")
     reason = _unsupported_reason(backend, forward_batch, metadata)
     if reason is not None:
         _fallback(reason)
@@ -315,6 +362,7 @@ def plan_split(backend, forward_batch) -> Optional[SplitPlan]:
     if num_rows is None or not backend._use_sparse_prefill(forward_batch, num_qo_tokens=num_rows):
         # Dense extend (deepseek_v4_backend.py:2917-2933 says no sparse prefill): upstream
         # already runs every row through the decode kernel; nothing to split.
+        _count("steps_upstream_dense")
         return None
     exts = list(forward_batch.extend_seq_lens_cpu or [])
     seqs = [int(x) for x in forward_batch.seq_lens_cpu.tolist()]
@@ -334,6 +382,7 @@ def plan_split(backend, forward_batch) -> Optional[SplitPlan]:
         split_ratios = _adaptive_split_ratios(backend, boundary, seqs, exts)
         if not split_ratios & _present_ratios(backend):
             logger.debug("mixed split: adaptive policy keeps step unsplit (%s)", boundary)
+            _count("steps_unsplit_adaptive")
             return None
         logger.debug("mixed split: adaptive splits ratios %s (%s)", sorted(split_ratios), boundary)
     full_cache = None
@@ -363,6 +412,8 @@ def plan_split(backend, forward_batch) -> Optional[SplitPlan]:
     metadata.sparse_prefill_cache = backend._build_sparse_prefill_chunk_cache(
         forward_batch, core, num_qo_tokens=boundary.b0
     )
+    _count("steps_split")
+    _count("decode_rows_split", boundary.num_decode_reqs)
     return plan
 
 
@@ -517,6 +568,7 @@ def _unsplit_forward(original, backend, plan: SplitPlan, forward_batch, compress
     finally:
         metadata.sparse_prefill_cache = split_cache
     plan.unsplit_calls[compress_ratio] = plan.unsplit_calls.get(compress_ratio, 0) + 1
+    _count(f"layers_unsplit_adaptive.c{compress_ratio}")
     return out
 
 
@@ -551,6 +603,7 @@ def _split_forward(original, backend, q, layer_id, compress_ratio, forward_batch
     if b.b0:
         o_pre = original(backend, q=q[: b.b0], **call)
     o_dec = _decode_tail(backend, plan, q, layer_id, compress_ratio, pool, core, attn_sink)
+    _count(f"layers_split.c{compress_ratio}")
     if o_pre is not None and o_dec.shape[1:] != o_pre.shape[1:]:
         # q8kv8 returns only the active heads (deepseek_v4_backend.py:4681).
         o_dec = o_dec[:, : o_pre.shape[1]]
@@ -609,6 +662,13 @@ HOOKS = (
         "extend_position_info, spec_mrope_positions, kv_loc_plan, write_cols",
         HookType.AFTER,
         after_forward_batch_init_new,
+    ),
+    Hook(
+        f"{EAGER_RUNNER}.load_batch",
+        "method",
+        "self, forward_batch, pp_proxy_tensors, **kwargs",
+        HookType.AFTER,
+        after_eager_load_batch,
     ),
     Hook(
         f"{BACKEND}.init_forward_metadata",

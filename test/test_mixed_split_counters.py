@@ -1,0 +1,224 @@
+"""mixed_split on upstream's DSV4 backend (CPU): what its counters say, and the eager relabel.
+
+Upstream's ``EagerRunner.execute`` runs a MIXED batch as EXTEND and its ``load_batch`` hands the
+forward a ``dataclasses.replace`` copy of the batch; the split must still act there, because
+``ForwardBatch.init_new`` saw the batch MIXED with its decode requests as the tail. The runner
+here is upstream's class with its real ``execute`` / ``_execute_extend`` / ``load_batch`` and
+eager buffer registry on CPU; only the model is ours (it runs the kit's three attention layers).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import mixed_split_kit as K
+from sglang_mixgraph import counters, fallback
+from sglang_mixgraph.target_gpu import described_gpu
+
+K.import_upstream()
+
+from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
+
+from sglang_mixgraph.patches import mixed_split as ms  # noqa: E402
+
+ATOL, RTOL = 4e-3, 8e-3
+P = ms.PATCH_ID
+MIXED = K.Step(prefill=[(300, 29), (0, 7)], decode=[255, 256, 129, 0], seed=11)
+
+
+@pytest.fixture(autouse=True)
+def _fresh(monkeypatch):
+    monkeypatch.setenv("SGLANG_MIXGRAPH_COUNTERS_LOG_INTERVAL", "0")
+    counters.stop_reporter()
+    counters.reset()
+    fallback._said.clear()
+    yield
+    counters.reset()
+    fallback._said.clear()
+
+
+def _ctx(gpu="H200"):
+    stack = contextlib.ExitStack()
+    stack.enter_context(described_gpu(gpu))
+    stack.enter_context(K.sglang_context())
+    stack.enter_context(K.reference_kernels())
+    return stack
+
+
+def _events():
+    return counters.snapshot()["events"].get(P, {})
+
+
+def _fallbacks():
+    return counters.snapshot()["fallbacks"].get(P, {})
+
+
+# ---- counters of the split itself -------------------------------------------------------------
+
+
+def test_each_split_step_counts_the_step_its_decode_rows_and_each_layer():
+    d = len(MIXED.decode)
+    with _ctx():
+        world = K.World(MIXED)
+        with K.patch_installed(policy="always"):
+            world.run_step(world.forward_batch())
+            assert _events() == {
+                "steps_seen.mixed": 1, "steps_split": 1, "decode_rows_split": d,
+                "layers_split.c0": 1, "layers_split.c4": 1, "layers_split.c128": 1,
+            }
+            world.run_step(world.forward_batch(), layers=(1,))
+    assert _events() == {
+        "steps_seen.mixed": 2, "steps_split": 2, "decode_rows_split": 2 * d,
+        "layers_split.c0": 1, "layers_split.c4": 2, "layers_split.c128": 1,
+    }
+    assert _fallbacks() == {}
+
+
+def test_adaptive_counts_layers_it_leaves_unsplit_per_ratio(monkeypatch):
+    from sglang_mixgraph.core import split_cost_model as scm
+
+    # The cost model's per-kind answer: split c4 layers only.
+    monkeypatch.setattr(scm, "should_split", lambda shape, coeffs, margin=None: shape.ratio == 4)
+    with _ctx():
+        world = K.World(MIXED)
+        with K.patch_installed(policy="adaptive"):
+            world.run_step(world.forward_batch())
+    ev = _events()
+    assert ev["steps_split"] == 1 and ev["layers_split.c4"] == 1
+    assert ev["layers_unsplit_adaptive.c0"] == 1 and ev["layers_unsplit_adaptive.c128"] == 1
+    assert "layers_split.c0" not in ev and "layers_split.c128" not in ev
+
+
+def test_adaptive_counts_steps_it_keeps_unsplit(monkeypatch):
+    from sglang_mixgraph.core import split_cost_model as scm
+
+    monkeypatch.setattr(scm, "should_split", lambda shape, coeffs, margin=None: False)
+    with _ctx():
+        world = K.World(MIXED)
+        with K.patch_installed(policy="adaptive"):
+            K.CALLS.clear()
+            world.run_step(world.forward_batch())
+            assert not K.CALLS.decode
+    assert _events() == {"steps_seen.mixed": 1, "steps_unsplit_adaptive": 1}
+
+
+def test_every_fallback_is_counted_under_its_reason():
+    with _ctx():
+        world = K.World(MIXED)
+        world.backend.hisparse_coordinator = object()
+        with K.patch_installed(policy="always"):
+            for _ in range(3):
+                world.backend.init_forward_metadata(world.forward_batch())
+    assert _fallbacks() == {"hisparse": 3}
+    assert _events() == {"steps_seen.mixed": 3}
+
+
+def test_each_mixed_bcg_replay_counts_a_fallback():
+    fb = SimpleNamespace(forward_mode=ForwardMode.MIXED)
+    setattr(fb, ms.NUM_DECODE_ATTR, 2)
+    prefill_only = SimpleNamespace(forward_mode=ForwardMode.EXTEND)
+    backend = SimpleNamespace(forward_metadata=SimpleNamespace())
+    for batch in (fb, fb, prefill_only):
+        ms.after_prepare_bcg_replay(None, backend, SimpleNamespace(), batch, static_forward_batch=None)
+    assert _fallbacks() == {"bcg": 2}
+
+
+# ---- the eager runner's MIXED -> EXTEND relabel ----------------------------------------------
+
+
+class _Model:
+    """Stands in for the model: runs the kit's attention layers on the batch it is given."""
+
+    shared_experts_config = None
+
+    def __init__(self, world):
+        self.world = world
+        self.batches = []
+
+    def forward(self, input_ids, positions, forward_batch, **kwargs):
+        self.batches.append(forward_batch)
+        return {layer: self.world.run_layer(forward_batch, layer) for layer in range(len(K.LAYER_RATIOS))}
+
+
+def _eager_runner(world):
+    """Upstream's EagerRunner with the attributes its ``__init__`` sets that ``execute`` reads."""
+    from sglang.srt.model_executor.cuda_graph_buffer_registry import build_eager_registry
+    from sglang.srt.model_executor.runner.eager_runner import EagerRunner
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    runner = object.__new__(EagerRunner)
+    model = _Model(world)
+    runner.model_runner = SimpleNamespace(
+        attn_backend=world.backend, model=model, device="cpu", device_timer=None,
+        spec_algorithm=SpeculativeAlgorithm.NONE, _extend_forward_kwargs=lambda fb, pp: {},
+    )
+    runner.device = "cpu"
+    runner.enable_pdmux = False
+    runner._eager_registry = build_eager_registry(
+        device=torch.device("cpu"), max_bs=K.MAX_REQS, max_num_token=2048, cache_loc_dtype=torch.int64
+    )
+    return runner, model
+
+
+def _execute(runner, world, fb):
+    from sglang.srt.environ import envs
+    from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+
+    # ModelRunner._forward_raw enters the forward context before calling the runner.
+    with torch.no_grad(), envs.SGLANG_OPT_FLASHMLA_SPARSE_PREFILL.override(True), forward_context(
+        ForwardContext(attn_backend=world.backend), forward_batch=fb
+    ):
+        return runner.execute(fb)
+
+
+@pytest.mark.parametrize("policy", ["always", "adaptive"])
+def test_eager_runner_mixed_step_run_as_extend_is_split(policy, monkeypatch):
+    from sglang_mixgraph.core import split_cost_model as scm
+
+    if policy == "adaptive":
+        monkeypatch.setattr(scm, "should_split", lambda shape, coeffs, margin=None: shape.ratio != 128)
+    step, d = MIXED, len(MIXED.decode)
+    with _ctx():
+        world = K.World(step)
+        runner, model = _eager_runner(world)
+        base = _execute(runner, world, world.forward_batch())
+        with K.patch_installed(policy=policy):
+            K.CALLS.clear()
+            fb = world.forward_batch()  # MIXED, decode tail recorded as by ForwardBatch.init_new
+            out = _execute(runner, world, fb)
+            # Upstream relabelled the batch and ran a copy of it.
+            assert fb.forward_mode == ForwardMode.EXTEND
+            assert model.batches[-1] is not fb and model.batches[-1].forward_mode == ForwardMode.EXTEND
+            plan = ms.get_plan(world.backend)
+            assert plan is not None and plan.matches(model.batches[-1])
+            assert (plan.boundary.b0, plan.boundary.num_decode_reqs) == (step.b0, d)
+    for layer in out:
+        torch.testing.assert_close(out[layer].float(), base[layer].float(), atol=ATOL, rtol=RTOL)
+    split_layers = 3 if policy == "always" else 2
+    assert [c["q"].shape[0] for c in K.CALLS.decode] == [d] * split_layers
+    ev = _events()
+    assert ev["steps_seen.mixed_run_as_extend"] == 1 and ev["steps_split"] == 1
+    assert sum(n for k, n in ev.items() if k.startswith("layers_split.")) == split_layers
+
+
+@pytest.mark.parametrize("recorded", ["decode_not_the_tail", "built_as_extend"])
+def test_eager_extend_not_built_mixed_with_a_decode_tail_is_not_split(recorded):
+    """Only a batch ``init_new`` saw MIXED with its decode requests as the tail is split after
+    the relabel; an EXTEND label alone (or a stray count) is never enough."""
+    step = MIXED
+    with _ctx():
+        world = K.World(step)
+        runner, _ = _eager_runner(world)
+        with K.patch_installed(policy="always"):
+            K.CALLS.clear()
+            if recorded == "decode_not_the_tail":
+                fb = world.forward_batch(num_decode_attr=None)  # init_new recorded nothing
+            else:
+                fb = world.forward_batch(mode=ForwardMode.EXTEND, num_decode_attr=len(step.decode))
+            _execute(runner, world, fb)
+            assert ms.get_plan(world.backend) is None
+    assert not K.CALLS.decode and _events().get("steps_split", 0) == 0
