@@ -117,7 +117,6 @@ DSV4_ROWS = [
     ("chunk-8192", dict(chunk_per_rank=8192), 8192, 8192, 256),
     ("chunk-16384", dict(chunk_per_rank=16384), 16384, 16384, 256),
     ("tp4-dp4", dict(tp=4, dp=4), 2816, 2816, 512),
-    ("mixed-chunk-off", dict(extra=()), 2816, 2816, 256),
     ("max-running-512", dict(extra=("--max-running-requests", "512")), 2816, 2816, 64),
 ]
 
@@ -126,10 +125,7 @@ DSV4_ROWS = [
 def test_dsv4_table(flags, row):
     name, kw, cap, chunk, running = row
     flags(**{CAP_ENV: cap})
-    argv = reference(**kw)
-    if name == "mixed-chunk-off":
-        argv.remove("--enable-mixed-chunk")
-    r, d = plan_of(argv)
+    r, d = plan_of(reference(**kw))
     pg = d["prefill_graph"]
     assert d["deployment"]["chunked_prefill_per_rank"] == chunk
     assert d["deployment"]["running_per_rank"] == running
@@ -272,12 +268,30 @@ def test_glm5_shaped(flags, models):
     assert_bucket_properties(d, 2048, None, 128)
 
 
-def test_dense(flags, models):
+def test_dense_is_left_to_upstream(flags, models):
+    """A model the patch is not designed for keeps upstream's generic buckets, even with mixed chunk."""
     _, d = plan_of(["--model-path", models["dense"], "--enable-mixed-chunk", "--chunked-prefill-size", "4096",
                     "--max-running-requests", "128"], gpu="H100")
     assert d["prefill_graph"]["backend"] == "breakable"
-    assert d["capture_memory"]["estimate"]["terms"].keys() == {"graph_objects", "static_buffers"}
-    assert_bucket_properties(d, 4096, None, 128)
+    assert d["prefill_graph"]["buckets"] == d["bucket_lists"]["upstream"]["buckets"]
+    assert d["bucket_lists"]["policy"] == "upstream (not a DeepSeek-V4 or GLM-5 model)"
+    assert d["validations"] == []
+
+
+def test_dsv4_without_mixed_chunk_is_left_to_upstream(flags):
+    argv = reference()
+    argv.remove("--enable-mixed-chunk")
+    _, d = plan_of(argv)
+    assert d["prefill_graph"]["backend"] == "disabled"
+    assert d["prefill_graph"]["decided_by"] == {"kind": "upstream rule", "rule": DSV4_RULE,
+                                                "reason": d["prefill_graph"]["rules"][0]["reason"]}
+    assert d["bucket_lists"]["policy"] == "upstream (mixed chunked prefill is off)"
+
+
+def test_mixed_chunk_off_is_left_to_upstream(flags, models):
+    _, d = plan_of(["--model-path", models["glm5"], "--tp", "8", "--max-running-requests", "512"], gpu="B200")
+    assert d["prefill_graph"]["buckets"] == d["bucket_lists"]["upstream"]["buckets"]
+    assert d["bucket_lists"]["policy"] == "upstream (mixed chunked prefill is off)"
 
 
 # ---------------------------------------------------------------- flags off = upstream
@@ -289,7 +303,14 @@ IDENTITY_ROWS = {
     "explicit-bs": reference(extra=("--cuda-graph-bs-prefill", "512", "1024", "2048")),
     "glm5": ["--model-path", "{glm5}", "--tp", "8", "--enable-mixed-chunk"],
     "dense": ["--model-path", "{dense}", "--enable-mixed-chunk", "--chunked-prefill-size", "4096"],
+    "dense-tp1": ["--model-path", "{dense}", "--tp", "1"],
+    "dsv4-no-mixed-chunk": ["--model-path", DSV4, "--tp", "8", "--dp", "8", "--enable-dp-attention",
+                            "--chunked-prefill-size", "22528", "--moe-a2a-backend", "megamoe"],
+    "glm5-no-mixed-chunk": ["--model-path", "{glm5}", "--tp", "8"],
 }
+# Deployments the default-on graph configuration is not designed for: resolved exactly as
+# upstream with every flag at its default.
+OUT_OF_SCOPE = ("dense", "dense-tp1", "dsv4-no-mixed-chunk", "glm5-no-mixed-chunk")
 
 _BASELINE = textwrap.dedent(
     """
@@ -320,8 +341,11 @@ def test_flags_off_resolve_exactly_like_upstream(flags, models):
     for name, argv in rows.items():
         ours = json.loads(json.dumps(resolve(argv).resolved, default=str))
         assert ours == baseline[name], name
-    # and with our default the reference does change (the test can fail)
+    # with our defaults, deployments out of the patch's scope still resolve exactly as upstream
     flags(**{BUCKETS_ENV: None})
+    for name in OUT_OF_SCOPE:
+        assert json.loads(json.dumps(resolve(rows[name]).resolved, default=str)) == baseline[name], name
+    # and the reference does change (the test can fail)
     assert json.loads(json.dumps(resolve(rows["reference"]).resolved, default=str)) != baseline["reference"]
 
 
@@ -414,21 +438,30 @@ class _Bag:
         self.__dict__.update(kw)
 
 
+V4 = "DeepseekV4ForCausalLM"
+
+
 @pytest.mark.parametrize(
-    "mixed, dp_on, spec, mrr, expected",
+    "mixed, dp_on, spec, mrr, expected, arch",
     [
-        (True, True, None, 2048, 8 * 257),  # mixed steps on 8 DP ranks: 8 x (256 + 1)
-        (True, False, None, 2048, 2049),  # no DP attention: one rank's rows
-        (False, True, None, 2048, 2048),  # no mixed chunk: upstream's sizing stands
-        (True, True, "EAGLE", 2048, 2048),  # speculative decoding: not resized
-        (True, True, None, None, 128),  # unknown request cap: upstream's floor
+        (True, True, None, 2048, 8 * 257, V4),  # mixed steps on 8 DP ranks: 8 x (256 + 1)
+        (True, False, None, 2048, 2049, V4),  # no DP attention: one rank's rows
+        (False, True, None, 2048, 2048, V4),  # no mixed chunk: upstream's sizing stands
+        (True, True, "EAGLE", 2048, 2048, V4),  # speculative decoding: not resized
+        (True, True, None, None, 128, V4),  # unknown request cap: upstream's floor
+        (True, True, None, 2048, 2048, "LlamaForCausalLM"),  # a model the patch is not for
+        (True, True, None, 2048, 8 * 257, "GlmMoeDsaForCausalLM"),
     ],
 )
-def test_logits_gather_sizing_hook(monkeypatch, flags, mixed, dp_on, spec, mrr, expected):
+def test_logits_gather_sizing_hook(monkeypatch, flags, mixed, dp_on, spec, mrr, expected, arch):
+    import sglang.srt.arg_groups.overrides as overrides
     import sglang.srt.runtime_context as rc
 
     from sglang_mixgraph.patches.graph_config import _recommended_max_tokens_around
 
+    monkeypatch.setattr(rc, "get_server_args", lambda: "server-args")
+    monkeypatch.setattr(overrides, "model_config_of",
+                        lambda sa: _Bag(hf_config=_Bag(architectures=[arch])) if sa == "server-args" else None)
     monkeypatch.setattr(rc, "get_schedule", lambda: _Bag(enable_mixed_chunk=mixed, max_running_requests=mrr))
     monkeypatch.setattr(rc, "get_spec", lambda: _Bag(speculative_algorithm=spec))
     monkeypatch.setattr(rc, "get_parallel", lambda: _Bag(attn_dp_size=8, attn_dp_enabled=dp_on))

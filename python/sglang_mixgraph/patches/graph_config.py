@@ -76,6 +76,25 @@ def _auto() -> bool:
     return PREFILL_BUCKETS.get() == "auto"
 
 
+def is_designed_model(hf_config) -> bool:
+    """The sparse-MLA models the derivation and the estimate are built for: DeepSeek-V4, GLM-5."""
+    from sglang.srt.configs.model_config import is_deepseek_v4, is_glm_moe_dsa
+
+    return bool(is_deepseek_v4(hf_config) or is_glm_moe_dsa(hf_config))
+
+
+def out_of_scope(server_args) -> str | None:
+    """Why this deployment is left exactly as upstream resolves it, or None when the patch is
+    designed for it: mixed chunked prefill on a sparse-MLA model."""
+    from sglang.srt.arg_groups.overrides import model_config_of, resolving_view
+
+    if not resolving_view(server_args).enable_mixed_chunk:
+        return "mixed chunked prefill is off"
+    if not is_designed_model(model_config_of(server_args).hf_config):
+        return "not a DeepSeek-V4 or GLM-5 model"
+    return None
+
+
 # --------------------------------------------------------------------------- rules
 
 
@@ -87,6 +106,8 @@ def _rules_around(original, server_args):
 
     if FORCE_BCG.get():
         # force_bcg's hook (inner or outer) decides; leave its record alone.
+        return original(server_args)
+    if out_of_scope(server_args) is not None:
         return original(server_args)
     record = decisions_for(server_args)
     matches = matching_rules(server_args)
@@ -443,6 +464,8 @@ def validations(server_args) -> list[dict]:
 
     from sglang_mixgraph.core.prefill_buckets import ceil_align
 
+    if out_of_scope(server_args) is not None:
+        return []
     cfg = resolving_view(server_args)
     prefill = cfg.cuda_graph_config.prefill
     ctx = _ctx(server_args)
@@ -527,6 +550,10 @@ def _validate_around(original, server_args):
     original(server_args)
     if not _auto():  # the patch is off: upstream behaviour only (installed for a test process)
         return
+    why = out_of_scope(server_args)
+    if why is not None:
+        decisions_for(server_args).bucket_policy = f"upstream ({why})"
+        return
     _apply_buckets(server_args)
     _settle_deferred_dsv4(server_args)
     record = decisions_for(server_args)
@@ -549,12 +576,15 @@ def _recommended_max_tokens_around(original, *args, **kwargs):
     if include_prefill or not _auto():
         return value
     try:
-        from sglang.srt.runtime_context import get_parallel, get_schedule, get_spec
+        from sglang.srt.arg_groups.overrides import model_config_of
+        from sglang.srt.runtime_context import get_parallel, get_schedule, get_server_args, get_spec
 
         from sglang_mixgraph.core.prefill_buckets import mixed_sampling_rows_bound
 
         schedule = get_schedule()
         if not schedule.enable_mixed_chunk:
+            return value
+        if not is_designed_model(model_config_of(get_server_args()).hf_config):
             return value
         if get_spec().speculative_algorithm is not None:
             fallback_once(PATCH_ID, "logits all-gather sizing: speculative decoding")
