@@ -214,7 +214,7 @@ def test_enabled_patch_with_wrong_target_fails_and_nothing_is_registered(
         install([good, bad])
     message = str(err.value)
     assert "patch 'bad' (SGLANG_MIXGRAPH_TEST_BOOL=True)" in message
-    assert f"target {bad_hook.target}: expected {bad_hook.kind} ({bad_hook.signature})" in message
+    assert f"target {bad_hook.target}: expected {bad_hook.kind} with ({bad_hook.signature})" in message
     assert found_text in message
     assert f"installed sglang {installed_sglang_version()}" in message
     assert "SGLANG_MIXGRAPH_TEST_BOOL=0" in message
@@ -227,6 +227,87 @@ def test_enabled_patch_with_wrong_target_fails_and_nothing_is_registered(
         plugin.register()
     assert "startup stopped" in str(stop.value) and bad_hook.target in str(stop.value)
     assert {k: list(v) for k, v in HookRegistry._hooks.items()} == registered_before
+
+
+def _victim_with_optional(a, b, *, c=1, d=None):
+    return (a, b, c, d)
+
+
+def _victim_with_required(a, b, e, *, c=1):
+    return (a, b, c, e)
+
+
+def _strict_hook(original, a, b, *, c):
+    return original(a, b, c=c)
+
+
+@pytest.mark.parametrize(
+    "target, hook_fn, why",
+    [
+        ("_victim_with_optional", _passthrough, ""),  # an added optional keyword: compatible
+        ("_victim_with_optional", _strict_hook, "new optional parameter(s) d that the hook does not pass on"),
+        ("_victim_with_required", _passthrough, ""),  # passed on through *args / **kwargs
+        ("_victim_with_required", _strict_hook, "new required parameter(s) e that the hook does not pass on"),
+        ("_victim", _strict_hook, ""),
+    ],
+)
+def test_signature_check_by_what_the_hook_needs(target, hook_fn, why):
+    check = check_hook(Hook(f"{__name__}.{target}", "function", "a, b, *, c", HookType.AROUND, hook_fn))
+    assert check.ok == (why == "") and check.why == why
+
+
+def test_new_required_keyword_and_reordered_positionals_are_incompatible():
+    from sglang_mixgraph.registry import incompatibility
+
+    def required_keyword(a, b, *, c, f):
+        return a
+
+    def reordered(b, a, *, c=1):
+        return a
+
+    assert incompatibility("a, b, *, c", required_keyword, _strict_hook) == (
+        "new required parameter(s) f that the hook does not pass on")
+    assert incompatibility("a, b, *, c", required_keyword, _passthrough) == ""
+    assert incompatibility("a, b, *, c", reordered, _passthrough) == (
+        "positional parameters (b, a) do not start with (a, b)")
+
+
+@pytest.fixture
+def default_on_flag():
+    flag = choice_flag("SGLANG_MIXGRAPH_TEST_DEFAULT_ON", "on", ("on", "off"), "test-only", off_value="off")
+    yield flag
+    FLAGS.pop(flag.name)
+
+
+def test_default_on_patch_meeting_drift_warns_and_stays_off(
+    default_on_flag, clean_hook_registry, monkeypatch, caplog
+):
+    monkeypatch.delenv(default_on_flag.name, raising=False)
+    bad = _patch("drifted", default_on_flag.name,
+                 [Hook(f"{__name__}._victim", "function", "a, b, c", HookType.AROUND, _passthrough)])
+    with caplog.at_level("WARNING", logger="sglang_mixgraph"):
+        statuses = install([bad])
+    assert statuses[0].state == "off (upstream changed)" and not statuses[0].enabled
+    assert f"{__name__}._victim" not in HookRegistry._hooks
+    warned = [r.getMessage() for r in caplog.records if "drifted" in r.getMessage()]
+    assert len(warned) == 1
+    assert "found function (a, b, *, c)" in warned[0] and f"{default_on_flag.name}=off" in warned[0]
+    # the same patch switched on explicitly stops startup
+    monkeypatch.setenv(default_on_flag.name, "on")
+    with pytest.raises(PatchCheckError, match="switch the patch off"):
+        install([bad])
+
+
+def test_other_sglang_version_warns_once(monkeypatch, caplog):
+    from sglang_mixgraph import registry
+
+    monkeypatch.setattr(registry, "installed_sglang_version", lambda: "0.5.24")
+    monkeypatch.setattr(registry, "_version_warned", False)
+    with caplog.at_level("WARNING", logger="sglang_mixgraph"):
+        install([])
+        install([])
+    warned = [r for r in caplog.records if "sglang 0.5.24 is installed" in r.getMessage()]
+    assert len(warned) == 1
 
 
 def test_disabled_patch_with_wrong_target_is_never_resolved(test_flags, clean_hook_registry, monkeypatch):

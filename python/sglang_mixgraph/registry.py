@@ -1,10 +1,13 @@
 """Patch registry: what each patch hooks upstream, checked against the installed sglang.
 
-A patch names every upstream target by dotted path, with the kind of object and
-the signature it expects. Before anything is registered with SGLang's
-`HookRegistry` (sglang/srt/plugins/hook_registry.py), every target of every
-enabled patch is resolved and compared; one mismatch stops the whole install, so
-a patch is never half-applied. Disabled patches are never resolved at all.
+A patch names every upstream target by dotted path, with the kind of object and the
+parameters its hook needs. Before anything is registered with SGLang's `HookRegistry`
+(sglang.srt.plugins.hook_registry), every target of every enabled patch is resolved and
+checked: the needed parameters must be there, in place, and any other parameter must be
+optional and accepted by the hook (`**kwargs`), so an added optional keyword is compatible.
+A patch the user switched on explicitly that cannot apply stops the whole install (never
+half-applied); a patch that is only on by default warns once, loudly, and stays off.
+Disabled patches are never resolved at all.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
+import os
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Callable
@@ -43,7 +47,9 @@ class Hook:
 
     target: str
     kind: str
-    signature: str  # parameter list as `describe_signature` writes it, e.g. "self, x, *, y"
+    # The parameters the hook passes on or reads, as `describe_signature` writes them
+    # ("self, x, *, y"); the target may have more, if they are optional.
+    signature: str
     hook_type: HookType
     fn: Callable[..., Any]
 
@@ -54,6 +60,8 @@ class Hook:
 
 @dataclass(frozen=True)
 class Patch:
+    """A patch; its first flag is its switch (the one that turns it off)."""
+
     id: str
     summary: str
     flags: tuple[Flag, ...]
@@ -71,6 +79,7 @@ class TargetCheck:
     expected: str
     found: str
     ok: bool
+    why: str = ""  # what is incompatible, when not ok
 
 
 @dataclass
@@ -80,11 +89,15 @@ class PatchStatus:
     enabled: bool = False
     checks: list[TargetCheck] = field(default_factory=list)
     error: str | None = None
+    # Set when a default-on patch met upstream drift: it stays off and says why.
+    drift: str | None = None
 
     @property
     def state(self) -> str:
         if self.error is not None:
             return "cannot apply"
+        if self.drift is not None:
+            return "off (upstream changed)"
         return "active" if self.enabled else "off"
 
 
@@ -151,17 +164,92 @@ def _kind_of(owner: Any, raw: Any) -> tuple[str, Callable[..., Any] | None]:
     return type(raw).__name__, None
 
 
+def _sections(params: list[inspect.Parameter]) -> tuple[list[str], list[str], bool, bool]:
+    """(positional names in order, keyword-only names, has *args, has **kwargs)."""
+    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    keyword = [p.name for p in params if p.kind is p.KEYWORD_ONLY]
+    return (positional, keyword, any(p.kind is p.VAR_POSITIONAL for p in params),
+            any(p.kind is p.VAR_KEYWORD for p in params))
+
+
+def _needed(signature: str) -> tuple[list[str], list[str], bool, bool]:
+    positional, keyword, star, starstar, kw_only = [], [], False, False, False
+    for part in (x.strip() for x in signature.split(",") if x.strip()):
+        if part == "/":
+            continue
+        if part == "*":
+            kw_only = True
+        elif part.startswith("**"):
+            starstar = True
+        elif part.startswith("*"):
+            star, kw_only = True, True
+        else:
+            (keyword if kw_only else positional).append(part)
+    return positional, keyword, star, starstar
+
+
+def incompatibility(needed: str, target_fn: Callable[..., Any], hook_fn: Callable[..., Any]) -> str:
+    """Why a hook that needs `needed` cannot wrap `target_fn`, or "" when it can."""
+    params = list(inspect.signature(target_fn, follow_wrapped=True).parameters.values())
+    positional, keyword, star, starstar = _sections(params)
+    need_pos, need_kw, need_star, need_starstar = _needed(needed)
+    if positional[: len(need_pos)] != need_pos:
+        return f"positional parameters ({', '.join(positional)}) do not start with ({', '.join(need_pos)})"
+    missing = [n for n in need_kw if n not in keyword and n not in positional]
+    if missing:
+        return f"keyword parameter(s) {', '.join(missing)} gone"
+    if (need_star and not star) or (need_starstar and not starstar):
+        return "*args/**kwargs the hook relies on are gone"
+    known = set(need_pos) | set(need_kw)
+    extra = [p for p in params if p.name not in known and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    _, _, hook_star, hook_starstar = _sections(list(inspect.signature(hook_fn).parameters.values()))
+    # A parameter the hook does not name reaches upstream only through its *args / **kwargs.
+    dropped = [
+        p for p in extra
+        if not (hook_starstar and p.kind is not p.POSITIONAL_ONLY)
+        and not (hook_star and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+    ]
+    required = [p.name for p in dropped if p.default is p.empty]
+    if required:
+        return f"new required parameter(s) {', '.join(required)} that the hook does not pass on"
+    if dropped:
+        return f"new optional parameter(s) {', '.join(p.name for p in dropped)} that the hook does not pass on"
+    return ""
+
+
 def check_hook(hook: Hook) -> TargetCheck:
-    expected = f"{hook.kind} ({hook.signature})"
+    expected = f"{hook.kind} with ({hook.signature})"
     try:
         owner, _attr, raw = _resolve(hook.target)
     except (LookupError, ImportError) as e:
-        return TargetCheck(hook.target, expected, f"missing: {e}", False)
+        return TargetCheck(hook.target, expected, f"missing: {e}", False, "target missing")
     kind, fn = _kind_of(owner, raw)
     if fn is None:
-        return TargetCheck(hook.target, expected, f"{kind} (not a function)", False)
+        return TargetCheck(hook.target, expected, f"{kind} (not a function)", False, "not a function")
     found = f"{kind} ({describe_signature(fn)})"
-    return TargetCheck(hook.target, expected, found, found == expected)
+    if kind != hook.kind:
+        return TargetCheck(hook.target, expected, found, False, f"a {kind}, not a {hook.kind}")
+    why = incompatibility(hook.signature, fn, hook.fn)
+    return TargetCheck(hook.target, expected, found, not why, why)
+
+
+def switched_on_explicitly(patch: Patch) -> bool:
+    return os.environ.get(patch.flags[0].name, "") != ""
+
+
+_version_warned = False
+
+
+def warn_if_not_pinned() -> None:
+    """One warning per process when the installed sglang is not the pinned one."""
+    global _version_warned
+    found = installed_sglang_version()
+    if found != PINNED_SGLANG and not _version_warned:
+        _version_warned = True
+        logger.warning(
+            "sglang-mixgraph is built for sglang==%s but sglang %s is installed; every hook target "
+            "is checked below, and patches that cannot apply say so.", PINNED_SGLANG, found,
+        )
 
 
 def evaluate(patch: Patch) -> PatchStatus:
@@ -178,28 +266,37 @@ def evaluate(patch: Patch) -> PatchStatus:
         return status
     status.checks = [check_hook(h) for h in patch.hooks]
     failed = [c for c in status.checks if not c.ok]
-    if failed:
-        flags = ", ".join(f"{k}={v}" for k, v in status.flag_values.items())
-        lines = [
-            f"patch {patch.id!r} ({flags}) cannot apply to the installed sglang "
-            f"{installed_sglang_version()} (sglang-mixgraph pins sglang=={PINNED_SGLANG}):"
-        ]
-        for c in failed:
-            lines.append(f"  target {c.target}: expected {c.expected}, found {c.found}")
-        lines.append(
-            f"  Install sglang=={PINNED_SGLANG}, or switch the patch off "
-            f"({', '.join(f.name + '=' + f.off_value for f in patch.flags)})."
-        )
+    if not failed:
+        return status
+    switch = patch.flags[0]
+    flags = ", ".join(f"{k}={v}" for k, v in status.flag_values.items())
+    lines = [
+        f"patch {patch.id!r} ({flags}) cannot apply to the installed sglang "
+        f"{installed_sglang_version()} (sglang-mixgraph pins sglang=={PINNED_SGLANG}):"
+    ]
+    for c in failed:
+        lines.append(f"  target {c.target}: expected {c.expected}, found {c.found} ({c.why})")
+    if switched_on_explicitly(patch):
+        lines.append(f"  Install sglang=={PINNED_SGLANG}, or switch the patch off ({switch.name}={switch.off_value}).")
         status.error = "\n".join(lines)
+    else:
+        lines.append(f"  It is on by default only, so it stays off and SGLang runs as upstream. Install "
+                     f"sglang=={PINNED_SGLANG} to use it, or set {switch.name}={switch.off_value} to silence this.")
+        status.drift = "\n".join(lines)
+        status.enabled = False
     return status
 
 
 def install(patches: tuple[Patch, ...] | list[Patch]) -> list[PatchStatus]:
     """Check every enabled patch, then register all their hooks, or raise and register none."""
+    warn_if_not_pinned()
     statuses = [evaluate(p) for p in patches]
     errors = [s.error for s in statuses if s.error is not None]
     if errors:
         raise PatchCheckError("\n".join(errors))
+    for s in statuses:
+        if s.drift is not None:
+            logger.warning("sglang-mixgraph: %s", s.drift)
     for s in statuses:
         if s.enabled:
             for h in s.patch.hooks:

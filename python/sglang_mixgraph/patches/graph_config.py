@@ -98,7 +98,7 @@ def out_of_scope(server_args) -> str | None:
 # --------------------------------------------------------------------------- rules
 
 
-def _rules_around(original, server_args):
+def _rules_around(original, server_args, **kwargs):
     from sglang.srt.arg_groups.overrides import resolving_view
 
     from sglang_mixgraph.bcg_rules import DSV4_RULE, decisions_for, matching_rules
@@ -106,27 +106,27 @@ def _rules_around(original, server_args):
 
     if FORCE_BCG.get():
         # force_bcg's hook (inner or outer) decides; leave its record alone.
-        return original(server_args)
+        return original(server_args, **kwargs)
     if out_of_scope(server_args) is not None:
-        return original(server_args)
+        return original(server_args, **kwargs)
     record = decisions_for(server_args)
     matches = matching_rules(server_args)
     record.rule_matches = [{"name": r.name, "reason": r.reason, "action": "disables (upstream)"} for r in matches]
     record.prefill_backend_source = None
     if not matches:
-        return original(server_args)
+        return original(server_args, **kwargs)
     if not _auto():
         record.prefill_backend_source = f"upstream rule: {matches[0].name}"
-        return original(server_args)
+        return original(server_args, **kwargs)
     if [r.name for r in matches] != [DSV4_RULE]:
         record.prefill_backend_source = f"upstream rule: {matches[0].name}"
         for m in record.rule_matches[1:]:
             m["action"] = "holds (not reached: an earlier rule decided)"
-        return original(server_args)
+        return original(server_args, **kwargs)
     if resolving_view(server_args).enable_prefill_cp:
         fallback_once(PATCH_ID, "prefill context parallelism: upstream's DSV4 BCG rule applies")
         record.prefill_backend_source = f"upstream rule: {DSV4_RULE}"
-        return original(server_args)
+        return original(server_args, **kwargs)
     record.rule_matches[0]["action"] = "deferred to the capture-memory estimate"
     record.prefill_backend_source = "estimate (pending)"
     logger.info(
@@ -544,10 +544,10 @@ def logits_gather_check(server_args) -> dict | None:
     }
 
 
-def _validate_around(original, server_args):
+def _validate_around(original, server_args, **kwargs):
     from sglang_mixgraph.bcg_rules import decisions_for
 
-    original(server_args)
+    original(server_args, **kwargs)
     if not _auto():  # the patch is off: upstream behaviour only (installed for a test process)
         return
     why = out_of_scope(server_args)
