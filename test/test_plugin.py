@@ -310,6 +310,19 @@ def test_other_sglang_version_warns_once(monkeypatch, caplog):
     assert len(warned) == 1
 
 
+def test_drift_remedy_names_only_the_switch(test_flags, clean_hook_registry, monkeypatch):
+    """A patch with a switch and a policy flag: only the switch turns it off."""
+    monkeypatch.setenv("SGLANG_MIXGRAPH_TEST_BOOL", "1")
+    switch, policy = FLAGS["SGLANG_MIXGRAPH_TEST_BOOL"], FLAGS["SGLANG_MIXGRAPH_TEST_CHOICE"]
+    patch = Patch(id="two_flags", summary="test", flags=(switch, policy),
+                  hooks=(Hook(f"{__name__}._victim", "function", "a, b, c", HookType.AROUND, _passthrough),),
+                  is_enabled=lambda: bool(switch.get()))
+    with pytest.raises(PatchCheckError) as err:
+        install([patch])
+    assert "switch the patch off (SGLANG_MIXGRAPH_TEST_BOOL=0)." in str(err.value)
+    assert "SGLANG_MIXGRAPH_TEST_CHOICE=a" not in str(err.value)
+
+
 def test_disabled_patch_with_wrong_target_is_never_resolved(test_flags, clean_hook_registry, monkeypatch):
     monkeypatch.delenv("SGLANG_MIXGRAPH_TEST_BOOL", raising=False)
     bad = _patch("bad", "SGLANG_MIXGRAPH_TEST_BOOL",
