@@ -1,0 +1,92 @@
+"""One phase of the end-to-end run, in its own process: start ``sglang.Engine``, run the workload.
+
+Usage (run_e2e.py starts it with the phase's environment): ``e2e_phase.py <kwargs.json> <out.json>``.
+Writes ``{"ok", "error", "outputs": {rid: token ids}, "expected_lens", "timings"}`` to
+``out.json``. Greedy sampling, EOS ignored, token ids in and out (no tokenizer). After the last
+request it waits three counter intervals so the scheduler logs its final counters (SGLang's
+``Engine.shutdown`` may end the scheduler without its exit handlers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+import traceback
+
+import e2e_workload as W
+
+
+def _params(max_new: int) -> dict:
+    return {"temperature": 0.0, "max_new_tokens": max_new, "ignore_eos": True}
+
+
+async def _stream_to_end(gen, first):
+    last = first
+    async for chunk in gen:
+        last = chunk
+    return last
+
+
+async def _staggered(engine, seg: W.Segment) -> dict:
+    """``first`` streamed; ``then`` sent once every ``first`` request has produced a token."""
+    streams = [await engine.async_generate(input_ids=list(r.prompt), sampling_params=_params(r.max_new), stream=True)
+               for r in seg.first]
+    firsts = [await s.__anext__() for s in streams]  # each of them is decoding now
+    late = [asyncio.ensure_future(engine.async_generate(input_ids=list(r.prompt), sampling_params=_params(r.max_new)))
+            for r in seg.then]
+    done_first = await asyncio.gather(*[_stream_to_end(s, f) for s, f in zip(streams, firsts)])
+    done_late = await asyncio.gather(*late)
+    return {r.rid: list(o["output_ids"]) for r, o in zip(seg.first + seg.then, list(done_first) + list(done_late))}
+
+
+def run(engine_kwargs: dict) -> dict:
+    import sglang as sgl
+
+    res: dict = {"ok": False, "timings": {}}
+    segments = W.build(chunk=int(engine_kwargs.get("chunked_prefill_size", 256)))
+    res["expected_lens"] = {r.rid: r.max_new for r in W.all_requests(segments)}
+    t0 = time.time()
+    engine = sgl.Engine(**engine_kwargs)
+    res["timings"]["engine_start_s"] = round(time.time() - t0, 1)
+    outputs = {}
+    for seg in segments:
+        t0 = time.time()
+        if seg.then:
+            outputs.update(engine.loop.run_until_complete(_staggered(engine, seg)))
+        else:
+            outs = engine.generate(input_ids=[list(r.prompt) for r in seg.first],
+                                   sampling_params=[_params(r.max_new) for r in seg.first])
+            outputs.update({r.rid: list(o["output_ids"]) for r, o in zip(seg.first, outs)})
+        res["timings"][f"{seg.name}_s"] = round(time.time() - t0, 2)
+    res["outputs"] = outputs
+    interval = float(os.environ.get("SGLANG_MIXGRAPH_COUNTERS_LOG_INTERVAL") or 0)
+    time.sleep(3 * interval)
+    res["ok"] = True
+    try:
+        engine.shutdown()
+    except Exception as e:  # the tokens are in; a shutdown error is reported, not fatal
+        res["shutdown_error"] = f"{type(e).__name__}: {e}"
+    return res
+
+
+def main() -> None:
+    kwargs_path, out_path = sys.argv[1], sys.argv[2]
+    t0 = time.time()
+    try:
+        with open(kwargs_path) as f:
+            res = run(json.load(f))
+    except BaseException as e:  # report every failure as data, never hang the driver
+        res = {"ok": False, "error": f"{type(e).__name__}: {e}"[:3000], "traceback": traceback.format_exc()[-6000:]}
+    res["wall_s"] = round(time.time() - t0, 1)
+    with open(out_path, "w") as f:
+        json.dump(res, f)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # leftover Engine threads/processes must not keep the phase alive
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""The phases of the end-to-end run: graph mode x mixed-split setting, each its own Engine.
+
+A phase is named ``<graph>-<split>``: graph ``eager`` (no CUDA graph), ``dgraph`` (full decode
+graph; prefill and MIXED steps eager) or ``bcg`` (full decode graph + breakable prefill graph);
+split ``off``, ``always`` or ``adaptive``. Every other patch flag is at its off value in every
+phase, so a phase differs from its graph mode's ``off`` phase by the split alone.
+
+``UPSTREAM_ENV`` selects, through upstream's own flags, the kernels that exist on the GPU
+machine (no deep_gemm, TileLang or FP4 MoE there). No sglang import here: the CPU tests and the
+driver read it without starting anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Mapping
+
+GRAPHS = ("eager", "dgraph", "bcg")
+SPLITS = ("off", "always", "adaptive")
+SPLIT_FLAG = "SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN"
+POLICY_FLAG = "SGLANG_MIXGRAPH_SPLIT_POLICY"
+RADIX_CORE_ENV = "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"
+
+CHUNK = 256  # chunked prefill: every prompt longer than this is split into MIXED steps
+MAX_RUNNING = 24
+MAX_TOTAL_TOKENS = 262144
+
+UPSTREAM_ENV = {
+    "SGLANG_DSV4_FP4_EXPERTS": "0",  # bf16 experts: the triton MoE runner, not flashinfer mxfp4
+    "SGLANG_FP8_PAGED_MQA_LOGITS_TORCH": "1",  # indexer logits in torch, not deep_gemm
+    "SGLANG_OPT_DSV4_NONPAGED_INDEXER_MIN_QUERY_TOKENS": "1000000000",  # no deep_gemm fp8_mqa_logits
+    "SGLANG_OPT_USE_TOPK_V2": "0",
+    "SGLANG_OPT_USE_TILELANG_MHC_PRE": "0",  # mHC pre/post in torch + Triton, not TileLang
+    "SGLANG_OPT_USE_TILELANG_MHC_POST": "0",
+    "SGLANG_OPT_FUSE_MHC_POST_PRE": "0",  # the cross-layer fused post+pre is TileLang only
+    "SGLANG_OPT_DEEPGEMM_HC_PRENORM": "0",  # hc prenorm GEMM in torch, not deep_gemm
+}
+
+_GRAPH_KWARGS = {
+    "eager": {"disable_cuda_graph": True},
+    "dgraph": {
+        "cuda_graph_backend_prefill": "disabled",
+        "cuda_graph_backend_decode": "full",
+        "cuda_graph_max_bs_decode": MAX_RUNNING,
+    },
+    "bcg": {
+        "cuda_graph_backend_prefill": "breakable",
+        "cuda_graph_backend_decode": "full",
+        "cuda_graph_max_bs_decode": MAX_RUNNING,
+    },
+}
+
+
+@dataclass(frozen=True)
+class Phase:
+    graph: str
+    split: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.graph}-{self.split}"
+
+    @property
+    def baseline(self) -> str:
+        """The phase whose tokens this one must reproduce."""
+        return f"{self.graph}-off"
+
+    def engine_kwargs(self, model_dir: str, *, radix: bool, slot: int) -> Dict[str, object]:
+        """``sglang.Engine`` arguments; ``slot`` keeps concurrent phases' ports apart."""
+        kwargs: Dict[str, object] = dict(
+            model_path=model_dir,
+            skip_tokenizer_init=True,
+            load_format="dummy",
+            tp_size=1,
+            enable_mixed_chunk=True,
+            chunked_prefill_size=CHUNK,
+            max_running_requests=MAX_RUNNING,
+            max_total_tokens=MAX_TOTAL_TOKENS,
+            dsa_topk_backend="torch",
+            moe_runner_backend="triton",
+            # The KV budget is free memory minus (1 - this) x the memory free at start: high
+            # enough that engines started side by side still find room for the capped pool.
+            mem_fraction_static=0.6,
+            random_seed=1,
+            disable_radix_cache=not radix,
+            port=31000 + 40 * slot,
+            nccl_port=33000 + 40 * slot,
+            log_level="info",
+        )
+        kwargs.update(_GRAPH_KWARGS[self.graph])
+        return kwargs
+
+    def env(self, patch_flag_off_values: Mapping[str, str], *, radix: bool) -> Dict[str, str]:
+        """Environment of the phase: upstream kernel selection, every patch flag off but the
+        split's, and the split as the phase says."""
+        env = dict(UPSTREAM_ENV)
+        env.update(patch_flag_off_values)
+        env[SPLIT_FLAG] = "0" if self.split == "off" else "1"
+        if self.split != "off":
+            env[POLICY_FLAG] = self.split
+        if radix:
+            env[RADIX_CORE_ENV] = "python"  # the Rust radix core is built for another torch
+        return env
+
+
+def parse(names: List[str]) -> List[Phase]:
+    """Phase names (``all`` or none: every phase), in the order a run needs them."""
+    if not names or names == ["all"]:
+        names = [f"{g}-{s}" for s in SPLITS for g in GRAPHS]
+    phases = []
+    for name in names:
+        graph, _, split = name.partition("-")
+        if graph not in GRAPHS or split not in SPLITS:
+            raise ValueError(f"unknown phase {name!r}: <{'|'.join(GRAPHS)}>-<{'|'.join(SPLITS)}>")
+        phases.append(Phase(graph, split))
+    # Baselines first: the split phases are compared with them.
+    return sorted(set(phases), key=lambda p: (p.split != "off", SPLITS.index(p.split), GRAPHS.index(p.graph)))

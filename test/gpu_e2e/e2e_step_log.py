@@ -1,0 +1,52 @@
+"""Step log of an end-to-end phase: one JSON line per ``ModelRunner.forward`` call.
+
+Imported at start-up of every process of a phase (``MIXGRAPH_E2E_STARTUP``, see
+tools/gpu-upstream/engine/sitecustomize.py); only the scheduler process runs forwards. Each
+line records the forward mode *at entry* (``EagerRunner.execute`` relabels a MIXED batch to
+EXTEND inside the forward, so the mode read afterwards would hide it), the batch size, the
+rows, whether a CUDA graph ran (``ModelRunnerOutput.can_run_graph``) and the CUDA-synchronized
+wall time. Lines go to ``$MIXGRAPH_E2E_STEP_LOG/steps_<pid>.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+
+def _wrap_forward(model_runner_module) -> None:
+    import torch
+
+    cls = model_runner_module.ModelRunner
+    forward = cls.forward
+    path = os.path.join(os.environ["MIXGRAPH_E2E_STEP_LOG"], f"steps_{os.getpid()}.jsonl")
+
+    def logged_forward(self, forward_batch, *args, **kwargs):
+        mode = forward_batch.forward_mode
+        rows = forward_batch.input_ids.shape[0] if forward_batch.input_ids is not None else 0
+        bs = int(forward_batch.batch_size)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = forward(self, forward_batch, *args, **kwargs)
+        torch.cuda.synchronize()
+        ms = (time.perf_counter() - t0) * 1e3
+        try:
+            rec = {"mode": getattr(mode, "name", str(mode)), "bs": bs, "rows": int(rows),
+                   "graph": bool(getattr(out, "can_run_graph", False)), "ms": round(ms, 3)}
+            with open(path, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+        except Exception as e:  # a log line must never break a step
+            sys.stderr.write(f"[e2e step log] {e!r}\n")
+        return out
+
+    cls.forward = logged_forward
+
+
+def install() -> None:
+    if not os.environ.get("MIXGRAPH_E2E_STEP_LOG"):
+        return
+    from engine_standins import AfterImport  # tools/gpu-upstream/engine, first on PYTHONPATH
+
+    sys.meta_path.insert(0, AfterImport("sglang.srt.model_executor.model_runner", _wrap_forward))

@@ -1,0 +1,301 @@
+"""End to end on the GPU: a tiny DeepSeek-V4 served by SGLang's real Engine, the split off and on.
+
+Run on the GPU machine through the kit, from the repository root:
+
+    bash tools/gpu-upstream/device.sh python3 test/gpu_e2e/run_e2e.py [phase ...] [--parallel N]
+
+Each phase (e2e_phases.py: graph mode x split setting) runs ``sglang.Engine`` in a fresh process
+(e2e_phase.py) with tools/gpu-upstream/engine first on ``PYTHONPATH`` (stand-ins for four
+binary-only kernels, loud stubs) and the step log (e2e_step_log.py). The ``off`` phases run first,
+side by side, with the radix cache on (``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python``); if one
+fails they run again with it off for the whole run, and the log says why. The split phases follow,
+side by side. The checks are in e2e_checks.py; the exit status is 1 when one fails. Writes
+``e2e_tiny_dsv4.log``, ``e2e_results.json`` and ``phase_logs.tgz`` to ``$OUT`` (or ``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tarfile
+import time
+from dataclasses import asdict
+from importlib import metadata
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+ENGINE_DIR = os.path.join(ROOT, "tools", "gpu-upstream", "engine")
+sys.path[:0] = [HERE, ENGINE_DIR]
+
+import e2e_checks as C  # noqa: E402
+import e2e_phases as P  # noqa: E402
+import e2e_workload as W  # noqa: E402
+from engine_standins import STANDIN_MARK, STUB_MARK  # noqa: E402
+
+COUNTER_INTERVAL_S = "0.5"
+PHASE_SCRIPT = os.path.join(HERE, "e2e_phase.py")  # the CPU test of this driver swaps it
+
+
+class Log:
+    """Print to stdout and to the run's log file."""
+
+    def __init__(self, path):
+        self.f = open(path, "w")
+
+    def __call__(self, *parts):
+        line = " ".join(str(p) for p in parts)
+        print(line, flush=True)
+        self.f.write(line + "\n")
+        self.f.flush()
+
+
+def _version(dist):
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def stack(log) -> dict:
+    import torch
+    import triton
+
+    s = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": triton.__version__,
+        "sglang": _version("sglang"),
+        "sgl-flash-mla": _version("sgl-flash-mla"),
+        "sglang-mixgraph": _version("sglang-mixgraph"),
+        "sglang_kernel (metadata only)": _version("sglang_kernel"),
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "none",
+    }
+    log("stack:", json.dumps(s))
+    return s
+
+
+def patch_flag_off_values() -> dict:
+    from sglang_mixgraph.patches import all_patches
+
+    return {f.name: f.off_value for p in all_patches() for f in p.flags}
+
+
+def _phase_env(phase, off_values, radix, steps_dir):
+    env = dict(os.environ)
+    env.update(phase.env(off_values, radix=radix))
+    env["PYTHONPATH"] = os.pathsep.join([ENGINE_DIR, HERE, env.get("PYTHONPATH", "")])
+    env["MIXGRAPH_E2E_STARTUP"] = "e2e_step_log"
+    env["MIXGRAPH_E2E_STEP_LOG"] = steps_dir
+    env["SGLANG_MIXGRAPH_COUNTERS_LOG_INTERVAL"] = COUNTER_INTERVAL_S
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _kill_group(proc):
+    # The phase started its own session; end what is left of it (Engine children) and no more.
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run_wave(phases, *, radix, work, logs, off_values, deadline, parallel, log) -> dict:
+    pending = list(enumerate(phases))
+    running = {}
+    results = {}
+    while pending or running:
+        while pending and len(running) < parallel:
+            slot, phase = pending.pop(0)
+            d = os.path.join(work, phase.name)
+            shutil.rmtree(d, ignore_errors=True)
+            os.makedirs(os.path.join(d, "steps"))
+            kwargs = phase.engine_kwargs(os.path.join(work, "model"), radix=radix, slot=slot)
+            with open(os.path.join(d, "kwargs.json"), "w") as f:
+                json.dump(kwargs, f)
+            env = _phase_env(phase, off_values, radix, os.path.join(d, "steps"))
+            logf = open(os.path.join(logs, f"{phase.name}.log"), "w")
+            proc = subprocess.Popen(
+                [sys.executable, PHASE_SCRIPT, os.path.join(d, "kwargs.json"),
+                 os.path.join(d, "out.json")],
+                stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=ROOT,
+            )
+            running[phase.name] = (phase, proc, logf, time.time())
+            log(f"== {phase.name}: started (radix cache {'on' if radix else 'off'})")
+        time.sleep(1)
+        for name, (phase, proc, logf, t0) in list(running.items()):
+            timed_out = time.time() > deadline
+            if proc.poll() is None and not timed_out:
+                continue
+            if proc.poll() is None:
+                log(f"== {name}: killed at the run's deadline")
+            _kill_group(proc)
+            proc.wait()
+            logf.close()
+            del running[name]
+            results[name] = collect(phase, work, logs, time.time() - t0, timed_out)
+            r = results[name]
+            log(f"== {name}: {'ok' if r['record'].ran else 'FAILED'} in {time.time() - t0:.0f}s "
+                f"{r['timings']} {r['record'].error[:300]}")
+    return results
+
+
+def collect(phase, work, logs, seconds, timed_out) -> dict:
+    from sglang_mixgraph.counters import parse_line
+
+    d = os.path.join(work, phase.name)
+    out = {}
+    if os.path.exists(os.path.join(d, "out.json")):
+        with open(os.path.join(d, "out.json")) as f:
+            out = json.load(f)
+    steps = []
+    for fn in sorted(os.listdir(os.path.join(d, "steps"))):
+        with open(os.path.join(d, "steps", fn)) as f:
+            steps += [json.loads(line) for line in f if line.strip()]
+    snapshots, standins, stubs, fallbacks, radix_lines = [], [], [], [], []
+    with open(os.path.join(logs, f"{phase.name}.log"), errors="replace") as f:
+        text = f.read()
+    for line in text.splitlines():
+        snap = parse_line(line)
+        if snap is not None:
+            snapshots.append(snap)
+        elif STANDIN_MARK in line:
+            standins.append(line.split(STANDIN_MARK, 1)[1].split(" (pid")[0])
+        elif STUB_MARK in line:
+            stubs.append(line.split(STUB_MARK, 1)[1][:300])
+        elif "falls back to upstream" in line:
+            fallbacks.append(line.split("sglang-mixgraph: ", 1)[-1][:300])
+        elif "TreeCore" in line or "radix" in line.lower():
+            radix_lines.append(line[:300])
+    error = out.get("error", "")
+    if timed_out:
+        error = f"timed out after {seconds:.0f}s; {error}"
+    elif not out:
+        error = error or "no result written (the phase process died); see its log"
+    record = C.PhaseRecord(
+        name=phase.name, split=phase.split, ran=bool(out.get("ok")), error=error,
+        outputs=out.get("outputs", {}), expected_lens=out.get("expected_lens", {}), steps=steps,
+        counters=C.merge_counters(snapshots), stub_calls=stubs,
+    )
+    return {"record": record, "timings": out.get("timings", {}), "wall_s": round(seconds, 1),
+            "standins": sorted(set(standins)), "fallback_lines": sorted(set(fallbacks)),
+            "radix_lines": radix_lines[:20], "traceback": out.get("traceback", ""),
+            "shutdown_error": out.get("shutdown_error"), "log_tail": "" if out.get("ok") else text[-3000:]}
+
+
+def step_times(steps):
+    by = {}
+    for s in steps:
+        by.setdefault(f"{s['mode']}/{'graph' if s['graph'] else 'eager'}", []).append(s["ms"])
+    return {k: {"n": len(v), "median_ms": round(statistics.median(v), 2)} for k, v in sorted(by.items())}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("phases", nargs="*", help="e.g. eager-off eager-always (default: all nine)")
+    ap.add_argument("--out", default=os.environ.get("OUT") or "/tmp/mixgraph_e2e_out")
+    ap.add_argument("--work", default="/tmp/mixgraph_e2e")
+    ap.add_argument("--radix", choices=("auto", "on", "off"), default="auto")
+    ap.add_argument("--parallel", type=int, default=6, help="phases run side by side")
+    ap.add_argument("--budget-s", type=float, default=520, help="the whole run's deadline")
+    ap.add_argument("--label", default="", help="recorded in the log (e.g. the commit)")
+    args = ap.parse_args()
+    t_start = time.time()
+    deadline = t_start + args.budget_s
+    os.makedirs(args.out, exist_ok=True)
+    shutil.rmtree(args.work, ignore_errors=True)
+    logs = os.path.join(args.work, "logs")
+    os.makedirs(logs)
+    os.makedirs(os.path.join(args.work, "model"))
+    shutil.copy(os.path.join(HERE, "tiny_dsv4_config.json"), os.path.join(args.work, "model", "config.json"))
+    log = Log(os.path.join(args.out, "e2e_tiny_dsv4.log"))
+    log(f"e2e tiny DeepSeek-V4, {time.strftime('%Y-%m-%d %H:%M:%S %Z')} {args.label}")
+    versions = stack(log)
+    phases = P.parse(args.phases)
+    off_values = patch_flag_off_values()
+    segs = W.build(chunk=P.CHUNK)
+    log(f"phases: {[p.name for p in phases]}; chunk {P.CHUNK}, max running {P.MAX_RUNNING}, "
+        f"{len(W.all_requests(segs))} requests in segments "
+        f"{[(s.name, len(s.first), len(s.then)) for s in segs]}, peak {W.peak_tokens(segs)} tokens")
+    log(f"upstream kernel selection: {json.dumps(P.UPSTREAM_ENV)}")
+    log(f"patch flags at their off value except the split's: {json.dumps(off_values)}")
+    example = phases[0].engine_kwargs("<model>", radix=True, slot=0)
+    log(f"engine kwargs (bcg/dgraph/eager differ in graph settings): {json.dumps(example)}")
+
+    wave = dict(work=args.work, logs=logs, off_values=off_values, parallel=args.parallel, log=log)
+    baselines = [p for p in phases if p.split == "off"]
+    rest = [p for p in phases if p.split != "off"]
+    radix = args.radix != "off"
+    results = run_wave(baselines, radix=radix, deadline=deadline, **wave)
+    failed = [n for n, r in results.items() if not r["record"].ran]
+    if args.radix == "auto" and failed:
+        why = {n: results[n]["record"].error[:300] for n in failed}
+        log(f"radix cache (SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python) OFF for this run: "
+            f"{failed} failed with it on: {why}")
+        radix_on = {n: results[n]["radix_lines"] for n in failed}
+        log(f"their radix-related log lines: {json.dumps(radix_on)[:2000]}")
+        for n in failed:
+            os.replace(os.path.join(logs, f"{n}.log"), os.path.join(logs, f"{n}.radix_on.log"))
+        radix = False
+        results = run_wave(baselines, radix=radix, deadline=deadline, **wave)
+    elif radix:
+        log("radix cache ON (SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python) for every phase")
+    else:
+        log("radix cache OFF (--radix off)")
+    results.update(run_wave(rest, radix=radix, deadline=deadline, **wave))
+
+    checks = []
+    report = {"stack": versions, "label": args.label, "radix_cache": radix, "phases": {}}
+    for phase in phases:
+        r = results[phase.name]
+        rec = r["record"]
+        base = results.get(phase.baseline, {}).get("record") if phase.split != "off" else None
+        phase_checks = C.check_phase(rec, base)
+        checks += phase_checks
+        log(f"\n--- {phase.name} ({r['wall_s']}s; {r['timings']})")
+        for line in C.summarize(rec):
+            log("   " + line)
+        log(f"   step times: {step_times(rec.steps)}")
+        log(f"   stand-ins used: {r['standins']}")
+        if r["fallback_lines"]:
+            log(f"   fallback log lines: {r['fallback_lines']}")
+        for c in phase_checks:
+            log(f"   [{'ok' if c.ok else 'FAILED'}] {c.name}{': ' + c.detail if c.detail else ''}")
+        if not rec.ran:
+            log(f"   traceback: {r['traceback'][-2500:]}\n   log tail: {r['log_tail'][-2500:]}")
+        report["phases"][phase.name] = {
+            "ran": rec.ran, "error": rec.error, "wall_s": r["wall_s"], "timings": r["timings"],
+            "steps_by_mode": C.steps_by_mode(rec.steps), "step_times": step_times(rec.steps),
+            "counters": rec.counters, "standins": r["standins"], "stub_calls": rec.stub_calls,
+            "fallback_lines": r["fallback_lines"], "shutdown_error": r["shutdown_error"],
+            "checks": [asdict(c) for c in phase_checks], "outputs": rec.outputs,
+            "expected_lens": rec.expected_lens, "steps": rec.steps,
+        }
+    distinct = {n: len({tuple(v) for v in r["record"].outputs.values()}) for n, r in results.items()}
+    log(f"\ndistinct token sequences per phase (of {len(W.all_requests(segs))} requests): {distinct}")
+    offs = [p.name for p in baselines if results[p.name]["record"].ran]
+    for i, a in enumerate(offs):
+        for b in offs[i + 1:]:
+            mism = C.compare_tokens(results[a]["record"].outputs, results[b]["record"].outputs)
+            log(f"across graph modes (information, not a check): {a} vs {b}: {len(mism)} requests differ")
+    bad = [c for c in checks if not c.ok]
+    report["checks_failed"] = len(bad)
+    with open(os.path.join(args.out, "e2e_results.json"), "w") as f:
+        json.dump(report, f)
+    with tarfile.open(os.path.join(args.out, "phase_logs.tgz"), "w:gz") as tar:
+        tar.add(logs, arcname="logs")
+    log(f"\nE2E: {len(checks)} checks, {len(bad)} failed; driver {time.time() - t_start:.0f}s")
+    for c in bad:
+        log(f"FAILED {c.phase}: {c.name}: {c.detail}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""Stand-ins for the binary-only kernels a tiny DeepSeek-V4 Engine reaches on the GPU machine.
+
+The kit's import shim (tools/gpu-upstream/shim) stubs ``sgl_kernel`` there; a stub raises when
+called. Four kernels on the DeepSeek-V4 serving path have no upstream switch to a non-binary
+implementation, so an Engine run needs these (nothing else; every other kernel is upstream's):
+
+* ``sgl_kernel.moe_align_block_size``: upstream's own JIT kernel,
+  ``sglang.kernels.ops.moe.moe_align.moe_align_block_size`` (same arguments);
+* ``sgl_kernel.moe_sum_reduce`` and ``sgl_kernel.rmsnorm``: torch, fp32 accumulation;
+* ``sglang.kernels.ops.layernorm.mhc.hc_split_sinkhorn`` (TileLang on SM90): upstream's own Triton
+  port of it, ``_hc_split_sinkhorn_triton`` in the same module.
+
+Each says on stderr when it is first used (``STANDIN_MARK``); every call of a stub is said too
+(``STUB_MARK``, with its caller), since upstream code may swallow the exception it raises.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import os
+import sys
+import traceback
+
+STANDIN_MARK = "[gpu-upstream] stand-in first use: "
+STUB_MARK = "[gpu-upstream] STUB CALLED "
+
+_announced: set = set()
+
+
+def _first_use(name: str) -> None:
+    if name not in _announced:
+        _announced.add(name)
+        sys.stderr.write(f"{STANDIN_MARK}{name} (pid {os.getpid()})\n")
+        sys.stderr.flush()
+
+
+def moe_align_block_size(topk_ids, num_experts, block_size, sorted_token_ids, experts_ids,
+                         num_tokens_post_pad, cumsum_buffer, pad_sorted_token_ids=False,
+                         ignore_invalid_expert=False):
+    """The AOT signature that ``sglang.kernels.ops.moe.moe_align_block_size`` calls, on the JIT
+    kernel; its ``map_invalid_experts_to_sentinel`` is the AOT ``ignore_invalid_expert``."""
+    from sglang.kernels.ops.moe.moe_align import moe_align_block_size as jit_align
+
+    _first_use("sgl_kernel.moe_align_block_size -> sglang JIT moe_align_block_size")
+    jit_align(topk_ids, num_experts, block_size, sorted_token_ids, experts_ids,
+              num_tokens_post_pad, cumsum_buffer, pad_sorted_token_ids,
+              map_invalid_experts_to_sentinel=ignore_invalid_expert)
+
+
+def moe_sum_reduce(input, output, routed_scaling_factor=1.0):
+    """``output = sum over the top-k axis of input (tokens, topk, hidden) * factor``."""
+    _first_use("sgl_kernel.moe_sum_reduce -> torch")
+    total = input.float().sum(dim=1)
+    if routed_scaling_factor is not None and routed_scaling_factor != 1.0:
+        total = total * routed_scaling_factor
+    output.copy_(total.to(output.dtype))
+
+
+def rmsnorm(input, weight, eps=1e-6, out=None, enable_pdl=None):
+    """``input / rms(input) * weight`` over the last axis, computed in fp32."""
+    import torch
+
+    _first_use("sgl_kernel.rmsnorm -> torch")
+    x = input.float()
+    y = (x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * weight.float()).to(input.dtype)
+    if out is None:
+        return y
+    out.copy_(y)
+    return out
+
+
+SGL_KERNEL = {
+    "sgl_kernel.moe_align_block_size": moe_align_block_size,
+    "sgl_kernel.moe_sum_reduce": moe_sum_reduce,
+    "sgl_kernel.rmsnorm": rmsnorm,
+}
+
+
+def _sinkhorn_through_triton_port(mhc) -> None:
+    """Point ``mhc.hc_split_sinkhorn`` at upstream's Triton port (upstream uses it on gfx1250,
+    where TileLang does not build); DeepSeek-V4 looks the function up at call time."""
+    triton_port = mhc._hc_split_sinkhorn_triton
+
+    def hc_split_sinkhorn(mixes, hc_scale, hc_base, hc_mult=4, sinkhorn_iters=20, eps=1e-6):
+        _first_use("mhc.hc_split_sinkhorn -> sglang Triton port")
+        b, s = mixes.shape[0], mixes.shape[1]
+        if b * s == 0:  # no tokens (an idle DP rank): no grid to launch, as upstream
+            return (mixes.new_empty(b, s, hc_mult), mixes.new_empty(b, s, hc_mult),
+                    mixes.new_empty(b, s, hc_mult, hc_mult))
+        return triton_port(mixes, hc_scale, hc_base, hc_mult, sinkhorn_iters, eps)
+
+    mhc.hc_split_sinkhorn = hc_split_sinkhorn
+
+
+class AfterImport(importlib.abc.MetaPathFinder):
+    """Run ``after(module)`` right after the named module has executed, before anyone uses it."""
+
+    def __init__(self, name, after):
+        self.name, self.after = name, after
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)  # find the real spec, then wrap its exec_module
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return spec
+        real_exec, after = spec.loader.exec_module, self.after
+
+        def exec_module(module):
+            real_exec(module)
+            after(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def _make_stub_calls_loud(stubs) -> None:
+    meta = stubs._StubMeta
+    quiet_call = meta.__call__
+
+    def loud_call(cls, *args, **kwargs):
+        if cls.__dict__.get("__stub_root__", False):
+            frames = traceback.extract_stack(limit=8)[:-1]
+            where = " < ".join(f"{os.path.basename(f.filename)}:{f.lineno}" for f in reversed(frames))
+            sys.stderr.write(f"{STUB_MARK}{cls.__stub_name__} (pid {os.getpid()}) from {where}\n")
+            sys.stderr.flush()
+        return quiet_call(cls, *args, **kwargs)
+
+    meta.__call__ = loud_call
+
+
+def install() -> None:
+    """Register the stand-ins with the shim's stubs and make stub calls loud."""
+    import stubs  # the shim's module, on PYTHONPATH beside its sitecustomize
+
+    stubs.OVERRIDES.update(SGL_KERNEL)
+    _make_stub_calls_loud(stubs)
+    sys.meta_path.insert(0, AfterImport("sglang.kernels.ops.layernorm.mhc", _sinkhorn_through_triton_port))
