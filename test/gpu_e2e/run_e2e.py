@@ -32,7 +32,9 @@ from importlib import metadata
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 ENGINE_DIR = os.path.join(ROOT, "tools", "gpu-upstream", "engine")
-sys.path[:0] = [HERE, ENGINE_DIR]
+# This checkout's plugin first, also when the driver runs from a copy of the repository.
+PYTHON_DIR = os.path.join(ROOT, "python")
+sys.path[:0] = [HERE, ENGINE_DIR, PYTHON_DIR]
 
 import e2e_checks as C  # noqa: E402
 import e2e_phases as P  # noqa: E402
@@ -91,7 +93,7 @@ def patch_flag_off_values() -> dict:
 def _phase_env(phase, off_values, radix, steps_dir):
     env = dict(os.environ)
     env.update(phase.env(off_values, radix=radix))
-    env["PYTHONPATH"] = os.pathsep.join([ENGINE_DIR, HERE, env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([PYTHON_DIR, ENGINE_DIR, HERE, env.get("PYTHONPATH", "")])
     env["MIXGRAPH_E2E_STARTUP"] = "e2e_step_log"
     env["MIXGRAPH_E2E_STEP_LOG"] = steps_dir
     env["SGLANG_MIXGRAPH_COUNTERS_LOG_INTERVAL"] = COUNTER_INTERVAL_S
@@ -217,6 +219,9 @@ def main() -> int:
     shutil.copy(os.path.join(HERE, "tiny_dsv4_config.json"), os.path.join(args.work, "model", "config.json"))
     log = Log(os.path.join(args.out, "e2e_tiny_dsv4.log"))
     log(f"e2e tiny DeepSeek-V4, {time.strftime('%Y-%m-%d %H:%M:%S %Z')} {args.label}")
+    import sglang_mixgraph
+
+    log(f"plugin under test: {os.path.dirname(sglang_mixgraph.__file__)}")
     versions = stack(log)
     phases = P.parse(args.phases)
     off_values = patch_flag_off_values()
