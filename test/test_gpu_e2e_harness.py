@@ -300,3 +300,10 @@ def test_stub_calls_are_loud_and_still_raise(standins, capsys):
     with pytest.raises(stubs.StubCalled):
         stubs._stub_class("sgl_kernel.some_kernel")(1)
     assert standins.STUB_MARK + "sgl_kernel.some_kernel" in capsys.readouterr().err
+
+
+def test_short_workload_is_the_full_one_without_the_long_segment():
+    full, short = W.build(), W.build(workload="short")
+    assert [s.name for s in short] == ["batch", "staggered"] and short == full[:2]
+    with pytest.raises(ValueError, match="workload"):
+        W.build(workload="tiny")

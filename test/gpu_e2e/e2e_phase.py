@@ -46,7 +46,8 @@ def run(engine_kwargs: dict) -> dict:
     import sglang as sgl
 
     res: dict = {"ok": False, "timings": {}}
-    segments = W.build(chunk=int(engine_kwargs.get("chunked_prefill_size", 256)))
+    segments = W.build(chunk=int(engine_kwargs.get("chunked_prefill_size", 256)),
+                       workload=os.environ.get("MIXGRAPH_E2E_WORKLOAD", "full"))
     res["expected_lens"] = {r.rid: r.max_new for r in W.all_requests(segments)}
     t0 = time.time()
     engine = sgl.Engine(**engine_kwargs)

@@ -50,7 +50,12 @@ def _prompt(rng: random.Random, n: int) -> Tuple[int, ...]:
     return tuple(rng.randrange(10, VOCAB - 10) for _ in range(n))
 
 
-def build(seed: int = 0, chunk: int = 256) -> List[Segment]:
+WORKLOADS = ("full", "short")  # short: without the long segment (a quick run)
+
+
+def build(seed: int = 0, chunk: int = 256, workload: str = "full") -> List[Segment]:
+    if workload not in WORKLOADS:
+        raise ValueError(f"workload must be one of {WORKLOADS}, got {workload!r}")
     rng = random.Random(seed)
 
     def reqs(prefix: str, lens, max_new) -> Tuple[Request, ...]:
@@ -61,7 +66,7 @@ def build(seed: int = 0, chunk: int = 256) -> List[Segment]:
     # Request i ends its prefill after (i + 1) long prefills; give it enough tokens to decode
     # through the remaining ones plus the margin.
     long_new = [chunks_per_long * (LONG_REQUESTS - i) + LATE_MARGIN_STEPS for i in range(LONG_REQUESTS)]
-    return [
+    segments = [
         Segment("batch", reqs("batch", [600, 40, 300, 20, 900, 120], 24)),
         Segment("staggered", reqs("stag", [150, 40, 300], 64), reqs("stag_late", [900, 520, 1100], 32)),
         Segment(
@@ -70,6 +75,7 @@ def build(seed: int = 0, chunk: int = 256) -> List[Segment]:
             reqs("long_late", [LATE_PROMPT], 16),
         ),
     ]
+    return segments if workload == "full" else segments[:2]
 
 
 def all_requests(segments: List[Segment]) -> List[Request]:

@@ -90,8 +90,9 @@ def patch_flag_off_values() -> dict:
     return {f.name: f.off_value for p in all_patches() for f in p.flags}
 
 
-def _phase_env(phase, off_values, radix, steps_dir):
+def _phase_env(phase, off_values, radix, steps_dir, workload):
     env = dict(os.environ)
+    env["MIXGRAPH_E2E_WORKLOAD"] = workload
     env.update(phase.env(off_values, radix=radix))
     env["PYTHONPATH"] = os.pathsep.join([PYTHON_DIR, ENGINE_DIR, HERE, env.get("PYTHONPATH", "")])
     env["MIXGRAPH_E2E_STARTUP"] = "e2e_step_log"
@@ -109,7 +110,7 @@ def _kill_group(proc):
         pass
 
 
-def run_wave(phases, *, radix, work, logs, off_values, deadline, parallel, log) -> dict:
+def run_wave(phases, *, radix, work, logs, off_values, deadline, parallel, log, workload, override) -> dict:
     pending = list(enumerate(phases))
     running = {}
     results = {}
@@ -120,9 +121,10 @@ def run_wave(phases, *, radix, work, logs, off_values, deadline, parallel, log) 
             shutil.rmtree(d, ignore_errors=True)
             os.makedirs(os.path.join(d, "steps"))
             kwargs = phase.engine_kwargs(os.path.join(work, "model"), radix=radix, slot=slot)
+            kwargs.update(override)
             with open(os.path.join(d, "kwargs.json"), "w") as f:
                 json.dump(kwargs, f)
-            env = _phase_env(phase, off_values, radix, os.path.join(d, "steps"))
+            env = _phase_env(phase, off_values, radix, os.path.join(d, "steps"), workload)
             logf = open(os.path.join(logs, f"{phase.name}.log"), "w")
             proc = subprocess.Popen(
                 [sys.executable, PHASE_SCRIPT, os.path.join(d, "kwargs.json"),
@@ -208,6 +210,8 @@ def main() -> int:
     ap.add_argument("--parallel", type=int, default=6, help="phases run side by side")
     ap.add_argument("--budget-s", type=float, default=520, help="the whole run's deadline")
     ap.add_argument("--label", default="", help="recorded in the log (e.g. the commit)")
+    ap.add_argument("--workload", choices=W.WORKLOADS, default="full", help="short: no long segment")
+    ap.add_argument("--engine-override", default="{}", help="JSON merged into every phase's Engine arguments")
     args = ap.parse_args()
     t_start = time.time()
     deadline = t_start + args.budget_s
@@ -225,16 +229,19 @@ def main() -> int:
     versions = stack(log)
     phases = P.parse(args.phases)
     off_values = patch_flag_off_values()
-    segs = W.build(chunk=P.CHUNK)
+    segs = W.build(chunk=P.CHUNK, workload=args.workload)
+    override = json.loads(args.engine_override)
     log(f"phases: {[p.name for p in phases]}; chunk {P.CHUNK}, max running {P.MAX_RUNNING}, "
         f"{len(W.all_requests(segs))} requests in segments "
         f"{[(s.name, len(s.first), len(s.then)) for s in segs]}, peak {W.peak_tokens(segs)} tokens")
     log(f"upstream kernel selection: {json.dumps(P.UPSTREAM_ENV)}")
     log(f"patch flags at their off value except the split's: {json.dumps(off_values)}")
-    example = phases[0].engine_kwargs("<model>", radix=True, slot=0)
-    log(f"engine kwargs (bcg/dgraph/eager differ in graph settings): {json.dumps(example)}")
+    example = dict(phases[0].engine_kwargs("<model>", radix=args.radix != "off", slot=0), **override)
+    log(f"workload {args.workload}; engine kwargs (bcg/dgraph/eager differ in graph settings; "
+        f"overrides {override}): {json.dumps(example)}")
 
-    wave = dict(work=args.work, logs=logs, off_values=off_values, parallel=args.parallel, log=log)
+    wave = dict(work=args.work, logs=logs, off_values=off_values, parallel=args.parallel, log=log,
+                workload=args.workload, override=override)
     baselines = [p for p in phases if p.split == "off"]
     rest = [p for p in phases if p.split != "off"]
     radix = args.radix != "off"
