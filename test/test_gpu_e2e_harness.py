@@ -177,8 +177,13 @@ def test_replayed_mixed_steps_must_record_the_graph_fallback_and_stubs_fail_a_ph
     assert _failed(C.check_phase(_rec("bcg-always", "always", steps=_steps(0, 5), fallbacks={"bcg": 5}), base)) == []
     assert _failed(C.check_phase(_rec("bcg-always", "always", steps=_steps(0, 5), fallbacks={"bcg": 2}), base)) == [
         "every replayed MIXED step recorded the graph fallback"]
-    stubbed = _rec("bcg-always", "always", steps=_steps(0, 5), fallbacks={"bcg": 5}, stubs=["sgl_kernel.x"])
-    assert _failed(C.check_phase(stubbed, base)) == ["no stub was called"]
+    at_import = "cutlass.cute.jit (pid 1) from utils.py:331 < <frozen importlib._bootstrap>:488"
+    serving = "sgl_kernel.x (pid 1) from layernorm.py:631 < deepseek_v4.py:900"
+    stubbed = _rec("bcg-always", "always", steps=_steps(0, 5), fallbacks={"bcg": 5}, stubs=[at_import, serving])
+    assert _failed(C.check_phase(stubbed, base)) == ["no stub was called while serving"]
+    assert C.split_stub_calls([at_import, serving]) == ([serving], [at_import])
+    only_import = _rec("bcg-always", "always", steps=_steps(0, 5), fallbacks={"bcg": 5}, stubs=[at_import])
+    assert _failed(C.check_phase(only_import, base)) == []
 
 
 def test_a_baseline_without_mixed_steps_or_with_split_activity_fails():
@@ -200,9 +205,10 @@ FAKE_PHASE = '''
 import json, os, sys
 kwargs, out = sys.argv[1], sys.argv[2]
 split = os.environ["SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN"] == "1"
+radix_serializes = os.environ.get("FAKE_RADIX_SERIALIZES") == "1" and "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND" in os.environ
 acts = os.environ.get("FAKE_SPLIT_ACTS") == "1"
 graph = json.load(open(kwargs)).get("cuda_graph_backend_prefill") == "breakable"
-steps = [{"mode": "MIXED", "bs": 3, "rows": 258, "graph": graph, "ms": 2.0}] * 2
+steps = [{"mode": "EXTEND" if radix_serializes else "MIXED", "bs": 3, "rows": 258, "graph": graph, "ms": 2.0}] * 2
 steps += [{"mode": "DECODE", "bs": 3, "rows": 3, "graph": True, "ms": 1.0}]
 with open(os.path.join(os.environ["MIXGRAPH_E2E_STEP_LOG"], "steps_1.jsonl"), "w") as f:
     f.writelines(json.dumps(s) + "\\n" for s in steps)
@@ -222,13 +228,14 @@ json.dump({"ok": True, "outputs": {"r0": [1, 2]}, "expected_lens": {"r0": 2}, "t
 '''
 
 
-def _run_driver(tmp_path, monkeypatch, acts):
+def _run_driver(tmp_path, monkeypatch, acts, radix_serializes=False):
     import run_e2e
 
     fake = tmp_path / "fake_phase.py"
     fake.write_text(FAKE_PHASE)
     monkeypatch.setattr(run_e2e, "PHASE_SCRIPT", str(fake))
     monkeypatch.setenv("FAKE_SPLIT_ACTS", "1" if acts else "0")
+    monkeypatch.setenv("FAKE_RADIX_SERIALIZES", "1" if radix_serializes else "0")
     out = tmp_path / "out"
     monkeypatch.setattr(sys, "argv", ["run_e2e.py", "eager-off", "eager-always", "bcg-off", "bcg-always",
                                       "--out", str(out), "--work", str(tmp_path / "work"), "--budget-s", "120"])
@@ -307,3 +314,11 @@ def test_short_workload_is_the_full_one_without_the_long_segment():
     assert [s.name for s in short] == ["batch", "staggered"] and short == full[:2]
     with pytest.raises(ValueError, match="workload"):
         W.build(workload="tiny")
+
+
+def test_driver_turns_the_radix_cache_off_when_it_leaves_no_mixed_step(tmp_path, monkeypatch):
+    rc, report, log = _run_driver(tmp_path, monkeypatch, acts=True, radix_serializes=True)
+    assert "radix cache (SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python) OFF for this run" in log
+    assert "made no MIXED step" in log
+    assert rc == 0 and report["radix_cache"] is False
+    assert report["phases"]["eager-off"]["steps_by_mode"]["MIXED/eager"] == 2

@@ -66,6 +66,15 @@ def compare_tokens(baseline: Mapping[str, Sequence[int]], phase: Mapping[str, Se
     return out
 
 
+def split_stub_calls(calls: Sequence[str]) -> tuple:
+    """(calls while serving, calls while a module was being imported). An import-time call is
+    a stubbed decorator in a module whose import upstream's model registry skips with "Ignore
+    import error when loading ..." (seen: ``cutlass.cute.jit`` in ``sglang.srt.models.inkling``);
+    it is listed, not failed. Any other call is a failed check."""
+    at_import = [c for c in calls if "importlib._bootstrap" in c]
+    return [c for c in calls if c not in at_import], at_import
+
+
 def merge_counters(snapshots: Iterable[Mapping]) -> dict:
     """Totals over processes from their counter lines: the last line of each pid (counts are
     cumulative per process), summed across pids."""
@@ -108,7 +117,8 @@ def check_phase(rec: PhaseRecord, baseline: Optional[PhaseRecord]) -> List[Check
              if len(rec.outputs.get(r) or ()) != n}
     checks.append(Check(rec.name, "every request got all its tokens", not short,
                         ", ".join(f"{r}: {got} of {n}" for r, (got, n) in sorted(short.items()))))
-    checks.append(Check(rec.name, "no stub was called", not rec.stub_calls, "; ".join(rec.stub_calls[:5])))
+    serving, at_import = split_stub_calls(rec.stub_calls)
+    checks.append(Check(rec.name, "no stub was called while serving", not serving, "; ".join(serving[:5])))
     mixed_eager, mixed_graph = _mixed(rec.steps, False), _mixed(rec.steps, True)
     ev, fb = _events(rec), _fallbacks(rec)
     if rec.split == "off":
@@ -159,6 +169,9 @@ def summarize(rec: PhaseRecord) -> List[str]:
     lines = [f"steps: {steps_by_mode(rec.steps)}"]
     lines.append(f"mixed_split counters: {_events(rec) or '{}'}")
     lines.append(f"fallbacks (every patch): {rec.counters.get('fallbacks') or 'none'}")
+    at_import = split_stub_calls(rec.stub_calls)[1]
+    if at_import:
+        lines.append(f"stubs called while importing a module upstream then skipped: {sorted(set(c.split(' (pid')[0] for c in at_import))}")
     others = {p: c for p, c in rec.counters.get("events", {}).items() if p != PATCH}
     if others:
         lines.append(f"other patches: {others}")

@@ -194,6 +194,18 @@ def collect(phase, work, logs, seconds, timed_out) -> dict:
             "shutdown_error": out.get("shutdown_error"), "log_tail": "" if out.get("ok") else text[-3000:]}
 
 
+def radix_unusable(results) -> str:
+    """Why the radix cache must be off for the run ("" when the off phases ran with it and made
+    MIXED steps). Seen on the H200 (2026-11-30): with the Python radix core the Engine ran but
+    admitted one request at a time, so no MIXED step formed."""
+    failed = {n: r["record"].error[:300] for n, r in results.items() if not r["record"].ran}
+    if failed:
+        return f"{sorted(failed)} failed with it on: {failed}"
+    if not any(s["mode"] == "MIXED" for r in results.values() for s in r["record"].steps):
+        return "with it on the off phases ran but made no MIXED step (nothing for the split to act on)"
+    return ""
+
+
 def step_times(steps):
     by = {}
     for s in steps:
@@ -244,24 +256,24 @@ def main() -> int:
                 workload=args.workload, override=override)
     baselines = [p for p in phases if p.split == "off"]
     rest = [p for p in phases if p.split != "off"]
-    radix = args.radix != "off"
-    results = run_wave(baselines, radix=radix, deadline=deadline, **wave)
-    failed = [n for n, r in results.items() if not r["record"].ran]
-    if args.radix == "auto" and failed:
-        why = {n: results[n]["record"].error[:300] for n in failed}
-        log(f"radix cache (SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python) OFF for this run: "
-            f"{failed} failed with it on: {why}")
-        radix_on = {n: results[n]["radix_lines"] for n in failed}
-        log(f"their radix-related log lines: {json.dumps(radix_on)[:2000]}")
-        for n in failed:
-            os.replace(os.path.join(logs, f"{n}.log"), os.path.join(logs, f"{n}.radix_on.log"))
-        radix = False
-        results = run_wave(baselines, radix=radix, deadline=deadline, **wave)
-    elif radix:
-        log("radix cache ON (SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python) for every phase")
+    if args.radix != "auto":
+        # Nothing to decide first: every phase side by side.
+        radix = args.radix == "on"
+        log(f"radix cache {'ON' if radix else 'OFF'} (--radix {args.radix})")
+        results = run_wave(phases, radix=radix, deadline=deadline, **wave)
     else:
-        log("radix cache OFF (--radix off)")
-    results.update(run_wave(rest, radix=radix, deadline=deadline, **wave))
+        radix = True
+        results = run_wave(baselines, radix=True, deadline=deadline, **wave)
+        why = radix_unusable(results)
+        if why:
+            log(f"radix cache (SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python) OFF for this run: {why}")
+            for n in results:
+                os.replace(os.path.join(logs, f"{n}.log"), os.path.join(logs, f"{n}.radix_on.log"))
+            radix = False
+            results = run_wave(baselines, radix=False, deadline=deadline, **wave)
+        else:
+            log("radix cache ON (SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python) for every phase")
+        results.update(run_wave(rest, radix=radix, deadline=deadline, **wave))
 
     checks = []
     report = {"stack": versions, "label": args.label, "radix_cache": radix, "phases": {}}
