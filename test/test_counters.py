@@ -111,6 +111,14 @@ def _lines(caplog):
     return [counters.parse_line(r.getMessage()) for r in caplog.records if counters.parse_line(r.getMessage())]
 
 
+def _clean_env(**extra):
+    # A fresh interpreter as a user would start it: none of the SGLANG_* settings the test
+    # session made (conftest describes a GPU to SGLang for this process only).
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_")}
+    env.update(extra)
+    return env
+
+
 def test_a_process_logs_its_totals_at_exit():
     code = (
         "import logging; logging.basicConfig(level=logging.INFO, format='%(name)s %(message)s')\n"
@@ -119,7 +127,7 @@ def test_a_process_logs_its_totals_at_exit():
     )
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-        env={**os.environ, INTERVAL: "0"},
+        env=_clean_env(**{INTERVAL: "0"}),
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = [counters.parse_line(line) for line in proc.stderr.splitlines() if counters.parse_line(line)]
@@ -132,6 +140,6 @@ def test_a_process_that_counted_nothing_logs_nothing():
     proc = subprocess.run(
         [sys.executable, "-c", "import logging; logging.basicConfig(level=logging.INFO)\n"
                                "from sglang_mixgraph import counters"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=120, env=_clean_env(),
     )
     assert proc.returncode == 0 and counters.LOG_PREFIX not in proc.stderr
