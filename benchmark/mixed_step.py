@@ -33,7 +33,7 @@ import torch
 
 from sglang_mixgraph.core import v4_kv_layout as kvl
 from sglang_mixgraph.core.decode_tail import DecodeTail
-from sglang_mixgraph.core.mixed_boundary import MixedBoundary, assemble_rows, compute_mixed_boundary
+from sglang_mixgraph.core.mixed_boundary import MixedBoundary, assemble_rows, compute_mixed_boundary, copy_in_join
 
 SWA = 128
 COMBINED_ALIGN = 128
@@ -413,10 +413,8 @@ def split_attention(step: Step, plan_pre: Optional[WorkspacePlan], dequant: Dequ
     n = plan_pre.num_rows
     o_pre, _, _ = sparse_fwd(step.q[:n], ws, plan_pre.indices.unsqueeze(1), softmax_scale(),
                              kvl.HEAD_DIM, step.attn_sink, plan_pre.lengths)
-    if n == b.num_rows:  # decode (and padding) rows came out empty: drop the decode rows in
-        if o_dec is not None:
-            o_pre[b.decode_rows].copy_(o_dec)
-        return o_pre
+    if n == b.num_rows:  # decode (and padding) rows came out empty: the patch's join
+        return copy_in_join(b, o_pre, o_dec)
     if n != b.b0:
         raise ValueError(f"prefill plan has {n} rows; expected b0={b.b0} or num_rows={b.num_rows}")
     if o_dec is None and b.num_padding_rows == 0:

@@ -82,15 +82,16 @@ def _check_split_step(world, base, out, plan, step):
             assert call["extra_indices_in_kvcache"] is None
         # One scheduling-metadata object per ratio for this step, bound to the tail shape.
         assert plan.tail.metas.bound_shape(ratio).batch == d
-    # The sparse-prefill kernel sees only the prefill rows; without prefill rows it never runs.
-    assert K.CALLS.sparse_rows == ([b0] * len(out) if b0 else [])
+    # The sparse-prefill kernel runs over every row with the prefill-only workspace (the decode
+    # rows are copied in afterwards); without prefill rows it never runs.
+    assert K.CALLS.sparse_rows == ([step.num_rows] * len(out) if b0 else [])
     # The workspace holds only prefill requests' tokens.
     cache = world.backend.forward_metadata.sparse_prefill_cache
     pre = step.prefill
     if b0 == 0:
         assert cache is None and not K.CALLS.dequant_slots
         return
-    assert cache.num_reqs == len(pre) and cache.num_qo_tokens == b0
+    assert cache.num_reqs == len(pre) and cache.num_qo_tokens == step.num_rows
     assert cache.swa_token_ids.numel() == sum(min(p + e, e + K.SWA - 1) for p, e in pre)
     for layer in out:
         swa_ptr = world.pool.get_swa_key_buffer_radix(layer).data_ptr()
@@ -241,19 +242,6 @@ def test_stale_plan_never_applies_to_another_batch():
             out = world.run_layer(other, 1)
             assert not K.CALLS.decode
             torch.testing.assert_close(out.float(), base[1].float(), atol=0, rtol=0)
-
-
-def test_bcg_replay_clears_plan_and_logs(caplog):
-    cap = SimpleNamespace()
-    setattr(cap, ms.PLAN_ATTR, "stale")
-    backend = SimpleNamespace(forward_metadata=SimpleNamespace())
-    fb = SimpleNamespace(forward_mode=ForwardMode.MIXED)
-    setattr(fb, ms.NUM_DECODE_ATTR, 4)
-    with caplog.at_level(logging.INFO, logger="sglang_mixgraph"):
-        ms.after_prepare_bcg_replay(None, backend, cap, fb, static_forward_batch=None)
-        ms.after_prepare_bcg_replay(None, backend, cap, fb, static_forward_batch=None)
-    assert getattr(cap, ms.PLAN_ATTR) is None
-    assert sum("breakable CUDA graph" in r.message for r in caplog.records) == 1
 
 
 # ---- flag off, registry ----------------------------------------------------------------------
@@ -457,7 +445,8 @@ def _check_per_ratio_step(world, base, base_cache, base_dequant, out, plan, step
             assert torch.equal(call["extra_indices_in_kvcache"].squeeze(1), core.sparse_page_indices(ratio)[b0 : b0 + d])
     # Unsplit ratios: upstream's body over all rows, once per layer.
     assert plan.unsplit_calls == {K.LAYER_RATIOS[l]: 1 for l in unsplit_layers}
-    expect_rows = [b0 if K.LAYER_RATIOS[l] in split else step.num_rows for l in sorted(out)]
+    expect_rows = [(step.num_rows if b0 else 0) if K.LAYER_RATIOS[l] in split else step.num_rows
+                   for l in sorted(out)]
     assert K.CALLS.sparse_rows == [r for r in expect_rows if r]
     # ... seeing exactly the chunk cache upstream built for the step (all requests), whose
     # compressed parts exist only for the unsplit ratios (no compressed gather is built twice).
@@ -475,7 +464,7 @@ def _check_per_ratio_step(world, base, base_cache, base_dequant, out, plan, step
     if b0 == 0:
         assert cache is None
     else:
-        assert cache.num_reqs == len(step.prefill) and cache.num_qo_tokens == b0
+        assert cache.num_reqs == len(step.prefill) and cache.num_qo_tokens == step.num_rows
         assert set(cache.compressed) <= split
         for layer in split_layers:
             swa_ok, comp_ok = _prefill_only_slots(world, layer)

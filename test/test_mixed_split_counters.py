@@ -117,16 +117,6 @@ def test_every_fallback_is_counted_under_its_reason():
     assert _events() == {"steps_seen.mixed": 3}
 
 
-def test_each_mixed_bcg_replay_counts_a_fallback():
-    fb = SimpleNamespace(forward_mode=ForwardMode.MIXED)
-    setattr(fb, ms.NUM_DECODE_ATTR, 2)
-    prefill_only = SimpleNamespace(forward_mode=ForwardMode.EXTEND)
-    backend = SimpleNamespace(forward_metadata=SimpleNamespace())
-    for batch in (fb, fb, prefill_only):
-        ms.after_prepare_bcg_replay(None, backend, SimpleNamespace(), batch, static_forward_batch=None)
-    assert _fallbacks() == {"bcg": 2}
-
-
 # ---- the eager runner's MIXED -> EXTEND relabel ----------------------------------------------
 
 

@@ -2,8 +2,8 @@
 through the backend's own capture/replay metadata entry points, with the model's eager
 attention break, replayed for live batches of different shapes and compared with eager upstream.
 
-Today the mixed split does not act inside replays (the replayed break sees the static EXTEND
-batch): with the patch on, replayed MIXED steps must fall back and give upstream's bits."""
+With the split on, a replayed MIXED step splits inside the attention break and equals the
+patch-off replay; no plan survives into the next replay."""
 
 import pytest
 import torch
@@ -64,14 +64,28 @@ def test_replay_equals_eager(bucket, name):
         assert torch.count_nonzero(got[layer][rows:]) == 0, "rows past the live ones must be zero"
 
 
-def test_split_patch_falls_back_under_replay(bucket):
+def test_split_acts_inside_replays_and_equals_upstream(bucket):
+    """With the split on, a replayed MIXED step splits inside the attention break (plan bound to
+    the replay's static batch, on the persistent captured metadata); a following replay without
+    decode rows carries no plan; both equal the patch-off replay of the same batch."""
     world, b = bucket
-    view, fb = _live(world, "mixed_b")
-    off = b.replay(view, fb, view.q())
+    off = {}
+    for name in ("mixed_b", "extend"):
+        view, fb = _live(world, name)
+        off[name] = b.replay(view, fb, view.q())
     with K.patch_installed(policy="always"):
         view, fb = _live(world, "mixed_b")
         on = b.replay(view, fb, view.q())
-        assert ms.get_plan(world.backend) is None
+        plan = getattr(b.metadata, ms.PLAN_ATTR, None)
+        assert plan is not None and plan.boundary.b0 == view.step.b0
+        assert plan.decode_calls == {r: 1 for r in K.LAYER_RATIOS}
+        view_e, fb_e = _live(world, "extend")
+        on_extend = b.replay(view_e, fb_e, view_e.q())
         assert getattr(b.metadata, ms.PLAN_ATTR, None) is None
+    rows, b0 = view.step.num_rows, view.step.b0
     for layer in b.layers:
-        assert torch.equal(on[layer], off[layer])
+        assert torch.equal(on[layer][:b0], off["mixed_b"][layer][:b0]), "prefill rows must be upstream's bits"
+        err = G.rel_l2(on[layer][b0:rows], off["mixed_b"][layer][b0:rows])
+        assert err < 5e-3, f"layer {layer}: decode rows rel L2 {err:.2e}"
+        assert torch.count_nonzero(on[layer][rows:]) == 0
+        assert torch.equal(on_extend[layer], off["extend"][layer])

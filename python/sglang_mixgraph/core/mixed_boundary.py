@@ -207,6 +207,19 @@ def assemble_rows(
     return out
 
 
+def copy_in_join(boundary: MixedBoundary, all_rows_out: torch.Tensor, decode_out: Optional[torch.Tensor]) -> torch.Tensor:
+    """The split's join: ``all_rows_out`` is the sparse prefill over every row of the step with
+    a workspace of the prefill requests only, so its decode and padding rows hold no keys and
+    come out as zeros; the decode kernel's rows are copied into it. Returns ``all_rows_out``."""
+    if all_rows_out.shape[0] != boundary.num_rows:
+        raise ValueError(f"sparse-prefill output has {all_rows_out.shape[0]} rows, expected {boundary.num_rows}")
+    if boundary.num_decode_reqs:
+        if decode_out is None or decode_out.shape[0] != boundary.num_decode_reqs:
+            raise ValueError(f"decode part must have {boundary.num_decode_reqs} rows")
+        all_rows_out[boundary.decode_rows].copy_(decode_out)
+    return all_rows_out
+
+
 def workspace_tokens(
     seq_lens: Sequence[int],
     extend_seq_lens: Sequence[int],

@@ -49,7 +49,9 @@ from sglang_mixgraph import counters
 from sglang_mixgraph.core.decode_tail import DecodeTail
 from sglang_mixgraph.core.mixed_boundary import (
     MixedBoundary,
+    assemble_rows,
     compute_mixed_boundary,
+    copy_in_join,
     slice_decode_tail,
 )
 from sglang_mixgraph.fallback import fallback_once
@@ -102,7 +104,6 @@ FALLBACK_REASONS = {
     "request_window": "request-window SWA layout",
     "encoder_replay": "encoder SWA replay rows",
     "xpu": "XPU",
-    "bcg": "breakable CUDA graph replay (the split runs in eager steps only)",
     "heads": "query head count outside the decode kernel's {64, 128}",
     "rows": "metadata rows do not cover the decode tail",
     "boundary": "decode requests are not the 1-token tail of the batch",
@@ -342,33 +343,40 @@ def _present_ratios(backend) -> FrozenSet[int]:
 
 
 def plan_split(backend, forward_batch) -> Optional[SplitPlan]:
-    """Decide the split of this step; store it (or None) on ``backend.forward_metadata``."""
+    """Decide the split of an eager step; store it (or None) on ``backend.forward_metadata``."""
     from sglang.srt.layers.attention.deepseek_v4_backend import DSV4Metadata
 
     metadata = getattr(backend, "forward_metadata", None)
     if not isinstance(metadata, DSV4Metadata):
         return None
     setattr(metadata, PLAN_ATTR, None)  # reset on every build
-    decode_tail = decode_tail_of(forward_batch)
-    if not decode_tail:
+    num_rows = int(forward_batch.input_ids.shape[0]) if forward_batch.input_ids is not None else 0
+    return _plan(backend, metadata, forward_batch, forward_batch, num_rows)
+
+
+def _plan(backend, metadata, live, target, num_rows: int) -> Optional[SplitPlan]:
+    """The split of one step whose scheduler batch is ``live``; the attention will see
+    ``target`` (the same batch in eager steps, the replay's static batch under a breakable
+    graph) and ``num_rows`` query rows. Stores the plan on ``metadata`` and installs the
+    prefill-only chunk cache there."""
+    decode_tail = decode_tail_of(live)
+    if not decode_tail or num_rows <= 0:
         return None
     num_decode, recognised_as = decode_tail
     _count(f"steps_seen.{recognised_as}")
-    reason = _unsupported_reason(backend, forward_batch, metadata)
+    reason = _unsupported_reason(backend, live, metadata)
     if reason is not None:
         _fallback(reason)
         return None
-    num_rows = int(forward_batch.input_ids.shape[0]) if forward_batch.input_ids is not None else None
-    if num_rows is None or not backend._use_sparse_prefill(forward_batch, num_qo_tokens=num_rows):
-        # Dense extend (deepseek_v4_backend.py:2917-2933 says no sparse prefill): upstream
-        # already runs every row through the decode kernel; nothing to split.
+    if not backend._use_sparse_prefill(target, num_qo_tokens=num_rows):
+        # Dense extend (``DeepseekV4AttnBackend._use_sparse_prefill`` says no): upstream already
+        # runs every row through the decode kernel; nothing to split.
         _count("steps_upstream_dense")
         return None
-    exts = list(forward_batch.extend_seq_lens_cpu or [])
-    seqs = [int(x) for x in forward_batch.seq_lens_cpu.tolist()]
-    num_reqs = len(exts)
+    exts = list(live.extend_seq_lens_cpu or [])
+    seqs = [int(x) for x in live.seq_lens_cpu.tolist()]
     try:
-        boundary = compute_mixed_boundary(exts[:num_reqs], num_decode, num_rows=num_rows)
+        boundary = compute_mixed_boundary(exts, num_decode, num_rows=num_rows)
     except (ValueError, TypeError):
         _fallback("boundary")
         return None
@@ -389,15 +397,13 @@ def plan_split(backend, forward_batch) -> Optional[SplitPlan]:
     if not _present_ratios(backend) <= split_ratios:
         # Some layers stay unsplit: they get exactly the chunk cache upstream would build for
         # this step (all requests, all rows). Built now, before the plan is stored, so the
-        # builder hook passes the call through to upstream unchanged; and at metadata time, so
-        # it reads req_to_token/full_to_swa before the eager WAR snapshot publishes read-done
-        # (eager_runner.py 328-339), as upstream's own snapshot build does.
-        full_cache = backend._build_sparse_prefill_chunk_cache(
-            forward_batch, core, num_qo_tokens=num_rows
-        )
+        # builder hook passes the call through to upstream unchanged; and before the first
+        # layer, so it reads req_to_token/full_to_swa before the eager WAR snapshot publishes
+        # read-done (``EagerRunner``), as upstream's own snapshot build does.
+        full_cache = backend._build_sparse_prefill_chunk_cache(target, core, num_qo_tokens=num_rows)
     plan = SplitPlan(
         boundary=boundary,
-        forward_batch_ref=_weak(forward_batch),
+        forward_batch_ref=_weak(target),
         tail=DecodeTail(
             kernel=backend._flash_mla_with_kvcache,
             meta_factory=_sched_meta_factory,
@@ -408,9 +414,10 @@ def plan_split(backend, forward_batch) -> Optional[SplitPlan]:
         policy=policy,
     )
     setattr(metadata, PLAN_ATTR, plan)
-    # Install the prefill-only chunk cache before the first layer (through the hooked builder).
+    # The prefill-only chunk cache, over every row (decode and padding rows empty: the copy-in
+    # join), installed before the first layer through the hooked builder.
     metadata.sparse_prefill_cache = backend._build_sparse_prefill_chunk_cache(
-        forward_batch, core, num_qo_tokens=boundary.b0
+        target, core, num_qo_tokens=num_rows
     )
     _count("steps_split")
     _count("decode_rows_split", boundary.num_decode_reqs)
@@ -431,19 +438,27 @@ def after_init_forward_metadata(result, backend, forward_batch):
     return None
 
 
-def after_prepare_bcg_replay(result, backend, capture_metadata, forward_batch, *, static_forward_batch):
-    """AFTER ``prepare_forward_metadata_for_breakable_cuda_graph_replay``: no split under BCG.
+def after_prepare_bcg_replay(result, backend, capture_metadata, forward_batch, *, static_forward_batch=None,
+                             **kwargs):
+    """AFTER ``prepare_forward_metadata_for_breakable_cuda_graph_replay``: plan the replay.
 
-    The replayed attention break sees the static EXTEND batch (prefill_cuda_graph_runner.py
-    1952-1962), not the live MIXED one, so no plan can match it; clear any plan on the
-    persistent capture metadata and say once that MIXED replays stay unsplit.
+    The runner refreshes the captured metadata in place for the live batch, which is still
+    labelled MIXED, while the replayed attention break sees the static EXTEND batch and the
+    live rows only (``deepseek_v4_attention_with_output`` slices to
+    ``global_num_token_non_padded_cpu``). The plan is made from the live batch, bound to the
+    static one, and stored on the persistent captured metadata; every replay first clears
+    the previous replay's plan, so a stale boundary never reaches a step that has none.
     """
     setattr(capture_metadata, PLAN_ATTR, None)
     metadata = getattr(backend, "forward_metadata", None)
-    if metadata is not None:
+    if metadata is not None and metadata is not capture_metadata:
         setattr(metadata, PLAN_ATTR, None)
-    if num_decode_requests(forward_batch):
-        _fallback("bcg")
+    target = static_forward_batch if static_forward_batch is not None else forward_batch
+    rows = getattr(target, "global_num_token_non_padded_cpu", None)
+    if rows is None:
+        rows = int(forward_batch.input_ids.shape[0]) if forward_batch.input_ids is not None else 0
+    if _plan(backend, capture_metadata, forward_batch, target, int(rows)) is not None:
+        _count("replays_split")
     return None
 
 
@@ -484,7 +499,9 @@ def around_build_chunk_cache(original, backend, forward_batch, core_attn_metadat
         # calls upstream's body), so none is built.
         return None
     view = _PrefillRequestsView(forward_batch, plan)
-    return original(backend, view, core_attn_metadata, num_qo_tokens=plan.boundary.b0)
+    # Every row of the step: the decode and padding rows are rows no request of the view
+    # owns, so the sparse prefill writes them as zeros (the copy-in join fills the decode rows).
+    return original(backend, view, core_attn_metadata, num_qo_tokens=plan.boundary.num_rows)
 
 
 # --------------------------------------------------------------------------------------------
@@ -597,17 +614,17 @@ def _split_forward(original, backend, q, layer_id, compress_ratio, forward_batch
     )
     if not plan.splits(compress_ratio):
         return _unsplit_forward(original, backend, plan, forward_batch, compress_ratio, dict(call, q=q))
-    from sglang_mixgraph.core.mixed_boundary import assemble_rows
-
-    o_pre = None
-    if b.b0:
-        o_pre = original(backend, q=q[: b.b0], **call)
     o_dec = _decode_tail(backend, plan, q, layer_id, compress_ratio, pool, core, attn_sink)
     _count(f"layers_split.c{compress_ratio}")
-    if o_pre is not None and o_dec.shape[1:] != o_pre.shape[1:]:
-        # q8kv8 returns only the active heads (deepseek_v4_backend.py:4681).
-        o_dec = o_dec[:, : o_pre.shape[1]]
-    return assemble_rows(b, o_pre, o_dec, like=o_dec)
+    if not b.b0:
+        return assemble_rows(b, None, o_dec, like=o_dec)
+    # The sparse prefill over every row with the prefill-only workspace, then the decode rows
+    # copied in (``core.mixed_boundary.copy_in_join``).
+    o_all = original(backend, q=q, **call)
+    if o_dec.shape[1:] != o_all.shape[1:]:
+        # the Q8KV8 path returns only the active heads (``_forward_prefill_sparse_q8kv8``)
+        o_dec = o_dec[:, : o_all.shape[1]]
+    return copy_in_join(b, o_all, o_dec)
 
 
 def around_forward_prefill_sparse(
@@ -738,7 +755,7 @@ def explain_for_deployment(resolution) -> str:
         return f"falls back to upstream: {FALLBACK_REASONS['hisparse']}"
     dp_attention = r.get("attn_dp_size", 1) > 1
     if r.get("enable_mixed_chunk"):
-        acts = "splits eager mixed steps at the prefill/decode boundary"
+        acts = "splits mixed steps at the prefill/decode boundary"
     elif dp_attention:
         acts = "no mixed steps (mixed chunk off); splits DP-attention decode batches relabelled to EXTEND"
     else:
@@ -747,9 +764,11 @@ def explain_for_deployment(resolution) -> str:
     prefill_graph = r["cuda_graph_config"]["prefill"]
     if prefill_graph["backend"] == "breakable" and prefill_graph["bs"]:
         acts += (
-            f"; steps of up to {max(prefill_graph['bs'])} tokens replay breakable prefill graphs "
-            f"and stay unsplit ({FALLBACK_REASONS['bcg']})"
+            f"; steps of up to {max(prefill_graph['bs'])} tokens replay breakable prefill graphs and "
+            "split inside the replay's attention break, larger ones split in eager steps"
         )
+    else:
+        acts += "; in eager steps (no breakable prefill graph)"
     return acts
 
 
