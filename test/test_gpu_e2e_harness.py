@@ -169,20 +169,25 @@ def test_adaptive_must_decide_every_step_and_split_some():
     assert _failed(C.check_phase(_rec("dgraph-adaptive", "adaptive", steps=_steps(4), events=ok), base)) == []
     never = {"steps_seen.mixed_run_as_extend": 4, "steps_unsplit_adaptive": 4}
     assert _failed(C.check_phase(_rec("dgraph-adaptive", "adaptive", steps=_steps(4), events=never), base)) == [
-        "adaptive split at least one step"]
+        "adaptive split at least one eager MIXED step"]
 
 
-def test_replayed_mixed_steps_must_record_the_graph_fallback_and_stubs_fail_a_phase():
+REPLAYS = {"replays_seen": 5, "replays_split": 5, "layers_split.c0": 5, "layers_split.c4": 10,
+           "layers_split.c128": 5}
+
+
+def test_replayed_mixed_steps_must_split_and_stubs_fail_a_phase():
     base = _rec("bcg-off", "off", steps=_steps(0, 5))
-    assert _failed(C.check_phase(_rec("bcg-always", "always", steps=_steps(0, 5), fallbacks={"bcg": 5}), base)) == []
-    assert _failed(C.check_phase(_rec("bcg-always", "always", steps=_steps(0, 5), fallbacks={"bcg": 2}), base)) == [
-        "every replayed MIXED step recorded the graph fallback"]
+    assert _failed(C.check_phase(_rec("bcg-always", "always", steps=_steps(0, 5), events=REPLAYS), base)) == []
+    partly = dict(REPLAYS, replays_split=2)
+    assert _failed(C.check_phase(_rec("bcg-always", "always", steps=_steps(0, 5), events=partly), base)) == [
+        "split acted in every replayed MIXED step"]
     at_import = "cutlass.cute.jit (pid 1) from utils.py:331 < <frozen importlib._bootstrap>:488"
     serving = "sgl_kernel.x (pid 1) from layernorm.py:631 < deepseek_v4.py:900"
-    stubbed = _rec("bcg-always", "always", steps=_steps(0, 5), fallbacks={"bcg": 5}, stubs=[at_import, serving])
+    stubbed = _rec("bcg-always", "always", steps=_steps(0, 5), events=REPLAYS, stubs=[at_import, serving])
     assert _failed(C.check_phase(stubbed, base)) == ["no stub was called while serving"]
     assert C.split_stub_calls([at_import, serving]) == ([serving], [at_import])
-    only_import = _rec("bcg-always", "always", steps=_steps(0, 5), fallbacks={"bcg": 5}, stubs=[at_import])
+    only_import = _rec("bcg-always", "always", steps=_steps(0, 5), events=REPLAYS, stubs=[at_import])
     assert _failed(C.check_phase(only_import, base)) == []
 
 
@@ -213,8 +218,11 @@ steps += [{"mode": "DECODE", "bs": 3, "rows": 3, "graph": True, "ms": 1.0}]
 with open(os.path.join(os.environ["MIXGRAPH_E2E_STEP_LOG"], "steps_1.jsonl"), "w") as f:
     f.writelines(json.dumps(s) + "\\n" for s in steps)
 events, fallbacks = {}, {}
-if split and graph:
-    fallbacks = {"bcg": 2}
+if split and graph and acts:
+    events = {"replays_seen": 2, "replays_split": 2, "layers_split.c0": 2, "layers_split.c4": 4,
+              "layers_split.c128": 2}
+elif split and graph:
+    events = {"replays_seen": 2}
 elif split and acts:
     events = {"steps_seen.mixed_run_as_extend": 2, "steps_split": 2, "layers_split.c0": 2,
               "layers_split.c4": 4, "layers_split.c128": 2}
@@ -250,15 +258,17 @@ def test_driver_reports_phases_and_exits_zero_when_every_check_holds(tmp_path, m
     assert eager["steps_by_mode"] == {"DECODE/graph": 1, "MIXED/eager": 2}
     assert eager["counters"]["events"]["mixed_split"]["steps_split"] == 2
     assert eager["standins"] == ["sgl_kernel.rmsnorm -> torch"]
-    assert report["phases"]["bcg-always"]["counters"]["fallbacks"] == {"mixed_split": {"bcg": 2}}
+    assert report["phases"]["bcg-always"]["counters"]["events"]["mixed_split"]["replays_split"] == 2
     assert "[ok] split acted in every eager MIXED step: split 2 of 2" in log
     assert (tmp_path / "out" / "phase_logs.tgz").exists()
 
 
 def test_driver_exits_nonzero_when_the_split_never_acted(tmp_path, monkeypatch):
     rc, report, log = _run_driver(tmp_path, monkeypatch, acts=False)
-    assert rc == 1 and report["checks_failed"] == 2
+    # eager and replayed: the split did not act, and no layer of any ratio split
+    assert rc == 1 and report["checks_failed"] == 4
     assert "FAILED eager-always: split acted in every eager MIXED step: split 0 of 2" in log
+    assert "FAILED bcg-always: split acted in every replayed MIXED step: split 0 of 2" in log
 
 
 # ---- the Engine-only stand-ins (tools/gpu-upstream/engine) -------------------------------------

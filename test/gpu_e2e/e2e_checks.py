@@ -145,23 +145,28 @@ def _acted(rec: PhaseRecord, mixed_eager: int, mixed_graph: int, ev: Dict[str, i
         seen = ev.get("steps_seen.mixed_run_as_extend", 0) + ev.get("steps_seen.mixed", 0)
         out.append(Check(rec.name, "every eager MIXED step recognised (run as EXTEND)", seen == mixed_eager,
                          f"recognised {seen} of {mixed_eager}"))
-        split, kept = ev.get("steps_split", 0), ev.get("steps_unsplit_adaptive", 0)
-        if rec.split == "always":
-            out.append(Check(rec.name, "split acted in every eager MIXED step", split == mixed_eager > 0,
-                             f"split {split} of {mixed_eager}"))
-            missing = [r for r in RATIOS if not ev.get(f"layers_split.c{r}")]
-            out.append(Check(rec.name, "layers of every compress ratio split", not missing,
-                             f"none split for ratios {missing}" if missing else ""))
-        else:
-            out.append(Check(rec.name, "adaptive decided every eager MIXED step", split + kept == mixed_eager,
-                             f"split {split} + kept unsplit {kept} of {mixed_eager}"))
-            out.append(Check(rec.name, "adaptive split at least one step", split > 0,
-                             f"split {split}, kept unsplit {kept}"))
+        out += _decided(rec, "eager MIXED step", mixed_eager, ev.get("steps_split", 0),
+                        ev.get("steps_unsplit_adaptive", 0))
     if mixed_graph:
-        n = fb.get("bcg", 0)
-        out.append(Check(rec.name, "every replayed MIXED step recorded the graph fallback", n == mixed_graph,
-                         f"fallback 'bcg' {n} of {mixed_graph} replays (the split does not act in replays yet)"))
+        seen = ev.get("replays_seen", 0)
+        out.append(Check(rec.name, "every replayed MIXED step recognised", seen == mixed_graph,
+                         f"recognised {seen} of {mixed_graph}"))
+        out += _decided(rec, "replayed MIXED step", mixed_graph, ev.get("replays_split", 0),
+                        ev.get("replays_unsplit_adaptive", 0))
+    if rec.split == "always":
+        missing = [r for r in RATIOS if not ev.get(f"layers_split.c{r}")]
+        out.append(Check(rec.name, "layers of every compress ratio split", not missing,
+                         f"none split for ratios {missing}" if missing else ""))
     return out
+
+
+def _decided(rec: PhaseRecord, what: str, n: int, split: int, kept: int) -> List[Check]:
+    if rec.split == "always":
+        return [Check(rec.name, f"split acted in every {what}", split == n > 0, f"split {split} of {n}")]
+    return [
+        Check(rec.name, f"adaptive decided every {what}", split + kept == n, f"split {split} + kept unsplit {kept} of {n}"),
+        Check(rec.name, f"adaptive split at least one {what}", split > 0, f"split {split}, kept unsplit {kept}"),
+    ]
 
 
 def summarize(rec: PhaseRecord) -> List[str]:

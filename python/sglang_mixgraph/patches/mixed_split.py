@@ -351,19 +351,20 @@ def plan_split(backend, forward_batch) -> Optional[SplitPlan]:
         return None
     setattr(metadata, PLAN_ATTR, None)  # reset on every build
     num_rows = int(forward_batch.input_ids.shape[0]) if forward_batch.input_ids is not None else 0
-    return _plan(backend, metadata, forward_batch, forward_batch, num_rows)
+    return _plan(backend, metadata, forward_batch, forward_batch, num_rows, replay=False)
 
 
-def _plan(backend, metadata, live, target, num_rows: int) -> Optional[SplitPlan]:
+def _plan(backend, metadata, live, target, num_rows: int, *, replay: bool) -> Optional[SplitPlan]:
     """The split of one step whose scheduler batch is ``live``; the attention will see
     ``target`` (the same batch in eager steps, the replay's static batch under a breakable
     graph) and ``num_rows`` query rows. Stores the plan on ``metadata`` and installs the
-    prefill-only chunk cache there."""
+    prefill-only chunk cache there. Replays are counted apart (``replays_*``) from eager steps
+    (``steps_*``)."""
     decode_tail = decode_tail_of(live)
     if not decode_tail or num_rows <= 0:
         return None
     num_decode, recognised_as = decode_tail
-    _count(f"steps_seen.{recognised_as}")
+    _count("replays_seen" if replay else f"steps_seen.{recognised_as}")
     reason = _unsupported_reason(backend, live, metadata)
     if reason is not None:
         _fallback(reason)
@@ -390,7 +391,7 @@ def _plan(backend, metadata, live, target, num_rows: int) -> Optional[SplitPlan]
         split_ratios = _adaptive_split_ratios(backend, boundary, seqs, exts)
         if not split_ratios & _present_ratios(backend):
             logger.debug("mixed split: adaptive policy keeps step unsplit (%s)", boundary)
-            _count("steps_unsplit_adaptive")
+            _count("replays_unsplit_adaptive" if replay else "steps_unsplit_adaptive")
             return None
         logger.debug("mixed split: adaptive splits ratios %s (%s)", sorted(split_ratios), boundary)
     full_cache = None
@@ -419,7 +420,7 @@ def _plan(backend, metadata, live, target, num_rows: int) -> Optional[SplitPlan]
     metadata.sparse_prefill_cache = backend._build_sparse_prefill_chunk_cache(
         target, core, num_qo_tokens=num_rows
     )
-    _count("steps_split")
+    _count("replays_split" if replay else "steps_split")
     _count("decode_rows_split", boundary.num_decode_reqs)
     return plan
 
@@ -457,8 +458,7 @@ def after_prepare_bcg_replay(result, backend, capture_metadata, forward_batch, *
     rows = getattr(target, "global_num_token_non_padded_cpu", None)
     if rows is None:
         rows = int(forward_batch.input_ids.shape[0]) if forward_batch.input_ids is not None else 0
-    if _plan(backend, capture_metadata, forward_batch, target, int(rows)) is not None:
-        _count("replays_split")
+    _plan(backend, capture_metadata, forward_batch, target, int(rows), replay=True)
     return None
 
 
