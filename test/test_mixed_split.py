@@ -352,7 +352,7 @@ def test_adaptive_policy_follows_cost_model(decode_cost, expect_split, monkeypat
 
     coeffs = scm.builtin_coefficients()
     per = {r: dict(c, d_key=decode_cost, d_row=decode_cost, c_dec=0.0, a_cat=0.0) for r, c in coeffs.per_ratio.items()}
-    monkeypatch.setattr(ms, "_cost_coefficients", lambda: scm.Coefficients("test", per, margin=0.0))
+    monkeypatch.setattr(ms.plan, "_cost_coefficients", lambda: scm.Coefficients("test", per, margin=0.0))
     step = K.Step(prefill=[(100, 16)], decode=[400, 500, 90], padding=1, seed=71)
     with _ctx("H200"):
         world = K.World(step)
@@ -503,7 +503,7 @@ def test_adaptive_splits_c4_not_c128_with_injected_coefficients(step, monkeypatc
     b = scm.StepShape.from_lists
     assert scm.should_split(b(4, step.seq_lens, step.extend_lens, len(step.decode)), coeffs)
     assert not scm.should_split(b(128, step.seq_lens, step.extend_lens, len(step.decode)), coeffs)
-    monkeypatch.setattr(ms, "_cost_coefficients", lambda: coeffs)
+    monkeypatch.setattr(ms.plan, "_cost_coefficients", lambda: coeffs)
     with _ctx("H200"):
         world = K.World(step)
         base, base_cache, base_dequant = _base_run(world, world.forward_batch())

@@ -1,0 +1,176 @@
+"""Split a DeepSeek-V4 mixed step at the prefill/decode boundary.
+
+Upstream sends every row of a MIXED batch through the sparse-prefill path, which dequantizes each
+request's SWA window and compressed history into a bf16 workspace
+(``DeepseekV4AttnBackend._forward_prefill_sparse``); the decode rows pay for that workspace
+although the fp8 decode kernel (``flash_mla_with_kvcache``, upstream's pure-decode path) reads
+the paged cache directly. With ``SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN=1`` the decode rows take the
+decode kernel and the workspace covers only the prefill requests, in eager steps and inside
+breakable-graph replays. Modules: ``boundary`` (which rows decode), ``plan`` (the per-step
+decision), ``forward`` (the split attention), ``state`` (flags, plan, counters). Anything not
+handled falls back to upstream for the whole step, said once per reason (docs/mixed-split.md).
+Retired by an upstream split of mixed steps in the DSV4 backend.
+"""
+
+from __future__ import annotations
+
+from sglang.srt.plugins.hook_registry import HookType
+
+from sglang_mixgraph.patches.mixed_split.boundary import (
+    after_eager_load_batch,
+    after_forward_batch_init_new,
+    decode_tail_of,
+    num_decode_requests,
+)
+from sglang_mixgraph.patches.mixed_split.forward import (
+    around_build_chunk_cache,
+    around_forward_prefill_sparse,
+    around_forward_prefill_sparse_q8kv8,
+)
+from sglang_mixgraph.patches.mixed_split.plan import (
+    after_init_forward_metadata,
+    after_prepare_bcg_replay,
+    plan_split,
+)
+from sglang_mixgraph.patches.mixed_split.state import (
+    ALL_RATIOS,
+    BACKEND,
+    BUILT_MIXED_ATTR,
+    EAGER_RUNNER,
+    FALLBACK_REASONS,
+    FORWARD_BATCH,
+    NUM_DECODE_ATTR,
+    PATCH_ID,
+    PLAN_ATTR,
+    POLICY_FLAG,
+    SPLIT_FLAG,
+    SplitPlan,
+    get_plan,
+)
+from sglang_mixgraph.registry import Hook, Patch
+
+__all__ = [
+    "ALL_RATIOS", "BUILT_MIXED_ATTR", "FALLBACK_REASONS", "HOOKS", "NUM_DECODE_ATTR", "PATCH",
+    "PATCH_ID", "PLAN_ATTR", "POLICY_FLAG", "SPLIT_FLAG", "SplitPlan", "after_eager_load_batch",
+    "after_forward_batch_init_new", "after_init_forward_metadata", "after_prepare_bcg_replay",
+    "around_build_chunk_cache", "around_forward_prefill_sparse", "around_forward_prefill_sparse_q8kv8",
+    "decode_tail_of", "explain_for_deployment", "get_plan", "num_decode_requests", "plan_split",
+]
+
+_SPARSE_SIG = "self, q, layer_id, compress_ratio, forward_batch, token_to_kv_pool, core_attn_metadata, attn_sink"
+
+HOOKS = (
+    Hook(
+        f"{FORWARD_BATCH}.init_new",
+        "classmethod",
+        "cls, batch, model_runner, *, capture_hidden_mode, return_hidden_states_before_norm, "
+        "extend_position_info, spec_mrope_positions, kv_loc_plan, write_cols",
+        HookType.AFTER,
+        after_forward_batch_init_new,
+    ),
+    Hook(
+        f"{EAGER_RUNNER}.load_batch",
+        "method",
+        "self, forward_batch, pp_proxy_tensors, **kwargs",
+        HookType.AFTER,
+        after_eager_load_batch,
+    ),
+    Hook(
+        f"{BACKEND}.init_forward_metadata",
+        "method",
+        "self, forward_batch",
+        HookType.AFTER,
+        after_init_forward_metadata,
+    ),
+    Hook(
+        f"{BACKEND}.prepare_forward_metadata_for_breakable_cuda_graph_replay",
+        "method",
+        "self, capture_metadata, forward_batch, *, static_forward_batch",
+        HookType.AFTER,
+        after_prepare_bcg_replay,
+    ),
+    Hook(
+        f"{BACKEND}._build_sparse_prefill_chunk_cache",
+        "method",
+        "self, forward_batch, core_attn_metadata, *, num_qo_tokens",
+        HookType.AROUND,
+        around_build_chunk_cache,
+    ),
+    Hook(
+        f"{BACKEND}._forward_prefill_sparse",
+        "method",
+        _SPARSE_SIG + ", cos_sin_cache",
+        HookType.AROUND,
+        around_forward_prefill_sparse,
+    ),
+    Hook(
+        f"{BACKEND}._forward_prefill_sparse_q8kv8",
+        "method",
+        _SPARSE_SIG,
+        HookType.AROUND,
+        around_forward_prefill_sparse_q8kv8,
+    ),
+)
+
+
+def explain_for_deployment(resolution) -> str:
+    """For `plan`: what the split would do in a resolved deployment, from its server arguments.
+
+    The runtime checks in `_unsupported_reason` still decide per step; this names the
+    deployment-wide reasons they will hit, and the graph interaction.
+    """
+    from sglang.srt.arg_groups.overrides import model_config_of
+    from sglang.srt.configs.model_config import is_deepseek_v4
+
+    r = resolution.resolved
+    hf = model_config_of(resolution.server_args).hf_config
+    if not is_deepseek_v4(hf):
+        return "not a DeepSeek-V4 model: nothing to split"
+    if getattr(hf, "model_type", None) == "deepseek_v41":
+        return f"falls back to upstream: {FALLBACK_REASONS['dsv41']}"
+    backend = r.get("dsv4_attn_backend")
+    if backend == "trtllm":
+        return f"falls back to upstream: {FALLBACK_REASONS['trtllm']}"
+    if backend == "flashmla_mega":
+        return f"falls back to upstream: {FALLBACK_REASONS['mega']}"
+    if resolution.gpu.sm_major == 12:
+        return f"falls back to upstream: {FALLBACK_REASONS['sm120']}"
+    if r.get("speculative_algorithm"):
+        return f"falls back to upstream: {FALLBACK_REASONS['spec']}"
+    if r.get("attn_cp_size", 1) > 1 or r.get("enable_prefill_cp"):
+        return f"falls back to upstream: {FALLBACK_REASONS['cp']}"
+    if r.get("enable_hisparse"):
+        return f"falls back to upstream: {FALLBACK_REASONS['hisparse']}"
+    dp_attention = r.get("attn_dp_size", 1) > 1
+    if r.get("enable_mixed_chunk"):
+        acts = "splits mixed steps at the prefill/decode boundary"
+    elif dp_attention:
+        acts = "no mixed steps (mixed chunk off); splits DP-attention decode batches relabelled to EXTEND"
+    else:
+        return "no mixed steps (mixed chunk off) and no DP attention: nothing to split"
+    acts += f" (policy {POLICY_FLAG.get()})"
+    prefill_graph = r["cuda_graph_config"]["prefill"]
+    if prefill_graph["backend"] == "breakable" and prefill_graph["bs"]:
+        acts += (
+            f"; steps of up to {max(prefill_graph['bs'])} tokens replay breakable prefill graphs and "
+            "split inside the replay's attention break, larger ones split in eager steps"
+        )
+    else:
+        acts += "; in eager steps (no breakable prefill graph)"
+    return acts
+
+
+def _is_enabled() -> bool:
+    POLICY_FLAG.get()  # a bad policy value stops startup even before the split flag is read
+    return bool(SPLIT_FLAG.get())
+
+
+PATCH = Patch(
+    id=PATCH_ID,
+    summary="DSV4 mixed prefill/decode split: decode rows via the fp8 decode kernel, "
+    "prefill-only sparse workspace (F1, F1b, F1c)",
+    flags=(SPLIT_FLAG, POLICY_FLAG),
+    hooks=HOOKS,
+    is_enabled=_is_enabled,
+    explain=explain_for_deployment,
+)

@@ -1,0 +1,239 @@
+"""The per-step decision: split this step or not, and how.
+
+Eager steps are planned AFTER ``DeepseekV4AttnBackend.init_forward_metadata``; breakable-graph
+replays AFTER ``prepare_forward_metadata_for_breakable_cuda_graph_replay``, from the live batch,
+bound to the replay's static batch and stored on the persistent captured metadata (cleared on
+every replay first). Both go through :func:`_plan`: fallbacks, the policy (``adaptive`` decides
+per compress ratio with the per-GPU cost model), and the prefill-only chunk cache installed
+before the first layer.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Dict, FrozenSet, Optional
+
+from sglang_mixgraph.core.decode_tail import DecodeTail
+from sglang_mixgraph.core.mixed_boundary import MixedBoundary, compute_mixed_boundary
+from sglang_mixgraph.patches.mixed_split.boundary import decode_tail_of
+from sglang_mixgraph.patches.mixed_split.state import (
+    ALL_RATIOS,
+    PLAN_ATTR,
+    POLICY_FLAG,
+    SplitPlan,
+    _count,
+    _fallback,
+    _weak,
+)
+
+logger = logging.getLogger(__name__)
+
+def _unsupported_reason(backend, forward_batch, metadata) -> Optional[str]:
+    from sglang.srt.layers.attention import deepseek_v4_backend as dsv4
+    from sglang.srt.layers.cp.utils import is_cp_active
+    from sglang.srt.runtime_context import get_platform
+
+    if getattr(backend, "trtllm_attn", False):
+        return "trtllm"
+    try:
+        from sglang.srt.layers.attention.deepseek_v4_mega_backend import DeepseekV4MegaAttnBackend
+
+        if isinstance(backend, DeepseekV4MegaAttnBackend):
+            return "mega"
+    except ImportError:  # pragma: no cover - module exists in 0.5.23
+        pass
+    if getattr(dsv4, "_is_xpu", False):
+        return "xpu"
+    if get_platform().is_sm120:
+        return "sm120"
+    if is_cp_active(forward_batch):
+        return "cp"
+    if getattr(backend, "hisparse_coordinator", None) is not None:
+        return "hisparse"
+    if getattr(backend, "is_dsv41", False):
+        return "dsv41"
+    if getattr(backend, "low_ratios", ()):
+        return "low_ratio"
+    if getattr(backend, "is_dspark_draft", False):
+        return "dspark"
+    spec_algo = getattr(forward_batch, "spec_algorithm", None)
+    if (
+        getattr(backend, "mtp_enabled", False)
+        or getattr(forward_batch, "spec_info", None) is not None
+        or (spec_algo is not None and not spec_algo.is_none())
+    ):
+        return "spec"
+    if metadata.late_layer_tail is not None or getattr(backend, "tail_forward_metadata", None) is not None:
+        return "late_tail"
+    core = metadata.core_attn_metadata
+    if getattr(core, "request_window_layout", None) is not None or (
+        getattr(backend.token_to_kv_pool, "request_window", None) is not None
+    ):
+        return "request_window"
+    # forward_batch_info.py:790-794 (bool flag + optional row tensors).
+    if getattr(forward_batch, "encoder_swa_replay", False) or getattr(
+        forward_batch, "encoder_swa_compress_rows", None
+    ) is not None:
+        return "encoder_replay"
+    return None
+
+
+_coeff_cache: Dict[str, Any] = {}
+
+
+def _cost_coefficients():
+    from sglang.srt.runtime_context import get_platform
+
+    from sglang_mixgraph.core import split_cost_model as scm
+
+    sm = getattr(get_platform(), "device_sm", None)
+    arch = f"sm{sm}" if sm else None
+    key = arch or "unknown"
+    if key not in _coeff_cache:
+        _coeff_cache[key] = scm.load_coefficients(arch)
+    return _coeff_cache[key]
+
+
+def _adaptive_split_ratios(backend, boundary: MixedBoundary, seqs, exts) -> FrozenSet[int]:
+    """The compress ratios the cost model says to split this step (``should_split`` per layer
+    kind). Every ratio is decided, present or not, so a layer never meets an undecided ratio."""
+    from sglang_mixgraph.core import split_cost_model as scm
+
+    topk = getattr(backend, "index_topk", scm.C4_TOPK)
+    n = boundary.num_prefill_reqs + boundary.num_decode_reqs
+    coeffs = _cost_coefficients()
+    return frozenset(
+        r
+        for r in ALL_RATIOS
+        if scm.should_split(
+            scm.StepShape.from_lists(r, seqs[:n], exts[:n], boundary.num_decode_reqs, topk=topk),
+            coeffs,
+        )
+    )
+
+
+def _present_ratios(backend) -> FrozenSet[int]:
+    """Ratios some layer of this model has: SWA-only always, c4/c128 as the backend lists."""
+    present = {0}
+    present.update(int(r) for r in getattr(backend, "present_ratios", ()) or ())
+    return frozenset(present)
+
+
+def plan_split(backend, forward_batch) -> Optional[SplitPlan]:
+    """Decide the split of an eager step; store it (or None) on ``backend.forward_metadata``."""
+    from sglang.srt.layers.attention.deepseek_v4_backend import DSV4Metadata
+
+    metadata = getattr(backend, "forward_metadata", None)
+    if not isinstance(metadata, DSV4Metadata):
+        return None
+    setattr(metadata, PLAN_ATTR, None)  # reset on every build
+    num_rows = int(forward_batch.input_ids.shape[0]) if forward_batch.input_ids is not None else 0
+    return _plan(backend, metadata, forward_batch, forward_batch, num_rows, replay=False)
+
+
+def _plan(backend, metadata, live, target, num_rows: int, *, replay: bool) -> Optional[SplitPlan]:
+    """The split of one step whose scheduler batch is ``live``; the attention will see
+    ``target`` (the same batch in eager steps, the replay's static batch under a breakable
+    graph) and ``num_rows`` query rows. Stores the plan on ``metadata`` and installs the
+    prefill-only chunk cache there. Replays are counted apart (``replays_*``) from eager steps
+    (``steps_*``)."""
+    decode_tail = decode_tail_of(live)
+    if not decode_tail or num_rows <= 0:
+        return None
+    num_decode, recognised_as = decode_tail
+    _count("replays_seen" if replay else f"steps_seen.{recognised_as}")
+    reason = _unsupported_reason(backend, live, metadata)
+    if reason is not None:
+        _fallback(reason)
+        return None
+    if not backend._use_sparse_prefill(target, num_qo_tokens=num_rows):
+        # Dense extend (``DeepseekV4AttnBackend._use_sparse_prefill`` says no): upstream already
+        # runs every row through the decode kernel; nothing to split.
+        _count("steps_upstream_dense")
+        return None
+    exts = list(live.extend_seq_lens_cpu or [])
+    seqs = [int(x) for x in live.seq_lens_cpu.tolist()]
+    try:
+        boundary = compute_mixed_boundary(exts, num_decode, num_rows=num_rows)
+    except (ValueError, TypeError):
+        _fallback("boundary")
+        return None
+    core = metadata.core_attn_metadata
+    if core.swa_page_indices.shape[0] < boundary.decode_end:
+        _fallback("rows")
+        return None
+    policy = str(POLICY_FLAG.get())
+    split_ratios = frozenset(ALL_RATIOS)
+    if policy == "adaptive":
+        split_ratios = _adaptive_split_ratios(backend, boundary, seqs, exts)
+        if not split_ratios & _present_ratios(backend):
+            logger.debug("mixed split: adaptive policy keeps step unsplit (%s)", boundary)
+            _count("replays_unsplit_adaptive" if replay else "steps_unsplit_adaptive")
+            return None
+        logger.debug("mixed split: adaptive splits ratios %s (%s)", sorted(split_ratios), boundary)
+    full_cache = None
+    if not _present_ratios(backend) <= split_ratios:
+        # Some layers stay unsplit: they get exactly the chunk cache upstream would build for
+        # this step (all requests, all rows). Built now, before the plan is stored, so the
+        # builder hook passes the call through to upstream unchanged; and before the first
+        # layer, so it reads req_to_token/full_to_swa before the eager WAR snapshot publishes
+        # read-done (``EagerRunner``), as upstream's own snapshot build does.
+        full_cache = backend._build_sparse_prefill_chunk_cache(target, core, num_qo_tokens=num_rows)
+    plan = SplitPlan(
+        boundary=boundary,
+        forward_batch_ref=_weak(target),
+        tail=DecodeTail(
+            kernel=backend._flash_mla_with_kvcache,
+            meta_factory=_sched_meta_factory,
+            use_legacy=not getattr(backend, "_swa_interleaved", False),
+        ),
+        split_ratios=split_ratios,
+        full_cache=full_cache,
+        policy=policy,
+    )
+    setattr(metadata, PLAN_ATTR, plan)
+    # The prefill-only chunk cache, over every row (decode and padding rows empty: the copy-in
+    # join), installed before the first layer through the hooked builder.
+    metadata.sparse_prefill_cache = backend._build_sparse_prefill_chunk_cache(
+        target, core, num_qo_tokens=num_rows
+    )
+    _count("replays_split" if replay else "steps_split")
+    _count("decode_rows_split", boundary.num_decode_reqs)
+    return plan
+
+
+def _sched_meta_factory():
+    # A fresh FlashMLASchedMeta as upstream creates them (deepseek_v4_backend.py:210-215),
+    # looked up at call time.
+    from sglang.srt.layers.attention import deepseek_v4_backend as dsv4
+
+    return dsv4._create_flashmla_metadata()
+
+
+def after_init_forward_metadata(result, backend, forward_batch):
+    """AFTER ``DeepseekV4AttnBackend.init_forward_metadata(self, forward_batch)``."""
+    plan_split(backend, forward_batch)
+    return None
+
+
+def after_prepare_bcg_replay(result, backend, capture_metadata, forward_batch, *, static_forward_batch=None,
+                             **kwargs):
+    """AFTER ``prepare_forward_metadata_for_breakable_cuda_graph_replay``: plan the replay.
+
+    The runner refreshes the captured metadata in place for the live batch, which is still
+    labelled MIXED, while the replayed attention break sees the static EXTEND batch and the
+    live rows only (``deepseek_v4_attention_with_output`` slices to
+    ``global_num_token_non_padded_cpu``). The plan is made from the live batch, bound to the
+    static one, and stored on the persistent captured metadata; every replay first clears
+    the previous replay's plan, so a stale boundary never reaches a step that has none.
+    """
+    setattr(capture_metadata, PLAN_ATTR, None)
+    metadata = getattr(backend, "forward_metadata", None)
+    if metadata is not None and metadata is not capture_metadata:
+        setattr(metadata, PLAN_ATTR, None)
+    target = static_forward_batch if static_forward_batch is not None else forward_batch
+    rows = getattr(target, "global_num_token_non_padded_cpu", None)
+    if rows is None:
+        rows = int(forward_batch.input_ids.shape[0]) if forward_batch.input_ids is not None else 0
+    _plan(backend, capture_metadata, forward_batch, target, int(rows), replay=True)
+    return None

@@ -1,0 +1,119 @@
+"""The mixed split's switches and per-step state.
+
+Flags (registered in SGLang's envs), the attribute names the patch adds to upstream objects,
+the fallback reasons, the activity counters it keeps, and :class:`SplitPlan`, the split of one
+step, stored on that step's ``DSV4Metadata`` and bound to the ForwardBatch the attention sees.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Dict, FrozenSet, Optional
+
+from sglang_mixgraph import counters
+from sglang_mixgraph.core.decode_tail import DecodeTail
+from sglang_mixgraph.core.mixed_boundary import MixedBoundary
+from sglang_mixgraph.fallback import fallback_once
+from sglang_mixgraph.flags import bool_flag, choice_flag
+
+PATCH_ID = "mixed_split"
+BACKEND = "sglang.srt.layers.attention.deepseek_v4_backend.DeepseekV4AttnBackend"
+FORWARD_BATCH = "sglang.srt.model_executor.forward_batch_info.ForwardBatch"
+EAGER_RUNNER = "sglang.srt.model_executor.runner.eager_runner.EagerRunner"
+
+SPLIT_FLAG = bool_flag(
+    "SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN",
+    False,
+    "DSV4: split mixed prefill/decode steps at the boundary; decode rows use the fp8 decode "
+    "kernel, the sparse-prefill workspace covers only the prefill requests.",
+)
+# Default from the H200 sweep (docs/results/mixed_split_h200.md, "Conclusions and default
+# policy"): `always` loses up to 17 % per step at short contexts, `adaptive` stays within ~1 %.
+POLICY_FLAG = choice_flag(
+    "SGLANG_MIXGRAPH_SPLIT_POLICY",
+    "adaptive",
+    ("always", "adaptive"),
+    "With the mixed split on: `always` splits every step with decode rows; `adaptive` splits "
+    "only where the per-GPU cost model predicts a gain.",
+    off_value="always",
+)
+
+# The compress ratios of a DSV4 (not V4.1) model: SWA-only, CSA, HCA.
+ALL_RATIOS = (0, 4, 128)
+
+# Attribute names we add to upstream objects (prefixed so they never collide).
+NUM_DECODE_ATTR = "_mixgraph_num_decode"  # on ForwardBatch, from init_new
+BUILT_MIXED_ATTR = "_mixgraph_built_mixed"  # on ForwardBatch: init_new saw a MIXED batch
+PLAN_ATTR = "mixgraph_split"  # on DSV4Metadata, one per metadata build
+
+FALLBACK_REASONS = {
+    "trtllm": "trtllm attention backend (no sparse-prefill path to split)",
+    "mega": "mega attention backend (fused RoPE prefill/decode kernels)",
+    "cp": "context parallelism",
+    "hisparse": "hisparse",
+    "sm120": "SM120",
+    "dsv41": "DSV4.1 (interleaved KV layouts, low-ratio c1/c2 layers)",
+    "low_ratio": "DSV4.1 low-ratio (c1/c2) layers",
+    "late_tail": "decoder SWA bounded replay (late-layer tail)",
+    "spec": "speculative decoding",
+    "dspark": "DSpark draft backend",
+    "request_window": "request-window SWA layout",
+    "encoder_replay": "encoder SWA replay rows",
+    "xpu": "XPU",
+    "heads": "query head count outside the decode kernel's {64, 128}",
+    "rows": "metadata rows do not cover the decode tail",
+    "boundary": "decode requests are not the 1-token tail of the batch",
+    "shape": "attention rows differ from the planned step",
+}
+
+
+def _fallback(reason_key: str) -> None:
+    fallback_once(PATCH_ID, FALLBACK_REASONS[reason_key], key=reason_key)
+
+
+def _count(event: str, n: int = 1) -> None:
+    counters.count(PATCH_ID, event, n)
+
+
+# --------------------------------------------------------------------------------------------
+# per-step state
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SplitPlan:
+    """The split of one step, stored on the step's ``DSV4Metadata`` (attribute ``mixgraph_split``)."""
+
+    boundary: MixedBoundary
+    forward_batch_ref: Any  # weakref to the ForwardBatch the plan was made for
+    tail: DecodeTail
+    # Compress ratios whose layers take the split path this step (``always``: every ratio).
+    split_ratios: FrozenSet[int] = frozenset(ALL_RATIOS)
+    # The all-requests chunk cache upstream would have built for this step, for the layers of
+    # ratios outside ``split_ratios``; None when every present ratio splits.
+    full_cache: Any = None
+    # Diagnostics for tests and logs.
+    policy: str = "always"
+    decode_calls: Dict[int, int] = field(default_factory=dict)
+    unsplit_calls: Dict[int, int] = field(default_factory=dict)
+
+    def splits(self, compress_ratio: int) -> bool:
+        return compress_ratio in self.split_ratios
+
+    def matches(self, forward_batch) -> bool:
+        ref = self.forward_batch_ref
+        target = ref() if isinstance(ref, weakref.ref) else ref
+        return target is forward_batch
+
+
+def get_plan(backend) -> Optional[SplitPlan]:
+    metadata = getattr(backend, "forward_metadata", None)
+    return getattr(metadata, PLAN_ATTR, None)
+
+
+def _weak(obj):
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return obj
