@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import sys
-import traceback
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -23,11 +22,12 @@ from sglang_mixgraph.target_gpu import DEFAULT_GPU, GPUS
 EMBEDDED_MODEL_DIR = Path(__file__).parent / "data" / "dsv4_pro"
 MEGA_MOE_CAP_ENV = "SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK"
 
-# The reference deployment of DESIGN §5: DSV4-Pro on 8 GPUs, tp 8 with attention DP
-# over 8 ranks, MegaMoE, mixed chunk, 256 running requests and 2816 prefill tokens
-# per rank. SGLang takes both sizes globally and divides by the attention-DP size
-# (arg_groups/parallel_hook.py chunked-prefill adjustment; `max_running_requests //
-# attn_dp_size` in model_executor/pool_configurator.py:956).
+# The reference deployment: DSV4-Pro on 8 GPUs, tp 8 with attention DP over 8 ranks,
+# MegaMoE, mixed chunk, 256 running requests and 2816 prefill tokens per rank. SGLang takes
+# both sizes globally and divides by the attention-DP size (sglang.srt.arg_groups.parallel_hook
+# `handle_data_parallelism`; `max_running_requests // attn_dp_size` in
+# sglang.srt.model_executor.pool_configurator). `plan` without --model-path plans it, with the
+# user's server arguments applied on top.
 REFERENCE_DP = 8
 REFERENCE_ARGS = [
     "--model-path", str(EMBEDDED_MODEL_DIR),
@@ -67,11 +67,16 @@ def _gpu_info() -> dict[str, Any]:
     }
 
 
+NOT_LOADED = "not loaded"
+
+
 def doctor_report() -> dict[str, Any]:
     from sglang_mixgraph.flags import FLAGS, FlagValueError
     from sglang_mixgraph.patches import all_patches
     from sglang_mixgraph.registry import PINNED_SGLANG, check_hook, evaluate
+    from sglang_mixgraph.resolve import plugin_load_status
 
+    plugin = plugin_load_status()
     patches = []
     for patch in all_patches():
         status = evaluate(patch)
@@ -82,8 +87,10 @@ def doctor_report() -> dict[str, Any]:
                 "id": patch.id,
                 "summary": patch.summary,
                 "flags": status.flag_values,
-                "status": status.state,
-                "reason": status.error,
+                # Whatever the flags say, nothing applies when SGLang does not load the plugin.
+                "status": status.state if plugin.loaded else NOT_LOADED,
+                "status_if_loaded": status.state,
+                "reason": status.error or getattr(status, "drift", None),
                 "targets": [
                     {"target": c.target, "expected": c.expected, "found": c.found, "ok": c.ok}
                     for c in checks
@@ -112,6 +119,7 @@ def doctor_report() -> dict[str, Any]:
             "flash_mla": _dist_version("sgl-flash-mla"),
         },
         "gpu": _gpu_info(),
+        "plugin": {"loaded": plugin.loaded, "reason": plugin.reason},
         "flags": flags,
         "patches": patches,
         "ok": all(p["status"] != "cannot apply" for p in patches)
@@ -126,6 +134,11 @@ def _print_doctor(report: dict[str, Any]) -> None:
     gpu = report["gpu"]
     print("GPU: " + (f"{gpu['count']}x {gpu['name']} (SM {gpu['capability']})" if gpu["available"]
                      else f"none ({gpu['reason']})"))
+    plugin = report["plugin"]
+    if plugin["loaded"]:
+        print(f"Plugin: loaded ({plugin['reason']})")
+    else:
+        print(f"Plugin: NOT LOADED: {plugin['reason']}; no patch applies and SGLang runs unpatched")
     print("Flags:")
     for f in report["flags"]:
         shown = f"ERROR: {f['error']}" if "error" in f else repr(f["value"])
@@ -134,7 +147,10 @@ def _print_doctor(report: dict[str, Any]) -> None:
     if not report["patches"]:
         print("  (none)")
     for p in report["patches"]:
-        print(f"  {p['id']}: {p['status']}  ({p['summary']})")
+        status = p["status"]
+        if status == NOT_LOADED:
+            status += f" (if loaded: {p['status_if_loaded']})"
+        print(f"  {p['id']}: {status}  ({p['summary']})")
         if p["reason"]:
             for line in p["reason"].splitlines():
                 print(f"      {line}")
@@ -145,7 +161,17 @@ def _print_doctor(report: dict[str, Any]) -> None:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    report = doctor_report()
+    from sglang_mixgraph.resolve import environment_problem, quiet_import_warnings
+
+    try:
+        with quiet_import_warnings():
+            report = doctor_report()
+    except OSError as e:
+        problem = environment_problem(e)
+        if problem is None:
+            raise
+        print(f"sglang-mixgraph doctor: {problem}", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps(report, indent=2, default=str))
     else:
@@ -156,7 +182,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- plan
 
 
-def plan_report(resolution: Any, argv: list[str], default_deployment: bool) -> dict[str, Any]:
+def plan_report(
+    resolution: Any, argv: list[str], default_deployment: bool, user_argv: list[str] | None = None,
+    model_note: str | None = None,
+) -> dict[str, Any]:
     from sglang.srt.environ import envs
 
     from sglang_mixgraph.graph_plan import graph_plan
@@ -168,11 +197,17 @@ def plan_report(resolution: Any, argv: list[str], default_deployment: bool) -> d
     graphs = r["cuda_graph_config"]
     attn_dp = r["attn_dp_size"]
     megamoe = r["moe_a2a_backend"] == "megamoe"
+    loaded = resolution.plugin.loaded
     patches = []
     for patch in all_patches():
         status = evaluate(patch)
-        entry = {"id": patch.id, "status": status.state, "reason": status.error}
-        if status.enabled and status.error is None and patch.explain is not None:
+        entry = {
+            "id": patch.id,
+            "status": status.state if loaded else NOT_LOADED,
+            "status_if_loaded": status.state,
+            "reason": status.error or getattr(status, "drift", None),
+        }
+        if loaded and status.enabled and status.error is None and patch.explain is not None:
             entry["note"] = patch.explain(resolution)
         patches.append(entry)
     return {
@@ -184,7 +219,10 @@ def plan_report(resolution: Any, argv: list[str], default_deployment: bool) -> d
         },
         "server_args": argv,
         "default_deployment": default_deployment,
+        "arguments_on_top": list(user_argv or []) if default_deployment else [],
+        "plugin": {"loaded": loaded, "reason": resolution.plugin.reason},
         "model_path": r["model_path"],
+        "model_class_note": model_note,
         "tp_size": r["tp_size"],
         "attn_dp_size": attn_dp,
         "dp_attention": attn_dp > 1,
@@ -224,8 +262,20 @@ def _print_plan(p: dict[str, Any]) -> None:
 
     print(f"assumed GPU: {p['assumed_gpu']['text']}")
     if p["default_deployment"]:
-        print("deployment: embedded default (DSV4-Pro-shaped config, reference launch of DESIGN §5)")
+        line = "deployment: the embedded reference (a DeepSeek-V4-Pro-shaped config.json, no weights)"
+        if p["arguments_on_top"]:
+            line += " with your arguments on top: " + " ".join(p["arguments_on_top"])
+        print(line)
     print("server args: " + " ".join(p["server_args"]))
+    if p["plugin"]["loaded"]:
+        print(f"plugin: loaded ({p['plugin']['reason']})")
+    else:
+        print(
+            f"plugin: NOT LOADED: {p['plugin']['reason']}; this is SGLang's own resolution, "
+            "without sglang-mixgraph's hooks"
+        )
+    if p.get("model_class_note"):
+        print(f"model: {p['model_class_note']}")
     moe = p["moe"]
     print(f"attention backend: {p['attention_backend']}; MoE runner: {moe['runner_backend']}")
     print(format_graph_plan(p["graph"]))
@@ -234,36 +284,60 @@ def _print_plan(p: dict[str, Any]) -> None:
         print("  (none)")
     for patch in p["patches"]:
         line = f"  {patch['id']}: {patch['status']}"
+        if patch["status"] == NOT_LOADED:
+            line += f" (if loaded: {patch['status_if_loaded']})"
         if patch.get("note"):
             line += f" - {patch['note']}"
         print(line)
-        if patch["reason"]:
+        if patch["reason"] and patch["status"] != NOT_LOADED:
             for reason_line in patch["reason"].splitlines():
                 print(f"      {reason_line}")
 
 
-def cmd_plan(args: argparse.Namespace, server_argv: list[str]) -> int:
-    default_deployment = not server_argv
-    if default_deployment:
-        server_argv = list(REFERENCE_ARGS)
-        for key, value in REFERENCE_ENV.items():
-            os.environ.setdefault(key, value)
+def _plan_error(message: str) -> None:
+    print(f"sglang-mixgraph plan: {message}", file=sys.stderr)
 
-    from sglang_mixgraph.resolve import resolve, select_described_platform
+
+def cmd_plan(args: argparse.Namespace, server_argv: list[str]) -> int:
+    from sglang_mixgraph.resolve import (
+        PlanInputError,
+        explain_failure,
+        invalid_environment,
+        model_class_problem,
+        prepare_argv,
+        resolve,
+        select_described_platform,
+    )
 
     select_described_platform(args.target_gpu)
     try:
-        resolution = resolve(server_argv, gpu=args.target_gpu)
+        prepared = prepare_argv(server_argv, reference_argv=REFERENCE_ARGS)
+        if prepared.on_reference:
+            for key, value in REFERENCE_ENV.items():
+                os.environ.setdefault(key, value)
+        problems = invalid_environment()
+        if problems:
+            for problem in problems:
+                _plan_error(problem)
+            return 1
+        resolution = resolve(prepared.argv, gpu=args.target_gpu)
+        model_error, model_note = model_class_problem(resolution)
+        if model_error is not None:
+            raise PlanInputError(model_error)
+    except PlanInputError as e:
+        _plan_error(str(e))
+        return e.exit_code
+    except SystemExit as e:  # a patch that cannot apply stops SGLang's startup (plugin.register)
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+            return 1
+        raise
     except Exception as e:  # SGLang's own resolution errors (ValueError, AssertionError, ...)
-        frame = traceback.extract_tb(e.__traceback__)[-1]
-        detail = "".join(traceback.format_exception_only(e)).strip()
-        print(
-            f"sglang-mixgraph plan: the server arguments do not resolve: {detail}\n"
-            f"  (raised at {frame.filename}:{frame.lineno}, in {frame.name})",
-            file=sys.stderr,
-        )
+        _plan_error(explain_failure(e))
         return 1
-    report = plan_report(resolution, server_argv, default_deployment)
+    report = plan_report(
+        resolution, prepared.argv, prepared.on_reference, prepared.user_argv, model_note
+    )
     if args.json:
         print(json.dumps(report, indent=2, default=str))
     else:
@@ -292,7 +366,8 @@ def _parser() -> argparse.ArgumentParser:
         description=(
             "Resolve SGLang server arguments exactly as `python -m sglang.launch_server` would "
             "(with this plugin loaded) without starting anything. Arguments not listed here are "
-            "passed to SGLang's parser. With none, the embedded reference deployment is used."
+            "SGLang server arguments. Without --model-path they are applied on top of the "
+            "embedded reference deployment (each option given replaces the reference's value)."
         ),
         allow_abbrev=False,
     )

@@ -15,7 +15,7 @@ from typing import Any
 from sglang_mixgraph.core.capture_memory import fmt_bytes
 
 
-def _lists(server_args, ctx, record) -> dict:
+def _lists(server_args, ctx, record, plugin_loaded: bool = True) -> dict:
     from sglang.srt.arg_groups.cuda_graph_hook import generate_prefill_cuda_graph_batch_sizes
     from sglang.srt.arg_groups.overrides import use_mla_backend
 
@@ -63,8 +63,12 @@ def _lists(server_args, ctx, record) -> dict:
             "padding": prof.as_dict(),
         }
 
+    if record is not None and record.bucket_policy:
+        policy = record.bucket_policy
+    else:
+        policy = "upstream" if plugin_loaded else "upstream (sglang-mixgraph is not loaded)"
     out = {
-        "policy": (record.bucket_policy if record and record.bucket_policy else None),
+        "policy": policy,
         "upstream": describe(upstream),
         "ours": describe(ours) if ours else {"error": ours_error},
         "final": final,
@@ -112,6 +116,8 @@ def graph_plan(resolution: Any) -> dict:
     from sglang_mixgraph.target_gpu import described_gpu
 
     server_args = resolution.server_args
+    plugin = getattr(resolution, "plugin", None)
+    plugin_loaded = plugin is None or plugin.loaded
     record = recorded(server_args)
     with described_gpu(resolution.gpu.name):
         cfg = resolving_view(server_args)
@@ -162,13 +168,22 @@ def graph_plan(resolution: Any) -> dict:
                 "bucket_count": len(decode.bs or []),
             },
             "capture_memory": estimate,
-            "bucket_lists": _lists(server_args, ctx, record),
+            "bucket_lists": _lists(server_args, ctx, record, plugin_loaded),
             "validations": checks,
+            # Without the plugin SGLang runs none of these checks: they are reported, not enforced.
+            "plugin_loaded": plugin_loaded,
         }
         if prefill.backend == Backend.DISABLED and estimate is not None:
             plan["capture_memory"]["note"] = "prefill graph is off; the estimate is what the final list would need"
-    plan["ok"] = all(v["ok"] or v.get("severity") == "warning" for v in checks)
+    plan["ok"] = not plugin_loaded or all(v["ok"] or v.get("severity") == "warning" for v in checks)
     return plan
+
+
+def _elided(buckets: list) -> str:
+    """A bucket list for people: in full up to 12 entries, else its ends and its length."""
+    if len(buckets) <= 12:
+        return "[" + ", ".join(str(b) for b in buckets) + "]"
+    return "[" + ", ".join(str(b) for b in buckets[:4]) + ", ..., " + ", ".join(str(b) for b in buckets[-3:]) + "]"
 
 
 def _fmt_bucket_side(name: str, side: dict | None) -> list[str]:
@@ -177,13 +192,13 @@ def _fmt_bucket_side(name: str, side: dict | None) -> list[str]:
     if "error" in side:
         return [f"  {name}: {side['error']}"]
     pad = side["padding"]
-    shown = side["buckets"] if len(side["buckets"]) <= 12 else side["buckets"][:4] + ["..."] + side["buckets"][-3:]
+    shown = _elided(side["buckets"])
     return [
         f"  {name}: {side['count']} buckets, largest {side['largest']}, capture {fmt_bytes(side['capture_bytes'])}"
         f" ({'fits' if side['capture_fits'] else 'does not fit' if side['capture_fits'] is False else 'unknown'}),"
         f" worst padding {pad['worst_padding_factor']:.2f}x / {pad['worst_padding_tokens']} tokens,"
         f" mean {pad['mean_padding_factor']:.2f}x",
-        f"    [{', '.join(str(b) for b in shown)}]",
+        f"    {shown}",
     ]
 
 
@@ -197,7 +212,10 @@ def format_graph_plan(d: dict) -> str:
         f" (max_running_requests {dep['max_running_requests']}), MoE a2a {dep['moe_a2a_backend']}"
         + (f", MegaMoE cap {dep['mega_moe_cap_per_rank']}" if dep["mega_moe_cap_per_rank"] else "")
     )
-    lines.append("  flags: " + ", ".join(f"{k}={v}" for k, v in d["flags"].items()))
+    flags = ", ".join(f"{k}={v}" for k, v in d["flags"].items())
+    if not d.get("plugin_loaded", True):
+        flags += " (not read: the plugin is not loaded)"
+    lines.append("  flags: " + flags)
     pg = d["prefill_graph"]
     dec = pg["decided_by"]
     how = dec["kind"] + (f" {dec['rule']!r} ({dec['reason']})" if dec.get("rule") else f": {dec.get('detail', '')}")
@@ -225,10 +243,14 @@ def format_graph_plan(d: dict) -> str:
     if "note" in bl:
         lines.append(f"Buckets: {bl['note']}")
     else:
-        lines.append(f"Buckets (policy {bl['policy']}), final list {bl['final']}:")
+        final = bl["final"]
+        lines.append(f"Buckets (policy {bl['policy']}), final list of {len(final)}: {_elided(final)}")
         lines += _fmt_bucket_side("upstream", bl["upstream"])
         lines += _fmt_bucket_side("derived ", bl["ours"])
-    lines.append("Validations:")
+    if d.get("plugin_loaded", True):
+        lines.append("Validations:")
+    else:
+        lines.append("Validations (sglang-mixgraph's startup checks; not run, the plugin is not loaded):")
     for v in d["validations"]:
         mark = "ok" if v["ok"] else ("WARN" if v.get("severity") == "warning" else "FAIL")
         lines.append(f"  [{mark}] {v['name']}: {v['message']}")

@@ -15,9 +15,12 @@ layer, in three places that together are everything resolution asks:
   resolution hooks still call directly; inside `described_gpu()` they answer
   from the same description and are restored on exit.
 
-Nothing activates unless `SGLANG_MIXGRAPH_DESCRIBED_GPU` names a GPU and the
-`described_gpu()` context is entered; only `plan` (in its own process) and the
-tests do that.
+The described GPU lives in this process only: `select(name)` (called by
+`resolve.select_described_platform`, which `plan` and the tests' conftest call)
+records it in a module variable, and nothing is read from the environment. A
+process that did not select a GPU gets no described GPU: under auto-discovery
+`activate()` returns None, and a process that inherited
+`SGLANG_PLATFORM=mixgraph_target` gets the platform SGLang would pick without it.
 """
 
 from __future__ import annotations
@@ -29,7 +32,6 @@ import types
 from dataclasses import dataclass
 from typing import Iterator
 
-DESCRIBED_GPU_ENV = "SGLANG_MIXGRAPH_DESCRIBED_GPU"
 PLATFORM_PLUGIN_NAME = "mixgraph_target"
 
 
@@ -53,7 +55,7 @@ class GpuSpec:
         return f"{self.name} (SM{self.sm}), {self.memory_mib} MiB"
 
 
-# H200 as read on the lent machine (KINDS.md: 143771 MiB); the others are the
+# H200 as nvidia-smi reported it on a real H200 (143771 MiB); the others are the
 # usual driver readings for those parts, not measured here.
 GPUS: dict[str, GpuSpec] = {
     spec.name: spec
@@ -76,16 +78,52 @@ def lookup(name: str) -> GpuSpec:
         ) from None
 
 
-def spec_from_env() -> GpuSpec | None:
-    name = os.environ.get(DESCRIBED_GPU_ENV)
-    return lookup(name) if name else None
+# The GPU this process describes to SGLang: chosen by select() (the process default, for the
+# platform object) and, inside described_gpu(), the one being resolved for. Process-local on
+# purpose: no environment variable carries it, so no other process can inherit it.
+_selected: GpuSpec | None = None
+_active: GpuSpec | None = None
+
+
+def select(name: str) -> GpuSpec:
+    """Make this process describe `name` to SGLang (its platform object's default answer)."""
+    global _selected
+    _selected = lookup(name)
+    return _selected
+
+
+def current() -> GpuSpec | None:
+    """The GPU described right now in this process, or None when none was selected."""
+    return _active or _selected
 
 
 def activate() -> str | None:
-    """Platform-plugin entry point: a platform only when a GPU is being described."""
-    if spec_from_env() is None:
-        return None
-    return f"{__name__}.DescribedGpuPlatform"
+    """Platform-plugin entry point (`sglang.srt.platforms` group).
+
+    Only a process that selected a GPU (`select`) gets the described platform. Under
+    auto-discovery SGLang calls every installed platform plugin's `activate()`
+    (sglang.srt.platforms `_resolve_platform`): None here, so a real server never picks this
+    platform. A process that merely inherited SGLANG_PLATFORM=mixgraph_target (a server or
+    a subprocess started from `plan` or the tests) gets the platform SGLang would pick without
+    that variable: its real machine.
+    """
+    if _selected is not None:
+        return f"{__name__}.DescribedGpuPlatform"
+    if os.environ.get("SGLANG_PLATFORM") == PLATFORM_PLUGIN_NAME:
+        return _platform_without_us()
+    return None
+
+
+def _platform_without_us() -> str:
+    """The platform class SGLang's own discovery picks when SGLANG_PLATFORM is unset."""
+    from sglang.srt import platforms
+
+    saved = os.environ.pop("SGLANG_PLATFORM")
+    try:
+        chosen = type(platforms._resolve_platform())  # calls activate() again: None now
+    finally:
+        os.environ["SGLANG_PLATFORM"] = saved
+    return f"{chosen.__module__}.{chosen.__qualname__}"
 
 
 def platform_facts(spec: GpuSpec) -> dict:
@@ -134,7 +172,7 @@ def _probe_answers(spec: GpuSpec) -> dict:
     return {name: (lambda value=value, *a, **k: value) for name, value in answers.items()}
 
 
-def _import_resolution_modules() -> None:
+def import_resolution_modules() -> None:
     """Import the argument-resolution modules while the probes still tell the truth.
 
     Model and kernel modules choose their imports by probing at import time
@@ -184,14 +222,15 @@ def described_gpu(name: str) -> Iterator[GpuSpec]:
     from sglang.srt.utils import common
 
     spec = lookup(name)
-    _import_resolution_modules()
+    import_resolution_modules()
     if not isinstance(current_platform, platform_class()):
         raise RuntimeError(
             "SGLang's platform was resolved before the described GPU was selected; "
             f"set SGLANG_PLATFORM={PLATFORM_PLUGIN_NAME} before importing sglang.srt"
         )
-    previous_env = os.environ.get(DESCRIBED_GPU_ENV)
-    os.environ[DESCRIBED_GPU_ENV] = spec.name
+    global _active
+    previous = _active
+    _active = spec
     swapped: list[tuple[types.ModuleType, str, object]] = []
     try:
         for probe, answer in _probe_answers(spec).items():
@@ -208,10 +247,7 @@ def described_gpu(name: str) -> Iterator[GpuSpec]:
     finally:
         for mod, attr, original in swapped:
             setattr(mod, attr, original)
-        if previous_env is None:
-            os.environ.pop(DESCRIBED_GPU_ENV, None)
-        else:
-            os.environ[DESCRIBED_GPU_ENV] = previous_env
+        _active = previous
 
 
 _platform_class: type | None = None
@@ -233,8 +269,9 @@ def _make_platform_class():
         """SGLang's CUDA platform, answering device queries for the described GPU."""
 
         def _spec(self) -> GpuSpec:
-            spec = spec_from_env()
-            assert spec is not None, f"{DESCRIBED_GPU_ENV} is not set"
+            spec = current()
+            if spec is None:
+                raise RuntimeError("no GPU is described in this process (target_gpu.select was not called)")
             return spec
 
         def get_device(self, device_id: int | None = 0) -> str:

@@ -1,4 +1,4 @@
-"""Prefill CUDA-graph bucket derivation for mixed chunked prefill (F8). No sglang imports.
+"""Prefill CUDA-graph bucket derivation for mixed chunked prefill. No sglang imports.
 
 What a prefill graph replay sees on one DP rank (see docs/graph-config.md):
 - a steady mixed step is exactly ``C`` tokens, C = per-rank chunked prefill size: the
@@ -147,41 +147,58 @@ class PaddingProfile:
         }
 
 
+def _harmonic(n: int) -> float:
+    """H(n) = 1 + 1/2 + ... + 1/n; exact below 64 terms, asymptotic expansion above (error < 1e-15)."""
+    if n <= 0:
+        return 0.0
+    if n < 64:
+        return math.fsum(1.0 / k for k in range(1, n + 1))
+    inv = 1.0 / n
+    inv2 = inv * inv
+    return math.log(n) + 0.5772156649015329 + 0.5 * inv - inv2 / 12 + inv2 * inv2 / 120 - inv2**3 / 252
+
+
 def padding_profile(
     buckets: Sequence[int],
     lo: int = 1,
     hi: int | None = None,
     max_padding: float = UPSTREAM_MAX_PADDING_FACTOR,
 ) -> PaddingProfile:
-    """Exact profile over every integer size in [lo, hi] (hi defaults to the largest bucket)."""
+    """Profile over every integer size in [lo, hi] (hi defaults to the largest bucket).
+
+    Computed per bucket, not per size, so the cost does not grow with the sizes: bucket b
+    serves the sizes above the previous bucket up to b, and replays those of them that are
+    at least b / max_padding.
+    """
     ordered = sorted(set(int(b) for b in buckets))
     if not ordered:
         raise ValueError("empty bucket list")
+    lo = max(1, lo)
     hi = ordered[-1] if hi is None else hi
-    worst_factor, worst_waste, factor_sum, replayed, eager = 1.0, 0, 0.0, 0, 0
+    worst_factor, worst_waste, factor_sum, replayed = 1.0, 0, 0.0, 0
     smallest = None
-    idx = 0
-    for size in range(max(1, lo), hi + 1):
-        while idx < len(ordered) and ordered[idx] < size:
-            idx += 1
-        if idx == len(ordered) or ordered[idx] > size * max_padding:
-            eager += 1
+    previous = 0
+    for b in ordered:
+        # sizes previous+1 .. b land on b; those >= ceil(b / max_padding) replay
+        first = max(previous + 1, lo, math.ceil(b / max_padding))
+        last = min(b, hi)
+        previous = b
+        if first > last:
             continue
-        b = ordered[idx]
         if smallest is None:
-            smallest = size
-        replayed += 1
-        factor = b / size
-        factor_sum += factor
-        worst_factor = max(worst_factor, factor)
-        worst_waste = max(worst_waste, b - size)
+            smallest = first
+        replayed += last - first + 1
+        worst_factor = max(worst_factor, b / first)
+        worst_waste = max(worst_waste, b - first)
+        factor_sum += b * (_harmonic(last) - _harmonic(first - 1))
+    total = max(0, hi - lo + 1)
     return PaddingProfile(
-        lo=max(1, lo),
+        lo=lo,
         hi=hi,
         count=len(ordered),
         largest=ordered[-1],
         smallest_replayed=smallest,
-        eager_sizes=eager,
+        eager_sizes=total - replayed,
         worst_factor=worst_factor,
         worst_waste_tokens=worst_waste,
         mean_factor=factor_sum / replayed if replayed else 0.0,

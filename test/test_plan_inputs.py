@@ -1,0 +1,276 @@
+"""`sglang-mixgraph plan` and `doctor` on bad, hostile or unusual input.
+
+Each case names what is wrong in one line (no traceback, no usage screen, no silent default),
+every computation stays bounded, the described GPU never leaves `plan`'s own process, and a
+plugin that SGLang will not load is reported as such.
+
+Most cases run `cli.main` in this process (the conftest already describes a GPU here); the
+ones that depend on what a fresh process imports or loads run the installed console script.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sglang_mixgraph import cli, target_gpu
+from sglang_mixgraph.cli import EMBEDDED_MODEL_DIR, MEGA_MOE_CAP_ENV
+from sglang_mixgraph.core.prefill_buckets import padding_profile
+from sglang_mixgraph.resolve import MAX_PLAN_LIST, MAX_PLAN_SIZE, PlanInputError, prepare_argv
+
+DSV4 = str(EMBEDDED_MODEL_DIR)
+BUCKETS_ENV = "SGLANG_MIXGRAPH_PREFILL_BUCKETS"
+
+
+def _model(tmp_path: Path, architecture: str) -> str:
+    config = {
+        "architectures": [architecture], "model_type": "llama", "hidden_size": 1024,
+        "intermediate_size": 2816, "num_hidden_layers": 4, "num_attention_heads": 16,
+        "num_key_value_heads": 4, "vocab_size": 32000, "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16", "hidden_act": "silu",
+    }
+    model = tmp_path / architecture
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(config))
+    return str(model)
+
+
+@pytest.fixture
+def plan_env(monkeypatch):
+    """A clean environment for in-process plans; anything `plan` sets is restored afterwards."""
+    for name in list(os.environ):
+        if name.startswith("SGLANG_") and name not in ("SGLANG_PLATFORM",):
+            monkeypatch.delenv(name)
+    monkeypatch.delenv(MEGA_MOE_CAP_ENV, raising=False)
+    return monkeypatch
+
+
+def _plan_in_process(capsys, *args: str) -> tuple[int, str, str]:
+    code = cli.main(["plan", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _our_lines(stderr: str) -> list[str]:
+    """What plan itself printed on stderr (SGLang's own log lines start with a timestamp)."""
+    return [line for line in stderr.splitlines() if line and not line.startswith("[")]
+
+
+def _cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 240, inherit: bool = True
+) -> subprocess.CompletedProcess:
+    script = Path(sys.executable).with_name("sglang-mixgraph")
+    if inherit:
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_")}
+    else:  # a bare environment: nothing this process (torch, SGLang) exported
+        full_env = {k: os.environ[k] for k in ("PATH", "LANG", "TMPDIR") if k in os.environ}
+    full_env.update(env or {})
+    return subprocess.run(
+        [str(script), *args], env=full_env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+# ---------------------------------------------------------------- user errors: one line each
+
+
+@pytest.mark.parametrize(
+    "args, env, code, expected",
+    [
+        # a failed SGLang assert shows its condition and the values, not a bare AssertionError
+        (["--model-path", DSV4, "--tp", "3", "--attn-dp-size", "2"], {}, 1,
+         "SGLang requires `cfg.tp_size % cfg.attn_dp_size == 0`, which does not hold "
+         "(cfg.tp_size=3, cfg.attn_dp_size=2)"),
+        # without --model-path the arguments go on top of the reference deployment (attn DP 8)
+        (["--tp", "4"], {}, 1, "(cfg.tp_size=4, cfg.attn_dp_size=8)"),
+        (["--foo"], {}, 2, "unrecognized arguments: --foo"),
+        (["--model-path", "/nonexistent/model"], {}, 1, "--model-path /nonexistent/model does not exist"),
+        (["--model-path", DSV4, "--tp", "abc"], {}, 2, "invalid int value: 'abc'"),
+        ([], {MEGA_MOE_CAP_ENV: "abc"}, 1,
+         f"{MEGA_MOE_CAP_ENV}='abc' is not a valid value (\"abc\" is not a valid integer value); "
+         "SGLang would warn and use its default 8192 instead"),
+        ([], {BUCKETS_ENV: "sometimes"}, 1, f"{BUCKETS_ENV}='sometimes' is not a valid value"),
+        (["--chunked-prefill-size", "99999999999"], {}, 1,
+         f"--chunked-prefill-size 99999999999 is larger than plan accepts (at most {MAX_PLAN_SIZE})"),
+    ],
+)
+def test_a_user_error_is_one_line_naming_it(plan_env, capsys, args, env, code, expected):
+    for name, value in env.items():
+        plan_env.setenv(name, value)
+    got, out, err = _plan_in_process(capsys, *args)
+    assert got == code, err
+    assert out == ""
+    assert _our_lines(err) == [_our_lines(err)[0]] and _our_lines(err)[0].startswith("sglang-mixgraph plan: ")
+    assert expected in err
+    assert "Traceback" not in err and "usage:" not in err
+
+
+def test_an_architecture_without_a_model_class_is_an_error(plan_env, capsys, tmp_path):
+    got, out, err = _plan_in_process(capsys, "--model-path", _model(tmp_path, "FooBarForCausalLM"))
+    assert got == 1 and out == ""
+    (line,) = _our_lines(err)
+    assert "SGLang has no model class for architecture FooBarForCausalLM" in line
+    assert "launch_server would fail loading the model" in line
+
+
+def test_an_architecture_sglang_has_plans(plan_env, capsys, tmp_path):
+    got, out, err = _plan_in_process(capsys, "--model-path", _model(tmp_path, "LlamaForCausalLM"), "--json")
+    assert got == 0, err
+    assert json.loads(out)["model_class_note"] is None
+
+
+def test_a_directory_without_config_json(plan_env, capsys, tmp_path):
+    got, _, err = _plan_in_process(capsys, "--model-path", str(tmp_path))
+    assert got == 1
+    assert _our_lines(err) == [f"sglang-mixgraph plan: --model-path {tmp_path} has no config.json "
+                               "(plan reads the model's config.json)"]
+
+
+def test_arguments_without_model_path_go_on_top_of_the_reference(plan_env, capsys):
+    got, out, err = _plan_in_process(capsys, "--chunked-prefill-size", "11264", "--json")
+    assert got == 0, err
+    p = json.loads(out)
+    assert p["default_deployment"] is True
+    assert p["arguments_on_top"] == ["--chunked-prefill-size", "11264"]
+    assert p["server_args"][:2] == ["--model-path", DSV4]
+    assert p["chunked_prefill_size_per_dp_rank"] == 11264 // 8
+    assert p["tp_size"] == 8 and p["mixed_chunk"] is True
+
+
+# ---------------------------------------------------------------- bounded work
+
+
+@pytest.mark.parametrize(
+    "args, what",
+    [
+        (["--chunked-prefill-size", "1000000000"], "--chunked-prefill-size 1000000000"),
+        (["--cuda-graph-max-bs-prefill", str(MAX_PLAN_SIZE + 1)], f"--cuda-graph-max-bs-prefill {MAX_PLAN_SIZE + 1}"),
+        (["--cuda-graph-max-bs-decode", "99999999999"], "--cuda-graph-max-bs-decode 99999999999"),
+        (["--cuda-graph-bs-prefill", "16", "99999999999"], "--cuda-graph-bs-prefill 99999999999"),
+        (["--cuda-graph-config", '{"prefill": {"max_bs": 99999999999}}'], "--cuda-graph-config prefill max_bs"),
+        (["--cuda-graph-config", '{"decode": {"bs": [1, 99999999999]}}'], "--cuda-graph-config decode bs 99999999999"),
+    ],
+)
+def test_sizes_that_would_build_huge_lists_are_refused_before_sglang_sees_them(args, what):
+    with pytest.raises(PlanInputError, match="larger than plan accepts") as e:
+        prepare_argv(["--model-path", DSV4, *args])
+    assert str(e.value).startswith(what)
+
+
+def test_size_lists_are_bounded_in_length():
+    sizes = [str(8 * (i + 1)) for i in range(MAX_PLAN_LIST + 1)]
+    with pytest.raises(PlanInputError, match=f"lists {MAX_PLAN_LIST + 1} sizes; plan accepts at most"):
+        prepare_argv(["--model-path", DSV4, "--cuda-graph-bs-prefill", *sizes])
+
+
+def test_the_ceiling_itself_is_accepted():
+    prepared = prepare_argv(["--model-path", DSV4, "--chunked-prefill-size", str(MAX_PLAN_SIZE)])
+    assert prepared.on_reference is False
+
+
+def test_padding_profile_does_not_walk_every_size():
+    start = time.monotonic()
+    prof = padding_profile([16, 1 << 40], lo=1, hi=1 << 41)
+    assert time.monotonic() - start < 1.0
+    assert prof.smallest_replayed == 8 and prof.worst_factor == 2.0
+    assert prof.eager_sizes == (1 << 41) - (16 - 8 + 1) - ((1 << 40) - (1 << 39) + 1)
+
+
+def test_plan_returns_quickly_on_the_chunk_that_used_to_hang():
+    start = time.monotonic()
+    result = _cli("plan", "--chunked-prefill-size", "1000000000", env={BUCKETS_ENV: "upstream"}, timeout=120)
+    assert time.monotonic() - start < 120
+    assert result.returncode == 1
+    assert _our_lines(result.stderr) == [
+        f"sglang-mixgraph plan: --chunked-prefill-size 1000000000 is larger than plan accepts "
+        f"(at most {MAX_PLAN_SIZE}): SGLang builds a CUDA-graph size list up to it"
+    ]
+
+
+# ---------------------------------------------------------------- environment
+
+
+def test_an_unwritable_home_is_named_as_the_cause(tmp_path):
+    home = tmp_path / "home-is-a-file"
+    home.write_text("")  # nothing can be created under it, even by root
+    result = _cli("plan", env={"HOME": str(home)}, timeout=240, inherit=False)
+    assert result.returncode == 1
+    (line,) = _our_lines(result.stderr)
+    assert line.startswith(f"sglang-mixgraph plan: cannot write {home}/")
+    assert "point SGLANG_CACHE_DIR at a writable directory or make HOME" in line
+    assert "Traceback" not in result.stderr and "server arguments" not in result.stderr
+
+
+# ---------------------------------------------------------------- the SGLANG_PLUGINS allowlist
+
+
+def test_plan_and_doctor_say_when_sglang_will_not_load_the_plugin():
+    env = {"SGLANG_PLUGINS": "someone_else"}
+    result = _cli("plan", "--json", env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    p = json.loads(result.stdout)
+    assert p["plugin"]["loaded"] is False
+    assert "SGLANG_PLUGINS='someone_else'" in p["plugin"]["reason"]
+    assert {x["status"] for x in p["patches"]} == {"not loaded"}
+    # SGLang's own resolution: its blanket DeepSeek-V4 rule turns the prefill graph off and its
+    # generic bucket list up to the global chunk stays (no derived buckets)
+    assert p["prefill_graph"]["backend"] == "disabled"
+    assert p["prefill_graph"]["decided_by"]["kind"] == "upstream rule"
+    assert max(p["prefill_graph"]["buckets"]) == 22528 and len(p["prefill_graph"]["buckets"]) > 50
+    assert p["graph"]["bucket_lists"]["policy"] == "upstream (sglang-mixgraph is not loaded)"
+    assert "sglang-mixgraph:" not in result.stderr  # none of our hooks ran
+
+    doctor = _cli("doctor", "--json", env=env)
+    assert doctor.returncode == 0, doctor.stderr[-3000:]
+    d = json.loads(doctor.stdout)
+    assert d["plugin"]["loaded"] is False and "does not name 'mixgraph'" in d["plugin"]["reason"]
+    assert {x["status"] for x in d["patches"]} == {"not loaded"}
+    assert "graph_config" in {x["id"] for x in d["patches"] if x["status_if_loaded"] == "active"}
+    assert "UserWarning" not in doctor.stderr
+
+
+def test_the_allowlist_naming_the_plugin_loads_it(monkeypatch):
+    from sglang_mixgraph.resolve import plugin_load_status
+
+    monkeypatch.setenv("SGLANG_PLUGINS", "someone_else, mixgraph")
+    assert plugin_load_status().loaded is True
+    monkeypatch.setenv("SGLANG_PLUGINS", "someone_else")
+    assert plugin_load_status().loaded is False
+
+
+# ---------------------------------------------------------------- the described GPU stays in plan
+
+
+def test_activate_answers_only_in_a_process_that_selected_a_gpu(monkeypatch):
+    monkeypatch.setattr(target_gpu, "_selected", None)
+    monkeypatch.delenv("SGLANG_PLATFORM", raising=False)
+    monkeypatch.setenv("SGLANG_MIXGRAPH_DESCRIBED_GPU", "H200")
+    assert target_gpu.activate() is None
+    # an inherited SGLANG_PLATFORM=mixgraph_target names the platform SGLang picks without it
+    monkeypatch.setenv("SGLANG_PLATFORM", target_gpu.PLATFORM_PLUGIN_NAME)
+    chosen = target_gpu.activate()
+    assert chosen is not None and "DescribedGpuPlatform" not in chosen
+    assert os.environ["SGLANG_PLATFORM"] == target_gpu.PLATFORM_PLUGIN_NAME
+
+
+_PLATFORM_OF_A_SERVER = (
+    "from sglang.srt.platforms import current_platform\n"
+    "print('PLATFORM', type(current_platform).__name__)\n"
+)
+
+
+@pytest.mark.parametrize("inherited_platform", [False, True])
+def test_a_server_process_never_sees_the_described_gpu(inherited_platform):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_")}
+    env["SGLANG_MIXGRAPH_DESCRIBED_GPU"] = "H200"  # what used to turn any SGLang process into an H200
+    if inherited_platform:  # a process started from plan's or the tests' environment
+        env["SGLANG_PLATFORM"] = target_gpu.PLATFORM_PLUGIN_NAME
+    proc = subprocess.run([sys.executable, "-c", _PLATFORM_OF_A_SERVER], env=env, capture_output=True,
+                          text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "PLATFORM" in proc.stdout and "DescribedGpuPlatform" not in proc.stdout
