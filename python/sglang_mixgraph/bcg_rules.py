@@ -8,14 +8,24 @@ predicates here, by calling the same upstream helpers on the same inputs. The ru
 names are upstream's own strings; test_graph_config_rules checks this table against
 the upstream source so a changed rule list fails CI instead of drifting.
 
-Decisions taken during one resolution are kept per ServerArgs object (ServerArgs is a
-msgspec Struct with slots, so nothing can be attached to it); `graph_plan` reads them.
+The one hook on that function (`rules_hook`, shared by the `force_bcg` and `graph_config`
+patches and registered once) runs it in one of three modes: upstream's, forced (every rule that
+holds is logged and overridden), or estimate (the DeepSeek-V4 rule alone is deferred to the
+capture-memory estimate). Decisions taken during one resolution are kept per ServerArgs object
+(ServerArgs is a msgspec Struct with slots, so nothing can be attached to it); `graph_plan`
+reads them.
 """
 
 from __future__ import annotations
 
+import enum
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+logger = logging.getLogger("sglang_mixgraph")
+
+RULES_TARGET = "sglang.srt.arg_groups.cuda_graph_hook.disable_breakable_cudagraph_if_incompatible"
 
 DSV4_RULE = "DeepSeek-V4 (heavy capture-pool memory pressure)"
 
@@ -96,12 +106,31 @@ def matching_rules(server_args: Any) -> list[Rule]:
     return [r for r in rules() if r.predicate(server_args)]
 
 
+class RuleMode(enum.Enum):
+    """How the rule hook runs upstream's rule function for one resolution."""
+
+    UPSTREAM = "upstream"  # call it: the first matching rule decides
+    FORCED = "forced"  # SGLANG_EXPERIMENTAL_FORCE_BCG: log every rule that holds, call nothing
+    ESTIMATE = "estimate"  # defer the DeepSeek-V4 rule, alone, to the capture-memory estimate
+
+
+class Source(enum.Enum):
+    """What decided the prefill graph backend (for `plan`)."""
+
+    FORCED = "force"
+    UPSTREAM_RULE = "upstream rule"  # `GraphDecisions.deciding_rule` names it
+    ESTIMATE_PENDING = "estimate (pending)"
+    ESTIMATE = "estimate"
+    UPSTREAM_LATER = "upstream (prefill graph turned off later in resolution)"
+
+
 @dataclass
 class GraphDecisions:
     """What our hooks decided while one ServerArgs was resolved."""
 
     rule_matches: list[dict] = field(default_factory=list)  # {name, reason, action}
-    prefill_backend_source: str | None = None  # "force", "estimate", "upstream rule", ...
+    prefill_backend_source: Source | None = None
+    deciding_rule: str | None = None  # with Source.UPSTREAM_RULE
     estimate: dict | None = None
     bucket_policy: str | None = None  # "auto", "upstream", "user", "fallback: <reason>"
     derived_buckets: list[int] | None = None
@@ -125,3 +154,51 @@ def decisions_for(server_args: Any) -> GraphDecisions:
 def recorded(server_args: Any) -> GraphDecisions | None:
     entry = _DECISIONS.get(id(server_args))
     return entry[1] if entry is not None and entry[0] is server_args else None
+
+
+# --------------------------------------------------------------------------- the one hook
+
+
+def rule_mode(server_args: Any) -> RuleMode:
+    from sglang_mixgraph.patches.force_bcg import FORCE_BCG
+    from sglang_mixgraph.patches.graph_config import estimate_applies
+
+    if FORCE_BCG.get():
+        return RuleMode.FORCED
+    return RuleMode.ESTIMATE if estimate_applies(server_args) else RuleMode.UPSTREAM
+
+
+def _upstream_decides(record: GraphDecisions, matches: list[Rule]) -> None:
+    record.prefill_backend_source = Source.UPSTREAM_RULE
+    record.deciding_rule = matches[0].name
+    for m in record.rule_matches[1:]:
+        m["action"] = "holds (not reached: an earlier rule decided)"
+
+
+def rules_hook(original, server_args, **kwargs):
+    """AROUND upstream's rule function (`RULES_TARGET`), in the mode of `rule_mode`."""
+    mode = rule_mode(server_args)
+    record = decisions_for(server_args)
+    matches = matching_rules(server_args)
+    record.rule_matches = [{"name": r.name, "reason": r.reason, "action": "disables (upstream)"} for r in matches]
+    record.prefill_backend_source = record.deciding_rule = None
+    if mode is RuleMode.FORCED:
+        for rule, m in zip(matches, record.rule_matches, strict=True):
+            logger.warning(
+                "sglang-mixgraph: SGLANG_EXPERIMENTAL_FORCE_BCG=1 keeps the breakable prefill CUDA "
+                "graph on although upstream rule %r would disable it (%s).", rule.name, rule.reason,
+            )
+            m["action"] = "overridden by FORCE_BCG"
+        record.prefill_backend_source = Source.FORCED if matches else None
+        return None
+    if matches and mode is RuleMode.ESTIMATE and [r.name for r in matches] == [DSV4_RULE]:
+        record.rule_matches[0]["action"] = "deferred to the capture-memory estimate"
+        record.prefill_backend_source = Source.ESTIMATE_PENDING
+        logger.info(
+            "sglang-mixgraph: upstream rule %r deferred; the breakable prefill CUDA graph is kept or "
+            "disabled by the capture-memory estimate once the buckets are final.", DSV4_RULE,
+        )
+        return None
+    if matches:
+        _upstream_decides(record, matches)
+    return original(server_args, **kwargs)

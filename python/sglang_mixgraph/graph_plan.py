@@ -85,17 +85,19 @@ def _prefill_decision(server_args, cfg, record) -> dict:
     backend = cfg.cuda_graph_config.prefill.backend
     if (Phase.PREFILL, "backend") in locked:
         return {"kind": "user", "detail": f"prefill backend set explicitly to {backend!r}; no rule evaluated"}
-    if record is not None and record.prefill_backend_source:
+    if record is not None and record.prefill_backend_source is not None:
+        from sglang_mixgraph.bcg_rules import Source
+
         src = record.prefill_backend_source
-        if src == "estimate":
+        if src is Source.ESTIMATE:
             return {"kind": "estimate", "detail": "capture-memory estimate (replaces the blanket DeepSeek-V4 rule)"}
-        if src == "force":
+        if src is Source.FORCED:
             return {"kind": "force", "detail": "SGLANG_EXPERIMENTAL_FORCE_BCG=1 overrode the rules listed"}
-        if src.startswith("upstream rule: "):
-            name = src[len("upstream rule: "):]
+        if src is Source.UPSTREAM_RULE:
+            name = record.deciding_rule
             reason = next((m["reason"] for m in record.rule_matches if m["name"] == name), "")
             return {"kind": "upstream rule", "rule": name, "reason": reason}
-        return {"kind": "upstream", "detail": src}
+        return {"kind": "upstream", "detail": src.value}
     if backend == Backend.DISABLED:
         if cfg.pp_size > 1:
             return {"kind": "upstream default", "detail": "pipeline parallelism: BCG prefill is opt-in (cuda_graph_hook.py:150-162)"}

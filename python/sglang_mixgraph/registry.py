@@ -297,10 +297,14 @@ def install(patches: tuple[Patch, ...] | list[Patch]) -> list[PatchStatus]:
     for s in statuses:
         if s.drift is not None:
             logger.warning("sglang-mixgraph: %s", s.drift)
+    registered: set[tuple[str, Any, HookType]] = set()
     for s in statuses:
         if s.enabled:
             for h in s.patch.hooks:
-                HookRegistry.register(h.target, h.fn, h.hook_type)
+                # A hook two patches share (the BCG rule hook) wraps its target once.
+                if (h.target, h.fn, h.hook_type) not in registered:
+                    registered.add((h.target, h.fn, h.hook_type))
+                    HookRegistry.register(h.target, h.fn, h.hook_type)
     active = [s.patch.id for s in statuses if s.enabled]
     logger.info(
         "sglang-mixgraph: %s",

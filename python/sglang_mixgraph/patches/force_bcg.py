@@ -13,17 +13,15 @@ rules of that function and stay in force.
 
 from __future__ import annotations
 
-import logging
-
 from sglang.srt.plugins.hook_registry import HookType
 
+from sglang_mixgraph.bcg_rules import RULES_TARGET, rules_hook
 from sglang_mixgraph.flags import bool_flag
 from sglang_mixgraph.registry import Hook, Patch
 
-logger = logging.getLogger("sglang_mixgraph")
-
 PATCH_ID = "force_bcg"
-RULES_TARGET = "sglang.srt.arg_groups.cuda_graph_hook.disable_breakable_cudagraph_if_incompatible"
+# Shared with graph_config (the same Hook object): registered once when both are on.
+RULES_HOOK = Hook(RULES_TARGET, "function", "server_args", HookType.AROUND, rules_hook)
 
 FORCE_BCG = bool_flag(
     "SGLANG_EXPERIMENTAL_FORCE_BCG",
@@ -33,37 +31,10 @@ FORCE_BCG = bool_flag(
 )
 
 
-def _force_bcg_rules(original, server_args):
-    from sglang_mixgraph.bcg_rules import decisions_for, matching_rules
-
-    if not FORCE_BCG.get():  # installed at load with the flag on; honour a later change
-        return original(server_args)
-    record = decisions_for(server_args)
-    record.rule_matches = []
-    for rule in matching_rules(server_args):
-        logger.warning(
-            "sglang-mixgraph: SGLANG_EXPERIMENTAL_FORCE_BCG=1 keeps the breakable prefill CUDA "
-            "graph on although upstream rule %r would disable it (%s).",
-            rule.name,
-            rule.reason,
-        )
-        record.rule_matches.append({"name": rule.name, "reason": rule.reason, "action": "overridden by FORCE_BCG"})
-    record.prefill_backend_source = "force" if record.rule_matches else None
-    return None
-
-
 PATCH = Patch(
     id=PATCH_ID,
     summary="F6: SGLANG_EXPERIMENTAL_FORCE_BCG=1 skips upstream's BCG incompatibility rules, logging each",
     flags=(FORCE_BCG,),
-    hooks=(
-        Hook(
-            target=RULES_TARGET,
-            kind="function",
-            signature="server_args",
-            hook_type=HookType.AROUND,
-            fn=_force_bcg_rules,
-        ),
-    ),
+    hooks=(RULES_HOOK,),
     is_enabled=lambda: bool(FORCE_BCG.get()),
 )

@@ -44,13 +44,13 @@ from typing import Any
 from sglang.srt.plugins.hook_registry import HookType
 
 from sglang_mixgraph.fallback import fallback_once
+from sglang_mixgraph.patches.force_bcg import RULES_HOOK
 from sglang_mixgraph.flags import choice_flag
 from sglang_mixgraph.registry import Hook, Patch
 
 logger = logging.getLogger("sglang_mixgraph")
 
 PATCH_ID = "graph_config"
-RULES_TARGET = "sglang.srt.arg_groups.cuda_graph_hook.disable_breakable_cudagraph_if_incompatible"
 VALIDATE_TARGET = "sglang.srt.arg_groups.mega_moe_hook.validate_mega_moe_token_budget_for_model"
 LOGITS_TARGET = "sglang.srt.distributed.device_communicators.triton_symm_mem_ag.recommended_max_tokens"
 
@@ -98,43 +98,17 @@ def out_of_scope(server_args) -> str | None:
 # --------------------------------------------------------------------------- rules
 
 
-def _rules_around(original, server_args, **kwargs):
+def estimate_applies(server_args) -> bool:
+    """Whether the capture-memory estimate may replace the blanket DeepSeek-V4 BCG rule here
+    (the rule hook's estimate mode, `bcg_rules.rules_hook`)."""
     from sglang.srt.arg_groups.overrides import resolving_view
 
-    from sglang_mixgraph.bcg_rules import DSV4_RULE, decisions_for, matching_rules
-    from sglang_mixgraph.patches.force_bcg import FORCE_BCG
-
-    if FORCE_BCG.get():
-        # force_bcg's hook (inner or outer) decides; leave its record alone.
-        return original(server_args, **kwargs)
-    if out_of_scope(server_args) is not None:
-        return original(server_args, **kwargs)
-    record = decisions_for(server_args)
-    matches = matching_rules(server_args)
-    record.rule_matches = [{"name": r.name, "reason": r.reason, "action": "disables (upstream)"} for r in matches]
-    record.prefill_backend_source = None
-    if not matches:
-        return original(server_args, **kwargs)
-    if not _auto():
-        record.prefill_backend_source = f"upstream rule: {matches[0].name}"
-        return original(server_args, **kwargs)
-    if [r.name for r in matches] != [DSV4_RULE]:
-        record.prefill_backend_source = f"upstream rule: {matches[0].name}"
-        for m in record.rule_matches[1:]:
-            m["action"] = "holds (not reached: an earlier rule decided)"
-        return original(server_args, **kwargs)
+    if not _auto() or out_of_scope(server_args) is not None:
+        return False
     if resolving_view(server_args).enable_prefill_cp:
         fallback_once(PATCH_ID, "prefill context parallelism: upstream's DSV4 BCG rule applies")
-        record.prefill_backend_source = f"upstream rule: {DSV4_RULE}"
-        return original(server_args, **kwargs)
-    record.rule_matches[0]["action"] = "deferred to the capture-memory estimate"
-    record.prefill_backend_source = "estimate (pending)"
-    logger.info(
-        "sglang-mixgraph: upstream rule %r deferred; the breakable prefill CUDA graph is kept or "
-        "disabled by the capture-memory estimate once the buckets are final.",
-        DSV4_RULE,
-    )
-    return None
+        return False
+    return True
 
 
 # --------------------------------------------------------------------------- inputs
@@ -392,16 +366,16 @@ def _settle_deferred_dsv4(server_args) -> None:
     from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
     from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, with_phase
 
-    from sglang_mixgraph.bcg_rules import decisions_for
+    from sglang_mixgraph.bcg_rules import Source, decisions_for
     from sglang_mixgraph.core.capture_memory import fmt_bytes
 
     record = decisions_for(server_args)
-    if record.prefill_backend_source != "estimate (pending)":
+    if record.prefill_backend_source is not Source.ESTIMATE_PENDING:
         return
     cfg = resolving_view(server_args)
     prefill = cfg.cuda_graph_config.prefill
     if prefill.backend != Backend.BREAKABLE or not prefill.bs:
-        record.prefill_backend_source = "upstream (prefill graph turned off later in resolution)"
+        record.prefill_backend_source = Source.UPSTREAM_LATER
         return
     chunk = cfg.chunked_prefill_size if cfg.chunked_prefill_size and cfg.chunked_prefill_size > 0 else max(prefill.bs)
     result = capture_estimate(server_args, prefill.bs, chunk)
@@ -410,7 +384,8 @@ def _settle_deferred_dsv4(server_args) -> None:
     if verdict.get("fits") is None:
         # Without memory numbers the estimate cannot decide; upstream's rule stands.
         fallback_once(PATCH_ID, f"capture-memory estimate: {verdict.get('why')}; upstream's DSV4 rule applies")
-        record.prefill_backend_source = "upstream rule: " + record.rule_matches[0]["name"]
+        record.prefill_backend_source = Source.UPSTREAM_RULE
+        record.deciding_rule = record.rule_matches[0]["name"]
         record.rule_matches[0]["action"] = "disables (estimate unavailable)"
         declare_resolution(
             server_args,
@@ -420,7 +395,7 @@ def _settle_deferred_dsv4(server_args) -> None:
         return
     needed, available = verdict["needed_bytes"], verdict["available_bytes"]
     if verdict["fits"]:
-        record.prefill_backend_source = "estimate"
+        record.prefill_backend_source = Source.ESTIMATE
         record.rule_matches[0]["action"] = "replaced by the capture-memory estimate: fits"
         logger.info(
             "sglang-mixgraph: breakable prefill CUDA graph kept on for DeepSeek-V4: estimated capture "
@@ -445,7 +420,7 @@ def _settle_deferred_dsv4(server_args) -> None:
         fmt_bytes(needed), len(prefill.bs), max(prefill.bs), fmt_bytes(available),
         int(verdict["required_margin_fraction"] * 100), "; ".join(hints),
     )
-    record.prefill_backend_source = "estimate"
+    record.prefill_backend_source = Source.ESTIMATE
     record.rule_matches[0]["action"] = "replaced by the capture-memory estimate: does not fit, disabled"
     declare_resolution(
         server_args,
@@ -616,7 +591,7 @@ PATCH = Patch(
     ),
     flags=(PREFILL_BUCKETS,),
     hooks=(
-        Hook(RULES_TARGET, "function", "server_args", HookType.AROUND, _rules_around),
+        RULES_HOOK,
         Hook(VALIDATE_TARGET, "function", "server_args", HookType.AROUND, _validate_around),
         Hook(LOGITS_TARGET, "function", "include_prefill, floor", HookType.AROUND, _recommended_max_tokens_around),
     ),
