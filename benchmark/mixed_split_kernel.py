@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Kernel-level A/B of one DSV4 mixed step's attention: unsplit vs split vs adaptive (issue 3).
+"""Kernel-level A/B of one DSV4 mixed step's attention: unsplit vs split vs adaptive.
 
 One layer of each kind at DSV4-Pro shapes (h_q 128, dim 512, SWA 128): a CSA layer (c4, top-1024)
 and an HCA layer (c128). Per sweep point (context, decode rows D, prefill rows P):
@@ -17,7 +17,7 @@ L2) with each point's indices spread over them at random. Workspaces are preallo
 reuses one buffer), the decode scheduling metadata is one object per layer kind bound on the
 first call and reused (upstream: once per ratio per step, amortized over the layers).
 
-Outputs (``--out DIR``): ``mixed_split_h200.json`` (the points, fields fixed by issue 3),
+Outputs (``--out DIR``): ``mixed_split_h200.json`` (the points),
 ``mixed_split_h200_extra.json`` (fit, predictions, decisions, component breakdown, repeat
 timings, allocation counts, environment), ``split_cost_<arch>.json`` (fitted coefficients),
 ``mixed_split_h200.png``.

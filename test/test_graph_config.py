@@ -1,4 +1,4 @@
-"""F6-F9 through SGLang's real server-argument resolution, for a table of deployments.
+"""Forced BCG and the graph configuration through SGLang's real server-argument resolution, for a table of deployments.
 
 The graph_config patch is always installed and reads SGLANG_MIXGRAPH_PREFILL_BUCKETS when
 its hooks run, so the table runs in this process with the flag set per row. The upstream
@@ -233,7 +233,7 @@ def test_explicit_backend_is_kept(flags):
     assert d["prefill_graph"]["decided_by"]["kind"] == "user"
 
 
-# ---------------------------------------------------------------- F9 validation errors
+# ---------------------------------------------------------------- startup validation errors
 
 
 def test_bucket_above_megamoe_cap_is_rejected(flags):

@@ -1,4 +1,4 @@
-"""Pure logic of F7/F8/F9: bucket derivation, padding bounds, capture-memory model."""
+"""Pure logic of the graph configuration: bucket derivation, padding bounds, capture-memory model."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""F1/F1b/F1c on upstream's DSV4 backend (CPU): split == unsplit, routing, workspace, fallbacks.
+"""The mixed split on upstream's DSV4 backend (CPU): split == unsplit, routing, workspace, fallbacks.
 
 See test/mixed_split_kit.py for what runs upstream code and what is ours.
 """
@@ -174,7 +174,7 @@ def test_sm90_q8kv8_prefill_rows_unchanged_decode_rows_exact(step):
             assert out[layer][b0 + d :].abs().max() == 0
 
 
-# ---- F1b: DP-attention decode batches relabelled to a 1-token EXTEND -------------------------
+# ---- decode-only steps: DP-attention decode batches relabelled to a 1-token EXTEND -------------------------
 
 
 @pytest.mark.parametrize("how", ["prepare_mlp_sync_relabel", "convert_decode_to_extend"])
@@ -343,7 +343,7 @@ def test_mega_backend_and_sm120_fall_back(caplog):
     assert ms.FALLBACK_REASONS["mega"] in text and ms.FALLBACK_REASONS["sm120"] in text
 
 
-# ---- F1c: the adaptive policy is wired to the cost model -------------------------------------
+# ---- the adaptive policy is wired to the cost model -------------------------------------
 
 
 @pytest.mark.parametrize("decode_cost,expect_split", [(0.0, True), (1.0, False)])
@@ -390,7 +390,7 @@ def test_call_time_surprise_abandons_plan_and_runs_upstream_on_all_rows(caplog):
         assert ms.FALLBACK_REASONS["heads"] in caplog.text
 
 
-# ---- F1c: adaptive decides per compress ratio ------------------------------------------------
+# ---- adaptive decides per compress ratio ------------------------------------------------
 
 
 def _base_run(world, fb):
@@ -535,7 +535,7 @@ def test_adaptive_per_ratio_equals_unsplit(step, split):
 
 @pytest.mark.parametrize("split", [frozenset({4}), frozenset({0, 128})], ids=["c4", "c0_c128"])
 def test_adaptive_per_ratio_dp_decode_relabelled_to_extend(split, monkeypatch):
-    """F1b with b0 = 0: unsplit ratios still get upstream's all-requests cache (built at
+    """Decode-only (b0 = 0): unsplit ratios still get upstream's all-requests cache (built at
     metadata time, before the WAR snapshot), split ratios no workspace at all."""
     from sglang_mixgraph.core import split_cost_model as scm
 

@@ -5,8 +5,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from sglang_mixgraph import counters  # noqa: F401  (registers its flag)
 from sglang_mixgraph.flags import FLAGS
 from sglang_mixgraph.patches import all_patches
+
+all_patches()  # every patch module registers its flags when imported
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()

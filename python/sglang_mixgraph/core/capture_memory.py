@@ -1,4 +1,4 @@
-"""Capture-memory model for breakable prefill CUDA graphs (F7). No sglang imports.
+"""Capture-memory model for breakable prefill CUDA graphs. No sglang imports.
 
 An estimate, not a measurement: it states which allocations a BCG prefill capture
 keeps alive, per the upstream code (paths relative to the installed `sglang/`),

@@ -1,4 +1,4 @@
-"""F1c: cost model of one mixed step's attention, unsplit vs split, and the adaptive policy.
+"""The adaptive split policy's cost model of one mixed step's attention, unsplit vs split, and the adaptive policy.
 
 No sglang imports. Inputs are host-side lists (or the uniform shapes the benchmark sweeps).
 
@@ -268,7 +268,7 @@ class Coefficients:
 def builtin_coefficients() -> Coefficients:
     """Bandwidth-derived numbers used only when no calibration file exists at all.
 
-    From DESIGN §4's first H200 probe (fp8 decode 0.19 ms and bf16 sparse prefill 0.14 ms for
+    From the first H200 probe (fp8 decode 0.19 ms and bf16 sparse prefill 0.14 ms for
     256 rows x 640 keys) and a 584 B read + 1024 B write per dequantized token at ~3.5 TB/s;
     output join 2 x 128 KiB per row at ~4 TB/s. Fixed costs are one launch (~10 us).
     """

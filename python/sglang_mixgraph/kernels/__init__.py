@@ -1,6 +1,6 @@
 """The project's own GPU kernels (Triton). Imported lazily: importing this package needs no GPU.
 
-DESIGN §2 names ``sgl-kernel/`` for own kernels; they live here instead, as a subpackage of the
+Our own kernels live here, as a subpackage of the
 plugin, so that the installed plugin (and the GPU machine, which has no sglang) imports them
 without any sys.path changes. See docs/mixed-split-kernels.md.
 """

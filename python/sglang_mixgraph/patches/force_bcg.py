@@ -1,4 +1,4 @@
-"""F6: SGLANG_EXPERIMENTAL_FORCE_BCG=1 keeps the breakable prefill CUDA graph on.
+"""SGLANG_EXPERIMENTAL_FORCE_BCG=1 keeps the breakable prefill CUDA graph on.
 
 Upstream turns BCG prefill off when one of its incompatibility rules matches
 (`disable_breakable_cudagraph_if_incompatible`, sglang/srt/arg_groups/cuda_graph_hook.py:
@@ -33,7 +33,7 @@ FORCE_BCG = bool_flag(
 
 PATCH = Patch(
     id=PATCH_ID,
-    summary="F6: SGLANG_EXPERIMENTAL_FORCE_BCG=1 skips upstream's BCG incompatibility rules, logging each",
+    summary="SGLANG_EXPERIMENTAL_FORCE_BCG=1 skips upstream's BCG incompatibility rules, logging each",
     flags=(FORCE_BCG,),
     hooks=(RULES_HOOK,),
     is_enabled=lambda: bool(FORCE_BCG.get()),

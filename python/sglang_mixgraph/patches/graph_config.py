@@ -1,9 +1,9 @@
-"""F7 + F8 + F9: prefill graph configuration derived for mixed chunked prefill.
+"""Prefill graph configuration derived for mixed chunked prefill (DeepSeek-V4, GLM-5).
 
 Hooks (all during server-argument resolution, except the last):
 
 * AROUND `cuda_graph_hook.disable_breakable_cudagraph_if_incompatible`
-  (sglang/srt/arg_groups/cuda_graph_hook.py:170-255). F7: when the DeepSeek-V4
+  (sglang/srt/arg_groups/cuda_graph_hook.py:170-255), through the shared rule hook: when the DeepSeek-V4
   "capture-pool memory pressure" rule (195-202) is the only rule that holds and
   `SGLANG_MIXGRAPH_PREFILL_BUCKETS=auto`, the blanket disable is deferred: BCG stays on
   for now and the capture-memory estimate decides later, once the bucket list and the
@@ -12,12 +12,12 @@ Hooks (all during server-argument resolution, except the last):
   (sglang/srt/arg_groups/mega_moe_hook.py:78-91; the pipeline calls it after the DP split
   of the chunk, the memory settings and speculative resolution, pipeline.py:324). Upstream
   runs first; then
-  - F8: replace the generic prefill bucket list (cuda_graph_hook.py:480-497, applied at
+  - derived buckets: replace the generic prefill bucket list (cuda_graph_hook.py:480-497, applied at
     memory_hook.py:265-268 and re-clamped per DP rank at parallel_hook.py:344-362) by the
     derived list of `core.prefill_buckets`, unless the user set `--cuda-graph-bs-prefill`
     or `--cuda-graph-max-bs-prefill`;
-  - F7: settle a deferred DSV4 decision with `core.capture_memory`;
-  - F9: reject a prefill bucket above `SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK`
+  - the capture-memory estimate: settle a deferred DSV4 decision with `core.capture_memory`;
+  - startup validation: reject a prefill bucket above `SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK`
     (capture would hit the assert in sglang/srt/layers/moe/mega_moe.py:441-447, because
     `should_use_mega_moe` is always true under capture, 184-185), and report how the
     logits multimem all-gather is sized for mixed steps.
@@ -29,7 +29,7 @@ Hooks (all during server-argument resolution, except the last):
   requests' rows; larger inputs silently take NCCL (triton_symm_mem_ag.py:495-520). With
   mixed chunk on and no speculative decoding we size it for the mixed bound.
 
-The patch is on with the default `SGLANG_MIXGRAPH_PREFILL_BUCKETS=auto` (so F9's checks run
+The patch is on with the default `SGLANG_MIXGRAPH_PREFILL_BUCKETS=auto` (so the startup checks run
 by default); `upstream` switches all of it off and leaves SGLang untouched. The hooks also
 read the flag when they run, so a process that installed them behaves like upstream once
 the flag says `upstream`. Configurations it does not handle keep upstream's behaviour,
@@ -274,7 +274,7 @@ def _mfs_that_fits(needed: int, budget, margin: float) -> float | None:
     return round(mfs, 3) if mfs > 0 else None
 
 
-# --------------------------------------------------------------------------- F8
+# --------------------------------------------------------------------------- derived buckets
 
 
 def derived_buckets_for(server_args) -> tuple[list[int] | None, str]:
@@ -359,7 +359,7 @@ def _apply_buckets(server_args) -> None:
     )
 
 
-# --------------------------------------------------------------------------- F7
+# --------------------------------------------------------------------------- capture-memory estimate
 
 
 def _settle_deferred_dsv4(server_args) -> None:
@@ -429,7 +429,7 @@ def _settle_deferred_dsv4(server_args) -> None:
     )
 
 
-# --------------------------------------------------------------------------- F9
+# --------------------------------------------------------------------------- startup validation
 
 
 def validations(server_args) -> list[dict]:
@@ -586,7 +586,7 @@ def _enabled() -> bool:
 PATCH = Patch(
     id=PATCH_ID,
     summary=(
-        "F7/F8/F9: derived prefill buckets, capture-memory estimate instead of the blanket DSV4 "
+        "derived prefill buckets, capture-memory estimate instead of the blanket DSV4 "
         "BCG rule, startup validation of the MegaMoE cap and the logits all-gather"
     ),
     flags=(PREFILL_BUCKETS,),

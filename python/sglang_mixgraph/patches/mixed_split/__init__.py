@@ -168,7 +168,7 @@ def _is_enabled() -> bool:
 PATCH = Patch(
     id=PATCH_ID,
     summary="DSV4 mixed prefill/decode split: decode rows via the fp8 decode kernel, "
-    "prefill-only sparse workspace (F1, F1b, F1c)",
+    "prefill-only sparse workspace, in eager steps and breakable-graph replays",
     flags=(SPLIT_FLAG, POLICY_FLAG),
     hooks=HOOKS,
     is_enabled=_is_enabled,
