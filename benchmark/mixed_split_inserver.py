@@ -65,29 +65,56 @@ class Deployment:
         num_pages = self.num_reqs * self.pages_per_req + 1  # page 0 stays unused
         size = num_pages * PAGE
         self.pool = DeepSeekV4TokenToKVPool(
-            max_num_reqs=self.num_reqs, swa_size=size, c4_size=size, c128_size=size,
-            c4_state_pool_size=self.num_reqs, c128_state_pool_size=self.num_reqs, page_size=PAGE,
-            swa_page_size=PAGE, dtype=torch.float8_e4m3fn, c4_state_dtype=torch.bfloat16,
-            c128_state_dtype=torch.bfloat16, qk_nope_head_dim=448, qk_rope_head_dim=64,
-            indexer_head_dim=128, layer_num=len(RATIOS), device=DEV, enable_memory_saver=False,
-            compression_ratios=list(RATIOS), kv_source_layers=[], full_size=size,
+            max_num_reqs=self.num_reqs,
+            swa_size=size,
+            c4_size=size,
+            c128_size=size,
+            c4_state_pool_size=self.num_reqs,
+            c128_state_pool_size=self.num_reqs,
+            page_size=PAGE,
+            swa_page_size=PAGE,
+            dtype=torch.float8_e4m3fn,
+            c4_state_dtype=torch.bfloat16,
+            c128_state_dtype=torch.bfloat16,
+            qk_nope_head_dim=448,
+            qk_rope_head_dim=64,
+            indexer_head_dim=128,
+            layer_num=len(RATIOS),
+            device=DEV,
+            enable_memory_saver=False,
+            compression_ratios=list(RATIOS),
+            kv_source_layers=[],
+            full_size=size,
         )
         self.pool.register_mapping(torch.arange(size, dtype=torch.int64, device=DEV))
         g = torch.Generator(device=DEV).manual_seed(0)
         perm = torch.randperm(num_pages - 1, generator=g, device=DEV) + 1
-        self.pages = perm[: self.num_reqs * self.pages_per_req].view(self.num_reqs, self.pages_per_req)
+        self.pages = perm[: self.num_reqs * self.pages_per_req].view(
+            self.num_reqs, self.pages_per_req
+        )
         pos = torch.arange(self.pages_per_req * PAGE, device=DEV)
         self.req_to_token = (self.pages[:, pos // PAGE] * PAGE + pos % PAGE).to(torch.int32)
-        for layer, ratio in enumerate(RATIOS):
+        for layer in range(len(RATIOS)):
             self._fill(self.pool.get_swa_key_buffer_radix(layer), PAGE, g)
-            self._fill(self.pool.get_extra_key_buffer(layer), self.pool.get_extra_key_page_size(layer), g)
+            self._fill(
+                self.pool.get_extra_key_buffer(layer), self.pool.get_extra_key_page_size(layer), g
+            )
         cfg = SimpleNamespace(model_type="deepseek_v4", index_topk=TOPK)
         runner = SimpleNamespace(
-            device=DEV, page_size=PAGE, token_to_kv_pool=self.pool,
+            device=DEV,
+            page_size=PAGE,
+            token_to_kv_pool=self.pool,
             req_to_token_pool=SimpleNamespace(req_to_token=self.req_to_token, size=self.num_reqs),
-            model_config=SimpleNamespace(context_len=self.pages_per_req * PAGE, head_dim=512, v_head_dim=512,
-                                         hf_text_config=cfg, hf_config=cfg),
-            hisparse_coordinator=None, spec_algorithm=SpeculativeAlgorithm.NONE, is_draft_worker=False,
+            model_config=SimpleNamespace(
+                context_len=self.pages_per_req * PAGE,
+                head_dim=512,
+                v_head_dim=512,
+                hf_text_config=cfg,
+                hf_config=cfg,
+            ),
+            hisparse_coordinator=None,
+            spec_algorithm=SpeculativeAlgorithm.NONE,
+            is_draft_worker=False,
         )
         self.backend = DeepseekV4AttnBackend(runner)
         torch.cuda.synchronize()
@@ -101,7 +128,7 @@ class Deployment:
         kvl.encode_tokens(buf.view(torch.uint8), page_size, slots, keys)
         for start in range(n, buf.shape[0], n):
             m = min(n, buf.shape[0] - start)
-            buf[start:start + m].copy_(buf[:m])
+            buf[start : start + m].copy_(buf[:m])
 
     def compressed_slots(self, req: torch.Tensor, k: torch.Tensor, ratio: int) -> torch.Tensor:
         per_page = PAGE // ratio
@@ -116,23 +143,29 @@ def make_batch(dep: Deployment, d: int, p: int):
 
     seqs, exts = cm.uniform_step_lists(dep.context, d, p)
     reqs = list(range(len(seqs))) if p else list(range(1, d + 1))
-    row_req = torch.cat([torch.full((e,), r, dtype=torch.int64) for r, e in zip(reqs, exts)])
-    positions = torch.cat([torch.arange(s - e, s) for s, e in zip(seqs, exts)])
+    row_req = torch.cat(
+        [torch.full((e,), r, dtype=torch.int64) for r, e in zip(reqs, exts, strict=False)]
+    )
+    positions = torch.cat([torch.arange(s - e, s) for s, e in zip(seqs, exts, strict=False)])
     row_req, positions = row_req.to(DEV), positions.to(DEV)
     ext = torch.tensor(exts, dtype=torch.int32, device=DEV)
-    prefix = [s - e for s, e in zip(seqs, exts)]
+    prefix = [s - e for s, e in zip(seqs, exts, strict=False)]
     mode = ForwardMode.MIXED if p else ForwardMode.EXTEND
     fb = ForwardBatch(
-        forward_mode=mode, batch_size=len(seqs),
+        forward_mode=mode,
+        batch_size=len(seqs),
         input_ids=torch.zeros(positions.numel(), dtype=torch.int64, device=DEV),
         req_pool_indices=torch.tensor(reqs, dtype=torch.int32, device=DEV),
         seq_lens=torch.tensor(seqs, dtype=torch.int32, device=DEV),
         seq_lens_cpu=torch.tensor(seqs, dtype=torch.int32),
         out_cache_loc=dep.req_to_token[row_req, positions].to(torch.int64),
-        seq_lens_sum=sum(seqs), positions=positions,
-        extend_seq_lens=ext, extend_seq_lens_cpu=list(exts),
+        seq_lens_sum=sum(seqs),
+        positions=positions,
+        extend_seq_lens=ext,
+        extend_seq_lens_cpu=list(exts),
         extend_prefix_lens=torch.tensor(prefix, dtype=torch.int32, device=DEV),
-        extend_prefix_lens_cpu=prefix, extend_start_loc=torch.cumsum(ext, 0, dtype=torch.int32) - ext,
+        extend_prefix_lens_cpu=prefix,
+        extend_start_loc=torch.cumsum(ext, 0, dtype=torch.int32) - ext,
         extend_num_tokens=positions.numel(),
     )
     if not p:
@@ -141,7 +174,11 @@ def make_batch(dep: Deployment, d: int, p: int):
     sched_reqs = [object() for _ in seqs]
     decoding = sched_reqs[1:] if p else None
     ms.after_forward_batch_init_new(
-        fb, ForwardBatch, SimpleNamespace(forward_mode=mode, reqs=sched_reqs, decoding_reqs=decoding), None)
+        fb,
+        ForwardBatch,
+        SimpleNamespace(forward_mode=mode, reqs=sched_reqs, decoding_reqs=decoding),
+        None,
+    )
     return fb, row_req, positions
 
 
@@ -178,8 +215,11 @@ def time_point(dep: Deployment, layer: int, d: int, p: int, reps: int, flush: to
     ratio = RATIOS[layer]
     g = torch.Generator(device=DEV).manual_seed(2)
     setup_ms = []
-    with torch.no_grad(), forward_context(ForwardContext(attn_backend=backend)), \
-            envs.SGLANG_OPT_FLASHMLA_SPARSE_PREFILL.override(True):
+    with (
+        torch.no_grad(),
+        forward_context(ForwardContext(attn_backend=backend)),
+        envs.SGLANG_OPT_FLASHMLA_SPARSE_PREFILL.override(True),
+    ):
         for _ in range(3):
             fb, row_req, positions = make_batch(dep, d, p)
             torch.cuda.synchronize()
@@ -189,13 +229,23 @@ def time_point(dep: Deployment, layer: int, d: int, p: int, reps: int, flush: to
             setup_ms.append((time.perf_counter() - t0) * 1e3)
         core = backend.forward_metadata.core_attn_metadata
         write_c4_topk(dep, core, row_req, positions)
-        q = (torch.randn(positions.numel(), HEADS, 512, generator=g, device=DEV) * 0.5).to(torch.bfloat16)
+        q = (torch.randn(positions.numel(), HEADS, 512, generator=g, device=DEV) * 0.5).to(
+            torch.bfloat16
+        )
         sink = torch.randn(HEADS, generator=g, device=DEV)
         lo = SimpleNamespace(layer_id=layer, v_head_dim=512, tp_q_head_num=HEADS)
 
         def call():
-            return backend.forward(q=q, k=q, v=q, layer=lo, forward_batch=fb, compress_ratio=ratio,
-                                   save_kv_cache=False, attn_sink=sink)
+            return backend.forward(
+                q=q,
+                k=q,
+                v=q,
+                layer=lo,
+                forward_batch=fb,
+                compress_ratio=ratio,
+                save_kv_cache=False,
+                attn_sink=sink,
+            )
 
         out = call()  # the first layer of a step builds the chunk cache lazily (unsplit)
         plan = ms.get_plan(backend)
@@ -218,10 +268,13 @@ def time_point(dep: Deployment, layer: int, d: int, p: int, reps: int, flush: to
             host.append((t1 - t0) * 1e3)
             gpu.append(a.elapsed_time(b))
     return dict(
-        layer_ms=statistics.median(gpu), layer_wall_ms=statistics.median(wall),
+        layer_ms=statistics.median(gpu),
+        layer_wall_ms=statistics.median(wall),
         layer_host_ms=statistics.median(host),
-        setup_ms=statistics.median(setup_ms), split=plan is not None and plan.splits(ratio),
-        decode_calls=dict(plan.decode_calls) if plan else {}, out=out,
+        setup_ms=statistics.median(setup_ms),
+        split=plan is not None and plan.splits(ratio),
+        decode_calls=dict(plan.decode_calls) if plan else {},
+        out=out,
     )
 
 
@@ -237,7 +290,10 @@ def time_arm(dep, layer, d, p, reps, flush, arm, kit):
 def kernel_prediction(path: str):
     try:
         with open(path) as f:
-            return {(x["layer"], x["context"], x["decode_rows"], x["prefill_rows"]): x for x in json.load(f)}
+            return {
+                (x["layer"], x["context"], x["decode_rows"], x["prefill_rows"]): x
+                for x in json.load(f)
+            }
     except OSError:
         return {}
 
@@ -246,28 +302,46 @@ def summary_lines(points) -> list:
     """Figures the page states in words, computed from the points."""
     out = []
     for c in sorted({r["context"] for r in points}):
-        key = next((r for r in points if (r["layer"], r["context"], r["decode_rows"], r["prefill_rows"])
-                    == ("csa_c4_top1024", c, 256, 1792)), None)
+        key = next(
+            (
+                r
+                for r in points
+                if (r["layer"], r["context"], r["decode_rows"], r["prefill_rows"])
+                == ("csa_c4_top1024", c, 256, 1792)
+            ),
+            None,
+        )
         if key and key.get("kernel_split_ms"):
             out.append(
                 f"- CSA {c // 1024}k / D 256 / P 1792: in-server `always` {key['off_layer_ms'] / key['always_layer_ms']:.2f}x "
                 f"(off {key['off_layer_ms']:.3f} ms, split {key['always_layer_ms']:.3f} ms), `adaptive` "
                 f"{key['off_layer_ms'] / key['adaptive_layer_ms']:.2f}x; the kernel benchmark predicted "
-                f"{key['kernel_unsplit_ms'] / key['kernel_split_ms']:.2f}x.")
+                f"{key['kernel_unsplit_ms'] / key['kernel_split_ms']:.2f}x."
+            )
     host_off = statistics.median(r["off_layer_host_ms"] for r in points)
     host_on = statistics.median(r["always_layer_host_ms"] for r in points)
-    out.append(f"- Host time per layer call, median over the points: upstream {host_off:.3f} ms, with the split "
-               f"({'always'}) {host_on:.3f} ms. Where the GPU work of a layer is shorter than this, the layer "
-               "is host-bound in an eager step and a GPU saving does not show.")
-    same = [abs(r["adaptive_layer_ms"] / r["off_layer_ms"] - 1) for r in points if not r["adaptive_split"]]
+    out.append(
+        f"- Host time per layer call, median over the points: upstream {host_off:.3f} ms, with the split "
+        f"({'always'}) {host_on:.3f} ms. Where the GPU work of a layer is shorter than this, the layer "
+        "is host-bound in an eager step and a GPU saving does not show."
+    )
+    same = [
+        abs(r["adaptive_layer_ms"] / r["off_layer_ms"] - 1)
+        for r in points
+        if not r["adaptive_split"]
+    ]
     if same:
-        out.append(f"- Noise: where `adaptive` keeps the layer unsplit it runs upstream's code, yet differs from "
-                   f"`off` by up to {100 * max(same):.0f}% (median {100 * statistics.median(same):.0f}%): "
-                   "differences below that are not resolved by this run.")
+        out.append(
+            f"- Noise: where `adaptive` keeps the layer unsplit it runs upstream's code, yet differs from "
+            f"`off` by up to {100 * max(same):.0f}% (median {100 * statistics.median(same):.0f}%): "
+            "differences below that are not resolved by this run."
+        )
     setup = statistics.median(r["adaptive_setup_ms"] - r["off_setup_ms"] for r in points)
     setup_always = statistics.median(r["always_setup_ms"] - r["off_setup_ms"] for r in points)
-    out.append(f"- Step set-up added by the patch, median: `always` {setup_always:.2f} ms, `adaptive` {setup:.2f} ms "
-               "per step (once for all layers).")
+    out.append(
+        f"- Step set-up added by the patch, median: `always` {setup_always:.2f} ms, `adaptive` {setup:.2f} ms "
+        "per step (once for all layers)."
+    )
     return out
 
 
@@ -294,7 +368,11 @@ def write_report(data: dict, path: str) -> None:
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in data["points"]:
-        kx = r["kernel_unsplit_ms"] / r["kernel_split_ms"] if r.get("kernel_split_ms") else float("nan")
+        kx = (
+            r["kernel_unsplit_ms"] / r["kernel_split_ms"]
+            if r.get("kernel_split_ms")
+            else float("nan")
+        )
         lines.append(
             f"| {r['layer']} | {r['context']} | {r['decode_rows']} | {r['prefill_rows']} | "
             f"{r['off_layer_ms']:.3f} ({r['off_layer_host_ms']:.3f}) | "
@@ -314,8 +392,10 @@ def write_report(data: dict, path: str) -> None:
         "|---|---|---|---|---|---|---|",
     ]
     for r in data["points"]:
-        lines.append(f"| {r['layer']} | {r['context']} | {r['decode_rows']} | {r['prefill_rows']} | "
-                     f"{r['off_setup_ms']:.2f} | {r['always_setup_ms']:.2f} | {r['adaptive_setup_ms']:.2f} |")
+        lines.append(
+            f"| {r['layer']} | {r['context']} | {r['decode_rows']} | {r['prefill_rows']} | "
+            f"{r['off_setup_ms']:.2f} | {r['always_setup_ms']:.2f} | {r['adaptive_setup_ms']:.2f} |"
+        )
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
 
@@ -323,7 +403,9 @@ def write_report(data: dict, path: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--report-only", metavar="JSON", help="rewrite the .md page from a results JSON")
+    ap.add_argument(
+        "--report-only", metavar="JSON", help="rewrite the .md page from a results JSON"
+    )
     ap.add_argument("--contexts", type=int, nargs="+", default=[8192, 32768])
     ap.add_argument("--decode", type=int, nargs="+", default=[32, 256])
     ap.add_argument("--prefill", type=int, nargs="+", default=[0, 512, 1792])
@@ -349,11 +431,13 @@ def main() -> None:
             for layer, ratio in enumerate(RATIOS):
                 for d in args.decode:
                     for p in args.prefill:
-                        rec = dict(layer=LAYER_NAMES[ratio], context=c, decode_rows=d, prefill_rows=p)
+                        rec = dict(
+                            layer=LAYER_NAMES[ratio], context=c, decode_rows=d, prefill_rows=p
+                        )
                         samples, outs = {}, {}
                         # arms interleaved, the order reversed every round, so drift hits all arms
                         for rnd in range(args.rounds):
-                            for arm in (arms if rnd % 2 == 0 else arms[::-1]):
+                            for arm in arms if rnd % 2 == 0 else arms[::-1]:
                                 r = time_arm(dep, layer, d, p, args.reps, flush, arm, kit)
                                 outs[arm] = r.pop("out")
                                 for k, v in r.items():
@@ -361,16 +445,27 @@ def main() -> None:
                         for k, v in samples.items():
                             rec[k] = statistics.median(v) if isinstance(v[0], float) else v[-1]
                         for arm in arms[1:]:
-                            rec[f"{arm}_max_abs_diff_vs_off"] = float((outs[arm].float() - outs["off"].float()).abs().max())
+                            rec[f"{arm}_max_abs_diff_vs_off"] = float(
+                                (outs[arm].float() - outs["off"].float()).abs().max()
+                            )
                         kp = kernel.get((rec["layer"], c, d, p))
                         if kp:
-                            rec["kernel_unsplit_ms"], rec["kernel_split_ms"] = kp["unsplit_ms"], kp["split_ms"]
+                            rec["kernel_unsplit_ms"], rec["kernel_split_ms"] = (
+                                kp["unsplit_ms"],
+                                kp["split_ms"],
+                            )
                         results.append(rec)
                         print(json.dumps(rec), flush=True)
             del dep
             torch.cuda.empty_cache()
-    env = dict(date=datetime.date.today().isoformat(), gpu=torch.cuda.get_device_name(), torch=torch.__version__,
-               reps=args.reps, rounds=args.rounds, command=" ".join(sys.argv))
+    env = dict(
+        date=datetime.date.today().isoformat(),
+        gpu=torch.cuda.get_device_name(),
+        torch=torch.__version__,
+        reps=args.reps,
+        rounds=args.rounds,
+        command=" ".join(sys.argv),
+    )
     try:
         import sglang
         import triton

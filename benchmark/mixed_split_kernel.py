@@ -39,16 +39,27 @@ import sys
 import time
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-for _p in (os.path.join(_ROOT, "python"), os.path.join(_ROOT, "benchmark"), os.path.join(_ROOT, ".whl", "site")):
+for _p in (
+    os.path.join(_ROOT, "python"),
+    os.path.join(_ROOT, "benchmark"),
+    os.path.join(_ROOT, ".whl", "site"),
+):
     if os.path.isdir(_p) and _p not in sys.path:
         sys.path.insert(0, _p)
 
 import torch  # noqa: E402
-
 from mixed_step import (  # noqa: E402
-    StepSpec, build_step, fill_random, fill_workspace, plan_split_prefill, plan_workspace, softmax_scale,
-    split_attention, unsplit_attention,
+    StepSpec,
+    build_step,
+    fill_random,
+    fill_workspace,
+    plan_split_prefill,
+    plan_workspace,
+    softmax_scale,
+    split_attention,
+    unsplit_attention,
 )
+
 from sglang_mixgraph.core import split_cost_model as cm  # noqa: E402
 from sglang_mixgraph.core import v4_kv_layout as kvl  # noqa: E402
 from sglang_mixgraph.core.decode_tail import DecodeTail  # noqa: E402
@@ -60,8 +71,18 @@ CONTEXTS = [1024, 2048, 4096, 8192, 16384, 32768]
 DECODE_ROWS = [32, 128, 256, 512]
 PREFILL_ROWS = [0, 512, 1792, 4096]
 CALIB_CONTEXTS = [1024, 4096, 16384]
-FIELDS = ("layer", "context", "decode_rows", "prefill_rows", "unsplit_ms", "split_ms", "adaptive_ms",
-          "unsplit_workspace_bytes", "split_workspace_bytes", "decode_floor_ms")
+FIELDS = (
+    "layer",
+    "context",
+    "decode_rows",
+    "prefill_rows",
+    "unsplit_ms",
+    "split_ms",
+    "adaptive_ms",
+    "unsplit_workspace_bytes",
+    "split_workspace_bytes",
+    "decode_floor_ms",
+)
 
 
 def log(*a):
@@ -131,10 +152,15 @@ def copy_bandwidth(device, nbytes=2 << 30):
 def kernels(dry: bool):
     if dry:
         from sglang_mixgraph.core.sparse_mla_reference import (
-            ReferenceSchedMeta, flash_mla_sparse_fwd_reference, flash_mla_with_kvcache_reference)
+            ReferenceSchedMeta,
+            flash_mla_sparse_fwd_reference,
+            flash_mla_with_kvcache_reference,
+        )
 
         def sparse_fwd(q, kv, idx, scale, d_v, sink, lens):
-            return flash_mla_sparse_fwd_reference(q, kv, idx, scale, d_v, sink, lens, return_log2_lse=True)
+            return flash_mla_sparse_fwd_reference(
+                q, kv, idx, scale, d_v, sink, lens, return_log2_lse=True
+            )
 
         return sparse_fwd, flash_mla_with_kvcache_reference, ReferenceSchedMeta
 
@@ -142,8 +168,9 @@ def kernels(dry: bool):
 
     def sparse_fwd(q, kv, idx, scale, d_v, sink, lens):
         # as sglang 0.5.23 calls it: kernels/ops/attention/flash_mla_interface.py:161-184
-        return flash_mla.flash_mla_sparse_fwd(q, kv, idx, scale, d_v, sink, lens, use_legacy=True,
-                                              return_log2_lse=True)
+        return flash_mla.flash_mla_sparse_fwd(
+            q, kv, idx, scale, d_v, sink, lens, use_legacy=True, return_log2_lse=True
+        )
 
     return sparse_fwd, flash_mla.flash_mla_with_kvcache, None
 
@@ -179,23 +206,37 @@ class Bench:
         extra = kvl.allocate_cache(-(-extra_tokens // extra_ps), extra_ps, self.device)
         fill_random(extra, extra_ps, gen)
         self.pools[ratio] = (swa, extra, swa_ps, extra_ps)
-        log(f"pools for c{ratio}: swa {swa.numel() / 2**20:.0f} MiB ({swa_ps}-token pages), "
-            f"extra {extra.numel() / 2**20:.0f} MiB ({extra_ps}-token pages)")
+        log(
+            f"pools for c{ratio}: swa {swa.numel() / 2**20:.0f} MiB ({swa_ps}-token pages), "
+            f"extra {extra.numel() / 2**20:.0f} MiB ({extra_ps}-token pages)"
+        )
         return self.pools[ratio]
 
     # ---- one point ----
     def make(self, ratio, ctx, d, p, seed):
         swa, extra, swa_ps, extra_ps = self.pools_for(ratio)
         seqs, exts = cm.uniform_step_lists(ctx, d, p)
-        spec = StepSpec(ratio=ratio, seq_lens=seqs, extend_lens=exts, num_decode=d, topk=self.topk, h_q=self.h_q,
-                        swa_page_size=swa_ps, full_page_size=extra_ps * ratio, seed=seed)
+        spec = StepSpec(
+            ratio=ratio,
+            seq_lens=seqs,
+            extend_lens=exts,
+            num_decode=d,
+            topk=self.topk,
+            h_q=self.h_q,
+            swa_page_size=swa_ps,
+            full_page_size=extra_ps * ratio,
+            seed=seed,
+        )
         step = build_step(spec, device=self.device, q_scale=2.0, swa_cache=swa, extra_cache=extra)
         b = step.boundary
         plan_all = plan_workspace(step, len(seqs), b.decode_end)
         plan_pre = plan_split_prefill(step, "copy")
         ws_all = torch.empty(plan_all.num_tokens, 1, 512, dtype=torch.bfloat16, device=self.device)
-        ws_pre = (torch.empty(plan_pre.num_tokens, 1, 512, dtype=torch.bfloat16, device=self.device)
-                  if plan_pre is not None else None)
+        ws_pre = (
+            torch.empty(plan_pre.num_tokens, 1, 512, dtype=torch.bfloat16, device=self.device)
+            if plan_pre is not None
+            else None
+        )
         tail = DecodeTail(kernel=self.decode_kernel, meta_factory=self.meta_factory)
         shape = cm.StepShape.uniform(ratio, ctx, d, p, topk=self.topk)
         return step, plan_all, plan_pre, ws_all, ws_pre, tail, shape
@@ -225,57 +266,113 @@ class Bench:
 
             rec["adaptive_ms"], t_a = self.timer.median(adaptive)
             pu, ps = cm.predict(shape, coeffs)
-            extra.update(adaptive_times=t_a, decision_split=decision, pred_unsplit_ms=pu, pred_split_ms=ps)
+            extra.update(
+                adaptive_times=t_a, decision_split=decision, pred_unsplit_ms=pu, pred_split_ms=ps
+            )
         if check:
             u, s = unsplit(), split()
             extra["split_vs_unsplit_rel_l2"] = float(
-                (s.float() - u.float()).norm() / u.float().norm().clamp_min(1e-30))
+                (s.float() - u.float()).norm() / u.float().norm().clamp_min(1e-30)
+            )
             extra["nan"] = bool(torch.isnan(s).any() or torch.isnan(u).any())
         rec["unsplit_workspace_bytes"] = plan_all.nbytes
         rec["split_workspace_bytes"] = plan_pre.nbytes if plan_pre is not None else 0
         rec = {k: rec[k] for k in FIELDS if k in rec}
-        rec["decode_floor_ms"] = shape.keys_dec * kvl.BYTES_PER_TOKEN / self.bw * 1e3 if self.bw == self.bw else None
-        extra["shape"] = {k: getattr(shape, k) for k in ("ws_all", "ws_pre", "keys_all", "keys_pre", "keys_dec")}
+        rec["decode_floor_ms"] = (
+            shape.keys_dec * kvl.BYTES_PER_TOKEN / self.bw * 1e3 if self.bw == self.bw else None
+        )
+        extra["shape"] = {
+            k: getattr(shape, k) for k in ("ws_all", "ws_pre", "keys_all", "keys_pre", "keys_dec")
+        }
         return rec, extra, shape
 
     def breakdown(self, layer, ratio, ctx, d, p, seed=0):
         step, plan_all, plan_pre, ws_all, ws_pre, tail, shape = self.make(ratio, ctx, d, p, seed)
         b = step.boundary
         out = {}
-        out["dequant_all_ms"] = self.timer.median(lambda: fill_workspace(step, plan_all, dequantize_v4, ws_all))[0]
+        out["dequant_all_ms"] = self.timer.median(
+            lambda: fill_workspace(step, plan_all, dequantize_v4, ws_all)
+        )[0]
         fill_workspace(step, plan_all, dequantize_v4, ws_all)
-        out["sparse_fwd_all_rows_ms"] = self.timer.median(lambda: self.sparse_fwd(
-            step.q[: plan_all.num_rows], ws_all, plan_all.indices.unsqueeze(1), softmax_scale(), 512,
-            step.attn_sink, plan_all.lengths))[0]
+        out["sparse_fwd_all_rows_ms"] = self.timer.median(
+            lambda: self.sparse_fwd(
+                step.q[: plan_all.num_rows],
+                ws_all,
+                plan_all.indices.unsqueeze(1),
+                softmax_scale(),
+                512,
+                step.attn_sink,
+                plan_all.lengths,
+            )
+        )[0]
         if plan_pre is not None:
-            out["dequant_prefill_ms"] = self.timer.median(lambda: fill_workspace(step, plan_pre, dequantize_v4, ws_pre))[0]
+            out["dequant_prefill_ms"] = self.timer.median(
+                lambda: fill_workspace(step, plan_pre, dequantize_v4, ws_pre)
+            )[0]
             fill_workspace(step, plan_pre, dequantize_v4, ws_pre)
-            out["sparse_fwd_prefill_rows_ms"] = self.timer.median(lambda: self.sparse_fwd(
-                step.q[: b.b0], ws_pre, plan_pre.indices[: b.b0].unsqueeze(1), softmax_scale(), 512, step.attn_sink,
-                plan_pre.lengths[: b.b0]))[0]
-            out["sparse_fwd_prefill_plus_empty_rows_ms"] = self.timer.median(lambda: self.sparse_fwd(
-                step.q[: plan_pre.num_rows], ws_pre, plan_pre.indices.unsqueeze(1), softmax_scale(), 512,
-                step.attn_sink, plan_pre.lengths))[0]
+            out["sparse_fwd_prefill_rows_ms"] = self.timer.median(
+                lambda: self.sparse_fwd(
+                    step.q[: b.b0],
+                    ws_pre,
+                    plan_pre.indices[: b.b0].unsqueeze(1),
+                    softmax_scale(),
+                    512,
+                    step.attn_sink,
+                    plan_pre.lengths[: b.b0],
+                )
+            )[0]
+            out["sparse_fwd_prefill_plus_empty_rows_ms"] = self.timer.median(
+                lambda: self.sparse_fwd(
+                    step.q[: plan_pre.num_rows],
+                    ws_pre,
+                    plan_pre.indices.unsqueeze(1),
+                    softmax_scale(),
+                    512,
+                    step.attn_sink,
+                    plan_pre.lengths,
+                )
+            )[0]
             plan_cat = plan_split_prefill(step, "cat")
             out["split_cat_join_ms"] = self.timer.median(
-                lambda: split_attention(step, plan_cat, dequantize_v4, self.sparse_fwd, tail, ws=ws_pre))[0]
+                lambda: split_attention(
+                    step, plan_cat, dequantize_v4, self.sparse_fwd, tail, ws=ws_pre
+                )
+            )[0]
             out["split_copy_join_ms"] = self.timer.median(
-                lambda: split_attention(step, plan_pre, dequantize_v4, self.sparse_fwd, tail, ws=ws_pre))[0]
+                lambda: split_attention(
+                    step, plan_pre, dequantize_v4, self.sparse_fwd, tail, ws=ws_pre
+                )
+            )[0]
         rows = b.decode_rows
 
         def dec():
-            return tail.forward(ratio, step.q[rows], step.swa_view, step.swa_indices[rows], step.swa_lengths[rows],
-                                step.attn_sink, extra_k_cache=step.extra_view, extra_indices=step.extra_indices[rows],
-                                extra_lengths=step.extra_lengths[rows], softmax_scale=softmax_scale())
+            return tail.forward(
+                ratio,
+                step.q[rows],
+                step.swa_view,
+                step.swa_indices[rows],
+                step.swa_lengths[rows],
+                step.attn_sink,
+                extra_k_cache=step.extra_view,
+                extra_indices=step.extra_indices[rows],
+                extra_lengths=step.extra_lengths[rows],
+                softmax_scale=softmax_scale(),
+            )
 
         out["decode_tail_ms"] = self.timer.median(dec)[0]
         # the decode rows alone through the unsplit machinery (their share of the sparse prefill)
         o_dec = dec()
         if b.b0:
-            o_pre = torch.empty(b.b0, step.q.shape[1], 512, dtype=torch.bfloat16, device=self.device)
+            o_pre = torch.empty(
+                b.b0, step.q.shape[1], 512, dtype=torch.bfloat16, device=self.device
+            )
             out["cat_join_ms"] = self.timer.median(lambda: assemble_rows(b, o_pre, o_dec))[0]
-            o_all = torch.empty(b.num_rows, step.q.shape[1], 512, dtype=torch.bfloat16, device=self.device)
-            out["copy_decode_rows_ms"] = self.timer.median(lambda: o_all[b.decode_rows].copy_(o_dec))[0]
+            o_all = torch.empty(
+                b.num_rows, step.q.shape[1], 512, dtype=torch.bfloat16, device=self.device
+            )
+            out["copy_decode_rows_ms"] = self.timer.median(
+                lambda: o_all[b.decode_rows].copy_(o_dec)
+            )[0]
         # allocation behaviour in steady state (after the calls above)
         if self.device.type == "cuda":
             unsplit, split = self.fns(step, plan_all, plan_pre, ws_all, ws_pre, tail)
@@ -287,9 +384,14 @@ class Bench:
                 torch.cuda.synchronize()
                 s1 = torch.cuda.memory_stats()
                 out[f"{name}_allocator_requests_per_call"] = (
-                    s1["allocation.all.allocated"] - s0["allocation.all.allocated"])
-                out[f"{name}_cudamalloc_per_call"] = s1["segment.all.allocated"] - s0["segment.all.allocated"]
-        out["decode_floor_ms"] = shape.keys_dec * kvl.BYTES_PER_TOKEN / self.bw * 1e3 if self.bw == self.bw else None
+                    s1["allocation.all.allocated"] - s0["allocation.all.allocated"]
+                )
+                out[f"{name}_cudamalloc_per_call"] = (
+                    s1["segment.all.allocated"] - s0["segment.all.allocated"]
+                )
+        out["decode_floor_ms"] = (
+            shape.keys_dec * kvl.BYTES_PER_TOKEN / self.bw * 1e3 if self.bw == self.bw else None
+        )
         return out
 
     def run(self):
@@ -315,14 +417,24 @@ class Bench:
             for ctx in calib:
                 for d in self.decode_rows:
                     for p in self.prefill_rows:
-                        rec, ex, shape = self.measure_point(layer, ratio, ctx, d, p, seed=ctx + d + p)
+                        rec, ex, shape = self.measure_point(
+                            layer, ratio, ctx, d, p, seed=ctx + d + p
+                        )
                         samples.append((shape, rec["unsplit_ms"], rec["split_ms"]))
                         phase_a.append(dict(rec, **{k: v for k, v in ex.items() if k != "shape"}))
-                        log(f"[A] {layer} ctx={ctx} D={d} P={p}: unsplit {rec['unsplit_ms']:.3f} split {rec['split_ms']:.3f}")
+                        log(
+                            f"[A] {layer} ctx={ctx} D={d} P={p}: unsplit {rec['unsplit_ms']:.3f} split {rec['split_ms']:.3f}"
+                        )
         arch = "cpu" if self.dry else cm.detect_arch()
-        coeffs = cm.fit_coefficients(samples, arch=arch, margin=cm.KNOWN_ARCH_MARGIN, source=(
-            f"benchmark/mixed_split_kernel.py phase A on {env.get('gpu')}, {datetime.date.today()}, "
-            f"contexts {calib}, decode rows {self.decode_rows}, prefill rows {self.prefill_rows}, h_q {self.h_q}"))
+        coeffs = cm.fit_coefficients(
+            samples,
+            arch=arch,
+            margin=cm.KNOWN_ARCH_MARGIN,
+            source=(
+                f"benchmark/mixed_split_kernel.py phase A on {env.get('gpu')}, {datetime.date.today()}, "
+                f"contexts {calib}, decode rows {self.decode_rows}, prefill rows {self.prefill_rows}, h_q {self.h_q}"
+            ),
+        )
         fit_err = cm.relative_errors(samples, coeffs)
         log("fitted:", json.dumps(coeffs.to_json()["coefficients"]))
         log(f"phase A done after {time.time() - t0:.0f} s")
@@ -333,19 +445,30 @@ class Bench:
             for ctx in self.contexts:
                 for d in self.decode_rows:
                     for p in self.prefill_rows:
-                        check = (d == self.decode_rows[-1] and p == self.prefill_rows[-1])
-                        rec, ex, shape = self.measure_point(layer, ratio, ctx, d, p, coeffs, seed=7 * ctx + d + p,
-                                                            check=check)
+                        check = d == self.decode_rows[-1] and p == self.prefill_rows[-1]
+                        rec, ex, shape = self.measure_point(
+                            layer, ratio, ctx, d, p, coeffs, seed=7 * ctx + d + p, check=check
+                        )
                         assert tuple(rec) == FIELDS or set(rec) == set(FIELDS), rec.keys()
                         points.append({k: rec[k] for k in FIELDS})
-                        extras.append(dict(layer=layer, context=ctx, decode_rows=d, prefill_rows=p,
-                                           calibration_context=ctx in calib, **ex))
+                        extras.append(
+                            dict(
+                                layer=layer,
+                                context=ctx,
+                                decode_rows=d,
+                                prefill_rows=p,
+                                calibration_context=ctx in calib,
+                                **ex,
+                            )
+                        )
                         best = min(rec["unsplit_ms"], rec["split_ms"])
-                        log(f"[B] {layer} ctx={ctx} D={d} P={p}: unsplit {rec['unsplit_ms']:.3f} split "
+                        log(
+                            f"[B] {layer} ctx={ctx} D={d} P={p}: unsplit {rec['unsplit_ms']:.3f} split "
                             f"{rec['split_ms']:.3f} adaptive {rec['adaptive_ms']:.3f} "
                             f"({'split' if ex['decision_split'] else 'unsplit'}; "
                             f"{(rec['adaptive_ms'] / best - 1) * 100:+.1f}% vs best) "
-                            f"ws {rec['unsplit_workspace_bytes'] / 2**20:.0f}->{rec['split_workspace_bytes'] / 2**20:.0f} MiB")
+                            f"ws {rec['unsplit_workspace_bytes'] / 2**20:.0f}->{rec['split_workspace_bytes'] / 2**20:.0f} MiB"
+                        )
         log(f"phase B done after {time.time() - t0:.0f} s")
 
         breakdown = []
@@ -354,24 +477,38 @@ class Bench:
         for layer, ratio in LAYERS:
             for ctx in self.contexts:
                 bd = self.breakdown(layer, ratio, ctx, bd_d, bd_p, seed=ctx)
-                breakdown.append(dict(layer=layer, context=ctx, decode_rows=bd_d, prefill_rows=bd_p, **bd))
-                log(f"[breakdown] {layer} ctx={ctx} D={bd_d} P={bd_p}: " +
-                    " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in bd.items()))
+                breakdown.append(
+                    dict(layer=layer, context=ctx, decode_rows=bd_d, prefill_rows=bd_p, **bd)
+                )
+                log(
+                    f"[breakdown] {layer} ctx={ctx} D={bd_d} P={bd_p}: "
+                    + " ".join(
+                        f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
+                        for k, v in bd.items()
+                    )
+                )
         env["wall_s"] = time.time() - t0
         self.write(points, extras, phase_a, breakdown, coeffs, fit_err, samples, env, calib)
 
     def environment(self):
-        env = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                   python=platform.python_version(), torch=torch.__version__, argv=sys.argv, h_q=self.h_q,
-                   topk=self.topk)
+        env = dict(
+            date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            python=platform.python_version(),
+            torch=torch.__version__,
+            argv=sys.argv,
+            h_q=self.h_q,
+            topk=self.topk,
+        )
         if self.device.type == "cuda":
             env["gpu"] = torch.cuda.get_device_name()
             env["capability"] = torch.cuda.get_device_capability()
             env["sm_count"] = torch.cuda.get_device_properties(0).multi_processor_count
             try:
                 import triton
+
                 env["triton"] = triton.__version__
                 import flash_mla
+
                 env["flash_mla"] = flash_mla.__version__
             except Exception as exc:  # pragma: no cover
                 env["import_error"] = repr(exc)
@@ -384,39 +521,84 @@ class Bench:
             json.dump(points, f, indent=1)
         with open(os.path.join(out, f"split_cost_{coeffs.arch}.json"), "w") as f:
             json.dump(coeffs.to_json(), f, indent=1)
-        fit = [dict(layer=s.ratio, ws_all=s.ws_all, keys_all=s.keys_all, D=s.num_decode, b0=s.prefill_rows,
-                    unsplit_ms=u, split_ms=sp, unsplit_rel_err=e[0], split_rel_err=e[1])
-               for (s, u, sp), e in zip(samples, fit_err)]
+        fit = [
+            dict(
+                layer=s.ratio,
+                ws_all=s.ws_all,
+                keys_all=s.keys_all,
+                D=s.num_decode,
+                b0=s.prefill_rows,
+                unsplit_ms=u,
+                split_ms=sp,
+                unsplit_rel_err=e[0],
+                split_rel_err=e[1],
+            )
+            for (s, u, sp), e in zip(samples, fit_err, strict=False)
+        ]
         with open(os.path.join(out, "mixed_split_h200_extra.json"), "w") as f:
-            json.dump(dict(environment=env, calibration_contexts=calib, coefficients=coeffs.to_json(),
-                           fit_residuals=fit, phase_a=phase_a, points=extras, breakdown=breakdown), f, indent=1)
+            json.dump(
+                dict(
+                    environment=env,
+                    calibration_contexts=calib,
+                    coefficients=coeffs.to_json(),
+                    fit_residuals=fit,
+                    phase_a=phase_a,
+                    points=extras,
+                    breakdown=breakdown,
+                ),
+                f,
+                indent=1,
+            )
         self.plot(points, os.path.join(out, "mixed_split_h200.png"), env)
         # summary table last (the device reply carries the end of the output)
         log("\nlayer            ctx    D     P   unsplit   split  adaptive  split/unsplit")
         for r in points:
-            log(f"{r['layer']:15s} {r['context']:6d} {r['decode_rows']:4d} {r['prefill_rows']:5d} "
+            log(
+                f"{r['layer']:15s} {r['context']:6d} {r['decode_rows']:4d} {r['prefill_rows']:5d} "
                 f"{r['unsplit_ms']:8.3f} {r['split_ms']:7.3f} {r['adaptive_ms']:8.3f}   "
-                f"{r['split_ms'] / r['unsplit_ms']:.3f}")
+                f"{r['split_ms'] / r['unsplit_ms']:.3f}"
+            )
 
     def plot(self, points, path, env):
         try:
             import matplotlib
+
             matplotlib.use("Agg")
             import matplotlib.pyplot as plt
         except Exception as exc:  # pragma: no cover
             log("no plot:", exc)
             return
-        fig, axes = plt.subplots(len(LAYERS), len(self.prefill_rows), figsize=(4 * len(self.prefill_rows), 7),
-                                 sharex=True, squeeze=False)
+        fig, axes = plt.subplots(
+            len(LAYERS),
+            len(self.prefill_rows),
+            figsize=(4 * len(self.prefill_rows), 7),
+            sharex=True,
+            squeeze=False,
+        )
         for i, (layer, _) in enumerate(LAYERS):
             for j, p in enumerate(self.prefill_rows):
                 ax = axes[i][j]
                 for d in self.decode_rows:
-                    pts = [r for r in points if r["layer"] == layer and r["prefill_rows"] == p and r["decode_rows"] == d]
+                    pts = [
+                        r
+                        for r in points
+                        if r["layer"] == layer and r["prefill_rows"] == p and r["decode_rows"] == d
+                    ]
                     xs = [r["context"] for r in pts]
-                    line, = ax.plot(xs, [r["split_ms"] / r["unsplit_ms"] for r in pts], marker="o", label=f"D={d} split")
-                    ax.plot(xs, [r["adaptive_ms"] / r["unsplit_ms"] for r in pts], ls="--", marker="x",
-                            color=line.get_color(), label=f"D={d} adaptive")
+                    (line,) = ax.plot(
+                        xs,
+                        [r["split_ms"] / r["unsplit_ms"] for r in pts],
+                        marker="o",
+                        label=f"D={d} split",
+                    )
+                    ax.plot(
+                        xs,
+                        [r["adaptive_ms"] / r["unsplit_ms"] for r in pts],
+                        ls="--",
+                        marker="x",
+                        color=line.get_color(),
+                        label=f"D={d} adaptive",
+                    )
                 ax.axhline(1.0, color="k", lw=0.8)
                 ax.set_xscale("log", base=2)
                 ax.set_title(f"{layer}, prefill rows {p}", fontsize=9)
@@ -425,16 +607,22 @@ class Bench:
                 if i == len(LAYERS) - 1:
                     ax.set_xlabel("context (tokens)")
         axes[0][0].legend(fontsize=6)
-        fig.suptitle(f"DSV4 mixed step, one layer: split and adaptive vs unsplit ({env.get('gpu', 'cpu')}, h_q {self.h_q})")
+        fig.suptitle(
+            f"DSV4 mixed step, one layer: split and adaptive vs unsplit ({env.get('gpu', 'cpu')}, h_q {self.h_q})"
+        )
         fig.tight_layout()
         fig.savefig(path, dpi=110)
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--out", required=True)
     ap.add_argument("--smoke", action="store_true", help="a few points only")
-    ap.add_argument("--dry-run-cpu", action="store_true", help="reference kernels on CPU, tiny shapes")
+    ap.add_argument(
+        "--dry-run-cpu", action="store_true", help="reference kernels on CPU, tiny shapes"
+    )
     args = ap.parse_args()
     if not args.dry_run_cpu and not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU (or --dry-run-cpu)")

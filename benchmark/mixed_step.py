@@ -33,7 +33,12 @@ import torch
 
 from sglang_mixgraph.core import v4_kv_layout as kvl
 from sglang_mixgraph.core.decode_tail import DecodeTail
-from sglang_mixgraph.core.mixed_boundary import MixedBoundary, assemble_rows, compute_mixed_boundary, copy_in_join
+from sglang_mixgraph.core.mixed_boundary import (
+    MixedBoundary,
+    assemble_rows,
+    compute_mixed_boundary,
+    copy_in_join,
+)
 
 SWA = 128
 COMBINED_ALIGN = 128
@@ -43,8 +48,12 @@ def _ceil(a: int, b: int) -> int:
     return -(-a // b) * b
 
 
-def fill_random(cache: torch.Tensor, page_size: int, gen: Optional[torch.Generator] = None,
-                chunk_pages: int = 4096) -> None:
+def fill_random(
+    cache: torch.Tensor,
+    page_size: int,
+    gen: Optional[torch.Generator] = None,
+    chunk_pages: int = 4096,
+) -> None:
     """Fill a V4 cache with valid random tokens cheaply (no per-token quantization).
 
     e4m3 bytes from 16 * N(0, 1), scale bytes in [120, 124] (2**-7 .. 2**-3), so nope values
@@ -56,10 +65,20 @@ def fill_random(cache: torch.Tensor, page_size: int, gen: Optional[torch.Generat
     for s in range(0, n, chunk_pages):
         e = min(n, s + chunk_pages)
         shape = (e - s, page_size)
-        nope_v[s:e] = torch.randn(shape + (kvl.NOPE_DIM,), device=dev, generator=gen).mul_(16).to(
-            kvl.FP8_DTYPE).view(torch.uint8)
-        rope_v[s:e] = torch.randn(shape + (kvl.ROPE_DIM,), device=dev, generator=gen).mul_(0.5).to(torch.bfloat16)
-        sc = torch.randint(120, 125, shape + (kvl.SCALE_BYTES,), device=dev, dtype=torch.uint8, generator=gen)
+        nope_v[s:e] = (
+            torch.randn(shape + (kvl.NOPE_DIM,), device=dev, generator=gen)
+            .mul_(16)
+            .to(kvl.FP8_DTYPE)
+            .view(torch.uint8)
+        )
+        rope_v[s:e] = (
+            torch.randn(shape + (kvl.ROPE_DIM,), device=dev, generator=gen)
+            .mul_(0.5)
+            .to(torch.bfloat16)
+        )
+        sc = torch.randint(
+            120, 125, shape + (kvl.SCALE_BYTES,), device=dev, dtype=torch.uint8, generator=gen
+        )
         sc[..., kvl.NUM_TILES] = 0
         scale_v[s:e] = sc
 
@@ -122,8 +141,13 @@ class Step:
         return kvl.kernel_view(self.extra_cache, self.extra_page_size)
 
 
-def build_step(spec: StepSpec, device="cpu", q_scale: float = 1.0,
-               swa_cache: Optional[torch.Tensor] = None, extra_cache: Optional[torch.Tensor] = None) -> Step:
+def build_step(
+    spec: StepSpec,
+    device="cpu",
+    q_scale: float = 1.0,
+    swa_cache: Optional[torch.Tensor] = None,
+    extra_cache: Optional[torch.Tensor] = None,
+) -> Step:
     """Build one step. ``swa_cache``/``extra_cache``: optional pre-filled pools (the benchmark
     reuses large pools across points); otherwise pools are allocated and filled here."""
     dev = torch.device(device)
@@ -136,7 +160,7 @@ def build_step(spec: StepSpec, device="cpu", q_scale: float = 1.0,
     ratio = spec.ratio
 
     # ---- caches and per-request slot tables ----
-    gather_lens = [min(s, e + SWA - 1) for s, e in zip(seqs, exts)]
+    gather_lens = [min(s, e + SWA - 1) for s, e in zip(seqs, exts, strict=False)]
     g_max = max(gather_lens)
     swa_needed = sum(gather_lens)
     if swa_cache is None:
@@ -146,14 +170,18 @@ def build_step(spec: StepSpec, device="cpu", q_scale: float = 1.0,
         fill_random(swa_cache, spec.swa_page_size, gen)
     swa_pages = swa_cache.shape[0]
     if swa_pages * spec.swa_page_size < swa_needed:
-        raise ValueError(f"SWA pool of {swa_pages * spec.swa_page_size} tokens < {swa_needed} needed")
+        raise ValueError(
+            f"SWA pool of {swa_pages * spec.swa_page_size} tokens < {swa_needed} needed"
+        )
     perm = torch.randperm(swa_pages * spec.swa_page_size, device=dev, generator=gen)[:swa_needed]
     swa_slots = torch.zeros(nreq, g_max, dtype=torch.int64, device=dev)
     col = torch.arange(g_max, device=dev)
     glen_t = torch.tensor(gather_lens, device=dev)
     mask = col[None, :] < glen_t[:, None]
     swa_slots[mask] = perm
-    gather_first = torch.tensor([s - g for s, g in zip(seqs, gather_lens)], device=dev)
+    gather_first = torch.tensor(
+        [s - g for s, g in zip(seqs, gather_lens, strict=False)], device=dev
+    )
 
     comp_lens = [s // ratio for s in seqs] if ratio else [0] * nreq
     extra_page = max(spec.full_page_size // ratio, 1) if ratio else 1
@@ -170,9 +198,13 @@ def build_step(spec: StepSpec, device="cpu", q_scale: float = 1.0,
             fill_random(extra_cache, extra_page, gen)
         extra_pages = extra_cache.shape[0]
         if extra_pages >= nreq * pages_per_req:
-            page_tab = torch.randperm(extra_pages, device=dev, generator=gen)[: nreq * pages_per_req]
+            page_tab = torch.randperm(extra_pages, device=dev, generator=gen)[
+                : nreq * pages_per_req
+            ]
         else:  # pool smaller than the union: pages may be shared between requests
-            page_tab = torch.randint(0, extra_pages, (nreq * pages_per_req,), device=dev, generator=gen)
+            page_tab = torch.randint(
+                0, extra_pages, (nreq * pages_per_req,), device=dev, generator=gen
+            )
         page_tab = page_tab.view(nreq, pages_per_req)
         j = torch.arange(c_max, device=dev)
         comp_slots = page_tab[:, j // extra_page] * extra_page + (j % extra_page)
@@ -180,7 +212,7 @@ def build_step(spec: StepSpec, device="cpu", q_scale: float = 1.0,
     # ---- rows ----
     row_req_l: List[int] = []
     row_pos_l: List[int] = []
-    for r, (s, e) in enumerate(zip(seqs, exts)):
+    for r, (s, e) in enumerate(zip(seqs, exts, strict=False)):
         row_req_l += [r] * e
         row_pos_l += list(range(s - e, s))
     rows = boundary.num_rows
@@ -216,8 +248,11 @@ def build_step(spec: StepSpec, device="cpu", q_scale: float = 1.0,
         if ratio == 128:
             width = _ceil(max(max(comp_lens), 1), 64)
             j = torch.arange(width, device=dev)
-            sel = torch.where(j[None, :] < avail[:, None], j[None, :].expand(rows, -1),
-                              torch.full((rows, width), -1, device=dev, dtype=torch.int64))
+            sel = torch.where(
+                j[None, :] < avail[:, None],
+                j[None, :].expand(rows, -1),
+                torch.full((rows, width), -1, device=dev, dtype=torch.int64),
+            )
             n_sel = avail
         else:
             width = spec.topk
@@ -245,15 +280,34 @@ def build_step(spec: StepSpec, device="cpu", q_scale: float = 1.0,
         ).to(torch.int32)
         extra_lengths = n_sel.clamp_min(1).to(torch.int32)
 
-    q = (torch.randn(rows, spec.h_q, kvl.HEAD_DIM, device=dev, generator=gen) * q_scale).to(torch.bfloat16)
+    q = (torch.randn(rows, spec.h_q, kvl.HEAD_DIM, device=dev, generator=gen) * q_scale).to(
+        torch.bfloat16
+    )
     sink = torch.randn(spec.h_q, device=dev, generator=gen).float()
     return Step(
-        spec=spec, boundary=boundary, q=q, attn_sink=sink, swa_cache=swa_cache,
-        extra_cache=extra_cache, swa_page_size=spec.swa_page_size, extra_page_size=extra_page,
-        swa_indices=swa_indices, swa_lengths=swa_lengths, extra_indices=extra_indices,
-        extra_lengths=extra_lengths, row_req=row_req, row_pos=row_pos, sel=sel, n_sel=n_sel,
-        n_swa=n_swa, swa_cols=swa_cols, comp_slots=comp_slots, swa_slots=swa_slots,
-        gather_first=gather_first, gather_lens=gather_lens, comp_lens=comp_lens,
+        spec=spec,
+        boundary=boundary,
+        q=q,
+        attn_sink=sink,
+        swa_cache=swa_cache,
+        extra_cache=extra_cache,
+        swa_page_size=spec.swa_page_size,
+        extra_page_size=extra_page,
+        swa_indices=swa_indices,
+        swa_lengths=swa_lengths,
+        extra_indices=extra_indices,
+        extra_lengths=extra_lengths,
+        row_req=row_req,
+        row_pos=row_pos,
+        sel=sel,
+        n_sel=n_sel,
+        n_swa=n_swa,
+        swa_cols=swa_cols,
+        comp_slots=comp_slots,
+        swa_slots=swa_slots,
+        gather_first=gather_first,
+        gather_lens=gather_lens,
+        comp_lens=comp_lens,
     )
 
 
@@ -329,28 +383,44 @@ def plan_workspace(step: Step, num_reqs: int, num_rows: int, empty_rows: int = 0
     n_sel = step.n_sel[:num_rows]
     if topk:
         sel = step.sel[:num_rows]
-        buf[:, :topk] = torch.where(sel >= 0, comp_base[req][:, None] + sel, torch.full_like(sel, -1))
+        buf[:, :topk] = torch.where(
+            sel >= 0, comp_base[req][:, None] + sel, torch.full_like(sel, -1)
+        )
     cols = step.swa_cols[:num_rows]
     swa_ws = torch.where(cols >= 0, swa_base[req][:, None] + cols, torch.full_like(cols, -1))
     k = torch.arange(SWA, device=dev)
     dest = n_sel[:, None] + k[None, :]
     ok = cols >= 0
     # scatter the valid SWA entries right after the valid compressed ones
-    buf.scatter_(1, torch.where(ok, dest, torch.full_like(dest, width + SWA - 1)), torch.where(ok, swa_ws, -1))
+    buf.scatter_(
+        1,
+        torch.where(ok, dest, torch.full_like(dest, width + SWA - 1)),
+        torch.where(ok, swa_ws, -1),
+    )
     buf[:, width + SWA - 1] = -1
     indices = buf[:, :width].to(torch.int32)
     lengths = (n_sel + step.n_swa[:num_rows]).to(torch.int32)
     if empty_rows:
-        indices = torch.cat([indices, torch.full((empty_rows, width), -1, dtype=torch.int32, device=dev)])
+        indices = torch.cat(
+            [indices, torch.full((empty_rows, width), -1, dtype=torch.int32, device=dev)]
+        )
         lengths = torch.cat([lengths, torch.zeros(empty_rows, dtype=torch.int32, device=dev)])
-    return WorkspacePlan(num_reqs=num_reqs, num_rows=num_rows + empty_rows, comp_ids=comp_ids, swa_ids=swa_ids,
-                         indices=indices.contiguous(), lengths=lengths)
+    return WorkspacePlan(
+        num_reqs=num_reqs,
+        num_rows=num_rows + empty_rows,
+        comp_ids=comp_ids,
+        swa_ids=swa_ids,
+        indices=indices.contiguous(),
+        lengths=lengths,
+    )
 
 
 DequantFn = Callable[..., torch.Tensor]
 
 
-def fill_workspace(step: Step, plan: WorkspacePlan, dequant: DequantFn, ws: Optional[torch.Tensor] = None) -> torch.Tensor:
+def fill_workspace(
+    step: Step, plan: WorkspacePlan, dequant: DequantFn, ws: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     """Dequantize the plan's tokens into a ``(tokens, 1, 512)`` bf16 workspace (two launches)."""
     n = plan.num_tokens
     if ws is None:
@@ -364,25 +434,43 @@ def fill_workspace(step: Step, plan: WorkspacePlan, dequant: DequantFn, ws: Opti
 
 
 def softmax_scale() -> float:
-    return kvl.HEAD_DIM ** -0.5
+    return kvl.HEAD_DIM**-0.5
 
 
-def unsplit_attention(step: Step, plan_all: WorkspacePlan, dequant: DequantFn, sparse_fwd: Callable,
-                      ws: Optional[torch.Tensor] = None) -> torch.Tensor:
+def unsplit_attention(
+    step: Step,
+    plan_all: WorkspacePlan,
+    dequant: DequantFn,
+    sparse_fwd: Callable,
+    ws: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
     """Upstream's path: every real row through the bf16 workspace and sparse prefill."""
     b = step.boundary
     ws = fill_workspace(step, plan_all, dequant, ws)
     rows = plan_all.num_rows
-    out, _, _ = sparse_fwd(step.q[:rows], ws, plan_all.indices.unsqueeze(1), softmax_scale(),
-                           kvl.HEAD_DIM, step.attn_sink, plan_all.lengths)
+    out, _, _ = sparse_fwd(
+        step.q[:rows],
+        ws,
+        plan_all.indices.unsqueeze(1),
+        softmax_scale(),
+        kvl.HEAD_DIM,
+        step.attn_sink,
+        plan_all.lengths,
+    )
     if b.num_padding_rows:
-        return assemble_rows(b, out[: b.b0], out[b.b0:], like=out)
+        return assemble_rows(b, out[: b.b0], out[b.b0 :], like=out)
     return out
 
 
-def split_attention(step: Step, plan_pre: Optional[WorkspacePlan], dequant: DequantFn, sparse_fwd: Callable,
-                    tail: DecodeTail, ratio_key: Optional[int] = None,
-                    ws: Optional[torch.Tensor] = None) -> torch.Tensor:
+def split_attention(
+    step: Step,
+    plan_pre: Optional[WorkspacePlan],
+    dequant: DequantFn,
+    sparse_fwd: Callable,
+    tail: DecodeTail,
+    ratio_key: Optional[int] = None,
+    ws: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
     """The split: prefill rows through a prefill-only workspace, decode rows through the fp8
     decode kernel (``core.decode_tail``), one output in row order.
 
@@ -399,7 +487,11 @@ def split_attention(step: Step, plan_pre: Optional[WorkspacePlan], dequant: Dequ
         rows = b.decode_rows
         o_dec = tail.forward(
             step.spec.ratio if ratio_key is None else ratio_key,
-            step.q[rows], step.swa_view, step.swa_indices[rows], step.swa_lengths[rows], step.attn_sink,
+            step.q[rows],
+            step.swa_view,
+            step.swa_indices[rows],
+            step.swa_lengths[rows],
+            step.attn_sink,
             extra_k_cache=step.extra_view,
             extra_indices=None if step.extra_indices is None else step.extra_indices[rows],
             extra_lengths=None if step.extra_lengths is None else step.extra_lengths[rows],
@@ -411,8 +503,15 @@ def split_attention(step: Step, plan_pre: Optional[WorkspacePlan], dequant: Dequ
         return assemble_rows(b, None, o_dec, like=step.q)
     ws = fill_workspace(step, plan_pre, dequant, ws)
     n = plan_pre.num_rows
-    o_pre, _, _ = sparse_fwd(step.q[:n], ws, plan_pre.indices.unsqueeze(1), softmax_scale(),
-                             kvl.HEAD_DIM, step.attn_sink, plan_pre.lengths)
+    o_pre, _, _ = sparse_fwd(
+        step.q[:n],
+        ws,
+        plan_pre.indices.unsqueeze(1),
+        softmax_scale(),
+        kvl.HEAD_DIM,
+        step.attn_sink,
+        plan_pre.lengths,
+    )
     if n == b.num_rows:  # decode (and padding) rows came out empty: the patch's join
         return copy_in_join(b, o_pre, o_dec)
     if n != b.b0:

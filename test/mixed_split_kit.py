@@ -55,9 +55,9 @@ def import_upstream() -> None:
     import sglang.srt.layers.attention.deepseek_v4_backend  # noqa: F401
     import sglang.srt.layers.attention.deepseek_v4_mega_backend  # noqa: F401
     import sglang.srt.layers.attention.dsv4.sparse_prefill_utils  # noqa: F401
+    import sglang.srt.layers.cp.utils  # noqa: F401
     import sglang.srt.mem_cache.deepseek_v4_memory_pool  # noqa: F401
     import sglang.srt.model_executor.forward_context  # noqa: F401
-    import sglang.srt.layers.cp.utils  # noqa: F401
 
 
 # --------------------------------------------------------------------------------------------
@@ -113,7 +113,9 @@ def sglang_context(dsv4_prefill_backend: str = "auto", device: str = "cpu"):
 class Calls:
     decode: list = dataclasses.field(default_factory=list)  # kwargs of each decode-kernel call
     dequant_slots: list = dataclasses.field(default_factory=list)  # (cache id, slots) per dequant
-    sparse_rows: list = dataclasses.field(default_factory=list)  # q rows of each sparse-prefill call
+    sparse_rows: list = dataclasses.field(
+        default_factory=list
+    )  # q rows of each sparse-prefill call
 
     def clear(self):
         self.decode.clear()
@@ -131,22 +133,32 @@ def _decode_kernel(**kw):
 
 def _sparse_fwd(q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk_length=None, **kw):
     CALLS.sparse_rows.append(q.shape[0])
-    return ref.flash_mla_sparse_fwd_reference(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, **kw)
+    return ref.flash_mla_sparse_fwd_reference(
+        q, kv, indices, sm_scale, d_v, attn_sink, topk_length, **kw
+    )
 
 
 def _dequant(quant_k_cache, page_table_1_flattened, page_size, out=None, layout=None):
     CALLS.dequant_slots.append((quant_k_cache.data_ptr(), page_table_1_flattened.clone()))
-    return rk.dequantize_k_cache_paged_dsv4(quant_k_cache, page_table_1_flattened, page_size, out, layout)
+    return rk.dequantize_k_cache_paged_dsv4(
+        quant_k_cache, page_table_1_flattened, page_size, out, layout
+    )
 
 
 def _requant(quant_k_cache, page_table_1_flattened, page_size, extra_rows=0, out=None):
     CALLS.dequant_slots.append((quant_k_cache.data_ptr(), page_table_1_flattened.clone()))
-    return rk.gather_dequant_requant_fp8_paged_dsv4(quant_k_cache, page_table_1_flattened, page_size, extra_rows, out)
+    return rk.gather_dequant_requant_fp8_paged_dsv4(
+        quant_k_cache, page_table_1_flattened, page_size, extra_rows, out
+    )
 
 
-def _q8_fwd(q, kv, indices, sm_scale, q_scale, kv_scale, d_v=512, attn_sink=None, topk_length=None, **kw):
+def _q8_fwd(
+    q, kv, indices, sm_scale, q_scale, kv_scale, d_v=512, attn_sink=None, topk_length=None, **kw
+):
     CALLS.sparse_rows.append(q.shape[0])
-    return rk.sparse_mla_q8kv8_prefill_fwd(q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, topk_length, **kw)
+    return rk.sparse_mla_q8kv8_prefill_fwd(
+        q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, topk_length, **kw
+    )
 
 
 @contextlib.contextmanager
@@ -228,7 +240,7 @@ def patch_installed(flag_on: bool = True, policy: Optional[str] = "always", monk
         HookRegistry.apply_hooks()
         yield statuses[0]
     finally:
-        for owner, attr, raw, target in saved:
+        for owner, attr, raw, _target in saved:
             setattr(owner, attr, raw)
         HookRegistry._hooks.clear()
         HookRegistry._hooks.update(old_hooks)
@@ -288,13 +300,26 @@ class World:
         g = torch.Generator().manual_seed(step.seed)
         self.g = g
         self.pool = DeepSeekV4TokenToKVPool(
-            max_num_reqs=MAX_REQS, swa_size=SWA_SIZE, c4_size=SWA_SIZE, c128_size=SWA_SIZE,
-            c4_state_pool_size=MAX_REQS, c128_state_pool_size=MAX_REQS, page_size=PAGE,
-            swa_page_size=PAGE, dtype=torch.float8_e4m3fn, c4_state_dtype=torch.bfloat16,
-            c128_state_dtype=torch.bfloat16, qk_nope_head_dim=448, qk_rope_head_dim=64,
-            indexer_head_dim=128, layer_num=len(LAYER_RATIOS), device=device,
-            enable_memory_saver=False, compression_ratios=list(LAYER_RATIOS),
-            kv_source_layers=[], full_size=SWA_SIZE,
+            max_num_reqs=MAX_REQS,
+            swa_size=SWA_SIZE,
+            c4_size=SWA_SIZE,
+            c128_size=SWA_SIZE,
+            c4_state_pool_size=MAX_REQS,
+            c128_state_pool_size=MAX_REQS,
+            page_size=PAGE,
+            swa_page_size=PAGE,
+            dtype=torch.float8_e4m3fn,
+            c4_state_dtype=torch.bfloat16,
+            c128_state_dtype=torch.bfloat16,
+            qk_nope_head_dim=448,
+            qk_rope_head_dim=64,
+            indexer_head_dim=128,
+            layer_num=len(LAYER_RATIOS),
+            device=device,
+            enable_memory_saver=False,
+            compression_ratios=list(LAYER_RATIOS),
+            kv_source_layers=[],
+            full_size=SWA_SIZE,
         )
         self.pool.register_mapping(torch.arange(SWA_SIZE, dtype=torch.int64, device=device))
         self.req_to_token = torch.zeros(MAX_REQS, MAX_CTX, dtype=torch.int32)
@@ -305,7 +330,7 @@ class World:
         self.pages: List[List[int]] = []
         for r in range(n_reqs):
             own = perm[: pages_needed[r]]
-            perm = perm[pages_needed[r]:]
+            perm = perm[pages_needed[r] :]
             self.pages.append(own)
             pos = torch.arange(step.seq_lens[r])
             self.req_to_token[r, : step.seq_lens[r]] = (
@@ -354,7 +379,7 @@ class World:
         b._flash_mla_with_kvcache = functools.partial(_decode_kernel, use_legacy=True)
         b.hisparse_coordinator = None
         b.index_topk = TOPK
-        b.softmax_scale = 512 ** -0.5
+        b.softmax_scale = 512**-0.5
         b.head_dim_v = 512
         b.trtllm_attn = False
         b.mtp_enabled = False
@@ -402,7 +427,7 @@ class World:
             seq_lens_sum=sum(s.seq_lens),
             positions=torch.tensor(positions, dtype=torch.int64, device=dev),
         )
-        prefix = [a - b for a, b in zip(s.seq_lens, s.extend_lens)]
+        prefix = [a - b for a, b in zip(s.seq_lens, s.extend_lens, strict=False)]
         fb.extend_seq_lens = ext
         fb.extend_seq_lens_cpu = list(s.extend_lens)
         fb.extend_prefix_lens = torch.tensor(prefix, dtype=torch.int32, device=dev)
@@ -415,7 +440,9 @@ class World:
             # What the installed AFTER hook on ForwardBatch.init_new records for a scheduler
             # batch whose decoding_reqs are its last len(decode) requests.
             reqs = [object() for _ in range(n)]
-            sched = SimpleNamespace(forward_mode=mode, reqs=reqs, decoding_reqs=reqs[len(s.prefill):] or None)
+            sched = SimpleNamespace(
+                forward_mode=mode, reqs=reqs, decoding_reqs=reqs[len(s.prefill) :] or None
+            )
             mixed_split.after_forward_batch_init_new(fb, ForwardBatch, sched, None)
         elif num_decode_attr is not None:
             setattr(fb, mixed_split.NUM_DECODE_ATTR, num_decode_attr)
@@ -463,19 +490,28 @@ class World:
                     raw4[t, :k] = sel.to(torch.int32)
                     valid = sel >= 0
                     page4[t, :k] = torch.where(
-                        valid, self.compressed_slots(r, sel.clamp_min(0), 4), torch.full_like(sel, -1)
+                        valid,
+                        self.compressed_slots(r, sel.clamp_min(0), 4),
+                        torch.full_like(sel, -1),
                     ).to(torch.int32)
                 len4[t] = min(max(n4, 1), TOPK)
                 n128 = (p + 1) // 128
                 if n128:
-                    idx128[t, :n128] = self.compressed_slots(r, torch.arange(n128), 128).to(torch.int32)
+                    idx128[t, :n128] = self.compressed_slots(r, torch.arange(n128), 128).to(
+                        torch.int32
+                    )
                 len128[t] = max(n128, 1)
                 t += 1
         core = dsv4.DSV4AttnMetadata(
-            page_size=PAGE, page_table=page_table, raw_out_loc=torch.zeros(rows, dtype=torch.int64),
+            page_size=PAGE,
+            page_table=page_table,
+            raw_out_loc=torch.zeros(rows, dtype=torch.int64),
             cuda_int32_kwargs={"dtype": torch.int32, "device": "cpu"},
-            seq_lens_casual=seq_casual, positions_casual=pos_casual,
-            swa_page_indices=swa_idx, swa_topk_lengths=swa_len, index_topk=TOPK,
+            seq_lens_casual=seq_casual,
+            positions_casual=pos_casual,
+            swa_page_indices=swa_idx,
+            swa_topk_lengths=swa_len,
+            index_topk=TOPK,
             present_ratios=(4, 128),
         )
         core.c4_sparse_page_indices = page4
@@ -492,7 +528,11 @@ class World:
 
     def q(self, heads: int = HEADS):
         g = torch.Generator().manual_seed(self.step.seed + 2)
-        return (torch.randn(self.step.num_rows, heads, 512, generator=g) * 0.5).to(torch.bfloat16).to(self.device)
+        return (
+            (torch.randn(self.step.num_rows, heads, 512, generator=g) * 0.5)
+            .to(torch.bfloat16)
+            .to(self.device)
+        )
 
     def attn_sink(self, heads: int = HEADS):
         g = torch.Generator().manual_seed(self.step.seed + 3)
@@ -505,11 +545,20 @@ class World:
         q = self.q() if q is None else q
         sink = self.attn_sink(q.shape[1]) if sink is None else sink
         layer_obj = SimpleNamespace(layer_id=layer, v_head_dim=512, tp_q_head_num=q.shape[1])
-        with torch.no_grad(), forward_context(ForwardContext(attn_backend=self.backend)), \
-                envs.SGLANG_OPT_FLASHMLA_SPARSE_PREFILL.override(True):
+        with (
+            torch.no_grad(),
+            forward_context(ForwardContext(attn_backend=self.backend)),
+            envs.SGLANG_OPT_FLASHMLA_SPARSE_PREFILL.override(True),
+        ):
             return self.backend.forward(
-                q=q, k=q, v=q, layer=layer_obj, forward_batch=fb,
-                compress_ratio=LAYER_RATIOS[layer], save_kv_cache=False, attn_sink=sink,
+                q=q,
+                k=q,
+                v=q,
+                layer=layer_obj,
+                forward_batch=fb,
+                compress_ratio=LAYER_RATIOS[layer],
+                save_kv_cache=False,
+                attn_sink=sink,
             )
 
     def run_step(self, fb, layers: Sequence[int] = (0, 1, 2)) -> Dict[int, torch.Tensor]:

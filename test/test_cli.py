@@ -28,7 +28,9 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
     assert SCRIPT, "the sglang-mixgraph console script is not installed"
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_")}
     full_env.update(env or {})
-    return subprocess.run([SCRIPT, *args], env=full_env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [SCRIPT, *args], env=full_env, capture_output=True, text=True, timeout=300
+    )
 
 
 def cli_json(*args: str, env: dict[str, str] | None = None) -> dict:
@@ -90,7 +92,9 @@ def test_doctor_exits_1_when_an_enabled_patch_cannot_apply():
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_")}
     env["SGLANG_MIXGRAPH_TEST_BROKEN"] = "1"
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 1, result.stderr
     report = json.loads(result.stdout)
     (patch,) = report["patches"]
@@ -170,8 +174,13 @@ def _dense_model(tmp_path: Path) -> Path:
 def test_plan_small_dense_model(tmp_path):
     model = _dense_model(tmp_path)
     p = cli_json(
-        "plan", "--model-path", str(model), "--chunked-prefill-size", "4096",
-        "--max-running-requests", "64",
+        "plan",
+        "--model-path",
+        str(model),
+        "--chunked-prefill-size",
+        "4096",
+        "--max-running-requests",
+        "64",
     )
     assert p["default_deployment"] is False
     assert p["tp_size"] == 1 and p["attn_dp_size"] == 1 and p["dp_attention"] is False
@@ -195,9 +204,12 @@ def test_plan_text_output_states_the_assumed_gpu():
     "args, returncode, message",
     [
         (["--tp", "abc"], 2, "invalid int value: 'abc'"),
-        (["--tp", "8", "--attn-dp-size", "3"], 1,
-         "SGLang requires `cfg.tp_size % cfg.attn_dp_size == 0`, which does not hold "
-         "(cfg.tp_size=8, cfg.attn_dp_size=3)"),
+        (
+            ["--tp", "8", "--attn-dp-size", "3"],
+            1,
+            "SGLang requires `cfg.tp_size % cfg.attn_dp_size == 0`, which does not hold "
+            "(cfg.tp_size=8, cfg.attn_dp_size=3)",
+        ),
     ],
 )
 def test_plan_invalid_server_arguments_give_sglangs_error(args, returncode, message):
@@ -215,24 +227,40 @@ def test_plan_rejects_unknown_target_gpu():
 
 def test_plan_says_what_the_mixed_split_would_do(tmp_path):
     on = {"SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN": "1"}
-    notes = {
-        p["id"]: p.get("note") for p in cli_json("plan", env=on)["patches"]
-    }
+    notes = {p["id"]: p.get("note") for p in cli_json("plan", env=on)["patches"]}
     # graph_config keeps BCG on for the reference deployment: its replays split in the break.
     assert notes["mixed_split"].startswith("splits mixed steps")
-    assert ("steps of up to 2816 tokens replay breakable prefill graphs and split inside the replay's "
-            "attention break") in notes["mixed_split"]
+    assert (
+        "steps of up to 2816 tokens replay breakable prefill graphs and split inside the replay's "
+        "attention break"
+    ) in notes["mixed_split"]
 
-    eager = {p["id"]: p for p in cli_json(
-        "plan", env={**on, "SGLANG_MIXGRAPH_PREFILL_BUCKETS": "upstream"})["patches"]}
+    eager = {
+        p["id"]: p
+        for p in cli_json("plan", env={**on, "SGLANG_MIXGRAPH_PREFILL_BUCKETS": "upstream"})[
+            "patches"
+        ]
+    }
     assert eager["mixed_split"]["status"] == "active"
     assert "replay" not in eager["mixed_split"]["note"]
 
-    trtllm = {p["id"]: p.get("note") for p in cli_json(
-        "plan", "--model-path", str(EMBEDDED_MODEL_DIR), "--tp", "8", "--dsv4-attn-backend", "trtllm",
-        env=on)["patches"]}
+    trtllm = {
+        p["id"]: p.get("note")
+        for p in cli_json(
+            "plan",
+            "--model-path",
+            str(EMBEDDED_MODEL_DIR),
+            "--tp",
+            "8",
+            "--dsv4-attn-backend",
+            "trtllm",
+            env=on,
+        )["patches"]
+    }
     assert trtllm["mixed_split"].startswith("falls back to upstream: trtllm")
 
-    dense = {p["id"]: p.get("note") for p in cli_json(
-        "plan", "--model-path", str(_dense_model(tmp_path)), env=on)["patches"]}
+    dense = {
+        p["id"]: p.get("note")
+        for p in cli_json("plan", "--model-path", str(_dense_model(tmp_path)), env=on)["patches"]
+    }
     assert dense["mixed_split"] == "not a DeepSeek-V4 model: nothing to split"

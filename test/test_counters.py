@@ -108,7 +108,11 @@ def test_reporter_logs_changes_at_the_interval_only(monkeypatch, caplog):
 
 
 def _lines(caplog):
-    return [counters.parse_line(r.getMessage()) for r in caplog.records if counters.parse_line(r.getMessage())]
+    return [
+        counters.parse_line(r.getMessage())
+        for r in caplog.records
+        if counters.parse_line(r.getMessage())
+    ]
 
 
 def _clean_env(**extra):
@@ -126,11 +130,16 @@ def test_a_process_logs_its_totals_at_exit():
         "counters.count('p', 'steps', 2); counters.count_fallback('p', 'why')\n"
     )
     proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
         env=_clean_env(**{INTERVAL: "0"}),
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    lines = [counters.parse_line(line) for line in proc.stderr.splitlines() if counters.parse_line(line)]
+    lines = [
+        counters.parse_line(line) for line in proc.stderr.splitlines() if counters.parse_line(line)
+    ]
     assert len(lines) == 1
     assert lines[0]["events"] == {"p": {"steps": 2}} and lines[0]["fallbacks"] == {"p": {"why": 1}}
     assert "sglang_mixgraph.counters " + counters.LOG_PREFIX in proc.stderr
@@ -138,8 +147,15 @@ def test_a_process_logs_its_totals_at_exit():
 
 def test_a_process_that_counted_nothing_logs_nothing():
     proc = subprocess.run(
-        [sys.executable, "-c", "import logging; logging.basicConfig(level=logging.INFO)\n"
-                               "from sglang_mixgraph import counters"],
-        capture_output=True, text=True, timeout=120, env=_clean_env(),
+        [
+            sys.executable,
+            "-c",
+            "import logging; logging.basicConfig(level=logging.INFO)\n"
+            "from sglang_mixgraph import counters",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_clean_env(),
     )
     assert proc.returncode == 0 and counters.LOG_PREFIX not in proc.stderr

@@ -8,7 +8,6 @@ lines), so that what it reports and its exit status are checked without a GPU.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -44,7 +43,9 @@ def test_workload_is_fixed_and_makes_the_shapes_the_checks_need():
     lens = [len(r.prompt) for r in reqs]
     window, c128_page = CONFIG["window_size"], 128 * 64
     assert any(n > P.CHUNK for n in lens)  # prompts longer than the chunk
-    assert max(lens) > c128_page and max(lens) // 4 > CONFIG["index_topk"]  # beyond the indexer's top-k
+    assert (
+        max(lens) > c128_page and max(lens) // 4 > CONFIG["index_topk"]
+    )  # beyond the indexer's top-k
     # Requests that decode while later prompts arrive, with contexts beyond the SWA window.
     staggered = [s for s in segs if s.then]
     assert staggered and all(len(r.prompt) + 1 > window for s in staggered for r in s.then)
@@ -84,23 +85,43 @@ def test_phases_parse_in_run_order_and_reject_unknown_names():
 
 
 def test_phase_env_differs_from_its_baseline_by_the_split_alone():
-    offs = {"SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN": "0", "SGLANG_MIXGRAPH_SPLIT_POLICY": "always",
-            "SGLANG_MIXGRAPH_PREFILL_BUCKETS": "upstream", "SGLANG_EXPERIMENTAL_FORCE_BCG": "0"}
+    offs = {
+        "SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN": "0",
+        "SGLANG_MIXGRAPH_SPLIT_POLICY": "always",
+        "SGLANG_MIXGRAPH_PREFILL_BUCKETS": "upstream",
+        "SGLANG_EXPERIMENTAL_FORCE_BCG": "0",
+    }
     base = P.Phase("dgraph", "off").env(offs, radix=True)
     adaptive = P.Phase("dgraph", "adaptive").env(offs, radix=True)
     diff = {k for k in set(base) | set(adaptive) if base.get(k) != adaptive.get(k)}
     assert diff == {"SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN", "SGLANG_MIXGRAPH_SPLIT_POLICY"}
-    assert adaptive["SGLANG_MIXGRAPH_SPLIT_POLICY"] == "adaptive" and base["SGLANG_MIXGRAPH_PREFILL_BUCKETS"] == "upstream"
-    assert base[P.RADIX_CORE_ENV] == "python" and P.RADIX_CORE_ENV not in P.Phase("eager", "off").env(offs, radix=False)
+    assert (
+        adaptive["SGLANG_MIXGRAPH_SPLIT_POLICY"] == "adaptive"
+        and base["SGLANG_MIXGRAPH_PREFILL_BUCKETS"] == "upstream"
+    )
+    assert base[P.RADIX_CORE_ENV] == "python" and P.RADIX_CORE_ENV not in P.Phase(
+        "eager", "off"
+    ).env(offs, radix=False)
 
 
 def test_engine_kwargs_per_graph_mode():
     kw = {g: P.Phase(g, "off").engine_kwargs("/m", radix=False, slot=1) for g in P.GRAPHS}
     assert kw["eager"]["disable_cuda_graph"] is True
-    assert kw["dgraph"]["cuda_graph_backend_prefill"] == "disabled" and kw["dgraph"]["cuda_graph_backend_decode"] == "full"
+    assert (
+        kw["dgraph"]["cuda_graph_backend_prefill"] == "disabled"
+        and kw["dgraph"]["cuda_graph_backend_decode"] == "full"
+    )
     assert kw["bcg"]["cuda_graph_backend_prefill"] == "breakable"
-    assert all(k["enable_mixed_chunk"] and k["chunked_prefill_size"] == P.CHUNK and k["disable_radix_cache"] for k in kw.values())
-    assert P.Phase("eager", "off").engine_kwargs("/m", radix=True, slot=0)["port"] != kw["eager"]["port"]
+    assert all(
+        k["enable_mixed_chunk"]
+        and k["chunked_prefill_size"] == P.CHUNK
+        and k["disable_radix_cache"]
+        for k in kw.values()
+    )
+    assert (
+        P.Phase("eager", "off").engine_kwargs("/m", radix=True, slot=0)["port"]
+        != kw["eager"]["port"]
+    )
 
 
 # ---- checks ------------------------------------------------------------------------------------
@@ -110,7 +131,10 @@ def test_compare_tokens_reports_first_differing_position_per_request():
     base = {"a": [1, 2, 3], "b": [4, 5], "c": [6], "d": [7, 8]}
     other = {"a": [1, 2, 3], "b": [4, 9], "c": [6, 0], "e": [1]}
     assert C.compare_tokens(base, other) == [
-        C.Mismatch("b", 1, 2, 2), C.Mismatch("c", 1, 1, 2), C.Mismatch("d", None, 2, 0), C.Mismatch("e", None, 0, 1),
+        C.Mismatch("b", 1, 2, 2),
+        C.Mismatch("c", 1, 1, 2),
+        C.Mismatch("d", None, 2, 0),
+        C.Mismatch("e", None, 0, 1),
     ]
     assert C.compare_tokens(base, dict(base)) == []
 
@@ -118,24 +142,40 @@ def test_compare_tokens_reports_first_differing_position_per_request():
 def test_merge_counters_takes_each_process_last_line_and_sums_processes():
     lines = [
         {"pid": 1, "events": {"mixed_split": {"steps_split": 1}}, "fallbacks": {}},
-        {"pid": 1, "events": {"mixed_split": {"steps_split": 5}}, "fallbacks": {"mixed_split": {"bcg": 2}}},
+        {
+            "pid": 1,
+            "events": {"mixed_split": {"steps_split": 5}},
+            "fallbacks": {"mixed_split": {"bcg": 2}},
+        },
         {"pid": 2, "events": {"mixed_split": {"steps_split": 1, "x": 3}}, "fallbacks": {}},
     ]
     assert C.merge_counters(lines) == {
-        "events": {"mixed_split": {"steps_split": 6, "x": 3}}, "fallbacks": {"mixed_split": {"bcg": 2}}}
+        "events": {"mixed_split": {"steps_split": 6, "x": 3}},
+        "fallbacks": {"mixed_split": {"bcg": 2}},
+    }
 
 
 def _steps(eager_mixed=0, graph_mixed=0):
-    return ([{"mode": "MIXED", "graph": False}] * eager_mixed + [{"mode": "MIXED", "graph": True}] * graph_mixed
-            + [{"mode": "DECODE", "graph": True}] * 3)
+    return (
+        [{"mode": "MIXED", "graph": False}] * eager_mixed
+        + [{"mode": "MIXED", "graph": True}] * graph_mixed
+        + [{"mode": "DECODE", "graph": True}] * 3
+    )
 
 
 def _rec(name, split, *, steps, events=None, fallbacks=None, outputs=None, stubs=()):
     outputs = {"r0": [1, 2, 3], "r1": [4, 5]} if outputs is None else outputs
     return C.PhaseRecord(
-        name=name, split=split, ran=True, outputs=outputs, expected_lens={"r0": 3, "r1": 2}, steps=steps,
-        counters={"events": {"mixed_split": events} if events else {},
-                  "fallbacks": {"mixed_split": fallbacks} if fallbacks else {}},
+        name=name,
+        split=split,
+        ran=True,
+        outputs=outputs,
+        expected_lens={"r0": 3, "r1": 2},
+        steps=steps,
+        counters={
+            "events": {"mixed_split": events} if events else {},
+            "fallbacks": {"mixed_split": fallbacks} if fallbacks else {},
+        },
         stub_calls=list(stubs),
     )
 
@@ -144,57 +184,111 @@ def _failed(checks):
     return [c.name for c in checks if not c.ok]
 
 
-ACTED = {"steps_seen.mixed_run_as_extend": 4, "steps_split": 4, "layers_split.c0": 4,
-         "layers_split.c4": 8, "layers_split.c128": 4}
+ACTED = {
+    "steps_seen.mixed_run_as_extend": 4,
+    "steps_split": 4,
+    "layers_split.c0": 4,
+    "layers_split.c4": 8,
+    "layers_split.c128": 4,
+}
 
 
 def test_a_split_phase_passes_only_with_equal_tokens_and_the_split_acting():
     base = _rec("eager-off", "off", steps=_steps(4))
     assert _failed(C.check_phase(base, None)) == []
-    assert _failed(C.check_phase(_rec("eager-always", "always", steps=_steps(4), events=ACTED), base)) == []
+    assert (
+        _failed(C.check_phase(_rec("eager-always", "always", steps=_steps(4), events=ACTED), base))
+        == []
+    )
     # Equal tokens but the split never acted: failed, not a pass.
-    vacuous = C.check_phase(_rec("eager-always", "always", steps=_steps(4),
-                                 events={"steps_seen.mixed_run_as_extend": 4}), base)
-    assert _failed(vacuous) == ["split acted in every eager MIXED step", "layers of every compress ratio split"]
+    vacuous = C.check_phase(
+        _rec(
+            "eager-always", "always", steps=_steps(4), events={"steps_seen.mixed_run_as_extend": 4}
+        ),
+        base,
+    )
+    assert _failed(vacuous) == [
+        "split acted in every eager MIXED step",
+        "layers of every compress ratio split",
+    ]
     # Acted but different tokens: the mismatch is reported with its first position.
-    differs = C.check_phase(_rec("eager-always", "always", steps=_steps(4), events=ACTED,
-                                 outputs={"r0": [1, 7, 3], "r1": [4, 5]}), base)
+    differs = C.check_phase(
+        _rec(
+            "eager-always",
+            "always",
+            steps=_steps(4),
+            events=ACTED,
+            outputs={"r0": [1, 7, 3], "r1": [4, 5]},
+        ),
+        base,
+    )
     bad = [c for c in differs if not c.ok]
-    assert [c.name for c in bad] == ["tokens equal eager-off"] and "r0: first differs at 1" in bad[0].detail
+    assert [c.name for c in bad] == ["tokens equal eager-off"] and "r0: first differs at 1" in bad[
+        0
+    ].detail
 
 
 def test_adaptive_must_decide_every_step_and_split_some():
     base = _rec("dgraph-off", "off", steps=_steps(4))
-    ok = {"steps_seen.mixed_run_as_extend": 4, "steps_split": 1, "steps_unsplit_adaptive": 3, "layers_split.c4": 2}
-    assert _failed(C.check_phase(_rec("dgraph-adaptive", "adaptive", steps=_steps(4), events=ok), base)) == []
+    ok = {
+        "steps_seen.mixed_run_as_extend": 4,
+        "steps_split": 1,
+        "steps_unsplit_adaptive": 3,
+        "layers_split.c4": 2,
+    }
+    assert (
+        _failed(
+            C.check_phase(_rec("dgraph-adaptive", "adaptive", steps=_steps(4), events=ok), base)
+        )
+        == []
+    )
     never = {"steps_seen.mixed_run_as_extend": 4, "steps_unsplit_adaptive": 4}
-    assert _failed(C.check_phase(_rec("dgraph-adaptive", "adaptive", steps=_steps(4), events=never), base)) == [
-        "adaptive split at least one eager MIXED step"]
+    assert _failed(
+        C.check_phase(_rec("dgraph-adaptive", "adaptive", steps=_steps(4), events=never), base)
+    ) == ["adaptive split at least one eager MIXED step"]
 
 
-REPLAYS = {"replays_seen": 5, "replays_split": 5, "layers_split.c0": 5, "layers_split.c4": 10,
-           "layers_split.c128": 5}
+REPLAYS = {
+    "replays_seen": 5,
+    "replays_split": 5,
+    "layers_split.c0": 5,
+    "layers_split.c4": 10,
+    "layers_split.c128": 5,
+}
 
 
 def test_replayed_mixed_steps_must_split_and_stubs_fail_a_phase():
     base = _rec("bcg-off", "off", steps=_steps(0, 5))
-    assert _failed(C.check_phase(_rec("bcg-always", "always", steps=_steps(0, 5), events=REPLAYS), base)) == []
+    assert (
+        _failed(
+            C.check_phase(_rec("bcg-always", "always", steps=_steps(0, 5), events=REPLAYS), base)
+        )
+        == []
+    )
     partly = dict(REPLAYS, replays_split=2)
-    assert _failed(C.check_phase(_rec("bcg-always", "always", steps=_steps(0, 5), events=partly), base)) == [
-        "split acted in every replayed MIXED step"]
+    assert _failed(
+        C.check_phase(_rec("bcg-always", "always", steps=_steps(0, 5), events=partly), base)
+    ) == ["split acted in every replayed MIXED step"]
     at_import = "cutlass.cute.jit (pid 1) from utils.py:331 < <frozen importlib._bootstrap>:488"
     serving = "sgl_kernel.x (pid 1) from layernorm.py:631 < deepseek_v4.py:900"
-    stubbed = _rec("bcg-always", "always", steps=_steps(0, 5), events=REPLAYS, stubs=[at_import, serving])
+    stubbed = _rec(
+        "bcg-always", "always", steps=_steps(0, 5), events=REPLAYS, stubs=[at_import, serving]
+    )
     assert _failed(C.check_phase(stubbed, base)) == ["no stub was called while serving"]
     assert C.split_stub_calls([at_import, serving]) == ([serving], [at_import])
-    only_import = _rec("bcg-always", "always", steps=_steps(0, 5), events=REPLAYS, stubs=[at_import])
+    only_import = _rec(
+        "bcg-always", "always", steps=_steps(0, 5), events=REPLAYS, stubs=[at_import]
+    )
     assert _failed(C.check_phase(only_import, base)) == []
 
 
 def test_a_baseline_without_mixed_steps_or_with_split_activity_fails():
-    assert _failed(C.check_phase(_rec("eager-off", "off", steps=_steps(0)), None)) == ["the workload made MIXED steps"]
-    assert _failed(C.check_phase(_rec("eager-off", "off", steps=_steps(2), events={"steps_split": 1}), None)) == [
-        "mixed_split inactive (flag off)"]
+    assert _failed(C.check_phase(_rec("eager-off", "off", steps=_steps(0)), None)) == [
+        "the workload made MIXED steps"
+    ]
+    assert _failed(
+        C.check_phase(_rec("eager-off", "off", steps=_steps(2), events={"steps_split": 1}), None)
+    ) == ["mixed_split inactive (flag off)"]
 
 
 def test_missing_tokens_and_a_failed_run_are_failed_checks():
@@ -206,7 +300,7 @@ def test_missing_tokens_and_a_failed_run_are_failed_checks():
 
 # ---- the driver, with a stand-in phase process -------------------------------------------------
 
-FAKE_PHASE = '''
+FAKE_PHASE = """
 import json, os, sys
 kwargs, out = sys.argv[1], sys.argv[2]
 split = os.environ["SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN"] == "1"
@@ -233,7 +327,7 @@ if events or fallbacks:
     print("[x] sglang-mixgraph counters " + json.dumps(snap))
 print("[gpu-upstream] stand-in first use: sgl_kernel.rmsnorm -> torch (pid 7)")
 json.dump({"ok": True, "outputs": {"r0": [1, 2]}, "expected_lens": {"r0": 2}, "timings": {}}, open(out, "w"))
-'''
+"""
 
 
 def _run_driver(tmp_path, monkeypatch, acts, radix_serializes=False):
@@ -245,10 +339,29 @@ def _run_driver(tmp_path, monkeypatch, acts, radix_serializes=False):
     monkeypatch.setenv("FAKE_SPLIT_ACTS", "1" if acts else "0")
     monkeypatch.setenv("FAKE_RADIX_SERIALIZES", "1" if radix_serializes else "0")
     out = tmp_path / "out"
-    monkeypatch.setattr(sys, "argv", ["run_e2e.py", "eager-off", "eager-always", "bcg-off", "bcg-always",
-                                      "--out", str(out), "--work", str(tmp_path / "work"), "--budget-s", "120"])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "run_e2e.py",
+            "eager-off",
+            "eager-always",
+            "bcg-off",
+            "bcg-always",
+            "--out",
+            str(out),
+            "--work",
+            str(tmp_path / "work"),
+            "--budget-s",
+            "120",
+        ],
+    )
     rc = run_e2e.main()
-    return rc, json.loads((out / "e2e_results.json").read_text()), (out / "e2e_tiny_dsv4.log").read_text()
+    return (
+        rc,
+        json.loads((out / "e2e_results.json").read_text()),
+        (out / "e2e_tiny_dsv4.log").read_text(),
+    )
 
 
 def test_driver_reports_phases_and_exits_zero_when_every_check_holds(tmp_path, monkeypatch):
@@ -295,10 +408,14 @@ def test_rmsnorm_standin_equals_upstream_native_rmsnorm(standins, capsys):
     norm.weight.data.uniform_(0.5, 1.5)
     x = torch.randn(5, 64, dtype=torch.bfloat16) * 3
     expected = norm.forward_native(x.clone())
-    torch.testing.assert_close(standins.rmsnorm(x, norm.weight.data, 1e-6), expected, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(
+        standins.rmsnorm(x, norm.weight.data, 1e-6), expected, atol=2e-2, rtol=2e-2
+    )
     out = torch.empty_like(x)
     assert standins.rmsnorm(x, norm.weight.data, 1e-6, out=out) is out
-    assert capsys.readouterr().err.count(standins.STANDIN_MARK + "sgl_kernel.rmsnorm") == 1  # first use only
+    assert (
+        capsys.readouterr().err.count(standins.STANDIN_MARK + "sgl_kernel.rmsnorm") == 1
+    )  # first use only
 
 
 def test_moe_sum_reduce_standin_sums_topk_and_scales(standins):

@@ -33,26 +33,68 @@ DSV4_RULE = "DeepSeek-V4 (heavy capture-pool memory pressure)"
 
 def reference(chunk_per_rank=2816, tp=8, dp=8, extra=()):
     return [
-        "--model-path", DSV4, "--tp", str(tp), "--dp", str(dp), "--enable-dp-attention",
-        "--enable-mixed-chunk", "--chunked-prefill-size", str(chunk_per_rank * dp),
-        "--max-running-requests", "2048", "--moe-a2a-backend", "megamoe", *extra,
+        "--model-path",
+        DSV4,
+        "--tp",
+        str(tp),
+        "--dp",
+        str(dp),
+        "--enable-dp-attention",
+        "--enable-mixed-chunk",
+        "--chunked-prefill-size",
+        str(chunk_per_rank * dp),
+        "--max-running-requests",
+        "2048",
+        "--moe-a2a-backend",
+        "megamoe",
+        *extra,
     ]
 
 
 GLM5_CONFIG = {
-    "architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa", "hidden_size": 6144,
-    "num_hidden_layers": 78, "num_attention_heads": 64, "num_key_value_heads": 64, "kv_lora_rank": 512,
-    "q_lora_rank": 2048, "qk_rope_head_dim": 64, "qk_nope_head_dim": 192, "qk_head_dim": 256,
-    "v_head_dim": 256, "index_topk": 2048, "index_head_dim": 128, "index_n_heads": 32,
-    "n_routed_experts": 256, "num_experts_per_tok": 8, "n_shared_experts": 1, "moe_intermediate_size": 2048,
-    "intermediate_size": 12288, "first_k_dense_replace": 3, "vocab_size": 154880,
-    "max_position_embeddings": 202752, "rope_theta": 1000000, "torch_dtype": "bfloat16", "n_group": 1,
-    "topk_group": 1, "routed_scaling_factor": 2.5, "norm_topk_prob": True, "rms_norm_eps": 1e-5,
+    "architectures": ["GlmMoeDsaForCausalLM"],
+    "model_type": "glm_moe_dsa",
+    "hidden_size": 6144,
+    "num_hidden_layers": 78,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 64,
+    "kv_lora_rank": 512,
+    "q_lora_rank": 2048,
+    "qk_rope_head_dim": 64,
+    "qk_nope_head_dim": 192,
+    "qk_head_dim": 256,
+    "v_head_dim": 256,
+    "index_topk": 2048,
+    "index_head_dim": 128,
+    "index_n_heads": 32,
+    "n_routed_experts": 256,
+    "num_experts_per_tok": 8,
+    "n_shared_experts": 1,
+    "moe_intermediate_size": 2048,
+    "intermediate_size": 12288,
+    "first_k_dense_replace": 3,
+    "vocab_size": 154880,
+    "max_position_embeddings": 202752,
+    "rope_theta": 1000000,
+    "torch_dtype": "bfloat16",
+    "n_group": 1,
+    "topk_group": 1,
+    "routed_scaling_factor": 2.5,
+    "norm_topk_prob": True,
+    "rms_norm_eps": 1e-5,
 }
 DENSE_CONFIG = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 1024, "num_hidden_layers": 4,
-    "num_attention_heads": 16, "num_key_value_heads": 4, "intermediate_size": 2816, "vocab_size": 32000,
-    "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16",
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 1024,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 4,
+    "intermediate_size": 2816,
+    "vocab_size": 32000,
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-5,
+    "torch_dtype": "bfloat16",
 }
 
 
@@ -143,8 +185,19 @@ def test_dsv4_table(flags, row):
 
 def test_reference_without_dp_attention(flags):
     flags(**{CAP_ENV: 8192})
-    argv = ["--model-path", DSV4, "--tp", "8", "--enable-mixed-chunk", "--chunked-prefill-size", "8192",
-            "--max-running-requests", "2048", "--moe-a2a-backend", "megamoe"]
+    argv = [
+        "--model-path",
+        DSV4,
+        "--tp",
+        "8",
+        "--enable-mixed-chunk",
+        "--chunked-prefill-size",
+        "8192",
+        "--max-running-requests",
+        "2048",
+        "--moe-a2a-backend",
+        "megamoe",
+    ]
     _, d = plan_of(argv)
     assert d["deployment"]["dp_attention"] is False
     assert d["deployment"]["running_per_rank"] == 2048
@@ -167,20 +220,35 @@ def test_reference_plan_contents(flags):
     _, d = plan_of(reference())
     cm = d["capture_memory"]
     assert cm["verdict"]["needed_bytes"] == cm["estimate"]["bytes"] > 0
-    assert cm["verdict"]["available_bytes"] == cm["budget"]["available_bytes"] > cm["verdict"]["needed_bytes"]
-    assert set(cm["estimate"]["terms"]) >= {"dsv4_indexer_logits", "dsv4_captured_metadata", "graph_objects"}
+    assert (
+        cm["verdict"]["available_bytes"]
+        == cm["budget"]["available_bytes"]
+        > cm["verdict"]["needed_bytes"]
+    )
+    assert set(cm["estimate"]["terms"]) >= {
+        "dsv4_indexer_logits",
+        "dsv4_captured_metadata",
+        "graph_objects",
+    }
     bl = d["bucket_lists"]
     assert bl["upstream"]["count"] == 45 and bl["upstream"]["largest"] == 2816
     assert bl["ours"]["buckets"] == [16, 24, 48, 88, 176, 256, 352, 704, 1408, 2816]
     assert bl["ours"]["capture_bytes"] < bl["upstream"]["capture_bytes"]
     names = {v["name"] for v in d["validations"]}
-    assert names == {"mega_moe_cap_covers_prefill_buckets", "logits_multimem_gather_covers_mixed_steps"}
+    assert names == {
+        "mega_moe_cap_covers_prefill_buckets",
+        "logits_multimem_gather_covers_mixed_steps",
+    }
     logits = next(v for v in d["validations"] if v["name"].startswith("logits"))
     assert logits["rows"] == 8 * 257 and logits["upstream_rows"] == 2048
     from sglang_mixgraph.graph_plan import format_graph_plan
 
     text = format_graph_plan(d)
-    assert "decided by estimate" in text and "upstream: 45 buckets" in text and "derived : 10 buckets" in text
+    assert (
+        "decided by estimate" in text
+        and "upstream: 45 buckets" in text
+        and "derived : 10 buckets" in text
+    )
 
 
 def test_estimate_turns_bcg_off_with_numbers(flags, caplog):
@@ -192,16 +260,34 @@ def test_estimate_turns_bcg_off_with_numbers(flags, caplog):
     assert "does not fit" in pg["rules"][0]["action"]
     msgs = [m for m in r.messages("sglang_mixgraph") if "disabled for DeepSeek-V4" in m]
     assert len(msgs) == 1
-    assert "GiB" in msgs[0] and "--mem-fraction-static" in msgs[0] and "--cuda-graph-bs-prefill" in msgs[0]
+    assert (
+        "GiB" in msgs[0]
+        and "--mem-fraction-static" in msgs[0]
+        and "--cuda-graph-bs-prefill" in msgs[0]
+    )
 
 
 def test_two_rules_keep_upstream(flags):
     """DSV4 plus another matching rule: the deferral does not apply."""
-    argv = ["--model-path", DSV4, "--tp", "8", "--dp", "8", "--enable-dp-attention", "--moe-a2a-backend", "mori"]
+    argv = [
+        "--model-path",
+        DSV4,
+        "--tp",
+        "8",
+        "--dp",
+        "8",
+        "--enable-dp-attention",
+        "--moe-a2a-backend",
+        "mori",
+    ]
     _, d = plan_of(argv)
     pg = d["prefill_graph"]
     assert pg["backend"] == "disabled"
-    assert pg["decided_by"] == {"kind": "upstream rule", "rule": DSV4_RULE, "reason": pg["rules"][0]["reason"]}
+    assert pg["decided_by"] == {
+        "kind": "upstream rule",
+        "rule": DSV4_RULE,
+        "reason": pg["rules"][0]["reason"],
+    }
     assert [m["name"] for m in pg["rules"]] == [DSV4_RULE, "unvalidated a2a backend"]
 
 
@@ -212,7 +298,9 @@ def test_explicit_bucket_list_is_kept(flags):
     r, d = plan_of(reference(extra=("--cuda-graph-bs-prefill", "512", "1024", "2048")))
     assert d["prefill_graph"]["buckets"] == [512, 1024, 2048]
     assert d["bucket_lists"]["policy"] == "user"
-    assert d["prefill_graph"]["decided_by"]["kind"] == "estimate"  # the user's list is what is estimated
+    assert (
+        d["prefill_graph"]["decided_by"]["kind"] == "estimate"
+    )  # the user's list is what is estimated
     assert d["capture_memory"]["estimate"]["buckets"] == 3
 
 
@@ -255,23 +343,56 @@ def test_cap_below_chunk_is_rejected(flags):
 
 
 def test_glm5_shaped(flags, models):
-    _, d = plan_of(["--model-path", models["glm5"], "--tp", "8", "--enable-mixed-chunk",
-                    "--max-running-requests", "512"], gpu="B200")
+    _, d = plan_of(
+        [
+            "--model-path",
+            models["glm5"],
+            "--tp",
+            "8",
+            "--enable-mixed-chunk",
+            "--max-running-requests",
+            "512",
+        ],
+        gpu="B200",
+    )
     assert d["prefill_graph"]["backend"] == "breakable"
     assert d["prefill_graph"]["decided_by"]["kind"] == "default"
     assert d["prefill_graph"]["rules"] == []
     # MLA caps the prefill capture at 8192 tokens (memory_hook.py:233-238); B200 chunk is 16384
     assert d["deployment"]["chunked_prefill_per_rank"] == 16384
     assert_bucket_properties(d, 8192, None, 512)
-    _, d = plan_of(["--model-path", models["glm5"], "--tp", "8", "--dp", "8", "--enable-dp-attention",
-                    "--enable-mixed-chunk", "--max-running-requests", "1024"], gpu="B200")
+    _, d = plan_of(
+        [
+            "--model-path",
+            models["glm5"],
+            "--tp",
+            "8",
+            "--dp",
+            "8",
+            "--enable-dp-attention",
+            "--enable-mixed-chunk",
+            "--max-running-requests",
+            "1024",
+        ],
+        gpu="B200",
+    )
     assert_bucket_properties(d, 2048, None, 128)
 
 
 def test_dense_is_left_to_upstream(flags, models):
     """A model the patch is not designed for keeps upstream's generic buckets, even with mixed chunk."""
-    _, d = plan_of(["--model-path", models["dense"], "--enable-mixed-chunk", "--chunked-prefill-size", "4096",
-                    "--max-running-requests", "128"], gpu="H100")
+    _, d = plan_of(
+        [
+            "--model-path",
+            models["dense"],
+            "--enable-mixed-chunk",
+            "--chunked-prefill-size",
+            "4096",
+            "--max-running-requests",
+            "128",
+        ],
+        gpu="H100",
+    )
     assert d["prefill_graph"]["backend"] == "breakable"
     assert d["prefill_graph"]["buckets"] == d["bucket_lists"]["upstream"]["buckets"]
     assert d["bucket_lists"]["policy"] == "upstream (not a DeepSeek-V4 or GLM-5 model)"
@@ -283,13 +404,18 @@ def test_dsv4_without_mixed_chunk_is_left_to_upstream(flags):
     argv.remove("--enable-mixed-chunk")
     _, d = plan_of(argv)
     assert d["prefill_graph"]["backend"] == "disabled"
-    assert d["prefill_graph"]["decided_by"] == {"kind": "upstream rule", "rule": DSV4_RULE,
-                                                "reason": d["prefill_graph"]["rules"][0]["reason"]}
+    assert d["prefill_graph"]["decided_by"] == {
+        "kind": "upstream rule",
+        "rule": DSV4_RULE,
+        "reason": d["prefill_graph"]["rules"][0]["reason"],
+    }
     assert d["bucket_lists"]["policy"] == "upstream (mixed chunked prefill is off)"
 
 
 def test_mixed_chunk_off_is_left_to_upstream(flags, models):
-    _, d = plan_of(["--model-path", models["glm5"], "--tp", "8", "--max-running-requests", "512"], gpu="B200")
+    _, d = plan_of(
+        ["--model-path", models["glm5"], "--tp", "8", "--max-running-requests", "512"], gpu="B200"
+    )
     assert d["prefill_graph"]["buckets"] == d["bucket_lists"]["upstream"]["buckets"]
     assert d["bucket_lists"]["policy"] == "upstream (mixed chunked prefill is off)"
 
@@ -298,14 +424,34 @@ def test_mixed_chunk_off_is_left_to_upstream(flags, models):
 
 IDENTITY_ROWS = {
     "reference": reference(),
-    "no-dp-attention": ["--model-path", DSV4, "--tp", "8", "--enable-mixed-chunk", "--chunked-prefill-size",
-                        "2816", "--moe-a2a-backend", "megamoe"],
+    "no-dp-attention": [
+        "--model-path",
+        DSV4,
+        "--tp",
+        "8",
+        "--enable-mixed-chunk",
+        "--chunked-prefill-size",
+        "2816",
+        "--moe-a2a-backend",
+        "megamoe",
+    ],
     "explicit-bs": reference(extra=("--cuda-graph-bs-prefill", "512", "1024", "2048")),
     "glm5": ["--model-path", "{glm5}", "--tp", "8", "--enable-mixed-chunk"],
     "dense": ["--model-path", "{dense}", "--enable-mixed-chunk", "--chunked-prefill-size", "4096"],
     "dense-tp1": ["--model-path", "{dense}", "--tp", "1"],
-    "dsv4-no-mixed-chunk": ["--model-path", DSV4, "--tp", "8", "--dp", "8", "--enable-dp-attention",
-                            "--chunked-prefill-size", "22528", "--moe-a2a-backend", "megamoe"],
+    "dsv4-no-mixed-chunk": [
+        "--model-path",
+        DSV4,
+        "--tp",
+        "8",
+        "--dp",
+        "8",
+        "--enable-dp-attention",
+        "--chunked-prefill-size",
+        "22528",
+        "--moe-a2a-backend",
+        "megamoe",
+    ],
     "glm5-no-mixed-chunk": ["--model-path", "{glm5}", "--tp", "8"],
 }
 # Deployments the default-on graph configuration is not designed for: resolved exactly as
@@ -326,14 +472,24 @@ _BASELINE = textwrap.dedent(
 
 def _rows_for(models):
     # a fixed seed: resolution draws a random one otherwise
-    return {k: [a.format(**models) for a in v] + ["--random-seed", "7"] for k, v in IDENTITY_ROWS.items()}
+    return {
+        k: [a.format(**models) for a in v] + ["--random-seed", "7"]
+        for k, v in IDENTITY_ROWS.items()
+    }
 
 
 def test_flags_off_resolve_exactly_like_upstream(flags, models):
     rows = _rows_for(models)
-    env = dict(os.environ, SGLANG_PLUGINS="mixgraph_target")  # the described GPU, no mixgraph patches
-    proc = subprocess.run([sys.executable, "-c", _BASELINE, json.dumps(rows)], env=env, capture_output=True,
-                          text=True, timeout=300)
+    env = dict(
+        os.environ, SGLANG_PLUGINS="mixgraph_target"
+    )  # the described GPU, no mixgraph patches
+    proc = subprocess.run(
+        [sys.executable, "-c", _BASELINE, json.dumps(rows)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "sglang-mixgraph" not in proc.stderr  # really no plugin
     baseline = json.loads(proc.stdout.split("BASELINE", 1)[1])
@@ -344,9 +500,14 @@ def test_flags_off_resolve_exactly_like_upstream(flags, models):
     # with our defaults, deployments out of the patch's scope still resolve exactly as upstream
     flags(**{BUCKETS_ENV: None})
     for name in OUT_OF_SCOPE:
-        assert json.loads(json.dumps(resolve(rows[name]).resolved, default=str)) == baseline[name], name
+        assert (
+            json.loads(json.dumps(resolve(rows[name]).resolved, default=str)) == baseline[name]
+        ), name
     # and the reference does change (the test can fail)
-    assert json.loads(json.dumps(resolve(rows["reference"]).resolved, default=str)) != baseline["reference"]
+    assert (
+        json.loads(json.dumps(resolve(rows["reference"]).resolved, default=str))
+        != baseline["reference"]
+    )
 
 
 # ---------------------------------------------------------------- FORCE_BCG
@@ -369,13 +530,30 @@ _FORCE = textwrap.dedent(
 def test_force_bcg(tmp_path):
     rows = {
         "dsv4-upstream-buckets": (reference(), "B300"),
-        "two-rules": (["--model-path", DSV4, "--tp", "8", "--dp", "8", "--enable-dp-attention",
-                       "--moe-a2a-backend", "mori"], "B300"),
+        "two-rules": (
+            [
+                "--model-path",
+                DSV4,
+                "--tp",
+                "8",
+                "--dp",
+                "8",
+                "--enable-dp-attention",
+                "--moe-a2a-backend",
+                "mori",
+            ],
+            "B300",
+        ),
         "estimate-would-disable": (reference(extra=("--mem-fraction-static", "0.9")), "H200"),
     }
     env = dict(os.environ, **{FORCE_ENV: "1", BUCKETS_ENV: "upstream", CAP_ENV: "2816"})
-    proc = subprocess.run([sys.executable, "-c", _FORCE, json.dumps(rows)], env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", _FORCE, json.dumps(rows)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.split("FORCE", 1)[1])
     for name, row in out.items():
@@ -384,7 +562,10 @@ def test_force_bcg(tmp_path):
         assert pg["decided_by"]["kind"] == "force", name
         assert all(m["action"] == "overridden by FORCE_BCG" for m in pg["rules"])
     two = out["two-rules"]
-    assert [m["name"] for m in two["plan"]["prefill_graph"]["rules"]] == [DSV4_RULE, "unvalidated a2a backend"]
+    assert [m["name"] for m in two["plan"]["prefill_graph"]["rules"]] == [
+        DSV4_RULE,
+        "unvalidated a2a backend",
+    ]
     logged = [m for m in two["messages"] if "SGLANG_EXPERIMENTAL_FORCE_BCG=1 keeps" in m]
     assert len(logged) == 2 and DSV4_RULE in logged[0] and "unvalidated a2a backend" in logged[1]
     # upstream buckets (policy upstream), clamped per DP rank by upstream
@@ -394,9 +575,13 @@ def test_force_bcg(tmp_path):
 
 def test_force_bcg_wrong_value_is_rejected():
     env = dict(os.environ, **{FORCE_ENV: "maybe"})
-    code = "from sglang_mixgraph.resolve import select_described_platform, resolve; select_described_platform(); " \
-           f"resolve(['--model-path', {DSV4!r}])"
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    code = (
+        "from sglang_mixgraph.resolve import select_described_platform, resolve; select_described_platform(); "
+        f"resolve(['--model-path', {DSV4!r}])"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode != 0
     assert "SGLANG_EXPERIMENTAL_FORCE_BCG='maybe' is not a valid value" in proc.stderr
 
@@ -421,11 +606,16 @@ def test_rule_table_matches_upstream_source():
 
     from sglang_mixgraph.bcg_rules import rules
 
-    tree = ast.parse(textwrap.dedent(inspect.getsource(cuda_graph_hook.disable_breakable_cudagraph_if_incompatible)))
+    tree = ast.parse(
+        textwrap.dedent(
+            inspect.getsource(cuda_graph_hook.disable_breakable_cudagraph_if_incompatible)
+        )
+    )
     lists = [n for n in ast.walk(tree) if isinstance(n, ast.Assign) and n.targets[0].id == "rules"]
     assert len(lists) == 1
     upstream_names = [
-        elt.elts[0].value if isinstance(elt.elts[0], ast.Constant) else None for elt in lists[0].value.elts
+        elt.elts[0].value if isinstance(elt.elts[0], ast.Constant) else None
+        for elt in lists[0].value.elts
     ]
     assert upstream_names == [r.upstream_name for r in rules()]
 
@@ -460,17 +650,28 @@ def test_logits_gather_sizing_hook(monkeypatch, flags, mixed, dp_on, spec, mrr, 
     from sglang_mixgraph.patches.graph_config import _recommended_max_tokens_around
 
     monkeypatch.setattr(rc, "get_server_args", lambda: "server-args")
-    monkeypatch.setattr(overrides, "model_config_of",
-                        lambda sa: _Bag(hf_config=_Bag(architectures=[arch])) if sa == "server-args" else None)
-    monkeypatch.setattr(rc, "get_schedule", lambda: _Bag(enable_mixed_chunk=mixed, max_running_requests=mrr))
+    monkeypatch.setattr(
+        overrides,
+        "model_config_of",
+        lambda sa: _Bag(hf_config=_Bag(architectures=[arch])) if sa == "server-args" else None,
+    )
+    monkeypatch.setattr(
+        rc, "get_schedule", lambda: _Bag(enable_mixed_chunk=mixed, max_running_requests=mrr)
+    )
     monkeypatch.setattr(rc, "get_spec", lambda: _Bag(speculative_algorithm=spec))
     monkeypatch.setattr(rc, "get_parallel", lambda: _Bag(attn_dp_size=8, attn_dp_enabled=dp_on))
 
-    def upstream(include_prefill, floor=0):  # what triton_symm_mem_ag.recommended_max_tokens returns here
+    def upstream(
+        include_prefill, floor=0
+    ):  # what triton_symm_mem_ag.recommended_max_tokens returns here
         return max(mrr or 0, floor)
 
     assert _recommended_max_tokens_around(upstream, include_prefill=False, floor=128) == expected
     # prefill-inclusive callers and the upstream policy are untouched
-    assert _recommended_max_tokens_around(upstream, include_prefill=True, floor=128) == max(mrr or 0, 128)
+    assert _recommended_max_tokens_around(upstream, include_prefill=True, floor=128) == max(
+        mrr or 0, 128
+    )
     flags(**{BUCKETS_ENV: "upstream"})
-    assert _recommended_max_tokens_around(upstream, include_prefill=False, floor=128) == max(mrr or 0, 128)
+    assert _recommended_max_tokens_around(upstream, include_prefill=False, floor=128) == max(
+        mrr or 0, 128
+    )

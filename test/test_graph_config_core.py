@@ -41,7 +41,9 @@ from sglang_mixgraph.core.prefill_buckets import (
 def test_derived_buckets_properties(chunk, running, alignment, cap_slack):
     top = -(-chunk // alignment) * alignment
     cap = None if cap_slack is None else top + cap_slack
-    buckets = derive_prefill_buckets(chunk_per_rank=chunk, running_per_rank=running, cap=cap, alignment=alignment)
+    buckets = derive_prefill_buckets(
+        chunk_per_rank=chunk, running_per_rank=running, cap=cap, alignment=alignment
+    )
     assert buckets == sorted(set(buckets))
     assert buckets[-1] == top  # always contains C (as captured) and nothing above it
     assert all(b % alignment == 0 for b in buckets)
@@ -93,7 +95,9 @@ def test_padding_profile_exact_small_case():
 
 
 def test_check_bucket_list_reports_problems():
-    problems = check_bucket_list([512, 1024, 2048, 4096], chunk_per_rank=3000, running_per_rank=100, cap=2816)
+    problems = check_bucket_list(
+        [512, 1024, 2048, 4096], chunk_per_rank=3000, running_per_rank=100, cap=2816
+    )
     assert any("exceed the MoE per-rank cap 2816" in p for p in problems)
     assert any("3000 tokens) land on bucket 4096" in p for p in problems)
     assert any("100 tokens does not replay" in p for p in problems)
@@ -101,8 +105,14 @@ def test_check_bucket_list_reports_problems():
 
 
 def test_mixed_sampling_rows_bound():
-    assert mixed_sampling_rows_bound(running_per_rank=256, attn_dp_size=8, attn_dp_enabled=True) == 8 * 257
-    assert mixed_sampling_rows_bound(running_per_rank=256, attn_dp_size=8, attn_dp_enabled=False) == 257
+    assert (
+        mixed_sampling_rows_bound(running_per_rank=256, attn_dp_size=8, attn_dp_enabled=True)
+        == 8 * 257
+    )
+    assert (
+        mixed_sampling_rows_bound(running_per_rank=256, attn_dp_size=8, attn_dp_enabled=False)
+        == 257
+    )
 
 
 DSV4 = ModelShape(
@@ -124,7 +134,10 @@ def test_estimate_sums_per_bucket_terms():
     est = estimate_capture_bytes([2816, 16, 1408], DSV4)
     assert est.buckets == (16, 1408, 2816)
     assert est.terms["graph_objects"] == 3 * GRAPH_OBJECT_BYTES_PER_BUCKET
-    assert est.terms["dsv4_indexer_logits"] == (16 + 1408 + 2816) * DSV4.sparse.logits_bytes_per_token()
+    assert (
+        est.terms["dsv4_indexer_logits"]
+        == (16 + 1408 + 2816) * DSV4.sparse.logits_bytes_per_token()
+    )
     assert est.total == sum(est.terms.values())
     dense = estimate_capture_bytes([2816, 16, 1408], ModelShape(hidden_size=1024))
     assert "dsv4_indexer_logits" not in dense.terms and dense.total < est.total
@@ -133,10 +146,16 @@ def test_estimate_sums_per_bucket_terms():
 
 
 def test_budget_and_verdict():
-    decode = decode_graph_reserve_bytes(decode_max_bs=512, decode_graph_on=True, attn_dp_enabled=True, attn_dp_size=8)
+    decode = decode_graph_reserve_bytes(
+        decode_max_bs=512, decode_graph_on=True, attn_dp_enabled=True, attn_dp_size=8
+    )
     assert decode == (512 * 2 + 512 * 8 * 3 + 512 * 8 * 1.5) * MiB
     budget = memory_budget(
-        total_bytes=300_000 * MiB, mem_fraction_static=0.8, chunk_per_rank=2816, tp_size=8, pp_size=1,
+        total_bytes=300_000 * MiB,
+        mem_fraction_static=0.8,
+        chunk_per_rank=2816,
+        tp_size=8,
+        pp_size=1,
         decode_reserve_bytes=decode,
     )
     assert budget.outside_static == 60_000 * MiB

@@ -15,7 +15,6 @@ import textwrap
 from types import SimpleNamespace
 
 import torch
-
 from sglang.srt.layers import logits_processor as lp
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.model_executor.runner.prefill_cuda_graph_runner import PrefillCudaGraphRunner
@@ -26,7 +25,11 @@ LOGPROB_FIELDS = ("global_num_tokens_for_logprob_gpu", "global_num_tokens_for_lo
 def _static_batch_keywords():
     """Keyword -> source of the ``ForwardBatch(...)`` call in upstream's ``load_batch``."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(PrefillCudaGraphRunner.load_batch)))
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "ForwardBatch"]
+    calls = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "ForwardBatch"
+    ]
     assert len(calls) == 1, "load_batch should build exactly one static ForwardBatch"
     return {k.arg: ast.unparse(k.value) for k in calls[0].keywords}
 
@@ -47,11 +50,17 @@ def test_gather_buffer_is_the_sum_of_live_counts(monkeypatch):
     monkeypatch.setattr(lp, "get_dp_device", lambda: "cpu")
     monkeypatch.setattr(lp, "get_parallel", lambda: SimpleNamespace(attn_dp_rank=2))
     fb = ForwardBatch(
-        forward_mode=ForwardMode.EXTEND, batch_size=257, input_ids=torch.zeros(2816, dtype=torch.int64),
-        req_pool_indices=torch.zeros(257, dtype=torch.int32), seq_lens=torch.ones(257, dtype=torch.int32),
-        out_cache_loc=torch.zeros(2816, dtype=torch.int64), seq_lens_sum=257,
-        global_num_tokens_gpu=torch.tensor([2816] * 8), global_num_tokens_for_logprob_gpu=torch.tensor(live),
-        global_num_tokens_for_logprob_cpu=list(live), global_dp_buffer_len=bucket_rows,
+        forward_mode=ForwardMode.EXTEND,
+        batch_size=257,
+        input_ids=torch.zeros(2816, dtype=torch.int64),
+        req_pool_indices=torch.zeros(257, dtype=torch.int32),
+        seq_lens=torch.ones(257, dtype=torch.int32),
+        out_cache_loc=torch.zeros(2816, dtype=torch.int64),
+        seq_lens_sum=257,
+        global_num_tokens_gpu=torch.tensor([2816] * 8),
+        global_num_tokens_for_logprob_gpu=torch.tensor(live),
+        global_num_tokens_for_logprob_cpu=list(live),
+        global_dp_buffer_len=bucket_rows,
     )
     meta = lp.LogitsMetadata.from_forward_batch(fb)
     meta.compute_dp_attention_metadata()

@@ -8,12 +8,12 @@ from __future__ import annotations
 import logging
 from types import SimpleNamespace
 
+import mixed_split_kit as K
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import mixed_split_kit as K
 from sglang_mixgraph import fallback
 from sglang_mixgraph.target_gpu import described_gpu
 
@@ -61,7 +61,11 @@ def _check_split_step(world, base, out, plan, step):
         assert plan is None and not K.CALLS.decode
         return
     assert plan is not None
-    assert (plan.boundary.b0, plan.boundary.num_decode_reqs, plan.boundary.num_rows) == (b0, d, step.num_rows)
+    assert (plan.boundary.b0, plan.boundary.num_decode_reqs, plan.boundary.num_rows) == (
+        b0,
+        d,
+        step.num_rows,
+    )
     # Every ratio splits: no all-requests cache is built, no layer runs unsplit.
     assert plan.split_ratios == frozenset(ms.ALL_RATIOS)
     assert plan.full_cache is None and not plan.unsplit_calls
@@ -69,15 +73,20 @@ def _check_split_step(world, base, out, plan, step):
     core = world.backend.forward_metadata.core_attn_metadata
     assert len(K.CALLS.decode) == len(out)
     q = world.q()
-    for call, layer in zip(K.CALLS.decode, sorted(out)):
+    for call, layer in zip(K.CALLS.decode, sorted(out), strict=False):
         ratio = K.LAYER_RATIOS[layer]
         assert call["q"].shape[0] == d
         assert torch.equal(call["q"].squeeze(1), q[b0 : b0 + d])
         assert torch.equal(call["indices"].squeeze(1), core.swa_page_indices[b0 : b0 + d])
         assert torch.equal(call["topk_length"], core.swa_topk_lengths[b0 : b0 + d])
         if ratio:
-            assert torch.equal(call["extra_indices_in_kvcache"].squeeze(1), core.sparse_page_indices(ratio)[b0 : b0 + d])
-            assert torch.equal(call["extra_topk_length"], core.sparse_topk_lengths(ratio)[b0 : b0 + d])
+            assert torch.equal(
+                call["extra_indices_in_kvcache"].squeeze(1),
+                core.sparse_page_indices(ratio)[b0 : b0 + d],
+            )
+            assert torch.equal(
+                call["extra_topk_length"], core.sparse_topk_lengths(ratio)[b0 : b0 + d]
+            )
         else:
             assert call["extra_indices_in_kvcache"] is None
         # One scheduling-metadata object per ratio for this step, bound to the tail shape.
@@ -96,7 +105,9 @@ def _check_split_step(world, base, out, plan, step):
     for layer in out:
         swa_ptr = world.pool.get_swa_key_buffer_radix(layer).data_ptr()
         swa_ok, comp_ok = _prefill_only_slots(world, layer)
-        extra_ptr = world.pool.get_extra_key_buffer(layer).data_ptr() if K.LAYER_RATIOS[layer] else None
+        extra_ptr = (
+            world.pool.get_extra_key_buffer(layer).data_ptr() if K.LAYER_RATIOS[layer] else None
+        )
         for ptr, slots in K.CALLS.dequant_slots:
             s = set(slots.tolist())
             if ptr == swa_ptr:
@@ -107,9 +118,7 @@ def _check_split_step(world, base, out, plan, step):
 
 step_strategy = st.builds(
     K.Step,
-    prefill=st.lists(
-        st.tuples(st.integers(0, 420), st.integers(1, 40)), min_size=0, max_size=4
-    ),
+    prefill=st.lists(st.tuples(st.integers(0, 420), st.integers(1, 40)), min_size=0, max_size=4),
     decode=st.lists(st.integers(0, 600), min_size=0, max_size=8),
     padding=st.integers(0, 4),
     seed=st.integers(0, 2**16),
@@ -144,10 +153,14 @@ def test_split_fixed_cases(gpu, step):
     test_split_equals_unsplit.hypothesis.inner_test(gpu, step)
 
 
-@pytest.mark.parametrize("step", [
-    K.Step(prefill=[(200, 24), (0, 9)], decode=[300, 17, 140], padding=2, holes=False, seed=21),
-    K.Step(prefill=[], decode=[260, 5], padding=1, holes=False, seed=22),
-], ids=["mixed", "decode_only"])
+@pytest.mark.parametrize(
+    "step",
+    [
+        K.Step(prefill=[(200, 24), (0, 9)], decode=[300, 17, 140], padding=2, holes=False, seed=21),
+        K.Step(prefill=[], decode=[260, 5], padding=1, holes=False, seed=22),
+    ],
+    ids=["mixed", "decode_only"],
+)
 def test_sm90_q8kv8_prefill_rows_unchanged_decode_rows_exact(step):
     """SM90 Q8KV8: prefill rows take upstream's Q8KV8 path unchanged; decode rows take the fp8
     decode kernel, i.e. they match the bf16 sparse path (no fp8 cast of q) instead of Q8KV8."""
@@ -165,11 +178,17 @@ def test_sm90_q8kv8_prefill_rows_unchanged_decode_rows_exact(step):
         for layer in out:
             assert torch.equal(out[layer][:b0], base_q8[layer][:b0])
             torch.testing.assert_close(
-                out[layer][b0 : b0 + d].float(), base_bf16[layer][b0 : b0 + d].float(), atol=ATOL, rtol=RTOL
+                out[layer][b0 : b0 + d].float(),
+                base_bf16[layer][b0 : b0 + d].float(),
+                atol=ATOL,
+                rtol=RTOL,
             )
             # Against the fp8-q unsplit output the decode rows differ only by q's e4m3 cast.
             torch.testing.assert_close(
-                out[layer][b0 : b0 + d].float(), base_q8[layer][b0 : b0 + d].float(), atol=0.1, rtol=0.1
+                out[layer][b0 : b0 + d].float(),
+                base_q8[layer][b0 : b0 + d].float(),
+                atol=0.1,
+                rtol=0.1,
             )
             assert out[layer][b0 + d :].abs().max() == 0
 
@@ -214,7 +233,9 @@ def test_init_new_hook_records_decode_tail_only_when_it_is_the_tail():
     fb = SimpleNamespace()
 
     def rec(mode, decoding):
-        ms.after_forward_batch_init_new(fb, None, SimpleNamespace(forward_mode=mode, reqs=reqs, decoding_reqs=decoding), None)
+        ms.after_forward_batch_init_new(
+            fb, None, SimpleNamespace(forward_mode=mode, reqs=reqs, decoding_reqs=decoding), None
+        )
         return getattr(fb, ms.NUM_DECODE_ATTR)
 
     assert rec(ForwardMode.MIXED, reqs[2:]) == 3
@@ -252,9 +273,16 @@ def test_flag_off_leaves_upstream_untouched():
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
     step = K.Step(prefill=[(30, 8)], decode=[9, 200], padding=1, seed=51)
-    before = {n: DeepseekV4AttnBackend.__dict__[n] for n in (
-        "init_forward_metadata", "_forward_prefill_sparse", "_forward_prefill_sparse_q8kv8",
-        "_build_sparse_prefill_chunk_cache", "prepare_forward_metadata_for_breakable_cuda_graph_replay")}
+    before = {
+        n: DeepseekV4AttnBackend.__dict__[n]
+        for n in (
+            "init_forward_metadata",
+            "_forward_prefill_sparse",
+            "_forward_prefill_sparse_q8kv8",
+            "_build_sparse_prefill_chunk_cache",
+            "prepare_forward_metadata_for_breakable_cuda_graph_replay",
+        )
+    }
     init_new = ForwardBatch.__dict__["init_new"]
     with _ctx("H200"):
         world = K.World(step)
@@ -290,7 +318,9 @@ FALLBACKS = {
     "spec": lambda w, fb, mp: setattr(w.backend, "mtp_enabled", True),
     "cp": lambda w, fb, mp: mp.setattr("sglang.srt.layers.cp.utils.is_cp_active", lambda fb: True),
     "trtllm": lambda w, fb, mp: setattr(w.backend, "trtllm_attn", True),
-    "request_window": lambda w, fb, mp: setattr(w.pool, "request_window", SimpleNamespace(activate=lambda layout: None)),
+    "request_window": lambda w, fb, mp: setattr(
+        w.pool, "request_window", SimpleNamespace(activate=lambda layout: None)
+    ),
     "low_ratio": lambda w, fb, mp: setattr(w.backend, "low_ratios", (1,)),
 }
 
@@ -307,7 +337,9 @@ def test_unsupported_configs_fall_back_logged_once(reason, monkeypatch, caplog):
                 world.backend.init_forward_metadata(fb)
                 assert ms.get_plan(world.backend) is None
         msgs = [r.message for r in caplog.records if "falls back" in r.message]
-        assert msgs == [f"sglang-mixgraph: mixed_split falls back to upstream: {ms.FALLBACK_REASONS[reason]}"]
+        assert msgs == [
+            f"sglang-mixgraph: mixed_split falls back to upstream: {ms.FALLBACK_REASONS[reason]}"
+        ]
 
 
 @pytest.mark.parametrize("reason", ["hisparse", "dsv41", "spec"])
@@ -351,8 +383,13 @@ def test_adaptive_policy_follows_cost_model(decode_cost, expect_split, monkeypat
     from sglang_mixgraph.core import split_cost_model as scm
 
     coeffs = scm.builtin_coefficients()
-    per = {r: dict(c, d_key=decode_cost, d_row=decode_cost, c_dec=0.0, a_cat=0.0) for r, c in coeffs.per_ratio.items()}
-    monkeypatch.setattr(ms.plan, "_cost_coefficients", lambda: scm.Coefficients("test", per, margin=0.0))
+    per = {
+        r: dict(c, d_key=decode_cost, d_row=decode_cost, c_dec=0.0, a_cat=0.0)
+        for r, c in coeffs.per_ratio.items()
+    }
+    monkeypatch.setattr(
+        ms.plan, "_cost_coefficients", lambda: scm.Coefficients("test", per, margin=0.0)
+    )
     step = K.Step(prefill=[(100, 16)], decode=[400, 500, 90], padding=1, seed=71)
     with _ctx("H200"):
         world = K.World(step)
@@ -365,7 +402,9 @@ def test_adaptive_policy_follows_cost_model(decode_cost, expect_split, monkeypat
         if expect_split:
             assert plan.policy == "adaptive"
         for layer in out:
-            torch.testing.assert_close(out[layer].float(), base[layer].float(), atol=ATOL, rtol=RTOL)
+            torch.testing.assert_close(
+                out[layer].float(), base[layer].float(), atol=ATOL, rtol=RTOL
+            )
 
 
 def test_call_time_surprise_abandons_plan_and_runs_upstream_on_all_rows(caplog):
@@ -408,13 +447,31 @@ def _layer_dequants(world, calls, layer):
 
 
 def _same_chunk_cache(a, b, ratios):
-    assert (a.num_reqs, a.num_qo_tokens, a.max_seq_len) == (b.num_reqs, b.num_qo_tokens, b.max_seq_len)
-    for name in ("seq_lens", "query_start_loc", "query_pos", "swa_token_ids", "swa_offsets",
-                 "swa_gather_lens", "c0_combined_indices", "c0_combined_lens"):
+    assert (a.num_reqs, a.num_qo_tokens, a.max_seq_len) == (
+        b.num_reqs,
+        b.num_qo_tokens,
+        b.max_seq_len,
+    )
+    for name in (
+        "seq_lens",
+        "query_start_loc",
+        "query_pos",
+        "swa_token_ids",
+        "swa_offsets",
+        "swa_gather_lens",
+        "c0_combined_indices",
+        "c0_combined_lens",
+    ):
         assert torch.equal(getattr(a, name), getattr(b, name)), name
     for r in ratios:
         ga, gb = a.compressed[r], b.compressed[r]
-        for name in ("flat_token_ids", "compressed_base", "swa_base", "combined_indices", "combined_lens"):
+        for name in (
+            "flat_token_ids",
+            "compressed_base",
+            "swa_base",
+            "combined_indices",
+            "combined_lens",
+        ):
             assert torch.equal(getattr(ga, name), getattr(gb, name)), (r, name)
 
 
@@ -430,35 +487,42 @@ def _check_per_ratio_step(world, base, base_cache, base_dequant, out, plan, step
         assert plan is None and not K.CALLS.decode
         return
     assert plan is not None and plan.policy == "adaptive" and plan.split_ratios == split
-    split_layers = [l for l in sorted(out) if K.LAYER_RATIOS[l] in split]
-    unsplit_layers = [l for l in sorted(out) if K.LAYER_RATIOS[l] not in split]
+    split_layers = [lay for lay in sorted(out) if K.LAYER_RATIOS[lay] in split]
+    unsplit_layers = [lay for lay in sorted(out) if K.LAYER_RATIOS[lay] not in split]
     core = world.backend.forward_metadata.core_attn_metadata
     q = world.q()
     # Split ratios: the tail rows reach the decode kernel, once per split layer, nothing else.
     assert len(K.CALLS.decode) == len(split_layers)
-    assert plan.decode_calls == {K.LAYER_RATIOS[l]: 1 for l in split_layers}
-    for call, layer in zip(K.CALLS.decode, split_layers):
+    assert plan.decode_calls == {K.LAYER_RATIOS[lay]: 1 for lay in split_layers}
+    for call, layer in zip(K.CALLS.decode, split_layers, strict=False):
         ratio = K.LAYER_RATIOS[layer]
         assert torch.equal(call["q"].squeeze(1), q[b0 : b0 + d])
         assert torch.equal(call["indices"].squeeze(1), core.swa_page_indices[b0 : b0 + d])
         if ratio:
-            assert torch.equal(call["extra_indices_in_kvcache"].squeeze(1), core.sparse_page_indices(ratio)[b0 : b0 + d])
+            assert torch.equal(
+                call["extra_indices_in_kvcache"].squeeze(1),
+                core.sparse_page_indices(ratio)[b0 : b0 + d],
+            )
     # Unsplit ratios: upstream's body over all rows, once per layer.
-    assert plan.unsplit_calls == {K.LAYER_RATIOS[l]: 1 for l in unsplit_layers}
-    expect_rows = [(step.num_rows if b0 else 0) if K.LAYER_RATIOS[l] in split else step.num_rows
-                   for l in sorted(out)]
+    assert plan.unsplit_calls == {K.LAYER_RATIOS[lay]: 1 for lay in unsplit_layers}
+    expect_rows = [
+        (step.num_rows if b0 else 0) if K.LAYER_RATIOS[lay] in split else step.num_rows
+        for lay in sorted(out)
+    ]
     assert K.CALLS.sparse_rows == [r for r in expect_rows if r]
     # ... seeing exactly the chunk cache upstream built for the step (all requests), whose
     # compressed parts exist only for the unsplit ratios (no compressed gather is built twice).
     if unsplit_layers:
-        unsplit_c = {K.LAYER_RATIOS[l] for l in unsplit_layers} - {0}
+        unsplit_c = {K.LAYER_RATIOS[lay] for lay in unsplit_layers} - {0}
         assert set(plan.full_cache.compressed) == unsplit_c
         _same_chunk_cache(plan.full_cache, base_cache, unsplit_c)
     else:
         assert plan.full_cache is None
     # ... and dequantizing exactly what upstream dequantized for those layers.
     for layer in unsplit_layers:
-        assert _layer_dequants(world, K.CALLS.dequant_slots, layer) == _layer_dequants(world, base_dequant, layer)
+        assert _layer_dequants(world, K.CALLS.dequant_slots, layer) == _layer_dequants(
+            world, base_dequant, layer
+        )
     # The metadata keeps the prefill-only cache for the split ratios.
     cache = world.backend.forward_metadata.sparse_prefill_cache
     if b0 == 0:
@@ -469,7 +533,11 @@ def _check_per_ratio_step(world, base, base_cache, base_dequant, out, plan, step
         for layer in split_layers:
             swa_ok, comp_ok = _prefill_only_slots(world, layer)
             for ptr, slots in _layer_dequants(world, K.CALLS.dequant_slots, layer):
-                assert set(slots) <= (swa_ok if ptr == world.pool.get_swa_key_buffer_radix(layer).data_ptr() else comp_ok | {0})
+                assert set(slots) <= (
+                    swa_ok
+                    if ptr == world.pool.get_swa_key_buffer_radix(layer).data_ptr()
+                    else comp_ok | {0}
+                )
 
 
 def _decide_ratios(split):
@@ -491,11 +559,15 @@ def _c4_not_c128_coefficients():
     return scm.Coefficients("test", per, margin=0.0)
 
 
-@pytest.mark.parametrize("step", [
-    FIXED_STEPS[0],
-    K.Step(prefill=[(100, 16)], decode=[400, 500, 90], padding=1, seed=72),
-    K.Step(prefill=[], decode=[511, 3, 130], padding=3, seed=73),
-], ids=["mixed", "mixed2", "decode_only"])
+@pytest.mark.parametrize(
+    "step",
+    [
+        FIXED_STEPS[0],
+        K.Step(prefill=[(100, 16)], decode=[400, 500, 90], padding=1, seed=72),
+        K.Step(prefill=[], decode=[511, 3, 130], padding=3, seed=73),
+    ],
+    ids=["mixed", "mixed2", "decode_only"],
+)
 def test_adaptive_splits_c4_not_c128_with_injected_coefficients(step, monkeypatch):
     from sglang_mixgraph.core import split_cost_model as scm
 
@@ -511,7 +583,9 @@ def test_adaptive_splits_c4_not_c128_with_injected_coefficients(step, monkeypatc
             K.CALLS.clear()
             out = world.run_step(world.forward_batch())
             plan = ms.get_plan(world.backend)
-            _check_per_ratio_step(world, base, base_cache, base_dequant, out, plan, step, frozenset({0, 4}))
+            _check_per_ratio_step(
+                world, base, base_cache, base_dequant, out, plan, step, frozenset({0, 4})
+            )
 
 
 _ratio_sets = st.sets(st.sampled_from(ms.ALL_RATIOS)).map(frozenset)
@@ -556,7 +630,9 @@ def test_adaptive_per_ratio_q8kv8_unsplit_layers_are_upstream_exactly(monkeypatc
     from sglang_mixgraph.core import split_cost_model as scm
 
     monkeypatch.setattr(scm, "should_split", _decide_ratios(frozenset({0, 4})))
-    step = K.Step(prefill=[(200, 24), (0, 9)], decode=[300, 17, 140], padding=2, holes=False, seed=75)
+    step = K.Step(
+        prefill=[(200, 24), (0, 9)], decode=[300, 17, 140], padding=2, holes=False, seed=75
+    )
     with _ctx("H200"):
         q8 = K.World(step, q8kv8=True)
         base_q8 = q8.run_step(q8.forward_batch())

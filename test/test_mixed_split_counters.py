@@ -12,10 +12,10 @@ from __future__ import annotations
 import contextlib
 from types import SimpleNamespace
 
+import mixed_split_kit as K
 import pytest
 import torch
 
-import mixed_split_kit as K
 from sglang_mixgraph import counters, fallback
 from sglang_mixgraph.target_gpu import described_gpu
 
@@ -67,13 +67,21 @@ def test_each_split_step_counts_the_step_its_decode_rows_and_each_layer():
         with K.patch_installed(policy="always"):
             world.run_step(world.forward_batch())
             assert _events() == {
-                "steps_seen.mixed": 1, "steps_split": 1, "decode_rows_split": d,
-                "layers_split.c0": 1, "layers_split.c4": 1, "layers_split.c128": 1,
+                "steps_seen.mixed": 1,
+                "steps_split": 1,
+                "decode_rows_split": d,
+                "layers_split.c0": 1,
+                "layers_split.c4": 1,
+                "layers_split.c128": 1,
             }
             world.run_step(world.forward_batch(), layers=(1,))
     assert _events() == {
-        "steps_seen.mixed": 2, "steps_split": 2, "decode_rows_split": 2 * d,
-        "layers_split.c0": 1, "layers_split.c4": 2, "layers_split.c128": 1,
+        "steps_seen.mixed": 2,
+        "steps_split": 2,
+        "decode_rows_split": 2 * d,
+        "layers_split.c0": 1,
+        "layers_split.c4": 2,
+        "layers_split.c128": 1,
     }
     assert _fallbacks() == {}
 
@@ -131,7 +139,10 @@ class _Model:
 
     def forward(self, input_ids, positions, forward_batch, **kwargs):
         self.batches.append(forward_batch)
-        return {layer: self.world.run_layer(forward_batch, layer) for layer in range(len(K.LAYER_RATIOS))}
+        return {
+            layer: self.world.run_layer(forward_batch, layer)
+            for layer in range(len(K.LAYER_RATIOS))
+        }
 
 
 def _eager_runner(world):
@@ -143,13 +154,20 @@ def _eager_runner(world):
     runner = object.__new__(EagerRunner)
     model = _Model(world)
     runner.model_runner = SimpleNamespace(
-        attn_backend=world.backend, model=model, device="cpu", device_timer=None,
-        spec_algorithm=SpeculativeAlgorithm.NONE, _extend_forward_kwargs=lambda fb, pp: {},
+        attn_backend=world.backend,
+        model=model,
+        device="cpu",
+        device_timer=None,
+        spec_algorithm=SpeculativeAlgorithm.NONE,
+        _extend_forward_kwargs=lambda fb, pp: {},
     )
     runner.device = "cpu"
     runner.enable_pdmux = False
     runner._eager_registry = build_eager_registry(
-        device=torch.device("cpu"), max_bs=K.MAX_REQS, max_num_token=2048, cache_loc_dtype=torch.int64
+        device=torch.device("cpu"),
+        max_bs=K.MAX_REQS,
+        max_num_token=2048,
+        cache_loc_dtype=torch.int64,
     )
     return runner, model
 
@@ -159,8 +177,10 @@ def _execute(runner, world, fb):
     from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
 
     # ModelRunner._forward_raw enters the forward context before calling the runner.
-    with torch.no_grad(), envs.SGLANG_OPT_FLASHMLA_SPARSE_PREFILL.override(True), forward_context(
-        ForwardContext(attn_backend=world.backend), forward_batch=fb
+    with (
+        torch.no_grad(),
+        envs.SGLANG_OPT_FLASHMLA_SPARSE_PREFILL.override(True),
+        forward_context(ForwardContext(attn_backend=world.backend), forward_batch=fb),
     ):
         return runner.execute(fb)
 
@@ -170,7 +190,9 @@ def test_eager_runner_mixed_step_run_as_extend_is_split(policy, monkeypatch):
     from sglang_mixgraph.core import split_cost_model as scm
 
     if policy == "adaptive":
-        monkeypatch.setattr(scm, "should_split", lambda shape, coeffs, margin=None: shape.ratio != 128)
+        monkeypatch.setattr(
+            scm, "should_split", lambda shape, coeffs, margin=None: shape.ratio != 128
+        )
     step, d = MIXED, len(MIXED.decode)
     with _ctx():
         world = K.World(step)
@@ -182,7 +204,9 @@ def test_eager_runner_mixed_step_run_as_extend_is_split(policy, monkeypatch):
             out = _execute(runner, world, fb)
             # Upstream relabelled the batch and ran a copy of it.
             assert fb.forward_mode == ForwardMode.EXTEND
-            assert model.batches[-1] is not fb and model.batches[-1].forward_mode == ForwardMode.EXTEND
+            assert (
+                model.batches[-1] is not fb and model.batches[-1].forward_mode == ForwardMode.EXTEND
+            )
             plan = ms.get_plan(world.backend)
             assert plan is not None and plan.matches(model.batches[-1])
             assert (plan.boundary.b0, plan.boundary.num_decode_reqs) == (step.b0, d)

@@ -9,10 +9,10 @@ that has none. The real graphs are proven on the GPU (test/gpu_upstream).
 
 from __future__ import annotations
 
+import mixed_split_kit as K
 import pytest
 import torch
 
-import mixed_split_kit as K
 from sglang_mixgraph import counters
 from sglang_mixgraph.target_gpu import described_gpu
 
@@ -30,13 +30,23 @@ EXTEND = K.Step(prefill=[(58, 13)], decode=[], seed=5)  # request 0 again, 13 ro
 def static_batch(live, rows):
     """The static EXTEND batch the replayed graph sees (upstream's prefill graph runner)."""
     return ForwardBatch(
-        forward_mode=ForwardMode.EXTEND, batch_size=live.batch_size, input_ids=live.input_ids,
-        req_pool_indices=live.req_pool_indices, seq_lens=live.seq_lens, seq_lens_cpu=live.seq_lens_cpu,
-        out_cache_loc=live.out_cache_loc, seq_lens_sum=live.seq_lens_sum, positions=live.positions,
-        extend_seq_lens=live.extend_seq_lens, extend_prefix_lens=live.extend_prefix_lens,
-        extend_start_loc=live.extend_start_loc, extend_prefix_lens_cpu=live.extend_prefix_lens_cpu,
-        extend_seq_lens_cpu=live.extend_seq_lens_cpu, extend_num_tokens=live.extend_num_tokens,
-        global_num_token_non_padded_cpu=rows, max_seq_len_override=K.MAX_CTX,
+        forward_mode=ForwardMode.EXTEND,
+        batch_size=live.batch_size,
+        input_ids=live.input_ids,
+        req_pool_indices=live.req_pool_indices,
+        seq_lens=live.seq_lens,
+        seq_lens_cpu=live.seq_lens_cpu,
+        out_cache_loc=live.out_cache_loc,
+        seq_lens_sum=live.seq_lens_sum,
+        positions=live.positions,
+        extend_seq_lens=live.extend_seq_lens,
+        extend_prefix_lens=live.extend_prefix_lens,
+        extend_start_loc=live.extend_start_loc,
+        extend_prefix_lens_cpu=live.extend_prefix_lens_cpu,
+        extend_seq_lens_cpu=live.extend_seq_lens_cpu,
+        extend_num_tokens=live.extend_num_tokens,
+        global_num_token_non_padded_cpu=rows,
+        max_seq_len_override=K.MAX_CTX,
     )
 
 
@@ -46,14 +56,17 @@ def replay():
     with described_gpu("H200"), K.sglang_context(), K.reference_kernels():
         world = K.World(MIXED)
         capture = world.build_metadata(world.forward_batch())
-        capture.core_attn_metadata.swa_out_cache_loc = torch.zeros(MIXED.num_rows, dtype=torch.int32)
+        capture.core_attn_metadata.swa_out_cache_loc = torch.zeros(
+            MIXED.num_rows, dtype=torch.int32
+        )
 
         def run(step, mode, rows=None):
             world.step = step
             live = world.forward_batch(mode=mode)
             static = static_batch(live, step.num_rows if rows is None else rows)
             world.backend.prepare_forward_metadata_for_breakable_cuda_graph_replay(
-                capture, live, static_forward_batch=static)
+                capture, live, static_forward_batch=static
+            )
             return static
 
         yield world, capture, run

@@ -30,10 +30,18 @@ BUCKETS_ENV = "SGLANG_MIXGRAPH_PREFILL_BUCKETS"
 
 def _model(tmp_path: Path, architecture: str) -> str:
     config = {
-        "architectures": [architecture], "model_type": "llama", "hidden_size": 1024,
-        "intermediate_size": 2816, "num_hidden_layers": 4, "num_attention_heads": 16,
-        "num_key_value_heads": 4, "vocab_size": 32000, "max_position_embeddings": 4096,
-        "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16", "hidden_act": "silu",
+        "architectures": [architecture],
+        "model_type": "llama",
+        "hidden_size": 1024,
+        "intermediate_size": 2816,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 4,
+        "vocab_size": 32000,
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-5,
+        "torch_dtype": "bfloat16",
+        "hidden_act": "silu",
     }
     model = tmp_path / architecture
     model.mkdir()
@@ -83,20 +91,37 @@ def _cli(
     "args, env, code, expected",
     [
         # a failed SGLang assert shows its condition and the values, not a bare AssertionError
-        (["--model-path", DSV4, "--tp", "3", "--attn-dp-size", "2"], {}, 1,
-         "SGLang requires `cfg.tp_size % cfg.attn_dp_size == 0`, which does not hold "
-         "(cfg.tp_size=3, cfg.attn_dp_size=2)"),
+        (
+            ["--model-path", DSV4, "--tp", "3", "--attn-dp-size", "2"],
+            {},
+            1,
+            "SGLang requires `cfg.tp_size % cfg.attn_dp_size == 0`, which does not hold "
+            "(cfg.tp_size=3, cfg.attn_dp_size=2)",
+        ),
         # without --model-path the arguments go on top of the reference deployment (attn DP 8)
         (["--tp", "4"], {}, 1, "(cfg.tp_size=4, cfg.attn_dp_size=8)"),
         (["--foo"], {}, 2, "unrecognized arguments: --foo"),
-        (["--model-path", "/nonexistent/model"], {}, 1, "--model-path /nonexistent/model does not exist"),
+        (
+            ["--model-path", "/nonexistent/model"],
+            {},
+            1,
+            "--model-path /nonexistent/model does not exist",
+        ),
         (["--model-path", DSV4, "--tp", "abc"], {}, 2, "invalid int value: 'abc'"),
-        ([], {MEGA_MOE_CAP_ENV: "abc"}, 1,
-         f"{MEGA_MOE_CAP_ENV}='abc' is not a valid value (\"abc\" is not a valid integer value); "
-         "SGLang would warn and use its default 8192 instead"),
+        (
+            [],
+            {MEGA_MOE_CAP_ENV: "abc"},
+            1,
+            f"{MEGA_MOE_CAP_ENV}='abc' is not a valid value (\"abc\" is not a valid integer value); "
+            "SGLang would warn and use its default 8192 instead",
+        ),
         ([], {BUCKETS_ENV: "sometimes"}, 1, f"{BUCKETS_ENV}='sometimes' is not a valid value"),
-        (["--chunked-prefill-size", "99999999999"], {}, 1,
-         f"--chunked-prefill-size 99999999999 is larger than plan accepts (at most {MAX_PLAN_SIZE})"),
+        (
+            ["--chunked-prefill-size", "99999999999"],
+            {},
+            1,
+            f"--chunked-prefill-size 99999999999 is larger than plan accepts (at most {MAX_PLAN_SIZE})",
+        ),
     ],
 )
 def test_a_user_error_is_one_line_naming_it(plan_env, capsys, args, env, code, expected):
@@ -105,7 +130,9 @@ def test_a_user_error_is_one_line_naming_it(plan_env, capsys, args, env, code, e
     got, out, err = _plan_in_process(capsys, *args)
     assert got == code, err
     assert out == ""
-    assert _our_lines(err) == [_our_lines(err)[0]] and _our_lines(err)[0].startswith("sglang-mixgraph plan: ")
+    assert _our_lines(err) == [_our_lines(err)[0]] and _our_lines(err)[0].startswith(
+        "sglang-mixgraph plan: "
+    )
     assert expected in err
     assert "Traceback" not in err and "usage:" not in err
 
@@ -119,7 +146,9 @@ def test_an_architecture_without_a_model_class_is_an_error(plan_env, capsys, tmp
 
 
 def test_an_architecture_sglang_has_plans(plan_env, capsys, tmp_path):
-    got, out, err = _plan_in_process(capsys, "--model-path", _model(tmp_path, "LlamaForCausalLM"), "--json")
+    got, out, err = _plan_in_process(
+        capsys, "--model-path", _model(tmp_path, "LlamaForCausalLM"), "--json"
+    )
     assert got == 0, err
     assert json.loads(out)["model_class_note"] is None
 
@@ -127,8 +156,10 @@ def test_an_architecture_sglang_has_plans(plan_env, capsys, tmp_path):
 def test_a_directory_without_config_json(plan_env, capsys, tmp_path):
     got, _, err = _plan_in_process(capsys, "--model-path", str(tmp_path))
     assert got == 1
-    assert _our_lines(err) == [f"sglang-mixgraph plan: --model-path {tmp_path} has no config.json "
-                               "(plan reads the model's config.json)"]
+    assert _our_lines(err) == [
+        f"sglang-mixgraph plan: --model-path {tmp_path} has no config.json "
+        "(plan reads the model's config.json)"
+    ]
 
 
 def test_arguments_without_model_path_go_on_top_of_the_reference(plan_env, capsys):
@@ -149,11 +180,20 @@ def test_arguments_without_model_path_go_on_top_of_the_reference(plan_env, capsy
     "args, what",
     [
         (["--chunked-prefill-size", "1000000000"], "--chunked-prefill-size 1000000000"),
-        (["--cuda-graph-max-bs-prefill", str(MAX_PLAN_SIZE + 1)], f"--cuda-graph-max-bs-prefill {MAX_PLAN_SIZE + 1}"),
+        (
+            ["--cuda-graph-max-bs-prefill", str(MAX_PLAN_SIZE + 1)],
+            f"--cuda-graph-max-bs-prefill {MAX_PLAN_SIZE + 1}",
+        ),
         (["--cuda-graph-max-bs-decode", "99999999999"], "--cuda-graph-max-bs-decode 99999999999"),
         (["--cuda-graph-bs-prefill", "16", "99999999999"], "--cuda-graph-bs-prefill 99999999999"),
-        (["--cuda-graph-config", '{"prefill": {"max_bs": 99999999999}}'], "--cuda-graph-config prefill max_bs"),
-        (["--cuda-graph-config", '{"decode": {"bs": [1, 99999999999]}}'], "--cuda-graph-config decode bs 99999999999"),
+        (
+            ["--cuda-graph-config", '{"prefill": {"max_bs": 99999999999}}'],
+            "--cuda-graph-config prefill max_bs",
+        ),
+        (
+            ["--cuda-graph-config", '{"decode": {"bs": [1, 99999999999]}}'],
+            "--cuda-graph-config decode bs 99999999999",
+        ),
     ],
 )
 def test_sizes_that_would_build_huge_lists_are_refused_before_sglang_sees_them(args, what):
@@ -164,7 +204,9 @@ def test_sizes_that_would_build_huge_lists_are_refused_before_sglang_sees_them(a
 
 def test_size_lists_are_bounded_in_length():
     sizes = [str(8 * (i + 1)) for i in range(MAX_PLAN_LIST + 1)]
-    with pytest.raises(PlanInputError, match=f"lists {MAX_PLAN_LIST + 1} sizes; plan accepts at most"):
+    with pytest.raises(
+        PlanInputError, match=f"lists {MAX_PLAN_LIST + 1} sizes; plan accepts at most"
+    ):
         prepare_argv(["--model-path", DSV4, "--cuda-graph-bs-prefill", *sizes])
 
 
@@ -183,7 +225,9 @@ def test_padding_profile_does_not_walk_every_size():
 
 def test_plan_returns_quickly_on_the_chunk_that_used_to_hang():
     start = time.monotonic()
-    result = _cli("plan", "--chunked-prefill-size", "1000000000", env={BUCKETS_ENV: "upstream"}, timeout=120)
+    result = _cli(
+        "plan", "--chunked-prefill-size", "1000000000", env={BUCKETS_ENV: "upstream"}, timeout=120
+    )
     assert time.monotonic() - start < 120
     assert result.returncode == 1
     assert _our_lines(result.stderr) == [
@@ -267,10 +311,17 @@ _PLATFORM_OF_A_SERVER = (
 @pytest.mark.parametrize("inherited_platform", [False, True])
 def test_a_server_process_never_sees_the_described_gpu(inherited_platform):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_")}
-    env["SGLANG_MIXGRAPH_DESCRIBED_GPU"] = "H200"  # what used to turn any SGLang process into an H200
+    env["SGLANG_MIXGRAPH_DESCRIBED_GPU"] = (
+        "H200"  # what used to turn any SGLang process into an H200
+    )
     if inherited_platform:  # a process started from plan's or the tests' environment
         env["SGLANG_PLATFORM"] = target_gpu.PLATFORM_PLUGIN_NAME
-    proc = subprocess.run([sys.executable, "-c", _PLATFORM_OF_A_SERVER], env=env, capture_output=True,
-                          text=True, timeout=240)
+    proc = subprocess.run(
+        [sys.executable, "-c", _PLATFORM_OF_A_SERVER],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "PLATFORM" in proc.stdout and "DescribedGpuPlatform" not in proc.stdout

@@ -46,8 +46,10 @@ def run_python(code: str, env: dict[str, str] | None = None) -> subprocess.Compl
 def _on_value(flag) -> str:
     if isinstance(flag.field, StrictEnvSeconds):
         return "1"
-    return "1" if isinstance(flag.default, bool) else next(
-        v for v in flag.accepted if v != flag.off_value
+    return (
+        "1"
+        if isinstance(flag.default, bool)
+        else next(v for v in flag.accepted if v != flag.off_value)
     )
 
 
@@ -176,11 +178,17 @@ def test_describe_signature_marks_positional_and_keyword_only():
 
 def test_check_hook_reports_kind_and_signature():
     here = __name__
-    ok = check_hook(Hook(f"{here}._victim", "function", "a, b, *, c", HookType.AROUND, _passthrough))
+    ok = check_hook(
+        Hook(f"{here}._victim", "function", "a, b, *, c", HookType.AROUND, _passthrough)
+    )
     assert ok.ok and ok.found == "function (a, b, *, c)"
-    cls = check_hook(Hook(f"{here}._Victim.build", "classmethod", "cls, z, /", HookType.AFTER, print))
+    cls = check_hook(
+        Hook(f"{here}._Victim.build", "classmethod", "cls, z, /", HookType.AFTER, print)
+    )
     assert cls.ok
-    wrong_kind = check_hook(Hook(f"{here}._Victim.build", "method", "cls, z, /", HookType.AFTER, print))
+    wrong_kind = check_hook(
+        Hook(f"{here}._Victim.build", "method", "cls, z, /", HookType.AFTER, print)
+    )
     assert not wrong_kind.ok and wrong_kind.found.startswith("classmethod")
     missing = check_hook(Hook(f"{here}._Victim.gone", "method", "self", HookType.AFTER, print))
     assert not missing.ok and "has no attribute 'gone'" in missing.found
@@ -188,16 +196,32 @@ def test_check_hook_reports_kind_and_signature():
 
 def _patch(pid, flag_name, hooks):
     flag = FLAGS[flag_name]
-    return Patch(id=pid, summary="test", flags=(flag,), hooks=tuple(hooks), is_enabled=lambda: flag.get() not in (False, flag.off_value))
+    return Patch(
+        id=pid,
+        summary="test",
+        flags=(flag,),
+        hooks=tuple(hooks),
+        is_enabled=lambda: flag.get() not in (False, flag.off_value),
+    )
 
 
 @pytest.mark.parametrize(
     "bad_hook, found_text",
     [
-        (Hook(f"{__name__}._Victim.missing_method", "method", "self", HookType.AROUND, _passthrough),
-         "missing: "),
-        (Hook(f"{__name__}._victim", "function", "a, b, c", HookType.AROUND, _passthrough),
-         "found function (a, b, *, c)"),
+        (
+            Hook(
+                f"{__name__}._Victim.missing_method",
+                "method",
+                "self",
+                HookType.AROUND,
+                _passthrough,
+            ),
+            "missing: ",
+        ),
+        (
+            Hook(f"{__name__}._victim", "function", "a, b, c", HookType.AROUND, _passthrough),
+            "found function (a, b, *, c)",
+        ),
     ],
     ids=["missing-method", "signature-mismatch"],
 )
@@ -206,15 +230,20 @@ def test_enabled_patch_with_wrong_target_fails_and_nothing_is_registered(
 ):
     monkeypatch.setenv("SGLANG_MIXGRAPH_TEST_BOOL", "1")
     monkeypatch.setenv("SGLANG_MIXGRAPH_TEST_CHOICE", "b")
-    good = _patch("good", "SGLANG_MIXGRAPH_TEST_CHOICE",
-                  [Hook(f"{__name__}._victim", "function", "a, b, *, c", HookType.AROUND, _passthrough)])
+    good = _patch(
+        "good",
+        "SGLANG_MIXGRAPH_TEST_CHOICE",
+        [Hook(f"{__name__}._victim", "function", "a, b, *, c", HookType.AROUND, _passthrough)],
+    )
     bad = _patch("bad", "SGLANG_MIXGRAPH_TEST_BOOL", [bad_hook])
     registered_before = {k: list(v) for k, v in HookRegistry._hooks.items()}
     with pytest.raises(PatchCheckError) as err:
         install([good, bad])
     message = str(err.value)
     assert "patch 'bad' (SGLANG_MIXGRAPH_TEST_BOOL=True)" in message
-    assert f"target {bad_hook.target}: expected {bad_hook.kind} with ({bad_hook.signature})" in message
+    assert (
+        f"target {bad_hook.target}: expected {bad_hook.kind} with ({bad_hook.signature})" in message
+    )
     assert found_text in message
     assert f"installed sglang {installed_sglang_version()}" in message
     assert "SGLANG_MIXGRAPH_TEST_BOOL=0" in message
@@ -245,14 +274,24 @@ def _strict_hook(original, a, b, *, c):
     "target, hook_fn, why",
     [
         ("_victim_with_optional", _passthrough, ""),  # an added optional keyword: compatible
-        ("_victim_with_optional", _strict_hook, "new optional parameter(s) d that the hook does not pass on"),
+        (
+            "_victim_with_optional",
+            _strict_hook,
+            "new optional parameter(s) d that the hook does not pass on",
+        ),
         ("_victim_with_required", _passthrough, ""),  # passed on through *args / **kwargs
-        ("_victim_with_required", _strict_hook, "new required parameter(s) e that the hook does not pass on"),
+        (
+            "_victim_with_required",
+            _strict_hook,
+            "new required parameter(s) e that the hook does not pass on",
+        ),
         ("_victim", _strict_hook, ""),
     ],
 )
 def test_signature_check_by_what_the_hook_needs(target, hook_fn, why):
-    check = check_hook(Hook(f"{__name__}.{target}", "function", "a, b, *, c", HookType.AROUND, hook_fn))
+    check = check_hook(
+        Hook(f"{__name__}.{target}", "function", "a, b, *, c", HookType.AROUND, hook_fn)
+    )
     assert check.ok == (why == "") and check.why == why
 
 
@@ -266,15 +305,19 @@ def test_new_required_keyword_and_reordered_positionals_are_incompatible():
         return a
 
     assert incompatibility("a, b, *, c", required_keyword, _strict_hook) == (
-        "new required parameter(s) f that the hook does not pass on")
+        "new required parameter(s) f that the hook does not pass on"
+    )
     assert incompatibility("a, b, *, c", required_keyword, _passthrough) == ""
     assert incompatibility("a, b, *, c", reordered, _passthrough) == (
-        "positional parameters (b, a) do not start with (a, b)")
+        "positional parameters (b, a) do not start with (a, b)"
+    )
 
 
 @pytest.fixture
 def default_on_flag():
-    flag = choice_flag("SGLANG_MIXGRAPH_TEST_DEFAULT_ON", "on", ("on", "off"), "test-only", off_value="off")
+    flag = choice_flag(
+        "SGLANG_MIXGRAPH_TEST_DEFAULT_ON", "on", ("on", "off"), "test-only", off_value="off"
+    )
     yield flag
     FLAGS.pop(flag.name)
 
@@ -283,8 +326,11 @@ def test_default_on_patch_meeting_drift_warns_and_stays_off(
     default_on_flag, clean_hook_registry, monkeypatch, caplog
 ):
     monkeypatch.delenv(default_on_flag.name, raising=False)
-    bad = _patch("drifted", default_on_flag.name,
-                 [Hook(f"{__name__}._victim", "function", "a, b, c", HookType.AROUND, _passthrough)])
+    bad = _patch(
+        "drifted",
+        default_on_flag.name,
+        [Hook(f"{__name__}._victim", "function", "a, b, c", HookType.AROUND, _passthrough)],
+    )
     with caplog.at_level("WARNING", logger="sglang_mixgraph"):
         statuses = install([bad])
     assert statuses[0].state == "off (upstream changed)" and not statuses[0].enabled
@@ -314,9 +360,13 @@ def test_drift_remedy_names_only_the_switch(test_flags, clean_hook_registry, mon
     """A patch with a switch and a policy flag: only the switch turns it off."""
     monkeypatch.setenv("SGLANG_MIXGRAPH_TEST_BOOL", "1")
     switch, policy = FLAGS["SGLANG_MIXGRAPH_TEST_BOOL"], FLAGS["SGLANG_MIXGRAPH_TEST_CHOICE"]
-    patch = Patch(id="two_flags", summary="test", flags=(switch, policy),
-                  hooks=(Hook(f"{__name__}._victim", "function", "a, b, c", HookType.AROUND, _passthrough),),
-                  is_enabled=lambda: bool(switch.get()))
+    patch = Patch(
+        id="two_flags",
+        summary="test",
+        flags=(switch, policy),
+        hooks=(Hook(f"{__name__}._victim", "function", "a, b, c", HookType.AROUND, _passthrough),),
+        is_enabled=lambda: bool(switch.get()),
+    )
     with pytest.raises(PatchCheckError) as err:
         install([patch])
     remedy = str(err.value).splitlines()[-1]
@@ -324,10 +374,15 @@ def test_drift_remedy_names_only_the_switch(test_flags, clean_hook_registry, mon
     assert "SGLANG_MIXGRAPH_TEST_CHOICE" not in remedy
 
 
-def test_disabled_patch_with_wrong_target_is_never_resolved(test_flags, clean_hook_registry, monkeypatch):
+def test_disabled_patch_with_wrong_target_is_never_resolved(
+    test_flags, clean_hook_registry, monkeypatch
+):
     monkeypatch.delenv("SGLANG_MIXGRAPH_TEST_BOOL", raising=False)
-    bad = _patch("bad", "SGLANG_MIXGRAPH_TEST_BOOL",
-                 [Hook("no_such_module_anywhere.f", "function", "x", HookType.AROUND, _passthrough)])
+    bad = _patch(
+        "bad",
+        "SGLANG_MIXGRAPH_TEST_BOOL",
+        [Hook("no_such_module_anywhere.f", "function", "x", HookType.AROUND, _passthrough)],
+    )
     statuses = install([bad])
     assert [s.state for s in statuses] == ["off"]
     assert statuses[0].checks == []
@@ -338,7 +393,9 @@ def test_enabled_patch_registers_its_hooks(test_flags, clean_hook_registry, monk
     monkeypatch.setenv("SGLANG_MIXGRAPH_TEST_CHOICE", "b")
     hook = Hook(f"{__name__}._victim", "function", "a, b, *, c", HookType.AROUND, _passthrough)
     install([_patch("good", "SGLANG_MIXGRAPH_TEST_CHOICE", [hook])])
-    assert [(t, h) for t, h, _ in HookRegistry._hooks[hook.target]] == [(HookType.AROUND, _passthrough)]
+    assert [(t, h) for t, h, _ in HookRegistry._hooks[hook.target]] == [
+        (HookType.AROUND, _passthrough)
+    ]
 
 
 @pytest.mark.parametrize(
@@ -357,8 +414,12 @@ def test_flags_parse_strictly_through_sglang_envs(test_flags, monkeypatch, name,
     assert getattr(envs, name).get() == expected
 
 
-@pytest.mark.parametrize("name, value", [("SGLANG_MIXGRAPH_TEST_BOOL", "maybe"), ("SGLANG_MIXGRAPH_TEST_CHOICE", "c")])
-def test_bad_flag_value_raises_naming_variable_and_accepted_values(test_flags, monkeypatch, name, value):
+@pytest.mark.parametrize(
+    "name, value", [("SGLANG_MIXGRAPH_TEST_BOOL", "maybe"), ("SGLANG_MIXGRAPH_TEST_CHOICE", "c")]
+)
+def test_bad_flag_value_raises_naming_variable_and_accepted_values(
+    test_flags, monkeypatch, name, value
+):
     from sglang.srt.environ import envs
 
     monkeypatch.setenv(name, value)

@@ -33,15 +33,15 @@ def test_readme_rows_show_each_flags_default_and_values():
     rows = _flag_rows()
     for name, flag in FLAGS.items():
         row = rows[name]
-        shown_default = ("1" if flag.default else "0") if isinstance(flag.default, bool) else flag.default
+        shown_default = (
+            ("1" if flag.default else "0") if isinstance(flag.default, bool) else flag.default
+        )
         assert f"({shown_default})" in row, (name, row)
         if not isinstance(flag.default, bool):
             assert all(f"`{v}`" in row for v in flag.accepted), (name, row)
 
 
 def test_every_flag_belongs_to_a_patch_or_the_counters():
-    from sglang_mixgraph import counters
-
     patch_flags = {f.name for p in all_patches() for f in p.flags}
     assert patch_flags | {counters.INTERVAL_FLAG.name} == set(FLAGS)
 
@@ -57,3 +57,5 @@ def test_ci_runs_the_readme_install_and_test_commands():
     test = "python -m pytest test -q"
     assert install in " ".join(commands) and install in CI
     assert test in commands and test in CI
+    for lint in ("ruff check .", "ruff format --check ."):
+        assert lint in " ".join(commands) and lint in CI

@@ -49,39 +49,48 @@ def _rules() -> tuple[Rule, ...]:
 
     return (
         Rule(
-            "KDA hybrid linear attention", "KDA hybrid linear attention",
+            "KDA hybrid linear attention",
+            "KDA hybrid linear attention",
             "only GLM-5.3 Flash is BCG-validated among KDA models (cuda_graph_hook.py:186)",
             kda,
         ),
         Rule(
-            DSV4_RULE, DSV4_RULE,
+            DSV4_RULE,
+            DSV4_RULE,
             "DSV4 is BCG-compatible but the c4 indexer scratch is pinned in the capture pool "
             "and OOMs (cuda_graph_hook.py:193-195)",
-            lambda sa: is_deepseek_v4(model_config_of(sa).hf_config) and not supports_prefill_cp_bcg(sa),
+            lambda sa: is_deepseek_v4(model_config_of(sa).hf_config)
+            and not supports_prefill_cp_bcg(sa),
         ),
         Rule(
-            "attention context parallel without CP-BCG support", None,
+            "attention context parallel without CP-BCG support",
+            None,
             "CP all_gather replay size mismatch under BCG (cuda_graph_hook.py:203-211, silent upstream)",
             lambda sa: resolved_view(sa).attn_cp_size > 1 and not supports_prefill_cp_bcg(sa),
         ),
         Rule(
-            "decode context parallel (dcp_size > 1)", "decode context parallel (dcp_size > 1)",
+            "decode context parallel (dcp_size > 1)",
+            "decode context parallel (dcp_size > 1)",
             "capture builds a dummy extend forward with attn_dcp_metadata=None (cuda_graph_hook.py:212)",
             lambda sa: resolving_view(sa).dcp_size > 1,
         ),
         Rule(
-            "two-batch overlap", "two-batch overlap",
+            "two-batch overlap",
+            "two-batch overlap",
             "TBO capture is unsupported (cuda_graph_hook.py:217)",
             lambda sa: bool(resolving_view(sa).enable_two_batch_overlap),
         ),
         Rule(
-            "unvalidated a2a backend", "unvalidated a2a backend",
+            "unvalidated a2a backend",
+            "unvalidated a2a backend",
             "MoE all-to-all backends other than none/deepep/megamoe/flashinfer are not validated "
             "under BCG (cuda_graph_hook.py:222-228)",
-            lambda sa: resolved_view(sa).moe_a2a_backend not in ("none", "deepep", "megamoe", "flashinfer"),
+            lambda sa: resolved_view(sa).moe_a2a_backend
+            not in ("none", "deepep", "megamoe", "flashinfer"),
         ),
         Rule(
-            "multimodal model", "multimodal model",
+            "multimodal model",
+            "multimodal model",
             "multimodal prefill replay faults under BCG; allowlisted archs opt back in "
             "(cuda_graph_hook.py:229)",
             lambda sa: (
@@ -180,13 +189,17 @@ def rules_hook(original, server_args, **kwargs):
     mode = rule_mode(server_args)
     record = decisions_for(server_args)
     matches = matching_rules(server_args)
-    record.rule_matches = [{"name": r.name, "reason": r.reason, "action": "disables (upstream)"} for r in matches]
+    record.rule_matches = [
+        {"name": r.name, "reason": r.reason, "action": "disables (upstream)"} for r in matches
+    ]
     record.prefill_backend_source = record.deciding_rule = None
     if mode is RuleMode.FORCED:
         for rule, m in zip(matches, record.rule_matches, strict=True):
             logger.warning(
                 "sglang-mixgraph: SGLANG_EXPERIMENTAL_FORCE_BCG=1 keeps the breakable prefill CUDA "
-                "graph on although upstream rule %r would disable it (%s).", rule.name, rule.reason,
+                "graph on although upstream rule %r would disable it (%s).",
+                rule.name,
+                rule.reason,
             )
             m["action"] = "overridden by FORCE_BCG"
         record.prefill_backend_source = Source.FORCED if matches else None
@@ -196,7 +209,8 @@ def rules_hook(original, server_args, **kwargs):
         record.prefill_backend_source = Source.ESTIMATE_PENDING
         logger.info(
             "sglang-mixgraph: upstream rule %r deferred; the breakable prefill CUDA graph is kept or "
-            "disabled by the capture-memory estimate once the buckets are final.", DSV4_RULE,
+            "disabled by the capture-memory estimate once the buckets are final.",
+            DSV4_RULE,
         )
         return None
     if matches:

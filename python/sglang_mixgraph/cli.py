@@ -30,13 +30,19 @@ MEGA_MOE_CAP_ENV = "SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK"
 # user's server arguments applied on top.
 REFERENCE_DP = 8
 REFERENCE_ARGS = [
-    "--model-path", str(EMBEDDED_MODEL_DIR),
-    "--tp", "8",
-    "--attn-dp-size", str(REFERENCE_DP),
+    "--model-path",
+    str(EMBEDDED_MODEL_DIR),
+    "--tp",
+    "8",
+    "--attn-dp-size",
+    str(REFERENCE_DP),
     "--enable-mixed-chunk",
-    "--moe-a2a-backend", "megamoe",
-    "--chunked-prefill-size", str(2816 * REFERENCE_DP),
-    "--max-running-requests", str(256 * REFERENCE_DP),
+    "--moe-a2a-backend",
+    "megamoe",
+    "--chunked-prefill-size",
+    str(2816 * REFERENCE_DP),
+    "--max-running-requests",
+    str(256 * REFERENCE_DP),
 ]
 REFERENCE_ENV = {MEGA_MOE_CAP_ENV: "2816"}
 
@@ -129,11 +135,19 @@ def doctor_report() -> dict[str, Any]:
 
 def _print_doctor(report: dict[str, Any]) -> None:
     v = report["versions"]
-    print(f"sglang {v['sglang']} (pinned {v['sglang_pinned']}), sglang-mixgraph {v['sglang_mixgraph']}, "
-          f"torch {v['torch']}, flash_mla {v['flash_mla']}")
+    print(
+        f"sglang {v['sglang']} (pinned {v['sglang_pinned']}), sglang-mixgraph {v['sglang_mixgraph']}, "
+        f"torch {v['torch']}, flash_mla {v['flash_mla']}"
+    )
     gpu = report["gpu"]
-    print("GPU: " + (f"{gpu['count']}x {gpu['name']} (SM {gpu['capability']})" if gpu["available"]
-                     else f"none ({gpu['reason']})"))
+    print(
+        "GPU: "
+        + (
+            f"{gpu['count']}x {gpu['name']} (SM {gpu['capability']})"
+            if gpu["available"]
+            else f"none ({gpu['reason']})"
+        )
+    )
     plugin = report["plugin"]
     if plugin["loaded"]:
         print(f"Plugin: loaded ({plugin['reason']})")
@@ -183,7 +197,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def plan_report(
-    resolution: Any, argv: list[str], default_deployment: bool, user_argv: list[str] | None = None,
+    resolution: Any,
+    argv: list[str],
+    default_deployment: bool,
+    user_argv: list[str] | None = None,
     model_note: str | None = None,
 ) -> dict[str, Any]:
     from sglang.srt.environ import envs
@@ -262,7 +279,9 @@ def _print_plan(p: dict[str, Any]) -> None:
 
     print(f"assumed GPU: {p['assumed_gpu']['text']}")
     if p["default_deployment"]:
-        line = "deployment: the embedded reference (a DeepSeek-V4-Pro-shaped config.json, no weights)"
+        line = (
+            "deployment: the embedded reference (a DeepSeek-V4-Pro-shaped config.json, no weights)"
+        )
         if p["arguments_on_top"]:
             line += " with your arguments on top: " + " ".join(p["arguments_on_top"])
         print(line)
@@ -356,7 +375,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     doctor = sub.add_parser(
-        "doctor", help="versions, GPU, every flag and patch with its target checks",
+        "doctor",
+        help="versions, GPU, every flag and patch with its target checks",
         allow_abbrev=False,
     )
     doctor.add_argument("--json", action="store_true", help="print JSON")

@@ -100,7 +100,7 @@ def parse_line(line: str) -> Optional[Dict[str, Any]]:
     if at < 0:
         return None
     try:
-        return json.loads(line[at + len(LOG_PREFIX):])
+        return json.loads(line[at + len(LOG_PREFIX) :])
     except ValueError:
         return None
 

@@ -84,15 +84,24 @@ def _prefill_decision(server_args, cfg, record) -> dict:
     locked = getattr(server_args, "_cuda_graph_config_locked", set()) or set()
     backend = cfg.cuda_graph_config.prefill.backend
     if (Phase.PREFILL, "backend") in locked:
-        return {"kind": "user", "detail": f"prefill backend set explicitly to {backend!r}; no rule evaluated"}
+        return {
+            "kind": "user",
+            "detail": f"prefill backend set explicitly to {backend!r}; no rule evaluated",
+        }
     if record is not None and record.prefill_backend_source is not None:
         from sglang_mixgraph.bcg_rules import Source
 
         src = record.prefill_backend_source
         if src is Source.ESTIMATE:
-            return {"kind": "estimate", "detail": "capture-memory estimate (replaces the blanket DeepSeek-V4 rule)"}
+            return {
+                "kind": "estimate",
+                "detail": "capture-memory estimate (replaces the blanket DeepSeek-V4 rule)",
+            }
         if src is Source.FORCED:
-            return {"kind": "force", "detail": "SGLANG_EXPERIMENTAL_FORCE_BCG=1 overrode the rules listed"}
+            return {
+                "kind": "force",
+                "detail": "SGLANG_EXPERIMENTAL_FORCE_BCG=1 overrode the rules listed",
+            }
         if src is Source.UPSTREAM_RULE:
             name = record.deciding_rule
             reason = next((m["reason"] for m in record.rule_matches if m["name"] == name), "")
@@ -100,12 +109,21 @@ def _prefill_decision(server_args, cfg, record) -> dict:
         return {"kind": "upstream", "detail": src.value}
     if backend == Backend.DISABLED:
         if cfg.pp_size > 1:
-            return {"kind": "upstream default", "detail": "pipeline parallelism: BCG prefill is opt-in (cuda_graph_hook.py:150-162)"}
+            return {
+                "kind": "upstream default",
+                "detail": "pipeline parallelism: BCG prefill is opt-in (cuda_graph_hook.py:150-162)",
+            }
         matches = matching_rules(server_args)
         if matches:
             return {"kind": "upstream rule", "rule": matches[0].name, "reason": matches[0].reason}
-        return {"kind": "upstream", "detail": "disabled elsewhere in resolution (platform or feature check)"}
-    return {"kind": "default", "detail": f"upstream default {backend!r}; no incompatibility rule holds"}
+        return {
+            "kind": "upstream",
+            "detail": "disabled elsewhere in resolution (platform or feature check)",
+        }
+    return {
+        "kind": "default",
+        "detail": f"upstream default {backend!r}; no incompatibility rule holds",
+    }
 
 
 def graph_plan(resolution: Any) -> dict:
@@ -114,7 +132,12 @@ def graph_plan(resolution: Any) -> dict:
 
     from sglang_mixgraph.bcg_rules import matching_rules, recorded
     from sglang_mixgraph.flags import FLAGS
-    from sglang_mixgraph.patches.graph_config import _ctx, _mega_moe_cap, capture_estimate, validations
+    from sglang_mixgraph.patches.graph_config import (
+        _ctx,
+        _mega_moe_cap,
+        capture_estimate,
+        validations,
+    )
     from sglang_mixgraph.target_gpu import described_gpu
 
     server_args = resolution.server_args
@@ -130,7 +153,10 @@ def graph_plan(resolution: Any) -> dict:
         rules = (
             list(record.rule_matches)
             if record is not None and record.rule_matches
-            else [{"name": r.name, "reason": r.reason, "action": "holds"} for r in matching_rules(server_args)]
+            else [
+                {"name": r.name, "reason": r.reason, "action": "holds"}
+                for r in matching_rules(server_args)
+            ]
         )
         final = list(prefill.bs or [])
         chunk = ctx["chunk"] if ctx["chunk"] and ctx["chunk"] > 0 else (max(final) if final else 0)
@@ -165,7 +191,9 @@ def graph_plan(resolution: Any) -> dict:
             },
             "decode_graph": {
                 "backend": decode.backend,
-                "decided_by": {"kind": "user"} if (Phase.DECODE, "backend") in locked else {"kind": "default"},
+                "decided_by": {"kind": "user"}
+                if (Phase.DECODE, "backend") in locked
+                else {"kind": "default"},
                 "max_bs": decode.max_bs,
                 "bucket_count": len(decode.bs or []),
             },
@@ -176,7 +204,9 @@ def graph_plan(resolution: Any) -> dict:
             "plugin_loaded": plugin_loaded,
         }
         if prefill.backend == Backend.DISABLED and estimate is not None:
-            plan["capture_memory"]["note"] = "prefill graph is off; the estimate is what the final list would need"
+            plan["capture_memory"]["note"] = (
+                "prefill graph is off; the estimate is what the final list would need"
+            )
     plan["ok"] = not plugin_loaded or all(v["ok"] or v.get("severity") == "warning" for v in checks)
     return plan
 
@@ -185,7 +215,13 @@ def _elided(buckets: list) -> str:
     """A bucket list for people: in full up to 12 entries, else its ends and its length."""
     if len(buckets) <= 12:
         return "[" + ", ".join(str(b) for b in buckets) + "]"
-    return "[" + ", ".join(str(b) for b in buckets[:4]) + ", ..., " + ", ".join(str(b) for b in buckets[-3:]) + "]"
+    return (
+        "["
+        + ", ".join(str(b) for b in buckets[:4])
+        + ", ..., "
+        + ", ".join(str(b) for b in buckets[-3:])
+        + "]"
+    )
 
 
 def _fmt_bucket_side(name: str, side: dict | None) -> list[str]:
@@ -220,17 +256,23 @@ def format_graph_plan(d: dict) -> str:
     lines.append("  flags: " + flags)
     pg = d["prefill_graph"]
     dec = pg["decided_by"]
-    how = dec["kind"] + (f" {dec['rule']!r} ({dec['reason']})" if dec.get("rule") else f": {dec.get('detail', '')}")
+    how = dec["kind"] + (
+        f" {dec['rule']!r} ({dec['reason']})" if dec.get("rule") else f": {dec.get('detail', '')}"
+    )
     lines.append(f"Prefill graph: {pg['backend']} (decided by {how})")
     for r in pg["rules"]:
         lines.append(f"  rule {r['name']!r}: {r['action']}")
     dg = d["decode_graph"]
-    lines.append(f"Decode graph: {dg['backend']} ({dg['decided_by']['kind']}), max_bs {dg['max_bs']}, {dg['bucket_count']} buckets")
+    lines.append(
+        f"Decode graph: {dg['backend']} ({dg['decided_by']['kind']}), max_bs {dg['max_bs']}, {dg['bucket_count']} buckets"
+    )
     cm = d.get("capture_memory")
     if cm:
         v = cm["verdict"]
         if v.get("fits") is None:
-            lines.append(f"Capture memory: {fmt_bytes(cm['estimate']['bytes'])} needed; available unknown ({v.get('why')})")
+            lines.append(
+                f"Capture memory: {fmt_bytes(cm['estimate']['bytes'])} needed; available unknown ({v.get('why')})"
+            )
         else:
             lines.append(
                 f"Capture memory: {fmt_bytes(v['needed_bytes'])} needed for {cm['estimate']['buckets']} buckets, "
@@ -246,13 +288,17 @@ def format_graph_plan(d: dict) -> str:
         lines.append(f"Buckets: {bl['note']}")
     else:
         final = bl["final"]
-        lines.append(f"Buckets (policy {bl['policy']}), final list of {len(final)}: {_elided(final)}")
+        lines.append(
+            f"Buckets (policy {bl['policy']}), final list of {len(final)}: {_elided(final)}"
+        )
         lines += _fmt_bucket_side("upstream", bl["upstream"])
         lines += _fmt_bucket_side("derived ", bl["ours"])
     if d.get("plugin_loaded", True):
         lines.append("Validations:")
     else:
-        lines.append("Validations (sglang-mixgraph's startup checks; not run, the plugin is not loaded):")
+        lines.append(
+            "Validations (sglang-mixgraph's startup checks; not run, the plugin is not loaded):"
+        )
     for v in d["validations"]:
         mark = "ok" if v["ok"] else ("WARN" if v.get("severity") == "warning" else "FAIL")
         lines.append(f"  [{mark}] {v['name']}: {v['message']}")

@@ -150,7 +150,9 @@ def _resolve(path: str) -> tuple[Any, str, Any]:
     try:
         raw = inspect.getattr_static(owner, attr)
     except AttributeError:
-        raise LookupError(f"{getattr(owner, '__qualname__', owner)!r} has no attribute {attr!r}") from None
+        raise LookupError(
+            f"{getattr(owner, '__qualname__', owner)!r} has no attribute {attr!r}"
+        ) from None
     return owner, attr, raw
 
 
@@ -168,8 +170,12 @@ def _sections(params: list[inspect.Parameter]) -> tuple[list[str], list[str], bo
     """(positional names in order, keyword-only names, has *args, has **kwargs)."""
     positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     keyword = [p.name for p in params if p.kind is p.KEYWORD_ONLY]
-    return (positional, keyword, any(p.kind is p.VAR_POSITIONAL for p in params),
-            any(p.kind is p.VAR_KEYWORD for p in params))
+    return (
+        positional,
+        keyword,
+        any(p.kind is p.VAR_POSITIONAL for p in params),
+        any(p.kind is p.VAR_KEYWORD for p in params),
+    )
 
 
 def _needed(signature: str) -> tuple[list[str], list[str], bool, bool]:
@@ -201,11 +207,14 @@ def incompatibility(needed: str, target_fn: Callable[..., Any], hook_fn: Callabl
     if (need_star and not star) or (need_starstar and not starstar):
         return "*args/**kwargs the hook relies on are gone"
     known = set(need_pos) | set(need_kw)
-    extra = [p for p in params if p.name not in known and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    extra = [
+        p for p in params if p.name not in known and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    ]
     _, _, hook_star, hook_starstar = _sections(list(inspect.signature(hook_fn).parameters.values()))
     # A parameter the hook does not name reaches upstream only through its *args / **kwargs.
     dropped = [
-        p for p in extra
+        p
+        for p in extra
         if not (hook_starstar and p.kind is not p.POSITIONAL_ONLY)
         and not (hook_star and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
     ]
@@ -225,7 +234,9 @@ def check_hook(hook: Hook) -> TargetCheck:
         return TargetCheck(hook.target, expected, f"missing: {e}", False, "target missing")
     kind, fn = _kind_of(owner, raw)
     if fn is None:
-        return TargetCheck(hook.target, expected, f"{kind} (not a function)", False, "not a function")
+        return TargetCheck(
+            hook.target, expected, f"{kind} (not a function)", False, "not a function"
+        )
     found = f"{kind} ({describe_signature(fn)})"
     if kind != hook.kind:
         return TargetCheck(hook.target, expected, found, False, f"a {kind}, not a {hook.kind}")
@@ -248,7 +259,9 @@ def warn_if_not_pinned() -> None:
         _version_warned = True
         logger.warning(
             "sglang-mixgraph is built for sglang==%s but sglang %s is installed; every hook target "
-            "is checked below, and patches that cannot apply say so.", PINNED_SGLANG, found,
+            "is checked below, and patches that cannot apply say so.",
+            PINNED_SGLANG,
+            found,
         )
 
 
@@ -277,11 +290,15 @@ def evaluate(patch: Patch) -> PatchStatus:
     for c in failed:
         lines.append(f"  target {c.target}: expected {c.expected}, found {c.found} ({c.why})")
     if switched_on_explicitly(patch):
-        lines.append(f"  Install sglang=={PINNED_SGLANG}, or switch the patch off ({switch.name}={switch.off_value}).")
+        lines.append(
+            f"  Install sglang=={PINNED_SGLANG}, or switch the patch off ({switch.name}={switch.off_value})."
+        )
         status.error = "\n".join(lines)
     else:
-        lines.append(f"  It is on by default only, so it stays off and SGLang runs as upstream. Install "
-                     f"sglang=={PINNED_SGLANG} to use it, or set {switch.name}={switch.off_value} to silence this.")
+        lines.append(
+            f"  It is on by default only, so it stays off and SGLang runs as upstream. Install "
+            f"sglang=={PINNED_SGLANG} to use it, or set {switch.name}={switch.off_value} to silence this."
+        )
         status.drift = "\n".join(lines)
         status.enabled = False
     return status
@@ -308,6 +325,8 @@ def install(patches: tuple[Patch, ...] | list[Patch]) -> list[PatchStatus]:
     active = [s.patch.id for s in statuses if s.enabled]
     logger.info(
         "sglang-mixgraph: %s",
-        f"active patches: {', '.join(active)}" if active else "no patch enabled; upstream untouched",
+        f"active patches: {', '.join(active)}"
+        if active
+        else "no patch enabled; upstream untouched",
     )
     return statuses

@@ -178,7 +178,9 @@ def plugin_load_status() -> PluginLoad:
             f"general plugins of every package that ships an unselected platform plugin, and "
             f"{dist} ships {PLATFORM_PLUGIN_NAME!r} (used only by plan)",
         )
-    return PluginLoad(True, "SGLang loads the plugin" + (f" (SGLANG_PLUGINS={allowlist!r})" if allowlist else ""))
+    return PluginLoad(
+        True, "SGLang loads the plugin" + (f" (SGLANG_PLUGINS={allowlist!r})" if allowlist else "")
+    )
 
 
 _plugin_load: PluginLoad | None = None
@@ -282,7 +284,9 @@ def _check_sizes(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> Non
         if not isinstance(values, (list, tuple)):
             continue
         if len(values) > MAX_PLAN_LIST:
-            raise PlanInputError(f"{what} lists {len(values)} sizes; plan accepts at most {MAX_PLAN_LIST}")
+            raise PlanInputError(
+                f"{what} lists {len(values)} sizes; plan accepts at most {MAX_PLAN_LIST}"
+            )
         big = [v for v in values if isinstance(v, int) and v > MAX_PLAN_SIZE]
         if big:
             raise too_large(what, max(big))
@@ -301,7 +305,9 @@ def _check_model_path(model_path: str) -> None:
                 )
         return
     looks_like_repo_id = (
-        _REPO_ID.fullmatch(model_path) is not None and ".." not in model_path and "--" not in model_path
+        _REPO_ID.fullmatch(model_path) is not None
+        and ".." not in model_path
+        and "--" not in model_path
     )
     if not looks_like_repo_id:
         raise PlanInputError(
@@ -407,7 +413,7 @@ def resolve(argv: list[str], gpu: str = DEFAULT_GPU) -> Resolution:
             server_args.resolve_once()
             resolved = server_args.resolved_dict()
     finally:
-        for lg, level in zip(loggers, previous_levels):
+        for lg, level in zip(loggers, previous_levels, strict=False):
             lg.removeHandler(collector)
             lg.setLevel(level)
     return Resolution(
@@ -465,7 +471,10 @@ def model_class_problem(resolution: Resolution) -> tuple[str | None, str | None]
     if impl.endswith("mindspore"):
         return None, None
     if not archs:
-        return "the model's config.json names no architecture (\"architectures\"), so SGLang has no model class to load", None
+        return (
+            'the model\'s config.json names no architecture ("architectures"), so SGLang has no model class to load',
+            None,
+        )
     if "transformers" not in impl and any(a in sglang_model_architectures() for a in archs):
         return None, None
     with quiet_import_warnings():
@@ -479,12 +488,22 @@ def model_class_problem(resolution: Resolution) -> tuple[str | None, str | None]
             f"fallback has none either ({' '.join(str(e).split())}); launch_server would fail "
             "loading the model"
         ), None
-    return None, f"{', '.join(archs)} has no SGLang model class; SGLang would use its Transformers backend ({', '.join(backend)})"
+    return (
+        None,
+        f"{', '.join(archs)} has no SGLang model class; SGLang would use its Transformers backend ({', '.join(backend)})",
+    )
 
 
 # ---------------------------------------------------------------- errors in words
 
-_ENVIRONMENT_ERRNOS = {errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.ENOSPC, errno.EDQUOT}
+_ENVIRONMENT_ERRNOS = {
+    errno.EROFS,
+    errno.EACCES,
+    errno.EPERM,
+    errno.ENOTDIR,
+    errno.ENOSPC,
+    errno.EDQUOT,
+}
 
 
 def environment_problem(exc: BaseException) -> str | None:
@@ -494,7 +513,9 @@ def environment_problem(exc: BaseException) -> str | None:
     path = os.path.abspath(str(exc.filename))
     text = f"cannot write {path}: {exc.strerror}"
     home = os.path.expanduser("~")
-    cache = os.path.abspath(os.path.expanduser(os.environ.get("SGLANG_CACHE_DIR", "~/.cache/sglang")))
+    cache = os.path.abspath(
+        os.path.expanduser(os.environ.get("SGLANG_CACHE_DIR", "~/.cache/sglang"))
+    )
     if path == home or path.startswith(home.rstrip(os.sep) + os.sep) or path.startswith(cache):
         text += (
             f". SGLang and torch keep their caches under SGLANG_CACHE_DIR (now {cache}); point "
@@ -569,7 +590,8 @@ def _describe_assertion(exc: AssertionError) -> str:
         filename = frame.f_code.co_filename
         tree = ast.parse("".join(linecache.getlines(filename)))
         node = next(
-            n for n in ast.walk(tree)
+            n
+            for n in ast.walk(tree)
             if isinstance(n, ast.Assert) and n.lineno <= lineno <= (n.end_lineno or n.lineno)
         )
         condition = ast.unparse(node.test)
@@ -582,7 +604,9 @@ def _describe_assertion(exc: AssertionError) -> str:
                 values.append(f"{name}={value!r}")
     except (StopIteration, SyntaxError, ValueError, OSError):
         pass
-    text = "SGLang requires " + (f"`{condition}`" if condition else "a condition that does not hold")
+    text = "SGLang requires " + (
+        f"`{condition}`" if condition else "a condition that does not hold"
+    )
     if values:
         text += f", which does not hold ({', '.join(values[:6])})"
     if message:

@@ -73,9 +73,7 @@ def lookup(name: str) -> GpuSpec:
     try:
         return GPUS[name.upper()]
     except KeyError:
-        raise ValueError(
-            f"unknown target GPU {name!r}; choose one of {', '.join(GPUS)}"
-        ) from None
+        raise ValueError(f"unknown target GPU {name!r}; choose one of {', '.join(GPUS)}") from None
 
 
 # The GPU this process describes to SGLang: chosen by select() (the process default, for the
@@ -271,7 +269,9 @@ def _make_platform_class():
         def _spec(self) -> GpuSpec:
             spec = current()
             if spec is None:
-                raise RuntimeError("no GPU is described in this process (target_gpu.select was not called)")
+                raise RuntimeError(
+                    "no GPU is described in this process (target_gpu.select was not called)"
+                )
             return spec
 
         def get_device(self, device_id: int | None = 0) -> str:

@@ -30,9 +30,16 @@ def test_one_meta_per_ratio_reused_for_same_shape():
     assert cache.bound_shape(4).batch == 7
 
 
-@pytest.mark.parametrize("change", [
-    dict(batch=8), dict(topk=64), dict(extra_topk=512), dict(extra_topk=None), dict(h_q=64),
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        dict(batch=8),
+        dict(topk=64),
+        dict(extra_topk=512),
+        dict(extra_topk=None),
+        dict(h_q=64),
+    ],
+)
 def test_meta_refuses_other_shapes(change):
     cache = SchedMetaCache(object)
     args = dict(batch=7, topk=128, extra_topk=1024, h_q=128)
@@ -67,8 +74,12 @@ def test_decode_tail_reuses_meta_across_layers_and_matches_reference():
         return flash_mla_with_kvcache_reference(**kw)
 
     tail = DecodeTail(kernel=kernel, meta_factory=ReferenceSchedMeta)
-    outs = [tail.forward(4, q, swa, si, sl, sink, extra_k_cache=extra, extra_indices=ei, extra_lengths=el)
-            for _layer in range(3)]
+    outs = [
+        tail.forward(
+            4, q, swa, si, sl, sink, extra_k_cache=extra, extra_indices=ei, extra_lengths=el
+        )
+        for _layer in range(3)
+    ]
     assert calls[0] is calls[1] is calls[2]
     ref, _ = sparse_decode_reference(q, swa, si, sl, sink, extra, ei, el)
     for o in outs:
@@ -79,9 +90,29 @@ def test_decode_tail_reuses_meta_across_layers_and_matches_reference():
     assert calls[3] is not calls[0]
     # a different tail size in the same step is refused before it reaches the kernel
     with pytest.raises(SchedMetaShapeError):
-        tail.forward(4, q[:3], swa, si[:3], sl[:3], sink, extra_k_cache=extra, extra_indices=ei[:3], extra_lengths=el[:3])
+        tail.forward(
+            4,
+            q[:3],
+            swa,
+            si[:3],
+            sl[:3],
+            sink,
+            extra_k_cache=extra,
+            extra_indices=ei[:3],
+            extra_lengths=el[:3],
+        )
     tail.new_step()
-    tail.forward(4, q[:3], swa, si[:3], sl[:3], sink, extra_k_cache=extra, extra_indices=ei[:3], extra_lengths=el[:3])
+    tail.forward(
+        4,
+        q[:3],
+        swa,
+        si[:3],
+        sl[:3],
+        sink,
+        extra_k_cache=extra,
+        extra_indices=ei[:3],
+        extra_lengths=el[:3],
+    )
 
 
 def test_decode_tail_input_checks():

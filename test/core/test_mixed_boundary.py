@@ -1,6 +1,7 @@
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sglang_mixgraph.core.mixed_boundary import (
     assemble_rows,
@@ -72,17 +73,17 @@ def test_decode_tail_slices_are_views_of_the_right_rows(batch, width):
     extra = torch.arange(n * 64, dtype=torch.int32).view(n, 64) + 7
     extra_len = torch.arange(n, dtype=torch.int32) * 3
     tail = slice_decode_tail(b, q, swa, swa_len, extra, extra_len)
-    for full, part in zip((q, swa, swa_len, extra, extra_len), tail.tensors()):
+    for full, part in zip((q, swa, swa_len, extra, extra_len), tail.tensors(), strict=False):
         assert part.shape[0] == d
         assert part.untyped_storage().data_ptr() == full.untyped_storage().data_ptr()  # a view
         assert part.storage_offset() == full.storage_offset() + b.b0 * full.stride(0)
         assert part.stride() == full.stride()
-        assert torch.equal(part, full[b.b0:b.b0 + d])
+        assert torch.equal(part, full[b.b0 : b.b0 + d])
     # writing through the view writes the step's tensor
     if d:
         tail.swa_lengths.fill_(-5)
-        assert (swa_len[b.b0:b.b0 + d] == -5).all()
-        assert (swa_len[:b.b0] != -5).all() and (swa_len[b.b0 + d:] != -5).all()
+        assert (swa_len[b.b0 : b.b0 + d] == -5).all()
+        assert (swa_len[: b.b0] != -5).all() and (swa_len[b.b0 + d :] != -5).all()
 
 
 def test_slice_rows_none_and_bounds():
@@ -99,14 +100,14 @@ def test_assemble_rows_keeps_order_and_zeroes_padding(batch):
     b = compute_mixed_boundary(lens, d, sum(lens) + pad)
     full = torch.randn(b.num_rows, 3)
     o_pre = full[: b.b0].clone() if b.b0 else None
-    o_dec = full[b.b0:b.decode_end].clone() if d else None
+    o_dec = full[b.b0 : b.decode_end].clone() if d else None
     if o_pre is None and o_dec is None:
         out = assemble_rows(b, None, None, like=full)
     else:
         out = assemble_rows(b, o_pre, o_dec)
     assert out.shape == full.shape
     assert torch.equal(out[: b.decode_end], full[: b.decode_end])
-    assert (out[b.decode_end:] == 0).all()
+    assert (out[b.decode_end :] == 0).all()
 
 
 def test_workspace_tokens_follow_upstream_sizing():

@@ -2,14 +2,19 @@ import json
 
 import pytest
 import torch
-from hypothesis import assume, given, settings, strategies as st
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from sglang_mixgraph.core import split_cost_model as m
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.integers(0, 3000), st.integers(0, 3000), st.sampled_from([1, 4, 128]),
-       st.one_of(st.none(), st.integers(0, 300)))
+@given(
+    st.integers(0, 3000),
+    st.integers(0, 3000),
+    st.sampled_from([1, 4, 128]),
+    st.one_of(st.none(), st.integers(0, 300)),
+)
 def test_closed_form_floor_sums_match_brute_force(lo, hi, r, cap):
     brute = sum(min(x // r, cap) if cap is not None else x // r for x in range(lo, hi + 1))
     assert m.sum_min_floor_div(lo, hi, r, cap) == brute
@@ -34,7 +39,16 @@ def test_request_keys_counts_each_row(seq, ext, ratio):
 
 
 def _coeffs(**over):
-    c = dict(a_ws=4e-7, a_key=6e-7, a_row=1e-5, c_pre=0.01, d_key=1.1e-6, d_row=1e-5, c_dec=0.01, a_cat=6e-5)
+    c = dict(
+        a_ws=4e-7,
+        a_key=6e-7,
+        a_row=1e-5,
+        c_pre=0.01,
+        d_key=1.1e-6,
+        d_row=1e-5,
+        c_dec=0.01,
+        a_cat=6e-5,
+    )
     c.update(over)
     return m.Coefficients(arch="test", per_ratio={4: c, 128: dict(c)})
 
@@ -47,8 +61,12 @@ def test_split_shrinks_workspace_by_the_decode_share():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.sampled_from([4, 128]), st.sampled_from([1024, 2048, 4096, 8192, 16384, 32768]),
-       st.sampled_from([32, 128, 256, 512]), st.sampled_from([0, 512, 1792, 4096]))
+@given(
+    st.sampled_from([4, 128]),
+    st.sampled_from([1024, 2048, 4096, 8192, 16384, 32768]),
+    st.sampled_from([32, 128, 256, 512]),
+    st.sampled_from([0, 512, 1792, 4096]),
+)
 def test_predictions_are_monotonic(ratio, ctx, d, p):
     c = _coeffs()
     u, s = m.predict(m.StepShape.uniform(ratio, ctx, d, p), c)
@@ -105,7 +123,13 @@ def test_fit_keeps_coefficients_non_negative():
         for d in (32, 512):
             for p in (0, 1792):
                 s = m.StepShape.uniform(4, ctx, d, p)
-                samples.append((s, float(torch.rand(1, generator=gen)) + 0.1, float(torch.rand(1, generator=gen)) + 0.1))
+                samples.append(
+                    (
+                        s,
+                        float(torch.rand(1, generator=gen)) + 0.1,
+                        float(torch.rand(1, generator=gen)) + 0.1,
+                    )
+                )
     fit = m.fit_coefficients(samples, arch="noise")
     assert all(v >= 0 for v in fit.per_ratio[4].values())
 
@@ -133,7 +157,9 @@ def test_shipped_sm90_model_picks_within_3_percent_of_the_measured_best():
     coefficients' choice is never more than 3 % slower than the faster measured path."""
     import os
 
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "results", "mixed_split_h200.json")
+    path = os.path.join(
+        os.path.dirname(__file__), "..", "..", "docs", "results", "mixed_split_h200.json"
+    )
     if not os.path.exists(path):
         pytest.skip("no recorded sweep")
     points = json.load(open(path))
@@ -141,6 +167,8 @@ def test_shipped_sm90_model_picks_within_3_percent_of_the_measured_best():
     ratio = {"csa_c4_top1024": 4, "hca_c128": 128}
     assert len(points) == 192
     for r in points:
-        shape = m.StepShape.uniform(ratio[r["layer"]], r["context"], r["decode_rows"], r["prefill_rows"])
+        shape = m.StepShape.uniform(
+            ratio[r["layer"]], r["context"], r["decode_rows"], r["prefill_rows"]
+        )
         chosen = r["split_ms"] if m.should_split(shape, c) else r["unsplit_ms"]
         assert chosen <= 1.03 * min(r["split_ms"], r["unsplit_ms"]), r

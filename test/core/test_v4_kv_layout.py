@@ -4,7 +4,8 @@ import sys
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sglang_mixgraph.core import v4_kv_layout as kvl
 
@@ -23,7 +24,9 @@ def test_token_is_584_bytes():
 def _random_tokens(n, gen, spread=True):
     x = torch.randn(n, 512, generator=gen)
     if spread:  # tiles of very different magnitudes
-        x = x * torch.exp2(torch.randint(-12, 12, (n, 8), generator=gen).float()).repeat_interleave(64, dim=1)
+        x = x * torch.exp2(torch.randint(-12, 12, (n, 8), generator=gen).float()).repeat_interleave(
+            64, dim=1
+        )
     return x
 
 
@@ -48,7 +51,9 @@ def test_encode_decode_round_trip(page_size, n, seed):
     err = (y[:, :448] - x[:, :448]).abs()
     assert bool((err <= x[:, :448].abs() * 2**-4 + tile_scale * 2**-10 + 1e-30).all())
     # bf16 decode is exact (fp8 value times a power of two)
-    assert torch.equal(kvl.dequantize_tokens(cache, page_size, slots, dtype=torch.bfloat16).float(), y)
+    assert torch.equal(
+        kvl.dequantize_tokens(cache, page_size, slots, dtype=torch.bfloat16).float(), y
+    )
 
 
 def test_scale_byte_is_smallest_power_of_two_covering_amax():
@@ -76,13 +81,13 @@ def test_bytes_land_where_the_layout_says():
     flat = cache.view(-1)
     data_at = 2 * pb + 3 * 576
     scale_at = 2 * pb + page_size * 576 + 3 * 8
-    assert torch.equal(flat[data_at:data_at + 448], nope[0].view(torch.uint8))
-    assert torch.equal(flat[data_at + 448:data_at + 576], rope[0].contiguous().view(torch.uint8))
-    assert torch.equal(flat[scale_at:scale_at + 7], scales[0])
+    assert torch.equal(flat[data_at : data_at + 448], nope[0].view(torch.uint8))
+    assert torch.equal(flat[data_at + 448 : data_at + 576], rope[0].contiguous().view(torch.uint8))
+    assert torch.equal(flat[scale_at : scale_at + 7], scales[0])
     assert flat[scale_at + 7].item() == 0
     touched = torch.zeros_like(flat, dtype=torch.bool)
-    touched[data_at:data_at + 576] = True
-    touched[scale_at:scale_at + 8] = True
+    touched[data_at : data_at + 576] = True
+    touched[scale_at : scale_at + 8] = True
     assert int(flat[~touched].abs().sum()) == 0
 
 
@@ -98,7 +103,9 @@ def test_kernel_view_round_trips_to_pages():
     gen = torch.Generator().manual_seed(0)
     slots = torch.tensor([0, 63, 64, 319])
     kvl.encode_tokens(cache, page_size, slots, _random_tokens(4, gen))
-    assert torch.equal(kvl.dequantize_kernel_view(view, slots), kvl.dequantize_tokens(cache, page_size, slots))
+    assert torch.equal(
+        kvl.dequantize_kernel_view(view, slots), kvl.dequantize_tokens(cache, page_size, slots)
+    )
 
 
 def test_out_of_range_slots_raise():
@@ -133,5 +140,7 @@ def test_triton_kernel_matches_torch_in_interpreter():
     pytest.importorskip("triton")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.path.join(root, "python"))
-    res = subprocess.run([sys.executable, "-c", _TRITON_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    res = subprocess.run(
+        [sys.executable, "-c", _TRITON_SCRIPT], env=env, capture_output=True, text=True, timeout=600
+    )
     assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-3000:]

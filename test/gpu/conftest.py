@@ -13,7 +13,11 @@ import pytest
 import torch
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-for _p in (os.path.join(_ROOT, "python"), os.path.join(_ROOT, "benchmark"), os.path.join(_ROOT, ".whl", "site")):
+for _p in (
+    os.path.join(_ROOT, "python"),
+    os.path.join(_ROOT, "benchmark"),
+    os.path.join(_ROOT, ".whl", "site"),
+):
     if os.path.isdir(_p) and _p not in sys.path:
         sys.path.insert(0, _p)
 

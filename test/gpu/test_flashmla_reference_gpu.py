@@ -2,10 +2,13 @@
 
 import pytest
 import torch
-
 from mixed_step import StepSpec, build_step, plan_workspace, rel_l2, softmax_scale
+
 from sglang_mixgraph.core.decode_tail import DecodeTail, SchedMetaShapeError
-from sglang_mixgraph.core.sparse_mla_reference import sparse_decode_reference, sparse_prefill_reference
+from sglang_mixgraph.core.sparse_mla_reference import (
+    sparse_decode_reference,
+    sparse_prefill_reference,
+)
 from sglang_mixgraph.kernels.v4_dequant import dequantize_v4
 
 pytestmark = [pytest.mark.gpu, pytest.mark.needs_flash_mla]
@@ -24,8 +27,18 @@ def _decode_step(h_q, tail, topk, ratio, seed):
     seqs = torch.randint(1, 4 * topk + 2000, (tail,), generator=gen).tolist()
     seqs[0] = min(seqs[0], 3)  # a row too short for any compressed entry
     swa_only = [tail // 2] if tail > 2 else []
-    spec = StepSpec(ratio=ratio, seq_lens=seqs, extend_lens=[1] * tail, num_decode=tail, topk=topk, h_q=h_q,
-                    seed=seed, swa_only_rows=swa_only, min_swa_tokens=1 << 18, min_extra_tokens=1 << 18)
+    spec = StepSpec(
+        ratio=ratio,
+        seq_lens=seqs,
+        extend_lens=[1] * tail,
+        num_decode=tail,
+        topk=topk,
+        h_q=h_q,
+        seed=seed,
+        swa_only_rows=swa_only,
+        min_swa_tokens=1 << 18,
+        min_extra_tokens=1 << 18,
+    )
     return build_step(spec, device="cuda", q_scale=2.0)
 
 
@@ -58,13 +71,31 @@ def test_decode_kernel_matches_reference(h_q, tail, topk, ratio):
 
     dt = DecodeTail(kernel=spy)
     rows = step.boundary.decode_rows
-    args = (step.q[rows], step.swa_view, step.swa_indices[rows], step.swa_lengths[rows], step.attn_sink)
-    kw = dict(extra_k_cache=step.extra_view, extra_indices=step.extra_indices[rows],
-              extra_lengths=step.extra_lengths[rows], softmax_scale=softmax_scale())
+    args = (
+        step.q[rows],
+        step.swa_view,
+        step.swa_indices[rows],
+        step.swa_lengths[rows],
+        step.attn_sink,
+    )
+    kw = dict(
+        extra_k_cache=step.extra_view,
+        extra_indices=step.extra_indices[rows],
+        extra_lengths=step.extra_lengths[rows],
+        softmax_scale=softmax_scale(),
+    )
     out = dt.forward(ratio, *args, **kw)
     ref, ref_lse = sparse_decode_reference(
-        step.q[rows], step.swa_view, step.swa_indices[rows], step.swa_lengths[rows], step.attn_sink,
-        step.extra_view, step.extra_indices[rows], step.extra_lengths[rows], softmax_scale())
+        step.q[rows],
+        step.swa_view,
+        step.swa_indices[rows],
+        step.swa_lengths[rows],
+        step.attn_sink,
+        step.extra_view,
+        step.extra_indices[rows],
+        step.extra_lengths[rows],
+        softmax_scale(),
+    )
     err = _check(out, ref[:, 0], lse_seen["lse"], ref_lse)
     print(f"decode h_q={h_q} tail={tail} topk={topk} c{ratio}: rel_l2={err:.2e}")
     # the same metadata object serves the next layer of the step, bit-identically
@@ -72,17 +103,28 @@ def test_decode_kernel_matches_reference(h_q, tail, topk, ratio):
     assert torch.equal(again, out)
     if tail > 1:
         with pytest.raises(SchedMetaShapeError):
-            dt.forward(ratio, step.q[rows][:-1], step.swa_view, step.swa_indices[rows][:-1],
-                       step.swa_lengths[rows][:-1], step.attn_sink, extra_k_cache=step.extra_view,
-                       extra_indices=step.extra_indices[rows][:-1], extra_lengths=step.extra_lengths[rows][:-1])
+            dt.forward(
+                ratio,
+                step.q[rows][:-1],
+                step.swa_view,
+                step.swa_indices[rows][:-1],
+                step.swa_lengths[rows][:-1],
+                step.attn_sink,
+                extra_k_cache=step.extra_view,
+                extra_indices=step.extra_indices[rows][:-1],
+                extra_lengths=step.extra_lengths[rows][:-1],
+            )
 
 
 def test_decode_without_sink_and_swa_only_layer():
     step = _decode_step(128, 64, 512, 4, seed=11)
     rows = step.boundary.decode_rows
-    out = DecodeTail(kernel=_decode_kernel()).forward(0, step.q[rows], step.swa_view, step.swa_indices[rows],
-                                                      step.swa_lengths[rows], None)
-    ref, _ = sparse_decode_reference(step.q[rows], step.swa_view, step.swa_indices[rows], step.swa_lengths[rows], None)
+    out = DecodeTail(kernel=_decode_kernel()).forward(
+        0, step.q[rows], step.swa_view, step.swa_indices[rows], step.swa_lengths[rows], None
+    )
+    ref, _ = sparse_decode_reference(
+        step.q[rows], step.swa_view, step.swa_indices[rows], step.swa_lengths[rows], None
+    )
     _check(out, ref[:, 0])
 
 
@@ -94,13 +136,33 @@ def test_flash_mla_itself_refuses_a_reused_meta_with_another_batch():
     meta = get_mla_metadata()[0]
     k = _decode_kernel()
     q = step.q.unsqueeze(1)
-    k(q=q, k_cache=step.swa_view, block_table=None, cache_seqlens=None, head_dim_v=512, tile_scheduler_metadata=meta,
-      is_fp8_kvcache=True, indices=step.swa_indices.unsqueeze(1), topk_length=step.swa_lengths,
-      attn_sink=step.attn_sink, use_legacy=True)
+    k(
+        q=q,
+        k_cache=step.swa_view,
+        block_table=None,
+        cache_seqlens=None,
+        head_dim_v=512,
+        tile_scheduler_metadata=meta,
+        is_fp8_kvcache=True,
+        indices=step.swa_indices.unsqueeze(1),
+        topk_length=step.swa_lengths,
+        attn_sink=step.attn_sink,
+        use_legacy=True,
+    )
     with pytest.raises(AssertionError):
-        k(q=q[:3], k_cache=step.swa_view, block_table=None, cache_seqlens=None, head_dim_v=512,
-          tile_scheduler_metadata=meta, is_fp8_kvcache=True, indices=step.swa_indices[:3].unsqueeze(1),
-          topk_length=step.swa_lengths[:3], attn_sink=step.attn_sink, use_legacy=True)
+        k(
+            q=q[:3],
+            k_cache=step.swa_view,
+            block_table=None,
+            cache_seqlens=None,
+            head_dim_v=512,
+            tile_scheduler_metadata=meta,
+            is_fp8_kvcache=True,
+            indices=step.swa_indices[:3].unsqueeze(1),
+            topk_length=step.swa_lengths[:3],
+            attn_sink=step.attn_sink,
+            use_legacy=True,
+        )
 
 
 @pytest.mark.parametrize("h_q", [64, 128])
@@ -108,8 +170,16 @@ def test_flash_mla_itself_refuses_a_reused_meta_with_another_batch():
 def test_sparse_prefill_kernel_matches_reference(h_q, ratio, topk):
     from flash_mla import flash_mla_sparse_fwd
 
-    spec = StepSpec(ratio=ratio, seq_lens=[6000, 900, 3000, 50], extend_lens=[700, 300, 1, 1], num_decode=2,
-                    topk=topk, h_q=h_q, seed=h_q + ratio + topk, swa_only_rows=[5, 701])
+    spec = StepSpec(
+        ratio=ratio,
+        seq_lens=[6000, 900, 3000, 50],
+        extend_lens=[700, 300, 1, 1],
+        num_decode=2,
+        topk=topk,
+        h_q=h_q,
+        seed=h_q + ratio + topk,
+        swa_only_rows=[5, 701],
+    )
     step = build_step(spec, device="cuda", q_scale=2.0)
     b = step.boundary
     plan = plan_workspace(step, 4, b.decode_end)
@@ -118,9 +188,24 @@ def test_sparse_prefill_kernel_matches_reference(h_q, ratio, topk):
 
     fill_workspace(step, plan, dequantize_v4, ws)
     rows = plan.num_rows
-    out, _, lse = flash_mla_sparse_fwd(step.q[:rows], ws, plan.indices.unsqueeze(1), softmax_scale(), 512,
-                                       step.attn_sink, plan.lengths, use_legacy=True)
-    ref, _, ref_lse = sparse_prefill_reference(step.q[:rows], ws, plan.indices.unsqueeze(1), softmax_scale(), 512,
-                                               step.attn_sink, plan.lengths)
+    out, _, lse = flash_mla_sparse_fwd(
+        step.q[:rows],
+        ws,
+        plan.indices.unsqueeze(1),
+        softmax_scale(),
+        512,
+        step.attn_sink,
+        plan.lengths,
+        use_legacy=True,
+    )
+    ref, _, ref_lse = sparse_prefill_reference(
+        step.q[:rows],
+        ws,
+        plan.indices.unsqueeze(1),
+        softmax_scale(),
+        512,
+        step.attn_sink,
+        plan.lengths,
+    )
     err = _check(out, ref, lse, ref_lse)
     print(f"prefill h_q={h_q} c{ratio} topk={topk}: rel_l2={err:.2e}")

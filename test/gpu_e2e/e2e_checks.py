@@ -50,7 +50,9 @@ class PhaseRecord:
     stub_calls: List[str] = field(default_factory=list)
 
 
-def compare_tokens(baseline: Mapping[str, Sequence[int]], phase: Mapping[str, Sequence[int]]) -> List[Mismatch]:
+def compare_tokens(
+    baseline: Mapping[str, Sequence[int]], phase: Mapping[str, Sequence[int]]
+) -> List[Mismatch]:
     """Per request (every request of either side), where the phase's tokens leave the baseline's."""
     out = []
     for rid in sorted(set(baseline) | set(phase)):
@@ -61,7 +63,9 @@ def compare_tokens(baseline: Mapping[str, Sequence[int]], phase: Mapping[str, Se
         a, b = list(a), list(b)
         if a == b:
             continue
-        first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        first = next(
+            (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+        )
         out.append(Mismatch(rid, first, len(a), len(b)))
     return out
 
@@ -113,59 +117,137 @@ def check_phase(rec: PhaseRecord, baseline: Optional[PhaseRecord]) -> List[Check
     checks = [Check(rec.name, "ran to the end", rec.ran, rec.error)]
     if not rec.ran:
         return checks
-    short = {r: (len(rec.outputs.get(r) or ()), n) for r, n in rec.expected_lens.items()
-             if len(rec.outputs.get(r) or ()) != n}
-    checks.append(Check(rec.name, "every request got all its tokens", not short,
-                        ", ".join(f"{r}: {got} of {n}" for r, (got, n) in sorted(short.items()))))
+    short = {
+        r: (len(rec.outputs.get(r) or ()), n)
+        for r, n in rec.expected_lens.items()
+        if len(rec.outputs.get(r) or ()) != n
+    }
+    checks.append(
+        Check(
+            rec.name,
+            "every request got all its tokens",
+            not short,
+            ", ".join(f"{r}: {got} of {n}" for r, (got, n) in sorted(short.items())),
+        )
+    )
     serving, at_import = split_stub_calls(rec.stub_calls)
-    checks.append(Check(rec.name, "no stub was called while serving", not serving, "; ".join(serving[:5])))
+    checks.append(
+        Check(rec.name, "no stub was called while serving", not serving, "; ".join(serving[:5]))
+    )
     mixed_eager, mixed_graph = _mixed(rec.steps, False), _mixed(rec.steps, True)
     ev, fb = _events(rec), _fallbacks(rec)
     if rec.split == "off":
-        checks.append(Check(rec.name, "the workload made MIXED steps", mixed_eager + mixed_graph > 0,
-                            f"{mixed_eager} eager, {mixed_graph} replayed"))
-        checks.append(Check(rec.name, "mixed_split inactive (flag off)", not ev and not fb,
-                            f"events {ev}, fallbacks {fb}"))
+        checks.append(
+            Check(
+                rec.name,
+                "the workload made MIXED steps",
+                mixed_eager + mixed_graph > 0,
+                f"{mixed_eager} eager, {mixed_graph} replayed",
+            )
+        )
+        checks.append(
+            Check(
+                rec.name,
+                "mixed_split inactive (flag off)",
+                not ev and not fb,
+                f"events {ev}, fallbacks {fb}",
+            )
+        )
         return checks
     if baseline is None or not baseline.ran:
-        checks.append(Check(rec.name, "tokens equal the off phase", False, "the off phase did not run"))
+        checks.append(
+            Check(rec.name, "tokens equal the off phase", False, "the off phase did not run")
+        )
     else:
         mism = compare_tokens(baseline.outputs, rec.outputs)
-        checks.append(Check(rec.name, f"tokens equal {baseline.name}", not mism, "; ".join(
-            f"{m.rid}: first differs at {m.first_diff} ({m.baseline_len} vs {m.phase_len} tokens)" for m in mism)))
+        checks.append(
+            Check(
+                rec.name,
+                f"tokens equal {baseline.name}",
+                not mism,
+                "; ".join(
+                    f"{m.rid}: first differs at {m.first_diff} ({m.baseline_len} vs {m.phase_len} tokens)"
+                    for m in mism
+                ),
+            )
+        )
     checks.extend(_acted(rec, mixed_eager, mixed_graph, ev, fb))
     return checks
 
 
-def _acted(rec: PhaseRecord, mixed_eager: int, mixed_graph: int, ev: Dict[str, int], fb: Dict[str, int]) -> List[Check]:
+def _acted(
+    rec: PhaseRecord, mixed_eager: int, mixed_graph: int, ev: Dict[str, int], fb: Dict[str, int]
+) -> List[Check]:
     out = []
     if mixed_eager == 0 and mixed_graph == 0:
-        return [Check(rec.name, "mixed_split acted", False, "no MIXED step: nothing shows the split")]
+        return [
+            Check(rec.name, "mixed_split acted", False, "no MIXED step: nothing shows the split")
+        ]
     if mixed_eager:
         seen = ev.get("steps_seen.mixed_run_as_extend", 0) + ev.get("steps_seen.mixed", 0)
-        out.append(Check(rec.name, "every eager MIXED step recognised (run as EXTEND)", seen == mixed_eager,
-                         f"recognised {seen} of {mixed_eager}"))
-        out += _decided(rec, "eager MIXED step", mixed_eager, ev.get("steps_split", 0),
-                        ev.get("steps_unsplit_adaptive", 0))
+        out.append(
+            Check(
+                rec.name,
+                "every eager MIXED step recognised (run as EXTEND)",
+                seen == mixed_eager,
+                f"recognised {seen} of {mixed_eager}",
+            )
+        )
+        out += _decided(
+            rec,
+            "eager MIXED step",
+            mixed_eager,
+            ev.get("steps_split", 0),
+            ev.get("steps_unsplit_adaptive", 0),
+        )
     if mixed_graph:
         seen = ev.get("replays_seen", 0)
-        out.append(Check(rec.name, "every replayed MIXED step recognised", seen == mixed_graph,
-                         f"recognised {seen} of {mixed_graph}"))
-        out += _decided(rec, "replayed MIXED step", mixed_graph, ev.get("replays_split", 0),
-                        ev.get("replays_unsplit_adaptive", 0))
+        out.append(
+            Check(
+                rec.name,
+                "every replayed MIXED step recognised",
+                seen == mixed_graph,
+                f"recognised {seen} of {mixed_graph}",
+            )
+        )
+        out += _decided(
+            rec,
+            "replayed MIXED step",
+            mixed_graph,
+            ev.get("replays_split", 0),
+            ev.get("replays_unsplit_adaptive", 0),
+        )
     if rec.split == "always":
         missing = [r for r in RATIOS if not ev.get(f"layers_split.c{r}")]
-        out.append(Check(rec.name, "layers of every compress ratio split", not missing,
-                         f"none split for ratios {missing}" if missing else ""))
+        out.append(
+            Check(
+                rec.name,
+                "layers of every compress ratio split",
+                not missing,
+                f"none split for ratios {missing}" if missing else "",
+            )
+        )
     return out
 
 
 def _decided(rec: PhaseRecord, what: str, n: int, split: int, kept: int) -> List[Check]:
     if rec.split == "always":
-        return [Check(rec.name, f"split acted in every {what}", split == n > 0, f"split {split} of {n}")]
+        return [
+            Check(rec.name, f"split acted in every {what}", split == n > 0, f"split {split} of {n}")
+        ]
     return [
-        Check(rec.name, f"adaptive decided every {what}", split + kept == n, f"split {split} + kept unsplit {kept} of {n}"),
-        Check(rec.name, f"adaptive split at least one {what}", split > 0, f"split {split}, kept unsplit {kept}"),
+        Check(
+            rec.name,
+            f"adaptive decided every {what}",
+            split + kept == n,
+            f"split {split} + kept unsplit {kept} of {n}",
+        ),
+        Check(
+            rec.name,
+            f"adaptive split at least one {what}",
+            split > 0,
+            f"split {split}, kept unsplit {kept}",
+        ),
     ]
 
 
@@ -176,7 +258,9 @@ def summarize(rec: PhaseRecord) -> List[str]:
     lines.append(f"fallbacks (every patch): {rec.counters.get('fallbacks') or 'none'}")
     at_import = split_stub_calls(rec.stub_calls)[1]
     if at_import:
-        lines.append(f"stubs called while importing a module upstream then skipped: {sorted(set(c.split(' (pid')[0] for c in at_import))}")
+        lines.append(
+            f"stubs called while importing a module upstream then skipped: {sorted(set(c.split(' (pid')[0] for c in at_import))}"
+        )
     others = {p: c for p, c in rec.counters.get("events", {}).items() if p != PATCH}
     if others:
         lines.append(f"other patches: {others}")

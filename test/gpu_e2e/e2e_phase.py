@@ -32,22 +32,37 @@ async def _stream_to_end(gen, first):
 
 async def _staggered(engine, seg: W.Segment) -> dict:
     """``first`` streamed; ``then`` sent once every ``first`` request has produced a token."""
-    streams = [await engine.async_generate(input_ids=list(r.prompt), sampling_params=_params(r.max_new), stream=True)
-               for r in seg.first]
+    streams = [
+        await engine.async_generate(
+            input_ids=list(r.prompt), sampling_params=_params(r.max_new), stream=True
+        )
+        for r in seg.first
+    ]
     firsts = [await s.__anext__() for s in streams]  # each of them is decoding now
-    late = [asyncio.ensure_future(engine.async_generate(input_ids=list(r.prompt), sampling_params=_params(r.max_new)))
-            for r in seg.then]
-    done_first = await asyncio.gather(*[_stream_to_end(s, f) for s, f in zip(streams, firsts)])
+    late = [
+        asyncio.ensure_future(
+            engine.async_generate(input_ids=list(r.prompt), sampling_params=_params(r.max_new))
+        )
+        for r in seg.then
+    ]
+    done_first = await asyncio.gather(
+        *[_stream_to_end(s, f) for s, f in zip(streams, firsts, strict=False)]
+    )
     done_late = await asyncio.gather(*late)
-    return {r.rid: list(o["output_ids"]) for r, o in zip(seg.first + seg.then, list(done_first) + list(done_late))}
+    return {
+        r.rid: list(o["output_ids"])
+        for r, o in zip(seg.first + seg.then, list(done_first) + list(done_late), strict=False)
+    }
 
 
 def run(engine_kwargs: dict) -> dict:
     import sglang as sgl
 
     res: dict = {"ok": False, "timings": {}}
-    segments = W.build(chunk=int(engine_kwargs.get("chunked_prefill_size", 256)),
-                       workload=os.environ.get("MIXGRAPH_E2E_WORKLOAD", "full"))
+    segments = W.build(
+        chunk=int(engine_kwargs.get("chunked_prefill_size", 256)),
+        workload=os.environ.get("MIXGRAPH_E2E_WORKLOAD", "full"),
+    )
     res["expected_lens"] = {r.rid: r.max_new for r in W.all_requests(segments)}
     t0 = time.time()
     engine = sgl.Engine(**engine_kwargs)
@@ -58,9 +73,13 @@ def run(engine_kwargs: dict) -> dict:
         if seg.then:
             outputs.update(engine.loop.run_until_complete(_staggered(engine, seg)))
         else:
-            outs = engine.generate(input_ids=[list(r.prompt) for r in seg.first],
-                                   sampling_params=[_params(r.max_new) for r in seg.first])
-            outputs.update({r.rid: list(o["output_ids"]) for r, o in zip(seg.first, outs)})
+            outs = engine.generate(
+                input_ids=[list(r.prompt) for r in seg.first],
+                sampling_params=[_params(r.max_new) for r in seg.first],
+            )
+            outputs.update(
+                {r.rid: list(o["output_ids"]) for r, o in zip(seg.first, outs, strict=False)}
+            )
         res["timings"][f"{seg.name}_s"] = round(time.time() - t0, 2)
     res["outputs"] = outputs
     interval = float(os.environ.get("SGLANG_MIXGRAPH_COUNTERS_LOG_INTERVAL") or 0)
@@ -80,7 +99,11 @@ def main() -> None:
         with open(kwargs_path) as f:
             res = run(json.load(f))
     except BaseException as e:  # report every failure as data, never hang the driver
-        res = {"ok": False, "error": f"{type(e).__name__}: {e}"[:3000], "traceback": traceback.format_exc()[-6000:]}
+        res = {
+            "ok": False,
+            "error": f"{type(e).__name__}: {e}"[:3000],
+            "traceback": traceback.format_exc()[-6000:],
+        }
     res["wall_s"] = round(time.time() - t0, 1)
     with open(out_path, "w") as f:
         json.dump(res, f)

@@ -114,4 +114,6 @@ def parse(names: List[str]) -> List[Phase]:
             raise ValueError(f"unknown phase {name!r}: <{'|'.join(GRAPHS)}>-<{'|'.join(SPLITS)}>")
         phases.append(Phase(graph, split))
     # Baselines first: the split phases are compared with them.
-    return sorted(set(phases), key=lambda p: (p.split != "off", SPLITS.index(p.split), GRAPHS.index(p.graph)))
+    return sorted(
+        set(phases), key=lambda p: (p.split != "off", SPLITS.index(p.split), GRAPHS.index(p.graph))
+    )

@@ -33,8 +33,13 @@ def _wrap_forward(model_runner_module) -> None:
         torch.cuda.synchronize()
         ms = (time.perf_counter() - t0) * 1e3
         try:
-            rec = {"mode": getattr(mode, "name", str(mode)), "bs": bs, "rows": int(rows),
-                   "graph": bool(getattr(out, "can_run_graph", False)), "ms": round(ms, 3)}
+            rec = {
+                "mode": getattr(mode, "name", str(mode)),
+                "bs": bs,
+                "rows": int(rows),
+                "graph": bool(getattr(out, "can_run_graph", False)),
+                "ms": round(ms, 3),
+            }
             with open(path, "a") as f:
                 f.write(json.dumps(rec) + "\n")
         except Exception as e:  # a log line must never break a step

@@ -60,15 +60,22 @@ def build(seed: int = 0, chunk: int = 256, workload: str = "full") -> List[Segme
 
     def reqs(prefix: str, lens, max_new) -> Tuple[Request, ...]:
         news = max_new if isinstance(max_new, (list, tuple)) else [max_new] * len(lens)
-        return tuple(Request(f"{prefix}{i}", _prompt(rng, n), m) for i, (n, m) in enumerate(zip(lens, news)))
+        return tuple(
+            Request(f"{prefix}{i}", _prompt(rng, n), m)
+            for i, (n, m) in enumerate(zip(lens, news, strict=False))
+        )
 
     chunks_per_long = -(-LONG_PROMPT // chunk)
     # Request i ends its prefill after (i + 1) long prefills; give it enough tokens to decode
     # through the remaining ones plus the margin.
-    long_new = [chunks_per_long * (LONG_REQUESTS - i) + LATE_MARGIN_STEPS for i in range(LONG_REQUESTS)]
+    long_new = [
+        chunks_per_long * (LONG_REQUESTS - i) + LATE_MARGIN_STEPS for i in range(LONG_REQUESTS)
+    ]
     segments = [
         Segment("batch", reqs("batch", [600, 40, 300, 20, 900, 120], 24)),
-        Segment("staggered", reqs("stag", [150, 40, 300], 64), reqs("stag_late", [900, 520, 1100], 32)),
+        Segment(
+            "staggered", reqs("stag", [150, 40, 300], 64), reqs("stag_late", [900, 520, 1100], 32)
+        ),
         Segment(
             "long",
             reqs("long", [LONG_PROMPT] * LONG_REQUESTS, long_new),

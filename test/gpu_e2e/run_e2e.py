@@ -110,7 +110,9 @@ def _kill_group(proc):
         pass
 
 
-def run_wave(phases, *, radix, work, logs, off_values, deadline, parallel, log, workload, override) -> dict:
+def run_wave(
+    phases, *, radix, work, logs, off_values, deadline, parallel, log, workload, override
+) -> dict:
     pending = list(enumerate(phases))
     running = {}
     results = {}
@@ -127,9 +129,17 @@ def run_wave(phases, *, radix, work, logs, off_values, deadline, parallel, log, 
             env = _phase_env(phase, off_values, radix, os.path.join(d, "steps"), workload)
             logf = open(os.path.join(logs, f"{phase.name}.log"), "w")
             proc = subprocess.Popen(
-                [sys.executable, PHASE_SCRIPT, os.path.join(d, "kwargs.json"),
-                 os.path.join(d, "out.json")],
-                stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=ROOT,
+                [
+                    sys.executable,
+                    PHASE_SCRIPT,
+                    os.path.join(d, "kwargs.json"),
+                    os.path.join(d, "out.json"),
+                ],
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                cwd=ROOT,
             )
             running[phase.name] = (phase, proc, logf, time.time())
             log(f"== {phase.name}: started (radix cache {'on' if radix else 'off'})")
@@ -146,8 +156,10 @@ def run_wave(phases, *, radix, work, logs, off_values, deadline, parallel, log, 
             del running[name]
             results[name] = collect(phase, work, logs, time.time() - t0, timed_out)
             r = results[name]
-            log(f"== {name}: {'ok' if r['record'].ran else 'FAILED'} in {time.time() - t0:.0f}s "
-                f"{r['timings']} {r['record'].error[:300]}")
+            log(
+                f"== {name}: {'ok' if r['record'].ran else 'FAILED'} in {time.time() - t0:.0f}s "
+                f"{r['timings']} {r['record'].error[:300]}"
+            )
     return results
 
 
@@ -184,14 +196,27 @@ def collect(phase, work, logs, seconds, timed_out) -> dict:
     elif not out:
         error = error or "no result written (the phase process died); see its log"
     record = C.PhaseRecord(
-        name=phase.name, split=phase.split, ran=bool(out.get("ok")), error=error,
-        outputs=out.get("outputs", {}), expected_lens=out.get("expected_lens", {}), steps=steps,
-        counters=C.merge_counters(snapshots), stub_calls=stubs,
+        name=phase.name,
+        split=phase.split,
+        ran=bool(out.get("ok")),
+        error=error,
+        outputs=out.get("outputs", {}),
+        expected_lens=out.get("expected_lens", {}),
+        steps=steps,
+        counters=C.merge_counters(snapshots),
+        stub_calls=stubs,
     )
-    return {"record": record, "timings": out.get("timings", {}), "wall_s": round(seconds, 1),
-            "standins": sorted(set(standins)), "fallback_lines": sorted(set(fallbacks)),
-            "radix_lines": radix_lines[:20], "traceback": out.get("traceback", ""),
-            "shutdown_error": out.get("shutdown_error"), "log_tail": "" if out.get("ok") else text[-3000:]}
+    return {
+        "record": record,
+        "timings": out.get("timings", {}),
+        "wall_s": round(seconds, 1),
+        "standins": sorted(set(standins)),
+        "fallback_lines": sorted(set(fallbacks)),
+        "radix_lines": radix_lines[:20],
+        "traceback": out.get("traceback", ""),
+        "shutdown_error": out.get("shutdown_error"),
+        "log_tail": "" if out.get("ok") else text[-3000:],
+    }
 
 
 def radix_unusable(results) -> str:
@@ -202,7 +227,9 @@ def radix_unusable(results) -> str:
     if failed:
         return f"{sorted(failed)} failed with it on: {failed}"
     if not any(s["mode"] == "MIXED" for r in results.values() for s in r["record"].steps):
-        return "with it on the off phases ran but made no MIXED step (nothing for the split to act on)"
+        return (
+            "with it on the off phases ran but made no MIXED step (nothing for the split to act on)"
+        )
     return ""
 
 
@@ -210,7 +237,9 @@ def step_times(steps):
     by = {}
     for s in steps:
         by.setdefault(f"{s['mode']}/{'graph' if s['graph'] else 'eager'}", []).append(s["ms"])
-    return {k: {"n": len(v), "median_ms": round(statistics.median(v), 2)} for k, v in sorted(by.items())}
+    return {
+        k: {"n": len(v), "median_ms": round(statistics.median(v), 2)} for k, v in sorted(by.items())
+    }
 
 
 def main() -> int:
@@ -222,8 +251,12 @@ def main() -> int:
     ap.add_argument("--parallel", type=int, default=6, help="phases run side by side")
     ap.add_argument("--budget-s", type=float, default=520, help="the whole run's deadline")
     ap.add_argument("--label", default="", help="recorded in the log (e.g. the commit)")
-    ap.add_argument("--workload", choices=W.WORKLOADS, default="full", help="short: no long segment")
-    ap.add_argument("--engine-override", default="{}", help="JSON merged into every phase's Engine arguments")
+    ap.add_argument(
+        "--workload", choices=W.WORKLOADS, default="full", help="short: no long segment"
+    )
+    ap.add_argument(
+        "--engine-override", default="{}", help="JSON merged into every phase's Engine arguments"
+    )
     args = ap.parse_args()
     t_start = time.time()
     deadline = t_start + args.budget_s
@@ -232,7 +265,9 @@ def main() -> int:
     logs = os.path.join(args.work, "logs")
     os.makedirs(logs)
     os.makedirs(os.path.join(args.work, "model"))
-    shutil.copy(os.path.join(HERE, "tiny_dsv4_config.json"), os.path.join(args.work, "model", "config.json"))
+    shutil.copy(
+        os.path.join(HERE, "tiny_dsv4_config.json"), os.path.join(args.work, "model", "config.json")
+    )
     log = Log(os.path.join(args.out, "e2e_tiny_dsv4.log"))
     log(f"e2e tiny DeepSeek-V4, {time.strftime('%Y-%m-%d %H:%M:%S %Z')} {args.label}")
     import sglang_mixgraph
@@ -243,17 +278,30 @@ def main() -> int:
     off_values = patch_flag_off_values()
     segs = W.build(chunk=P.CHUNK, workload=args.workload)
     override = json.loads(args.engine_override)
-    log(f"phases: {[p.name for p in phases]}; chunk {P.CHUNK}, max running {P.MAX_RUNNING}, "
+    log(
+        f"phases: {[p.name for p in phases]}; chunk {P.CHUNK}, max running {P.MAX_RUNNING}, "
         f"{len(W.all_requests(segs))} requests in segments "
-        f"{[(s.name, len(s.first), len(s.then)) for s in segs]}, peak {W.peak_tokens(segs)} tokens")
+        f"{[(s.name, len(s.first), len(s.then)) for s in segs]}, peak {W.peak_tokens(segs)} tokens"
+    )
     log(f"upstream kernel selection: {json.dumps(P.UPSTREAM_ENV)}")
     log(f"patch flags at their off value except the split's: {json.dumps(off_values)}")
-    example = dict(phases[0].engine_kwargs("<model>", radix=args.radix != "off", slot=0), **override)
-    log(f"workload {args.workload}; engine kwargs (bcg/dgraph/eager differ in graph settings; "
-        f"overrides {override}): {json.dumps(example)}")
+    example = dict(
+        phases[0].engine_kwargs("<model>", radix=args.radix != "off", slot=0), **override
+    )
+    log(
+        f"workload {args.workload}; engine kwargs (bcg/dgraph/eager differ in graph settings; "
+        f"overrides {override}): {json.dumps(example)}"
+    )
 
-    wave = dict(work=args.work, logs=logs, off_values=off_values, parallel=args.parallel, log=log,
-                workload=args.workload, override=override)
+    wave = dict(
+        work=args.work,
+        logs=logs,
+        off_values=off_values,
+        parallel=args.parallel,
+        log=log,
+        workload=args.workload,
+        override=override,
+    )
     baselines = [p for p in phases if p.split == "off"]
     rest = [p for p in phases if p.split != "off"]
     if args.radix != "auto":
@@ -266,7 +314,9 @@ def main() -> int:
         results = run_wave(baselines, radix=True, deadline=deadline, **wave)
         why = radix_unusable(results)
         if why:
-            log(f"radix cache (SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python) OFF for this run: {why}")
+            log(
+                f"radix cache (SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python) OFF for this run: {why}"
+            )
             for n in results:
                 os.replace(os.path.join(logs, f"{n}.log"), os.path.join(logs, f"{n}.radix_on.log"))
             radix = False
@@ -295,20 +345,35 @@ def main() -> int:
         if not rec.ran:
             log(f"   traceback: {r['traceback'][-2500:]}\n   log tail: {r['log_tail'][-2500:]}")
         report["phases"][phase.name] = {
-            "ran": rec.ran, "error": rec.error, "wall_s": r["wall_s"], "timings": r["timings"],
-            "steps_by_mode": C.steps_by_mode(rec.steps), "step_times": step_times(rec.steps),
-            "counters": rec.counters, "standins": r["standins"], "stub_calls": rec.stub_calls,
-            "fallback_lines": r["fallback_lines"], "shutdown_error": r["shutdown_error"],
-            "checks": [asdict(c) for c in phase_checks], "outputs": rec.outputs,
-            "expected_lens": rec.expected_lens, "steps": rec.steps,
+            "ran": rec.ran,
+            "error": rec.error,
+            "wall_s": r["wall_s"],
+            "timings": r["timings"],
+            "steps_by_mode": C.steps_by_mode(rec.steps),
+            "step_times": step_times(rec.steps),
+            "counters": rec.counters,
+            "standins": r["standins"],
+            "stub_calls": rec.stub_calls,
+            "fallback_lines": r["fallback_lines"],
+            "shutdown_error": r["shutdown_error"],
+            "checks": [asdict(c) for c in phase_checks],
+            "outputs": rec.outputs,
+            "expected_lens": rec.expected_lens,
+            "steps": rec.steps,
         }
-    distinct = {n: len({tuple(v) for v in r["record"].outputs.values()}) for n, r in results.items()}
-    log(f"\ndistinct token sequences per phase (of {len(W.all_requests(segs))} requests): {distinct}")
+    distinct = {
+        n: len({tuple(v) for v in r["record"].outputs.values()}) for n, r in results.items()
+    }
+    log(
+        f"\ndistinct token sequences per phase (of {len(W.all_requests(segs))} requests): {distinct}"
+    )
     offs = [p.name for p in baselines if results[p.name]["record"].ran]
     for i, a in enumerate(offs):
-        for b in offs[i + 1:]:
+        for b in offs[i + 1 :]:
             mism = C.compare_tokens(results[a]["record"].outputs, results[b]["record"].outputs)
-            log(f"across graph modes (information, not a check): {a} vs {b}: {len(mism)} requests differ")
+            log(
+                f"across graph modes (information, not a check): {a} vs {b}: {len(mism)} requests differ"
+            )
     bad = [c for c in checks if not c.ok]
     report["checks_failed"] = len(bad)
     with open(os.path.join(args.out, "e2e_results.json"), "w") as f:

@@ -23,9 +23,8 @@ import copy
 from types import SimpleNamespace
 from typing import Dict, List, Sequence
 
-import torch
-
 import mixed_split_kit as K
+import torch
 
 DEV = "cuda"
 
@@ -46,12 +45,20 @@ class GpuWorld(K.World):
 
         cfg = SimpleNamespace(model_type="deepseek_v4", index_topk=K.TOPK)
         return SimpleNamespace(
-            device=DEV, page_size=K.PAGE, token_to_kv_pool=self.pool,
+            device=DEV,
+            page_size=K.PAGE,
+            token_to_kv_pool=self.pool,
             req_to_token_pool=SimpleNamespace(req_to_token=self.req_to_token, size=K.MAX_REQS),
             model_config=SimpleNamespace(
-                context_len=K.MAX_CTX, head_dim=512, v_head_dim=512, hf_text_config=cfg, hf_config=cfg
+                context_len=K.MAX_CTX,
+                head_dim=512,
+                v_head_dim=512,
+                hf_text_config=cfg,
+                hf_config=cfg,
             ),
-            hisparse_coordinator=None, spec_algorithm=SpeculativeAlgorithm.NONE, is_draft_worker=False,
+            hisparse_coordinator=None,
+            spec_algorithm=SpeculativeAlgorithm.NONE,
+            is_draft_worker=False,
         )
 
     def _make_backend(self, dsv4, cls, q8kv8: bool):
@@ -76,11 +83,18 @@ class GpuWorld(K.World):
 
         assert not self.step.prefill
         if relabelled:
-            return self.forward_batch(mode=ForwardMode.EXTEND, num_decode_attr=None,
-                                      original_mode=ForwardMode.DECODE)
+            return self.forward_batch(
+                mode=ForwardMode.EXTEND, num_decode_attr=None, original_mode=ForwardMode.DECODE
+            )
         fb = self.forward_batch(mode=ForwardMode.DECODE, num_decode_attr=None)
-        for name in ("extend_seq_lens", "extend_seq_lens_cpu", "extend_prefix_lens",
-                     "extend_prefix_lens_cpu", "extend_start_loc", "extend_num_tokens"):
+        for name in (
+            "extend_seq_lens",
+            "extend_seq_lens_cpu",
+            "extend_prefix_lens",
+            "extend_prefix_lens_cpu",
+            "extend_start_loc",
+            "extend_num_tokens",
+        ):
             setattr(fb, name, None)
         return fb
 
@@ -103,8 +117,12 @@ class GpuWorld(K.World):
         scores = torch.rand(rows, width, generator=g, device=DEV)
         raw = core.c4_sparse_raw_indices
         topk_transform_pytorch_vectorized(
-            scores, lens, im.page_table[:rows], core.c4_sparse_page_indices[:rows],
-            im.compressed_page_size, raw[:rows] if raw is not None else None,
+            scores,
+            lens,
+            im.page_table[:rows],
+            core.c4_sparse_page_indices[:rows],
+            im.compressed_page_size,
+            raw[:rows] if raw is not None else None,
         )
 
     def upstream_metadata(self, fb):
@@ -115,7 +133,9 @@ class GpuWorld(K.World):
         self.write_c4_topk(self.backend.forward_metadata)
         return self.backend.forward_metadata.core_attn_metadata
 
-    def run_step(self, fb, layers: Sequence[int] = (0, 1, 2), q=None, sink=None) -> Dict[int, torch.Tensor]:
+    def run_step(
+        self, fb, layers: Sequence[int] = (0, 1, 2), q=None, sink=None
+    ) -> Dict[int, torch.Tensor]:
         self.upstream_metadata(fb)
         return {layer: self.run_layer(fb, layer, q=q, sink=sink) for layer in layers}
 
@@ -129,8 +149,13 @@ def compare_metadata(real, standin, rows: int) -> List[str]:
     def host(t):
         return t[:rows].cpu()
 
-    for name in ("seq_lens_casual", "positions_casual", "swa_topk_lengths",
-                 "c4_sparse_topk_lengths", "c128_topk_lengths_clamp1"):
+    for name in (
+        "seq_lens_casual",
+        "positions_casual",
+        "swa_topk_lengths",
+        "c4_sparse_topk_lengths",
+        "c128_topk_lengths_clamp1",
+    ):
         a, b = host(getattr(real, name)), host(getattr(standin, name))
         if not torch.equal(a.to(torch.int64), b.to(torch.int64)):
             t = int((a.to(torch.int64) != b.to(torch.int64)).nonzero()[0, 0])
@@ -181,15 +206,23 @@ class BreakableBucket:
             return torch.cat([t, t.new_zeros(pad)])
 
         return ForwardBatch(
-            forward_mode=ForwardMode.EXTEND, batch_size=live.batch_size,
-            input_ids=padded(live.input_ids), req_pool_indices=live.req_pool_indices,
-            seq_lens=live.seq_lens, seq_lens_cpu=live.seq_lens_cpu,
-            out_cache_loc=padded(live.out_cache_loc), seq_lens_sum=live.seq_lens_sum,
-            positions=padded(live.positions), extend_seq_lens=live.extend_seq_lens,
-            extend_prefix_lens=live.extend_prefix_lens, extend_start_loc=live.extend_start_loc,
+            forward_mode=ForwardMode.EXTEND,
+            batch_size=live.batch_size,
+            input_ids=padded(live.input_ids),
+            req_pool_indices=live.req_pool_indices,
+            seq_lens=live.seq_lens,
+            seq_lens_cpu=live.seq_lens_cpu,
+            out_cache_loc=padded(live.out_cache_loc),
+            seq_lens_sum=live.seq_lens_sum,
+            positions=padded(live.positions),
+            extend_seq_lens=live.extend_seq_lens,
+            extend_prefix_lens=live.extend_prefix_lens,
+            extend_start_loc=live.extend_start_loc,
             extend_prefix_lens_cpu=live.extend_prefix_lens_cpu,
-            extend_seq_lens_cpu=live.extend_seq_lens_cpu, extend_num_tokens=live.extend_num_tokens,
-            global_num_token_non_padded_cpu=rows, max_seq_len_override=K.MAX_CTX,
+            extend_seq_lens_cpu=live.extend_seq_lens_cpu,
+            extend_num_tokens=live.extend_num_tokens,
+            global_num_token_non_padded_cpu=rows,
+            max_seq_len_override=K.MAX_CTX,
         )
 
     def _contexts(self, static_fb):
@@ -205,8 +238,15 @@ class BreakableBucket:
         stack.enter_context(torch.no_grad())
         stack.enter_context(forward_context(ForwardContext(attn_backend=self.world.backend)))
         stack.enter_context(envs.SGLANG_OPT_FLASHMLA_SPARSE_PREFILL.override(True))
-        stack.enter_context(set_tc_piecewise_forward_context(
-            static_fb, attention_layers=self.layer_objs, quant_config=None, moe_layers=[], moe_fusions=[]))
+        stack.enter_context(
+            set_tc_piecewise_forward_context(
+                static_fb,
+                attention_layers=self.layer_objs,
+                quant_config=None,
+                moe_layers=[],
+                moe_fusions=[],
+            )
+        )
         return stack
 
     def _body(self):
@@ -215,7 +255,9 @@ class BreakableBucket:
         for layer in self.layers:
             q = self.q * 1.0  # a captured kernel feeding the break, as the model's projections do
             o = torch.empty_like(q)
-            bcg_deepseek_v4_attention_with_output(q, q, o, layer, K.LAYER_RATIOS[layer], self.sink, False)
+            bcg_deepseek_v4_attention_with_output(
+                q, q, o, layer, K.LAYER_RATIOS[layer], self.sink, False
+            )
             self.outputs[layer] = o + 0.0  # a captured kernel reading the break's output
 
     def capture(self, world: GpuWorld, live, q_live) -> None:
@@ -227,7 +269,9 @@ class BreakableBucket:
         static_fb = self.static_batch(live)
         backend = self.world.backend
         with self._contexts(static_fb):
-            self.metadata = backend.init_forward_metadata_for_breakable_cuda_graph_capture(static_fb)
+            self.metadata = backend.init_forward_metadata_for_breakable_cuda_graph_capture(
+                static_fb
+            )
             world.write_c4_topk(self.metadata)
             self._load(q_live)
             stream = torch.cuda.Stream()
@@ -236,7 +280,9 @@ class BreakableBucket:
                 self._body()  # warm-up, as upstream's runner does before capturing
             torch.cuda.current_stream().wait_stream(stream)
             self.graph = BreakableCUDAGraph()
-            with BreakableCUDAGraphCapture(self.graph, pool=torch.cuda.graph_pool_handle(), stream=stream):
+            with BreakableCUDAGraphCapture(
+                self.graph, pool=torch.cuda.graph_pool_handle(), stream=stream
+            ):
                 self._body()
         torch.cuda.synchronize()
 

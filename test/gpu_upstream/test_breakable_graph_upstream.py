@@ -5,11 +5,11 @@ attention break, replayed for live batches of different shapes and compared with
 With the split on, a replayed MIXED step splits inside the attention break and equals the
 patch-off replay; no plan survives into the next replay."""
 
+import gpu_kit as G
+import mixed_split_kit as K
 import pytest
 import torch
 
-import gpu_kit as G
-import mixed_split_kit as K
 from sglang_mixgraph.patches import mixed_split as ms
 
 BUCKET = 64
@@ -18,8 +18,12 @@ WORLD = K.Step(prefill=[(300, 40), (0, 64)], decode=[5, 130, 600, 257], seed=51)
 S = WORLD.seq_lens  # [340, 64, 6, 131, 601, 258]
 LIVE = {
     "capture": K.Step(prefill=[(S[0] - 20, 20), (S[1] - 30, 30)], decode=[S[2] - 1, S[3] - 1]),
-    "mixed_a": K.Step(prefill=[(S[0] - 16, 16)], decode=[S[1] - 1, S[2] - 1, S[3] - 1, S[4] - 1, S[5] - 1]),
-    "mixed_b": K.Step(prefill=[(S[0] - 33, 33), (S[1] - 20, 20)], decode=[S[2] - 1, S[3] - 1, S[4] - 1]),
+    "mixed_a": K.Step(
+        prefill=[(S[0] - 16, 16)], decode=[S[1] - 1, S[2] - 1, S[3] - 1, S[4] - 1, S[5] - 1]
+    ),
+    "mixed_b": K.Step(
+        prefill=[(S[0] - 33, 33), (S[1] - 20, 20)], decode=[S[2] - 1, S[3] - 1, S[4] - 1]
+    ),
     "extend": K.Step(prefill=[(S[0] - 50, 50), (S[1] - 9, 9)], decode=[]),
     "mixed_c": K.Step(prefill=[(S[0] - 1, 1)], decode=[S[1] - 1, S[2] - 1]),
 }
@@ -84,7 +88,9 @@ def test_split_acts_inside_replays_and_equals_upstream(bucket):
         assert getattr(b.metadata, ms.PLAN_ATTR, None) is None
     rows, b0 = view.step.num_rows, view.step.b0
     for layer in b.layers:
-        assert torch.equal(on[layer][:b0], off["mixed_b"][layer][:b0]), "prefill rows must be upstream's bits"
+        assert torch.equal(on[layer][:b0], off["mixed_b"][layer][:b0]), (
+            "prefill rows must be upstream's bits"
+        )
         err = G.rel_l2(on[layer][b0:rows], off["mixed_b"][layer][b0:rows])
         assert err < 5e-3, f"layer {layer}: decode rows rel L2 {err:.2e}"
         assert torch.count_nonzero(on[layer][rows:]) == 0

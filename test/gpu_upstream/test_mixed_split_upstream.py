@@ -2,11 +2,11 @@
 split equals unsplit upstream, prefill rows bit-identical, one decode-kernel call per split
 layer, for both policies, both sparse-prefill paths (bf16 workspace and SM90 Q8KV8)."""
 
+import gpu_kit as G
+import mixed_split_kit as K
 import pytest
 import torch
 
-import gpu_kit as G
-import mixed_split_kit as K
 from sglang_mixgraph.patches import mixed_split as ms
 
 # Decode rows come from another kernel (fp8 decode, bf16 q) and both sides round to bf16
@@ -30,9 +30,13 @@ def _compare(world, split, base, plan, q8kv8):
     for layer, out in split.items():
         ratio = K.LAYER_RATIOS[layer]
         if plan is None or not plan.splits(ratio):
-            assert torch.equal(out, base[layer]), f"layer {layer} left unsplit must be upstream's bits"
+            assert torch.equal(out, base[layer]), (
+                f"layer {layer} left unsplit must be upstream's bits"
+            )
             continue
-        assert torch.equal(out[:b0], base[layer][:b0]), f"layer {layer}: prefill rows not bit-identical"
+        assert torch.equal(out[:b0], base[layer][:b0]), (
+            f"layer {layer}: prefill rows not bit-identical"
+        )
         err = G.rel_l2(out[b0:live], base[layer][b0:live])
         assert err < TOL[q8kv8], f"layer {layer} (c{ratio}) decode rows rel L2 {err:.2e}"
         assert torch.count_nonzero(out[live:]) == 0, "padding rows must stay zero"
@@ -95,7 +99,9 @@ def test_boundary_fallback_matches_upstream(sglang_cuda):
     world = G.GpuWorld(K.Step(prefill=[(300, 29), (0, 7)], decode=[255, 256], seed=41))
     base = world.run_step(world.forward_batch(num_decode_attr=None))
     with K.patch_installed(policy="always"):
-        out = world.run_step(world.forward_batch(num_decode_attr=3))  # claims a prefill request decodes
+        out = world.run_step(
+            world.forward_batch(num_decode_attr=3)
+        )  # claims a prefill request decodes
         plan = ms.get_plan(world.backend)
     torch.cuda.synchronize()
     assert plan is None

@@ -1,11 +1,11 @@
 """Upstream's real metadata builder equals the CPU kit's torch metadata, which the CPU tests of
 the mixed split rely on (test/mixed_split_kit.py ``World.build_metadata``)."""
 
+import gpu_kit as G
+import mixed_split_kit as K
 import pytest
 import torch
 
-import gpu_kit as G
-import mixed_split_kit as K
 
 def _extend():
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
@@ -44,14 +44,22 @@ def test_seeded_random_steps(sglang_cuda):
     for i in range(6):
         n_pre = int(torch.randint(0, 3, (1,), generator=g))
         n_dec = int(torch.randint(1 if n_pre == 0 else 0, 6, (1,), generator=g))
-        pre = [(int(torch.randint(0, 900, (1,), generator=g)), int(torch.randint(1, 60, (1,), generator=g)))
-               for _ in range(n_pre)]
+        pre = [
+            (
+                int(torch.randint(0, 900, (1,), generator=g)),
+                int(torch.randint(1, 60, (1,), generator=g)),
+            )
+            for _ in range(n_pre)
+        ]
         dec = [int(torch.randint(0, 1000, (1,), generator=g)) for _ in range(n_dec)]
         world = G.GpuWorld(K.Step(prefill=pre, decode=dec, seed=100 + i))
         fb = world.forward_batch(mode=None if dec else _extend(), num_decode_attr=None)
         real = world.upstream_metadata(fb)
         torch.cuda.synchronize()
-        assert G.compare_metadata(real, world.standin_core(fb), world.step.num_rows) == [], (pre, dec)
+        assert G.compare_metadata(real, world.standin_core(fb), world.step.num_rows) == [], (
+            pre,
+            dec,
+        )
 
 
 def test_upstream_c4_topk_selects_visible_entries_in_the_kit_layout(sglang_cuda):
@@ -63,7 +71,7 @@ def test_upstream_c4_topk_selects_visible_entries_in_the_kit_layout(sglang_cuda)
     core = world.upstream_metadata(world.forward_batch(num_decode_attr=None))
     page = core.c4_sparse_page_indices.cpu()
     t = 0
-    for r, (seq, ext) in enumerate(zip(step.seq_lens, step.extend_lens)):
+    for r, (seq, ext) in enumerate(zip(step.seq_lens, step.extend_lens, strict=False)):
         for pos in range(seq - ext, seq):
             n4 = (pos + 1) // 4
             got = page[t][page[t] >= 0].tolist()

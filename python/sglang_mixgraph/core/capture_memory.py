@@ -129,7 +129,10 @@ def estimate_capture_bytes(buckets: Sequence[int], model: ModelShape) -> Capture
     terms = {
         "graph_objects": GRAPH_OBJECT_BYTES_PER_BUCKET * len(ordered),
         "static_buffers": largest
-        * (STATIC_INPUT_BYTES_PER_TOKEN + model.hidden_size * model.hidden_multiplier * model.dtype_bytes),
+        * (
+            STATIC_INPUT_BYTES_PER_TOKEN
+            + model.hidden_size * model.hidden_multiplier * model.dtype_bytes
+        ),
     }
     if model.sparse is not None:
         terms["dsv4_captured_metadata"] = total_tokens * model.sparse.metadata_bytes_per_token()
@@ -138,7 +141,11 @@ def estimate_capture_bytes(buckets: Sequence[int], model: ModelShape) -> Capture
 
 
 def decode_graph_reserve_bytes(
-    *, decode_max_bs: int, decode_graph_on: bool, attn_dp_enabled: bool, attn_dp_size: int,
+    *,
+    decode_max_bs: int,
+    decode_graph_on: bool,
+    attn_dp_enabled: bool,
+    attn_dp_size: int,
     prefill_node: bool = False,
 ) -> int:
     """Upstream's decode-graph reserve (memory_hook.py:364-378), in bytes."""
@@ -225,14 +232,19 @@ class Verdict:
         }
 
 
-def decide(needed: int, available: int, margin_fraction: float = DEFAULT_MARGIN_FRACTION) -> Verdict:
+def decide(
+    needed: int, available: int, margin_fraction: float = DEFAULT_MARGIN_FRACTION
+) -> Verdict:
     """BCG stays on when the estimate fits in available x (1 - margin)."""
     fits = available > 0 and needed <= available * (1.0 - margin_fraction)
     return Verdict(fits=fits, needed=needed, available=available, margin_fraction=margin_fraction)
 
 
 def largest_fitting_prefix(
-    buckets: Sequence[int], model: ModelShape, available: int, margin_fraction: float = DEFAULT_MARGIN_FRACTION
+    buckets: Sequence[int],
+    model: ModelShape,
+    available: int,
+    margin_fraction: float = DEFAULT_MARGIN_FRACTION,
 ) -> int | None:
     """The largest max-bucket b such that the buckets <= b fit; None if none do.
 

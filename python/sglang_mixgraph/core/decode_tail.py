@@ -78,7 +78,9 @@ class SchedMetaCache:
         extra_topk: Optional[int] = None,
         h_q: int = 128,
     ) -> Any:
-        shape = TailShape(int(batch), int(h_q), int(topk), None if extra_topk is None else int(extra_topk))
+        shape = TailShape(
+            int(batch), int(h_q), int(topk), None if extra_topk is None else int(extra_topk)
+        )
         entry = self._entries.get(ratio)
         if entry is None:
             meta = self._factory()
@@ -141,7 +143,9 @@ def run_decode_tail(
     if q.dim() == 3:
         q = q.unsqueeze(1)
     if q.dim() != 4 or q.shape[1] != 1 or q.shape[-1] != HEAD_DIM:
-        raise ValueError(f"q must be (D, h_q, {HEAD_DIM}) or (D, 1, h_q, {HEAD_DIM}), got {tuple(q.shape)}")
+        raise ValueError(
+            f"q must be (D, h_q, {HEAD_DIM}) or (D, 1, h_q, {HEAD_DIM}), got {tuple(q.shape)}"
+        )
     d = q.shape[0]
     if d == 0:
         return q.new_empty((0, q.shape[2], HEAD_DIM))
@@ -150,8 +154,12 @@ def run_decode_tail(
     swa_indices = _as_3d_indices(swa_indices, "swa_indices")
     if extra_indices is not None:
         extra_indices = _as_3d_indices(extra_indices, "extra_indices")
-    for name, t in (("swa_indices", swa_indices), ("extra_indices", extra_indices),
-                    ("swa_lengths", swa_lengths), ("extra_lengths", extra_lengths)):
+    for name, t in (
+        ("swa_indices", swa_indices),
+        ("extra_indices", extra_indices),
+        ("swa_lengths", swa_lengths),
+        ("extra_lengths", extra_lengths),
+    ):
         if t is not None and t.shape[0] != d:
             raise ValueError(f"{name} has {t.shape[0]} rows for {d} decode rows")
     fn = kernel or default_kernel()
@@ -224,8 +232,16 @@ class DecodeTail:
             h_q=h_q,
         )
         return run_decode_tail(
-            q, swa_k_cache, swa_indices, swa_lengths, attn_sink, meta,
-            extra_k_cache=extra_k_cache, extra_indices=extra_indices,
-            extra_lengths=extra_lengths, softmax_scale=softmax_scale,
-            kernel=self.kernel, use_legacy=self.use_legacy,
+            q,
+            swa_k_cache,
+            swa_indices,
+            swa_lengths,
+            attn_sink,
+            meta,
+            extra_k_cache=extra_k_cache,
+            extra_indices=extra_indices,
+            extra_lengths=extra_lengths,
+            softmax_scale=softmax_scale,
+            kernel=self.kernel,
+            use_legacy=self.use_legacy,
         )

@@ -207,12 +207,16 @@ def assemble_rows(
     return out
 
 
-def copy_in_join(boundary: MixedBoundary, all_rows_out: torch.Tensor, decode_out: Optional[torch.Tensor]) -> torch.Tensor:
+def copy_in_join(
+    boundary: MixedBoundary, all_rows_out: torch.Tensor, decode_out: Optional[torch.Tensor]
+) -> torch.Tensor:
     """The split's join: ``all_rows_out`` is the sparse prefill over every row of the step with
     a workspace of the prefill requests only, so its decode and padding rows hold no keys and
     come out as zeros; the decode kernel's rows are copied into it. Returns ``all_rows_out``."""
     if all_rows_out.shape[0] != boundary.num_rows:
-        raise ValueError(f"sparse-prefill output has {all_rows_out.shape[0]} rows, expected {boundary.num_rows}")
+        raise ValueError(
+            f"sparse-prefill output has {all_rows_out.shape[0]} rows, expected {boundary.num_rows}"
+        )
     if boundary.num_decode_reqs:
         if decode_out is None or decode_out.shape[0] != boundary.num_decode_reqs:
             raise ValueError(f"decode part must have {boundary.num_decode_reqs} rows")
@@ -238,7 +242,7 @@ def workspace_tokens(
     exts = _host_ints(extend_seq_lens, "extend_seq_lens")
     if len(seqs) != len(exts):
         raise ValueError("seq_lens and extend_seq_lens differ in length")
-    swa = sum(min(s, e + swa_window - 1) for s, e in zip(seqs, exts))
+    swa = sum(min(s, e + swa_window - 1) for s, e in zip(seqs, exts, strict=False))
     if not seqs or compress_ratio == 0:
         return 0, swa
     if compress_ratio == 128:

@@ -85,10 +85,16 @@ def combine_topk_swa_indices(
     num_tokens = topk_indices.shape[0]
     width = combined_topk_width(topk, window_size)
     device = topk_indices.device
-    idx = out_indices if out_indices is not None else torch.empty(
-        (num_tokens, width), dtype=torch.int32, device=device
+    idx = (
+        out_indices
+        if out_indices is not None
+        else torch.empty((num_tokens, width), dtype=torch.int32, device=device)
     )
-    lens = out_lens if out_lens is not None else torch.empty(num_tokens, dtype=torch.int32, device=device)
+    lens = (
+        out_lens
+        if out_lens is not None
+        else torch.empty(num_tokens, dtype=torch.int32, device=device)
+    )
     assert idx.shape == (num_tokens, width)
     if num_tokens == 0:
         return idx, lens
@@ -114,7 +120,9 @@ def combine_topk_swa_indices(
         if swa_len:
             if swa_indices is not None:
                 sv = swa_indices[t, :swa_len].to(torch.int64)
-                rows[t, topk_len : topk_len + swa_len] = torch.where(sv >= 0, sv + int(swa_base[b]), -1)
+                rows[t, topk_len : topk_len + swa_len] = torch.where(
+                    sv >= 0, sv + int(swa_base[b]), -1
+                )
             else:
                 start = int(swa_base[b]) + pos - swa_len + 1 - gather_start
                 rows[t, topk_len : topk_len + swa_len] = torch.arange(start, start + swa_len)
@@ -201,9 +209,11 @@ def sparse_mla_q8kv8_prefill_fwd(
         raise ValueError("q and kv must be float8_e4m3fn")
     qf = q.float() * float(q_scale)
     kvf = kv.float() * float(kv_scale)
-    o, m, l = sparse_prefill_reference(qf, kvf, indices, sm_scale, d_v, attn_sink, topk_length)
+    o, m, log_sum = sparse_prefill_reference(
+        qf, kvf, indices, sm_scale, d_v, attn_sink, topk_length
+    )
     o = o.to(torch.bfloat16)
     if out is not None:
         out.copy_(o)
         o = out
-    return o, m, l
+    return o, m, log_sum

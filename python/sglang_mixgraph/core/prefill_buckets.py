@@ -79,7 +79,9 @@ def derive_prefill_buckets(
     cap: the MoE per-rank token cap (MegaMoE); every bucket must be at most this.
     """
     if chunk_per_rank <= 0:
-        raise BucketDerivationError(f"chunked prefill size per rank must be positive, got {chunk_per_rank}")
+        raise BucketDerivationError(
+            f"chunked prefill size per rank must be positive, got {chunk_per_rank}"
+        )
     if max_padding <= 1.0:
         raise BucketDerivationError(f"max_padding must be above 1, got {max_padding}")
     alignment = max(1, int(alignment))
@@ -115,7 +117,9 @@ def bucket_for(size: int, buckets: Sequence[int]) -> int | None:
     return None
 
 
-def replays(size: int, buckets: Sequence[int], max_padding: float = UPSTREAM_MAX_PADDING_FACTOR) -> bool:
+def replays(
+    size: int, buckets: Sequence[int], max_padding: float = UPSTREAM_MAX_PADDING_FACTOR
+) -> bool:
     b = bucket_for(size, buckets)
     return b is not None and b <= size * max_padding
 
@@ -155,7 +159,9 @@ def _harmonic(n: int) -> float:
         return math.fsum(1.0 / k for k in range(1, n + 1))
     inv = 1.0 / n
     inv2 = inv * inv
-    return math.log(n) + 0.5772156649015329 + 0.5 * inv - inv2 / 12 + inv2 * inv2 / 120 - inv2**3 / 252
+    return (
+        math.log(n) + 0.5772156649015329 + 0.5 * inv - inv2 / 12 + inv2 * inv2 / 120 - inv2**3 / 252
+    )
 
 
 def padding_profile(

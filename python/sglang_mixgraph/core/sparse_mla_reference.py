@@ -107,7 +107,9 @@ def _attend(
     scores = torch.einsum("rhd,rkd->rhk", qf, keys) * scale
     scores = scores.masked_fill(~usable[:, None, :], float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)
-    max_logits = scores.amax(dim=-1) if scores.shape[-1] > 0 else torch.full_like(lse, float("-inf"))
+    max_logits = (
+        scores.amax(dim=-1) if scores.shape[-1] > 0 else torch.full_like(lse, float("-inf"))
+    )
     lonely = torch.isneginf(lse)
     safe_lse = torch.where(lonely, torch.zeros_like(lse), lse)
     probs = torch.exp(scores - safe_lse[..., None])
@@ -150,7 +152,7 @@ def sparse_decode_reference(
         raise ValueError("extra_k_cache and extra_indices come together")
     if extra_indices is not None and extra_indices.dim() == 2:
         extra_indices = extra_indices.unsqueeze(1)
-    scale = softmax_scale if softmax_scale is not None else d ** -0.5
+    scale = softmax_scale if softmax_scale is not None else d**-0.5
     out = torch.empty(b, s_q, h_q, HEAD_DIM_V, dtype=torch.float32, device=q.device)
     lse = torch.empty(b, h_q, s_q, dtype=torch.float32, device=q.device)
     for start in range(0, b, row_chunk):
@@ -163,9 +165,9 @@ def sparse_decode_reference(
                 k2, u2 = _scope_keys(extra_k_cache, extra_indices[start:stop, s], tl_extra)
                 keys = torch.cat([keys, k2], dim=1)
                 usable = torch.cat([usable, u2], dim=1)
-            o, _, l = _attend(q[start:stop, s], keys, usable, scale, attn_sink)
+            o, _, log_sum = _attend(q[start:stop, s], keys, usable, scale, attn_sink)
             out[start:stop, s] = o
-            lse[start:stop, :, s] = l
+            lse[start:stop, :, s] = log_sum
             del keys, usable
     return out, lse
 
@@ -212,13 +214,26 @@ def flash_mla_with_kvcache_reference(
         extra_topk = extra_indices_in_kvcache.shape[-1]
         extra_page = extra_k_cache.shape[1]
     key = (
-        q4.shape[0], q4.shape[1], q4.shape[2], k_cache.shape[1], k_cache.shape[2],
-        idx3.shape[-1], extra_page, extra_topk,
+        q4.shape[0],
+        q4.shape[1],
+        q4.shape[2],
+        k_cache.shape[1],
+        k_cache.shape[2],
+        idx3.shape[-1],
+        extra_page,
+        extra_topk,
     )
     _bind_sched_meta(tile_scheduler_metadata, key)
     out, lse = sparse_decode_reference(
-        q4, k_cache, idx3, topk_length, attn_sink, extra_k_cache,
-        extra_indices_in_kvcache, extra_topk_length, softmax_scale,
+        q4,
+        k_cache,
+        idx3,
+        topk_length,
+        attn_sink,
+        extra_k_cache,
+        extra_indices_in_kvcache,
+        extra_topk_length,
+        softmax_scale,
     )
     return out.to(torch.bfloat16), lse
 
@@ -256,8 +271,8 @@ def sparse_prefill_reference(
         safe = torch.where(usable, part, torch.zeros_like(part))
         keys = kv2.index_select(0, safe.reshape(-1)).float().view(stop - start, topk, -1)
         keys = torch.where(usable[..., None], keys, torch.zeros_like(keys))
-        o, m, l = _attend(q[start:stop], keys, usable, sm_scale, attn_sink)
-        out[start:stop], max_logits[start:stop], lse[start:stop] = o, m, l
+        o, m, log_sum = _attend(q[start:stop], keys, usable, sm_scale, attn_sink)
+        out[start:stop], max_logits[start:stop], lse[start:stop] = o, m, log_sum
     return out, max_logits, lse
 
 

@@ -90,7 +90,9 @@ def sum_min_linear(lo: int, hi: int, cap: int) -> int:
     return part + cap * over
 
 
-def request_keys(seq_len: int, extend_len: int, ratio: int, topk: Optional[int], swa: int = SWA_WINDOW) -> int:
+def request_keys(
+    seq_len: int, extend_len: int, ratio: int, topk: Optional[int], swa: int = SWA_WINDOW
+) -> int:
     """Valid (row, key) pairs of one request's query rows.
 
     A query at position ``pos`` (``x = pos + 1`` tokens visible) attends to ``min(x, swa)`` SWA
@@ -145,7 +147,7 @@ class StepShape:
         if p < 0:
             raise ValueError("more decode requests than requests")
         eff_topk = None if ratio == 128 else topk
-        keys = [request_keys(s, e, ratio, eff_topk, swa) for s, e in zip(seqs, exts)]
+        keys = [request_keys(s, e, ratio, eff_topk, swa) for s, e in zip(seqs, exts, strict=False)]
         ws_all = sum(_workspace(seqs, exts, ratio, swa))
         ws_pre = sum(_workspace(seqs[:p], exts[:p], ratio, swa))
         return cls(
@@ -176,7 +178,9 @@ class StepShape:
         return cls.from_lists(ratio, seqs, exts, decode_rows, topk, swa)
 
 
-def uniform_step_lists(context: int, decode_rows: int, prefill_rows: int) -> Tuple[List[int], List[int]]:
+def uniform_step_lists(
+    context: int, decode_rows: int, prefill_rows: int
+) -> Tuple[List[int], List[int]]:
     seqs: List[int] = []
     exts: List[int] = []
     if prefill_rows > 0:
@@ -192,7 +196,7 @@ def _workspace(seqs: List[int], exts: List[int], ratio: int, swa: int) -> Tuple[
     # on hot paths); see that function for the upstream references.
     if not seqs:
         return 0, 0
-    swa_rows = sum(min(s, e + swa - 1) for s, e in zip(seqs, exts))
+    swa_rows = sum(min(s, e + swa - 1) for s, e in zip(seqs, exts, strict=False))
     if ratio == 0:
         return 0, swa_rows
     if ratio == 128:
@@ -282,8 +286,12 @@ def builtin_coefficients() -> Coefficients:
         "c_dec": 0.01,
         "a_cat": 2 * 128 * 512 * 2 / 4.0e12 * 1e3,
     }
-    return Coefficients(arch="builtin", per_ratio={4: c, 128: dict(c)}, margin=UNKNOWN_ARCH_MARGIN,
-                        source="built-in estimate, not calibrated")
+    return Coefficients(
+        arch="builtin",
+        per_ratio={4: c, 128: dict(c)},
+        margin=UNKNOWN_ARCH_MARGIN,
+        source="built-in estimate, not calibrated",
+    )
 
 
 def arch_key(major: int, minor: int) -> str:
@@ -336,8 +344,8 @@ def predict(shape: StepShape, coeffs: Coefficients) -> Tuple[float, float]:
     c = coeffs.for_ratio(shape.ratio)
     w = [c[k] for k in COEFF_NAMES]
     fu, fs = features(shape)
-    unsplit = sum(a * b for a, b in zip(w, fu))
-    split = sum(a * b for a, b in zip(w, fs))
+    unsplit = sum(a * b for a, b in zip(w, fu, strict=False))
+    split = sum(a * b for a, b in zip(w, fs, strict=False))
     if shape.num_decode == 0:
         split = unsplit  # nothing to split
     return unsplit, split
@@ -397,7 +405,12 @@ def fit_coefficients(
         rows = by_ratio.setdefault(shape.ratio, [])
         if unsplit_ms is not None and math.isfinite(unsplit_ms) and unsplit_ms > 0:
             rows.append((fu, unsplit_ms))
-        if shape.num_decode > 0 and split_ms is not None and math.isfinite(split_ms) and split_ms > 0:
+        if (
+            shape.num_decode > 0
+            and split_ms is not None
+            and math.isfinite(split_ms)
+            and split_ms > 0
+        ):
             rows.append((fs, split_ms))
     per_ratio = {}
     for ratio, rows in by_ratio.items():
@@ -407,7 +420,7 @@ def fit_coefficients(
         # Column scaling keeps the solve well conditioned (counts span 1 .. 1e7).
         scale = a.abs().amax(dim=0).clamp_min(1.0)
         x = _nnls(a / scale * w[:, None], y * w) / scale
-        per_ratio[ratio] = {k: float(v) for k, v in zip(COEFF_NAMES, x.tolist())}
+        per_ratio[ratio] = {k: float(v) for k, v in zip(COEFF_NAMES, x.tolist(), strict=False)}
     return Coefficients(arch=arch, per_ratio=per_ratio, margin=margin, source=source)
 
 

@@ -80,11 +80,11 @@ def _as_page_rows(cache: torch.Tensor, page_size: int) -> torch.Tensor:
     if cache.dtype != torch.uint8:
         cache = cache.view(torch.uint8)
     if cache.dim() != 2:
-        raise ValueError(f"expected a (num_pages, page_bytes) cache, got shape {tuple(cache.shape)}")
-    if cache.shape[1] < page_size * BYTES_PER_TOKEN:
         raise ValueError(
-            f"a page of {cache.shape[1]} bytes cannot hold {page_size} V4 tokens"
+            f"expected a (num_pages, page_bytes) cache, got shape {tuple(cache.shape)}"
         )
+    if cache.shape[1] < page_size * BYTES_PER_TOKEN:
+        raise ValueError(f"a page of {cache.shape[1]} bytes cannot hold {page_size} V4 tokens")
     if cache.stride(1) != 1:
         raise ValueError("cache pages must be contiguous along the byte dimension")
     return cache
@@ -123,7 +123,9 @@ def pages_from_kernel_view(k_cache: torch.Tensor) -> Tuple[torch.Tensor, int]:
     num_pages, page_size = u8.shape[0], u8.shape[1]
     stride = u8.stride(0) if num_pages > 1 else page_bytes(page_size)
     if stride < page_size * BYTES_PER_TOKEN:
-        raise ValueError(f"page stride {stride} is smaller than a page's {page_size * BYTES_PER_TOKEN} bytes")
+        raise ValueError(
+            f"page stride {stride} is smaller than a page's {page_size * BYTES_PER_TOKEN} bytes"
+        )
     needed = u8.storage_offset() + num_pages * stride
     if u8.untyped_storage().nbytes() < needed:
         raise ValueError("the storage behind the view does not hold whole padded pages")

@@ -116,7 +116,9 @@ def dequantize_v4(
     if out is None:
         out = torch.empty(n, 1, kvl.HEAD_DIM, dtype=torch.bfloat16, device=pages.device)
     if out.shape != (n, 1, kvl.HEAD_DIM) or out.dtype != torch.bfloat16:
-        raise ValueError(f"out must be ({n}, 1, {kvl.HEAD_DIM}) bf16, got {tuple(out.shape)} {out.dtype}")
+        raise ValueError(
+            f"out must be ({n}, 1, {kvl.HEAD_DIM}) bf16, got {tuple(out.shape)} {out.dtype}"
+        )
     if out.stride(2) != 1:
         raise ValueError("out rows must be contiguous")
     if n == 0:

@@ -44,15 +44,17 @@ from typing import Any
 from sglang.srt.plugins.hook_registry import HookType
 
 from sglang_mixgraph.fallback import fallback_once
-from sglang_mixgraph.patches.force_bcg import RULES_HOOK
 from sglang_mixgraph.flags import choice_flag
+from sglang_mixgraph.patches.force_bcg import RULES_HOOK
 from sglang_mixgraph.registry import Hook, Patch
 
 logger = logging.getLogger("sglang_mixgraph")
 
 PATCH_ID = "graph_config"
 VALIDATE_TARGET = "sglang.srt.arg_groups.mega_moe_hook.validate_mega_moe_token_budget_for_model"
-LOGITS_TARGET = "sglang.srt.distributed.device_communicators.triton_symm_mem_ag.recommended_max_tokens"
+LOGITS_TARGET = (
+    "sglang.srt.distributed.device_communicators.triton_symm_mem_ag.recommended_max_tokens"
+)
 
 PREFILL_BUCKETS = choice_flag(
     "SGLANG_MIXGRAPH_PREFILL_BUCKETS",
@@ -140,10 +142,9 @@ def _ctx(server_args) -> dict[str, Any]:
 
 
 def _mega_moe_cap(server_args) -> int | None:
+    from sglang.srt.arg_groups.overrides import resolving_view
     from sglang.srt.environ import envs
     from sglang.srt.runtime_context import get_platform
-
-    from sglang.srt.arg_groups.overrides import resolving_view
 
     cfg = resolving_view(server_args)
     if cfg.moe_a2a_backend != "megamoe" or get_platform().is_hip:
@@ -157,7 +158,11 @@ def _unhandled(ctx: dict) -> str | None:
     cfg = ctx["cfg"]
     prefill = cfg.cuda_graph_config.prefill
     if prefill.backend != Backend.BREAKABLE:
-        return None if prefill.backend == Backend.DISABLED else f"prefill graph backend {prefill.backend!r}"
+        return (
+            None
+            if prefill.backend == Backend.DISABLED
+            else f"prefill graph backend {prefill.backend!r}"
+        )
     if cfg.pp_size > 1:
         return "pipeline parallelism (upstream's PP bucket policy applies)"
     if cfg.enable_prefill_cp:
@@ -189,7 +194,11 @@ def model_shape(server_args, prefill_max_context: int | None = None):
     sparse = None
     if is_deepseek_v4(hf):
         page = int(cfg.page_size or 256)
-        requested = prefill_max_context if prefill_max_context is not None else cfg.cuda_graph_config.prefill.max_context_size
+        requested = (
+            prefill_max_context
+            if prefill_max_context is not None
+            else cfg.cuda_graph_config.prefill.max_context_size
+        )
         if requested:
             width = -(-int(requested) // page) * page  # cuda_graph_hook.py:429 page-aligns it
         else:
@@ -234,7 +243,9 @@ def memory_for(server_args, chunk_per_rank: int):
             prefill_node=prefill_node,
         ),
         # memory_hook.py:402-414
-        deepep_reserve_bytes=(2 * 1024 * MiB if decode_on and not prefill_node and a2a == "deepep" else 0),
+        deepep_reserve_bytes=(
+            2 * 1024 * MiB if decode_on and not prefill_node and a2a == "deepep" else 0
+        ),
     )
 
 
@@ -242,12 +253,19 @@ def capture_estimate(server_args, buckets, chunk_per_rank: int) -> dict:
     """Estimate + verdict + advice, JSON-ready (used by the hook and by graph_plan)."""
     from sglang.srt.arg_groups.overrides import post_capture_kv_sizing_planned
 
-    from sglang_mixgraph.core.capture_memory import decide, estimate_capture_bytes, largest_fitting_prefix
+    from sglang_mixgraph.core.capture_memory import (
+        decide,
+        estimate_capture_bytes,
+        largest_fitting_prefix,
+    )
 
     shape = model_shape(server_args)
     est = estimate_capture_bytes(buckets, shape)
     budget = memory_for(server_args, chunk_per_rank)
-    out = {"estimate": est.as_dict(), "model": {"hidden": shape.hidden_size, "hc_mult": shape.hidden_multiplier}}
+    out = {
+        "estimate": est.as_dict(),
+        "model": {"hidden": shape.hidden_size, "hc_mult": shape.hidden_multiplier},
+    }
     if shape.sparse is not None:
         out["model"]["capture_context_width"] = shape.sparse.context_width
         out["model"]["index_topk"] = shape.sparse.index_topk
@@ -258,11 +276,15 @@ def capture_estimate(server_args, buckets, chunk_per_rank: int) -> dict:
     verdict = decide(est.total, budget.available)
     out["verdict"] = verdict.as_dict()
     if post_capture_kv_sizing_planned(server_args):
-        out["verdict"]["note"] = "the KV pool is sized after capture: capture memory comes out of the KV pool"
+        out["verdict"]["note"] = (
+            "the KV pool is sized after capture: capture memory comes out of the KV pool"
+        )
     if not verdict.fits:
         out["advice"] = {
             "max_bs_prefill": largest_fitting_prefix(buckets, shape, budget.available),
-            "mem_fraction_static_at_most": _mfs_that_fits(est.total, budget, verdict.margin_fraction),
+            "mem_fraction_static_at_most": _mfs_that_fits(
+                est.total, budget, verdict.margin_fraction
+            ),
         }
     return out
 
@@ -304,7 +326,9 @@ def derived_buckets_for(server_args) -> tuple[list[int] | None, str]:
         return None, f"upstream (fallback: {reason})"
     top = ctx["chunk"]
     if prefill.max_bs:
-        top = min(top, prefill.max_bs)  # upstream caps: MLA 8192, max_total_tokens (memory_hook.py:233-263)
+        top = min(
+            top, prefill.max_bs
+        )  # upstream caps: MLA 8192, max_total_tokens (memory_hook.py:233-263)
     cap = _mega_moe_cap(server_args)
     alignment = bucket_alignment(attn_tp_size=ctx["attn_tp"], deepep=ctx["a2a"] == "deepep")
     if cap is not None and ceil_align(top, alignment) > cap:
@@ -348,7 +372,9 @@ def _apply_buckets(server_args) -> None:
     declare_resolution(
         server_args,
         "sglang_mixgraph.graph_config",
-        cuda_graph_config=with_phase(cfg.cuda_graph_config, Phase.PREFILL, bs=derived, max_bs=derived[-1]),
+        cuda_graph_config=with_phase(
+            cfg.cuda_graph_config, Phase.PREFILL, bs=derived, max_bs=derived[-1]
+        ),
     )
     logger.info(
         "sglang-mixgraph: prefill CUDA-graph buckets derived for mixed chunked prefill "
@@ -377,20 +403,28 @@ def _settle_deferred_dsv4(server_args) -> None:
     if prefill.backend != Backend.BREAKABLE or not prefill.bs:
         record.prefill_backend_source = Source.UPSTREAM_LATER
         return
-    chunk = cfg.chunked_prefill_size if cfg.chunked_prefill_size and cfg.chunked_prefill_size > 0 else max(prefill.bs)
+    chunk = (
+        cfg.chunked_prefill_size
+        if cfg.chunked_prefill_size and cfg.chunked_prefill_size > 0
+        else max(prefill.bs)
+    )
     result = capture_estimate(server_args, prefill.bs, chunk)
     record.estimate = result
     verdict = result["verdict"]
     if verdict.get("fits") is None:
         # Without memory numbers the estimate cannot decide; upstream's rule stands.
-        fallback_once(PATCH_ID, f"capture-memory estimate: {verdict.get('why')}; upstream's DSV4 rule applies")
+        fallback_once(
+            PATCH_ID, f"capture-memory estimate: {verdict.get('why')}; upstream's DSV4 rule applies"
+        )
         record.prefill_backend_source = Source.UPSTREAM_RULE
         record.deciding_rule = record.rule_matches[0]["name"]
         record.rule_matches[0]["action"] = "disables (estimate unavailable)"
         declare_resolution(
             server_args,
             "sglang_mixgraph.graph_config",
-            cuda_graph_config=with_phase(cfg.cuda_graph_config, Phase.PREFILL, backend=Backend.DISABLED),
+            cuda_graph_config=with_phase(
+                cfg.cuda_graph_config, Phase.PREFILL, backend=Backend.DISABLED
+            ),
         )
         return
     needed, available = verdict["needed_bytes"], verdict["available_bytes"]
@@ -401,7 +435,10 @@ def _settle_deferred_dsv4(server_args) -> None:
             "sglang-mixgraph: breakable prefill CUDA graph kept on for DeepSeek-V4: estimated capture "
             "memory %s for %d buckets up to %d tokens fits in %s (after weights, KV pool and the "
             "static reserve; %d%% margin).",
-            fmt_bytes(needed), len(prefill.bs), max(prefill.bs), fmt_bytes(available),
+            fmt_bytes(needed),
+            len(prefill.bs),
+            max(prefill.bs),
+            fmt_bytes(available),
             int(verdict["required_margin_fraction"] * 100),
         )
         return
@@ -410,22 +447,35 @@ def _settle_deferred_dsv4(server_args) -> None:
     if advice.get("max_bs_prefill"):
         hints.append(f"--cuda-graph-max-bs-prefill {advice['max_bs_prefill']}")
     if result["model"].get("capture_context_width"):
-        hints.append("a smaller --cuda-graph-prefill-max-context (now %d)" % result["model"]["capture_context_width"])
+        hints.append(
+            "a smaller --cuda-graph-prefill-max-context (now %d)"
+            % result["model"]["capture_context_width"]
+        )
     if advice.get("mem_fraction_static_at_most") is not None:
-        hints.append(f"--mem-fraction-static {advice['mem_fraction_static_at_most']} or lower (now {cfg.mem_fraction_static})")
+        hints.append(
+            f"--mem-fraction-static {advice['mem_fraction_static_at_most']} or lower (now {cfg.mem_fraction_static})"
+        )
     logger.warning(
         "sglang-mixgraph: breakable prefill CUDA graph disabled for DeepSeek-V4: estimated capture "
         "memory %s for %d buckets up to %d tokens does not fit in %s available after weights, KV "
         "pool and the static reserve (with a %d%% margin). To keep it on, try: %s.",
-        fmt_bytes(needed), len(prefill.bs), max(prefill.bs), fmt_bytes(available),
-        int(verdict["required_margin_fraction"] * 100), "; ".join(hints),
+        fmt_bytes(needed),
+        len(prefill.bs),
+        max(prefill.bs),
+        fmt_bytes(available),
+        int(verdict["required_margin_fraction"] * 100),
+        "; ".join(hints),
     )
     record.prefill_backend_source = Source.ESTIMATE
-    record.rule_matches[0]["action"] = "replaced by the capture-memory estimate: does not fit, disabled"
+    record.rule_matches[0]["action"] = (
+        "replaced by the capture-memory estimate: does not fit, disabled"
+    )
     declare_resolution(
         server_args,
         "sglang_mixgraph.graph_config",
-        cuda_graph_config=with_phase(cfg.cuda_graph_config, Phase.PREFILL, backend=Backend.DISABLED),
+        cuda_graph_config=with_phase(
+            cfg.cuda_graph_config, Phase.PREFILL, backend=Backend.DISABLED
+        ),
     )
 
 
@@ -460,10 +510,13 @@ def validations(server_args) -> list[dict]:
             )
             out.append({"name": "mega_moe_cap_covers_prefill_buckets", "ok": False, "message": msg})
         else:
-            out.append({
-                "name": "mega_moe_cap_covers_prefill_buckets", "ok": True,
-                "message": f"largest prefill bucket {max(captured)} <= MegaMoE cap {cap}",
-            })
+            out.append(
+                {
+                    "name": "mega_moe_cap_covers_prefill_buckets",
+                    "ok": True,
+                    "message": f"largest prefill bucket {max(captured)} <= MegaMoE cap {cap}",
+                }
+            )
     out.append(logits_gather_check(server_args))
     return [v for v in out if v is not None]
 
@@ -482,13 +535,19 @@ def logits_gather_check(server_args) -> dict | None:
     if cfg.tp_size <= 1 or cfg.enable_dp_lm_head:
         return {"name": name, "ok": True, "message": "not used (tp 1 or --enable-dp-lm-head)"}
     if not cfg.enable_mixed_chunk:
-        return {"name": name, "ok": True, "message": "mixed chunk off: upstream sizing covers decode steps"}
+        return {
+            "name": name,
+            "ok": True,
+            "message": "mixed chunk off: upstream sizing covers decode steps",
+        }
     mrr = cfg.max_running_requests
     draft = max(int(cfg.speculative_num_draft_tokens or 0), int(cfg.speculative_eagle_topk or 0), 1)
     upstream_rows = max((mrr or 0) * draft, LOGITS_GATHER_FLOOR)  # triton_symm_mem_ag.py:427-445
     if not mrr:
         return {
-            "name": name, "ok": False, "severity": "warning",
+            "name": name,
+            "ok": False,
+            "severity": "warning",
             "message": (
                 f"max_running_requests is sized at runtime, so the multimem all-gather is built for "
                 f"{LOGITS_GATHER_FLOOR} rows; mixed steps with more sampling rows fall back to NCCL. "
@@ -496,26 +555,36 @@ def logits_gather_check(server_args) -> dict | None:
             ),
         }
     bound = mixed_sampling_rows_bound(
-        running_per_rank=ctx["running_per_rank"], attn_dp_size=ctx["attn_dp"],
-        attn_dp_enabled=ctx["attn_dp_enabled"], draft_tokens=draft,
+        running_per_rank=ctx["running_per_rank"],
+        attn_dp_size=ctx["attn_dp"],
+        attn_dp_enabled=ctx["attn_dp_enabled"],
+        draft_tokens=draft,
     )
     if bound <= upstream_rows:
-        return {"name": name, "ok": True, "message": f"capacity {upstream_rows} rows >= mixed bound {bound}"}
+        return {
+            "name": name,
+            "ok": True,
+            "message": f"capacity {upstream_rows} rows >= mixed bound {bound}",
+        }
     if cfg.speculative_algorithm is not None:
         return {
-            "name": name, "ok": False, "severity": "warning",
+            "name": name,
+            "ok": False,
+            "severity": "warning",
             "message": (
                 f"mixed steps gather up to {bound} rows but the multimem all-gather holds "
                 f"{upstream_rows}; larger steps fall back to NCCL (not resized under speculative decoding)"
             ),
         }
     return {
-        "name": name, "ok": True,
+        "name": name,
+        "ok": True,
         "message": (
             f"sized prefill-aware: {bound} rows (upstream sizes {upstream_rows}, which a mixed step "
             f"of R+1 rows per rank exceeds and would fall back to NCCL)"
         ),
-        "rows": bound, "upstream_rows": upstream_rows,
+        "rows": bound,
+        "upstream_rows": upstream_rows,
     }
 
 
@@ -566,12 +635,16 @@ def _recommended_max_tokens_around(original, *args, **kwargs):
             return value
         mrr = schedule.max_running_requests
         if not isinstance(mrr, int) or mrr <= 0:
-            fallback_once(PATCH_ID, "logits all-gather sizing: max_running_requests unknown at model init")
+            fallback_once(
+                PATCH_ID, "logits all-gather sizing: max_running_requests unknown at model init"
+            )
             return value
         parallel = get_parallel()
         dp = parallel.attn_dp_size if parallel.attn_dp_enabled else 1
         bound = mixed_sampling_rows_bound(
-            running_per_rank=max(1, mrr // dp), attn_dp_size=dp, attn_dp_enabled=parallel.attn_dp_enabled
+            running_per_rank=max(1, mrr // dp),
+            attn_dp_size=dp,
+            attn_dp_enabled=parallel.attn_dp_enabled,
         )
         return max(value, bound)
     except Exception as e:  # sizing must never break model init
@@ -593,7 +666,13 @@ PATCH = Patch(
     hooks=(
         RULES_HOOK,
         Hook(VALIDATE_TARGET, "function", "server_args", HookType.AROUND, _validate_around),
-        Hook(LOGITS_TARGET, "function", "include_prefill, floor", HookType.AROUND, _recommended_max_tokens_around),
+        Hook(
+            LOGITS_TARGET,
+            "function",
+            "include_prefill, floor",
+            HookType.AROUND,
+            _recommended_max_tokens_around,
+        ),
     ),
     is_enabled=_enabled,
 )

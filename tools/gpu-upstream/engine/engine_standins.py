@@ -35,17 +35,33 @@ def _first_use(name: str) -> None:
         sys.stderr.flush()
 
 
-def moe_align_block_size(topk_ids, num_experts, block_size, sorted_token_ids, experts_ids,
-                         num_tokens_post_pad, cumsum_buffer, pad_sorted_token_ids=False,
-                         ignore_invalid_expert=False):
+def moe_align_block_size(
+    topk_ids,
+    num_experts,
+    block_size,
+    sorted_token_ids,
+    experts_ids,
+    num_tokens_post_pad,
+    cumsum_buffer,
+    pad_sorted_token_ids=False,
+    ignore_invalid_expert=False,
+):
     """The AOT signature that ``sglang.kernels.ops.moe.moe_align_block_size`` calls, on the JIT
     kernel; its ``map_invalid_experts_to_sentinel`` is the AOT ``ignore_invalid_expert``."""
     from sglang.kernels.ops.moe.moe_align import moe_align_block_size as jit_align
 
     _first_use("sgl_kernel.moe_align_block_size -> sglang JIT moe_align_block_size")
-    jit_align(topk_ids, num_experts, block_size, sorted_token_ids, experts_ids,
-              num_tokens_post_pad, cumsum_buffer, pad_sorted_token_ids,
-              map_invalid_experts_to_sentinel=ignore_invalid_expert)
+    jit_align(
+        topk_ids,
+        num_experts,
+        block_size,
+        sorted_token_ids,
+        experts_ids,
+        num_tokens_post_pad,
+        cumsum_buffer,
+        pad_sorted_token_ids,
+        map_invalid_experts_to_sentinel=ignore_invalid_expert,
+    )
 
 
 def moe_sum_reduce(input, output, routed_scaling_factor=1.0):
@@ -63,7 +79,9 @@ def rmsnorm(input, weight, eps=1e-6, out=None, enable_pdl=None):
 
     _first_use("sgl_kernel.rmsnorm -> torch")
     x = input.float()
-    y = (x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * weight.float()).to(input.dtype)
+    y = (x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * weight.float()).to(
+        input.dtype
+    )
     if out is None:
         return y
     out.copy_(y)
@@ -86,8 +104,11 @@ def _sinkhorn_through_triton_port(mhc) -> None:
         _first_use("mhc.hc_split_sinkhorn -> sglang Triton port")
         b, s = mixes.shape[0], mixes.shape[1]
         if b * s == 0:  # no tokens (an idle DP rank): no grid to launch, as upstream
-            return (mixes.new_empty(b, s, hc_mult), mixes.new_empty(b, s, hc_mult),
-                    mixes.new_empty(b, s, hc_mult, hc_mult))
+            return (
+                mixes.new_empty(b, s, hc_mult),
+                mixes.new_empty(b, s, hc_mult),
+                mixes.new_empty(b, s, hc_mult, hc_mult),
+            )
         return triton_port(mixes, hc_scale, hc_base, hc_mult, sinkhorn_iters, eps)
 
     mhc.hc_split_sinkhorn = hc_split_sinkhorn
@@ -126,7 +147,9 @@ def _make_stub_calls_loud(stubs) -> None:
     def loud_call(cls, *args, **kwargs):
         if cls.__dict__.get("__stub_root__", False):
             frames = traceback.extract_stack(limit=8)[:-1]
-            where = " < ".join(f"{os.path.basename(f.filename)}:{f.lineno}" for f in reversed(frames))
+            where = " < ".join(
+                f"{os.path.basename(f.filename)}:{f.lineno}" for f in reversed(frames)
+            )
             sys.stderr.write(f"{STUB_MARK}{cls.__stub_name__} (pid {os.getpid()}) from {where}\n")
             sys.stderr.flush()
         return quiet_call(cls, *args, **kwargs)
@@ -140,4 +163,6 @@ def install() -> None:
 
     stubs.OVERRIDES.update(SGL_KERNEL)
     _make_stub_calls_loud(stubs)
-    sys.meta_path.insert(0, AfterImport("sglang.kernels.ops.layernorm.mhc", _sinkhorn_through_triton_port))
+    sys.meta_path.insert(
+        0, AfterImport("sglang.kernels.ops.layernorm.mhc", _sinkhorn_through_triton_port)
+    )

@@ -20,7 +20,9 @@ import runpy
 
 if os.environ.get("MIXGRAPH_NO_STUBS") != "1":
     _here = os.path.dirname(os.path.abspath(__file__))
-    runpy.run_path(os.path.join(_here, "..", "shim", "sitecustomize.py"), run_name="gpu_upstream_shim")
+    runpy.run_path(
+        os.path.join(_here, "..", "shim", "sitecustomize.py"), run_name="gpu_upstream_shim"
+    )
 
     import engine_standins
 

@@ -50,11 +50,29 @@ from sglang_mixgraph.patches.mixed_split.state import (
 from sglang_mixgraph.registry import Hook, Patch
 
 __all__ = [
-    "ALL_RATIOS", "BUILT_MIXED_ATTR", "FALLBACK_REASONS", "HOOKS", "NUM_DECODE_ATTR", "PATCH",
-    "PATCH_ID", "PLAN_ATTR", "POLICY_FLAG", "SPLIT_FLAG", "SplitPlan", "after_eager_load_batch",
-    "after_forward_batch_init_new", "after_init_forward_metadata", "after_prepare_bcg_replay",
-    "around_build_chunk_cache", "around_forward_prefill_sparse", "around_forward_prefill_sparse_q8kv8",
-    "decode_tail_of", "explain_for_deployment", "get_plan", "num_decode_requests", "plan_split",
+    "ALL_RATIOS",
+    "BUILT_MIXED_ATTR",
+    "FALLBACK_REASONS",
+    "HOOKS",
+    "NUM_DECODE_ATTR",
+    "PATCH",
+    "PATCH_ID",
+    "PLAN_ATTR",
+    "POLICY_FLAG",
+    "SPLIT_FLAG",
+    "SplitPlan",
+    "after_eager_load_batch",
+    "after_forward_batch_init_new",
+    "after_init_forward_metadata",
+    "after_prepare_bcg_replay",
+    "around_build_chunk_cache",
+    "around_forward_prefill_sparse",
+    "around_forward_prefill_sparse_q8kv8",
+    "decode_tail_of",
+    "explain_for_deployment",
+    "get_plan",
+    "num_decode_requests",
+    "plan_split",
 ]
 
 _SPARSE_SIG = "self, q, layer_id, compress_ratio, forward_batch, token_to_kv_pool, core_attn_metadata, attn_sink"

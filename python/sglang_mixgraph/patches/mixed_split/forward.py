@@ -44,7 +44,9 @@ class _PrefillRequestsView:
         return getattr(self._fb, name)
 
 
-def around_build_chunk_cache(original, backend, forward_batch, core_attn_metadata, *, num_qo_tokens):
+def around_build_chunk_cache(
+    original, backend, forward_batch, core_attn_metadata, *, num_qo_tokens
+):
     plan = get_plan(backend)
     if plan is None or not plan.matches(forward_batch):
         return original(backend, forward_batch, core_attn_metadata, num_qo_tokens=num_qo_tokens)
@@ -143,7 +145,18 @@ def _unsplit_forward(original, backend, plan: SplitPlan, forward_batch, compress
     return out
 
 
-def _split_forward(original, backend, q, layer_id, compress_ratio, forward_batch, pool, core, attn_sink, extra_kwargs):
+def _split_forward(
+    original,
+    backend,
+    q,
+    layer_id,
+    compress_ratio,
+    forward_batch,
+    pool,
+    core,
+    attn_sink,
+    extra_kwargs,
+):
     plan = get_plan(backend)
     if plan is None or not plan.matches(forward_batch):
         return None
@@ -167,7 +180,9 @@ def _split_forward(original, backend, q, layer_id, compress_ratio, forward_batch
         **extra_kwargs,
     )
     if not plan.splits(compress_ratio):
-        return _unsplit_forward(original, backend, plan, forward_batch, compress_ratio, dict(call, q=q))
+        return _unsplit_forward(
+            original, backend, plan, forward_batch, compress_ratio, dict(call, q=q)
+        )
     o_dec = _decode_tail(backend, plan, q, layer_id, compress_ratio, pool, core, attn_sink)
     _count(f"layers_split.c{compress_ratio}")
     if not b.b0:
@@ -182,13 +197,26 @@ def _split_forward(original, backend, q, layer_id, compress_ratio, forward_batch
 
 
 def around_forward_prefill_sparse(
-    original, backend, q, layer_id, compress_ratio, forward_batch, token_to_kv_pool,
-    core_attn_metadata, attn_sink, cos_sin_cache=None,
+    original,
+    backend,
+    q,
+    layer_id,
+    compress_ratio,
+    forward_batch,
+    token_to_kv_pool,
+    core_attn_metadata,
+    attn_sink,
+    cos_sin_cache=None,
 ):
     call = dict(
-        q=q, layer_id=layer_id, compress_ratio=compress_ratio, forward_batch=forward_batch,
-        token_to_kv_pool=token_to_kv_pool, core_attn_metadata=core_attn_metadata,
-        attn_sink=attn_sink, cos_sin_cache=cos_sin_cache,
+        q=q,
+        layer_id=layer_id,
+        compress_ratio=compress_ratio,
+        forward_batch=forward_batch,
+        token_to_kv_pool=token_to_kv_pool,
+        core_attn_metadata=core_attn_metadata,
+        attn_sink=attn_sink,
+        cos_sin_cache=cos_sin_cache,
     )
     if cos_sin_cache is not None:
         plan = get_plan(backend)
@@ -196,24 +224,52 @@ def around_forward_prefill_sparse(
             _abandon_plan(backend, "mega")
         return original(backend, **call)
     out = _split_forward(
-        original, backend, q, layer_id, compress_ratio, forward_batch, token_to_kv_pool,
-        core_attn_metadata, attn_sink, {"cos_sin_cache": None},
+        original,
+        backend,
+        q,
+        layer_id,
+        compress_ratio,
+        forward_batch,
+        token_to_kv_pool,
+        core_attn_metadata,
+        attn_sink,
+        {"cos_sin_cache": None},
     )
     return original(backend, **call) if out is None else out
 
 
 def around_forward_prefill_sparse_q8kv8(
-    original, backend, q, layer_id, compress_ratio, forward_batch, token_to_kv_pool,
-    core_attn_metadata, attn_sink,
+    original,
+    backend,
+    q,
+    layer_id,
+    compress_ratio,
+    forward_batch,
+    token_to_kv_pool,
+    core_attn_metadata,
+    attn_sink,
 ):
     out = _split_forward(
-        original, backend, q, layer_id, compress_ratio, forward_batch, token_to_kv_pool,
-        core_attn_metadata, attn_sink, {},
+        original,
+        backend,
+        q,
+        layer_id,
+        compress_ratio,
+        forward_batch,
+        token_to_kv_pool,
+        core_attn_metadata,
+        attn_sink,
+        {},
     )
     if out is None:
         return original(
-            backend, q=q, layer_id=layer_id, compress_ratio=compress_ratio,
-            forward_batch=forward_batch, token_to_kv_pool=token_to_kv_pool,
-            core_attn_metadata=core_attn_metadata, attn_sink=attn_sink,
+            backend,
+            q=q,
+            layer_id=layer_id,
+            compress_ratio=compress_ratio,
+            forward_batch=forward_batch,
+            token_to_kv_pool=token_to_kv_pool,
+            core_attn_metadata=core_attn_metadata,
+            attn_sink=attn_sink,
         )
     return out

@@ -28,6 +28,7 @@ from sglang_mixgraph.patches.mixed_split.state import (
 
 logger = logging.getLogger(__name__)
 
+
 def _unsupported_reason(backend, forward_batch, metadata) -> Optional[str]:
     from sglang.srt.layers.attention import deepseek_v4_backend as dsv4
     from sglang.srt.layers.cp.utils import is_cp_active
@@ -63,7 +64,10 @@ def _unsupported_reason(backend, forward_batch, metadata) -> Optional[str]:
         or (spec_algo is not None and not spec_algo.is_none())
     ):
         return "spec"
-    if metadata.late_layer_tail is not None or getattr(backend, "tail_forward_metadata", None) is not None:
+    if (
+        metadata.late_layer_tail is not None
+        or getattr(backend, "tail_forward_metadata", None) is not None
+    ):
         return "late_tail"
     core = metadata.core_attn_metadata
     if getattr(core, "request_window_layout", None) is not None or (
@@ -71,9 +75,10 @@ def _unsupported_reason(backend, forward_batch, metadata) -> Optional[str]:
     ):
         return "request_window"
     # forward_batch_info.py:790-794 (bool flag + optional row tensors).
-    if getattr(forward_batch, "encoder_swa_replay", False) or getattr(
-        forward_batch, "encoder_swa_compress_rows", None
-    ) is not None:
+    if (
+        getattr(forward_batch, "encoder_swa_replay", False)
+        or getattr(forward_batch, "encoder_swa_compress_rows", None) is not None
+    ):
         return "encoder_replay"
     return None
 
@@ -216,8 +221,9 @@ def after_init_forward_metadata(result, backend, forward_batch):
     return None
 
 
-def after_prepare_bcg_replay(result, backend, capture_metadata, forward_batch, *, static_forward_batch=None,
-                             **kwargs):
+def after_prepare_bcg_replay(
+    result, backend, capture_metadata, forward_batch, *, static_forward_batch=None, **kwargs
+):
     """AFTER ``prepare_forward_metadata_for_breakable_cuda_graph_replay``: plan the replay.
 
     The runner refreshes the captured metadata in place for the live batch, which is still
