@@ -145,7 +145,6 @@ class GraphDecisions:
     derived_buckets: list[int] | None = None
     upstream_buckets: list[int] | None = None
     validations: list[dict] = field(default_factory=list)
-    logits_gather: dict | None = None
 
 
 _DECISIONS: dict[int, tuple[Any, GraphDecisions]] = {}

@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from sglang.srt.environ import EnvField, Envs, envs
+from sglang.srt.environ import EnvField, Envs
 
 _TRUE = ("1", "true", "yes", "y", "on")
 _FALSE = ("0", "false", "no", "n", "off")
@@ -129,11 +129,6 @@ def choice_flag(
 ) -> Flag:
     assert off_value in choices, (off_value, choices)
     return _register(name, StrictEnvChoice(default, choices), doc, off_value=off_value)
-
-
-def read(name: str) -> Any:
-    """Read a flag through SGLang's `envs`, as upstream code reads its own."""
-    return getattr(envs, name).get()
 
 
 def seconds_flag(name: str, default: int, doc: str) -> Flag:

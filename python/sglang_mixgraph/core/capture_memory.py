@@ -218,10 +218,6 @@ class Verdict:
     def margin_bytes(self) -> int:
         return self.available - self.needed
 
-    @property
-    def limit(self) -> int:
-        return int(self.available * (1.0 - self.margin_fraction))
-
     def as_dict(self) -> dict:
         return {
             "fits": self.fits,

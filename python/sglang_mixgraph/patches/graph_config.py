@@ -652,10 +652,6 @@ def _recommended_max_tokens_around(original, *args, **kwargs):
         return value
 
 
-def _enabled() -> bool:
-    return _auto()
-
-
 PATCH = Patch(
     id=PATCH_ID,
     summary=(
@@ -674,5 +670,5 @@ PATCH = Patch(
             _recommended_max_tokens_around,
         ),
     ),
-    is_enabled=_enabled,
+    is_enabled=_auto,
 )
