@@ -128,8 +128,16 @@ def _report_every(seconds: float, stop: threading.Event) -> None:
 
 
 def _at_exit() -> None:
-    if _changes:
+    if not _changes:
+        return
+    # At interpreter exit a handler's stream may already be closed (a test runner's capture):
+    # the totals line is then lost quietly, not reported as a logging traceback.
+    raise_errors = logging.raiseExceptions
+    logging.raiseExceptions = False
+    try:
         log_now()
+    finally:
+        logging.raiseExceptions = raise_errors
 
 
 def _start_reporter() -> None:
