@@ -176,3 +176,28 @@ def test_largest_fitting_prefix_suggests_a_max_bs():
     fitting = [b for b in buckets if b <= suggestion]
     assert decide(estimate_capture_bytes(fitting, DSV4).total, int(full * 0.6 / 0.9)).fits
     assert largest_fitting_prefix(buckets, DSV4, available=0) is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    buckets=st.lists(st.integers(1, 20000), min_size=1, max_size=40),
+    fraction=st.floats(0.0, 1.5),
+)
+def test_largest_fitting_prefix_equals_the_prefix_by_prefix_definition(buckets, fraction):
+    ordered = sorted(set(buckets))
+    available = int(estimate_capture_bytes(ordered, DSV4).total * fraction)
+    by_definition = None
+    for i in range(len(ordered)):
+        if decide(estimate_capture_bytes(ordered[: i + 1], DSV4).total, available).fits:
+            by_definition = ordered[i]
+    assert largest_fitting_prefix(buckets, DSV4, available) == by_definition
+
+
+def test_largest_fitting_prefix_is_linear_on_huge_lists():
+    """`plan` with upstream's generic list for a huge chunk once hung here (quadratic)."""
+    import time
+
+    buckets = list(range(16, 2_000_000, 16))
+    t = time.perf_counter()
+    largest_fitting_prefix(buckets, DSV4, available=1 << 60)
+    assert time.perf_counter() - t < 5.0

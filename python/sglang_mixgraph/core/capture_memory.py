@@ -120,14 +120,10 @@ class CaptureEstimate:
         }
 
 
-def estimate_capture_bytes(buckets: Sequence[int], model: ModelShape) -> CaptureEstimate:
-    ordered = tuple(sorted(set(int(b) for b in buckets)))
-    if not ordered:
-        return CaptureEstimate(ordered, {})
-    largest = ordered[-1]
-    total_tokens = sum(ordered)
+def _terms(count: int, largest: int, total_tokens: int, model: ModelShape) -> dict[str, int]:
+    """The estimate's terms for `count` buckets, the largest `largest`, summing `total_tokens`."""
     terms = {
-        "graph_objects": GRAPH_OBJECT_BYTES_PER_BUCKET * len(ordered),
+        "graph_objects": GRAPH_OBJECT_BYTES_PER_BUCKET * count,
         "static_buffers": largest
         * (
             STATIC_INPUT_BYTES_PER_TOKEN
@@ -137,7 +133,14 @@ def estimate_capture_bytes(buckets: Sequence[int], model: ModelShape) -> Capture
     if model.sparse is not None:
         terms["dsv4_captured_metadata"] = total_tokens * model.sparse.metadata_bytes_per_token()
         terms["dsv4_indexer_logits"] = total_tokens * model.sparse.logits_bytes_per_token()
-    return CaptureEstimate(ordered, terms)
+    return terms
+
+
+def estimate_capture_bytes(buckets: Sequence[int], model: ModelShape) -> CaptureEstimate:
+    ordered = tuple(sorted(set(int(b) for b in buckets)))
+    if not ordered:
+        return CaptureEstimate(ordered, {})
+    return CaptureEstimate(ordered, _terms(len(ordered), ordered[-1], sum(ordered), model))
 
 
 def decode_graph_reserve_bytes(
@@ -247,11 +250,14 @@ def largest_fitting_prefix(
     Used to suggest a --cuda-graph-max-bs-prefill when the estimate does not fit.
     """
     ordered = sorted(set(int(b) for b in buckets))
-    best = None
-    for i in range(len(ordered)):
-        est = estimate_capture_bytes(ordered[: i + 1], model)
-        if decide(est.total, available, margin_fraction).fits:
-            best = ordered[i]
+    best, tokens = None, 0
+    for count, b in enumerate(ordered, 1):  # one pass: the estimate of a prefix grows with it
+        tokens += b
+        if not decide(
+            sum(_terms(count, b, tokens, model).values()), available, margin_fraction
+        ).fits:
+            break
+        best = b
     return best
 
 
