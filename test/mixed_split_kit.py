@@ -283,6 +283,41 @@ class Step:
         return sum(e for _, e in self.prefill)
 
 
+def replay_static_batch(live, size: int, live_rows: Optional[int] = None):
+    """The static EXTEND batch a breakable prefill graph replays with, built from the live batch
+    as upstream's ``PrefillCudaGraphRunner.load_batch`` builds it: the live lengths, token
+    tensors padded to the bucket's ``size``, and the live row count (``live_rows``, default the
+    live batch's rows; 0 for an idle DP rank)."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+
+    rows = int(live.input_ids.shape[0])
+    pad = size - rows
+    assert pad >= 0, f"{rows} live rows do not fit a {size}-token bucket"
+
+    def padded(t):
+        return torch.cat([t, t.new_zeros(pad)]) if pad else t
+
+    return ForwardBatch(
+        forward_mode=ForwardMode.EXTEND,
+        batch_size=live.batch_size,
+        input_ids=padded(live.input_ids),
+        req_pool_indices=live.req_pool_indices,
+        seq_lens=live.seq_lens,
+        seq_lens_cpu=live.seq_lens_cpu,
+        out_cache_loc=padded(live.out_cache_loc),
+        seq_lens_sum=live.seq_lens_sum,
+        positions=padded(live.positions),
+        extend_seq_lens=live.extend_seq_lens,
+        extend_prefix_lens=live.extend_prefix_lens,
+        extend_start_loc=live.extend_start_loc,
+        extend_prefix_lens_cpu=live.extend_prefix_lens_cpu,
+        extend_seq_lens_cpu=live.extend_seq_lens_cpu,
+        extend_num_tokens=live.extend_num_tokens,
+        global_num_token_non_padded_cpu=rows if live_rows is None else live_rows,
+        max_seq_len_override=MAX_CTX,
+    )
+
+
 class World:
     """Pool + request placement + backend for one step.
 

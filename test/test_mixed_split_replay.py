@@ -18,36 +18,13 @@ from sglang_mixgraph.target_gpu import described_gpu
 
 K.import_upstream()
 
-from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode  # noqa: E402
+from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
 
 from sglang_mixgraph.patches import mixed_split as ms  # noqa: E402
 
 ATOL, RTOL = 4e-3, 8e-3
 MIXED = K.Step(prefill=[(60, 11)], decode=[30, 290], seed=5)  # 13 rows
 EXTEND = K.Step(prefill=[(58, 13)], decode=[], seed=5)  # request 0 again, 13 rows, no decode
-
-
-def static_batch(live, rows):
-    """The static EXTEND batch the replayed graph sees (upstream's prefill graph runner)."""
-    return ForwardBatch(
-        forward_mode=ForwardMode.EXTEND,
-        batch_size=live.batch_size,
-        input_ids=live.input_ids,
-        req_pool_indices=live.req_pool_indices,
-        seq_lens=live.seq_lens,
-        seq_lens_cpu=live.seq_lens_cpu,
-        out_cache_loc=live.out_cache_loc,
-        seq_lens_sum=live.seq_lens_sum,
-        positions=live.positions,
-        extend_seq_lens=live.extend_seq_lens,
-        extend_prefix_lens=live.extend_prefix_lens,
-        extend_start_loc=live.extend_start_loc,
-        extend_prefix_lens_cpu=live.extend_prefix_lens_cpu,
-        extend_seq_lens_cpu=live.extend_seq_lens_cpu,
-        extend_num_tokens=live.extend_num_tokens,
-        global_num_token_non_padded_cpu=rows,
-        max_seq_len_override=K.MAX_CTX,
-    )
 
 
 @pytest.fixture
@@ -63,7 +40,7 @@ def replay():
         def run(step, mode, rows=None):
             world.step = step
             live = world.forward_batch(mode=mode)
-            static = static_batch(live, step.num_rows if rows is None else rows)
+            static = K.replay_static_batch(live, step.num_rows, live_rows=rows)
             world.backend.prepare_forward_metadata_for_breakable_cuda_graph_replay(
                 capture, live, static_forward_batch=static
             )

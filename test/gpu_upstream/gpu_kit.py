@@ -194,36 +194,8 @@ class BreakableBucket:
         self.outputs: Dict[int, torch.Tensor] = {}
 
     def static_batch(self, live):
-        """The padded EXTEND batch the replayed graph sees (upstream's runner builds it from the
-        live batch: live lengths, bucket-sized token tensors, the live row count)."""
-        from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
-
-        rows = int(live.input_ids.shape[0])
-        pad = self.size - rows
-        assert pad >= 0, f"{rows} live rows do not fit a {self.size}-token bucket"
-
-        def padded(t):
-            return torch.cat([t, t.new_zeros(pad)])
-
-        return ForwardBatch(
-            forward_mode=ForwardMode.EXTEND,
-            batch_size=live.batch_size,
-            input_ids=padded(live.input_ids),
-            req_pool_indices=live.req_pool_indices,
-            seq_lens=live.seq_lens,
-            seq_lens_cpu=live.seq_lens_cpu,
-            out_cache_loc=padded(live.out_cache_loc),
-            seq_lens_sum=live.seq_lens_sum,
-            positions=padded(live.positions),
-            extend_seq_lens=live.extend_seq_lens,
-            extend_prefix_lens=live.extend_prefix_lens,
-            extend_start_loc=live.extend_start_loc,
-            extend_prefix_lens_cpu=live.extend_prefix_lens_cpu,
-            extend_seq_lens_cpu=live.extend_seq_lens_cpu,
-            extend_num_tokens=live.extend_num_tokens,
-            global_num_token_non_padded_cpu=rows,
-            max_seq_len_override=K.MAX_CTX,
-        )
+        """The padded EXTEND batch the replayed graph sees."""
+        return K.replay_static_batch(live, self.size)
 
     def _contexts(self, static_fb):
         import contextlib
