@@ -211,46 +211,17 @@ def reference_kernels():
 
 
 @contextlib.contextmanager
-def patch_installed(flag_on: bool = True, policy: Optional[str] = "always", monkeypatch=None):
-    """Install the mixed_split patch through ``registry.install`` + SGLang's ``apply_hooks``;
-    restore every touched class attribute afterwards."""
-    import importlib
-    import os
-
-    from sglang.srt.plugins.hook_registry import HookRegistry
+def patch_installed(flag_on: bool = True, policy: Optional[str] = "always"):
+    """Install the mixed_split patch (test/install_kit.py); upstream is restored afterwards."""
+    from install_kit import installed
 
     from sglang_mixgraph.patches import mixed_split
-    from sglang_mixgraph.registry import install
 
     env = {"SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN": "1" if flag_on else "0"}
     if policy is not None:
         env["SGLANG_MIXGRAPH_SPLIT_POLICY"] = policy
-    old_env = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    saved = []
-    for h in mixed_split.HOOKS:
-        owner_path, attr = h.target.rsplit(".", 1)
-        mod_path, cls_name = owner_path.rsplit(".", 1)
-        owner = getattr(importlib.import_module(mod_path), cls_name)
-        saved.append((owner, attr, owner.__dict__[attr], h.target))
-    old_hooks = {k: list(v) for k, v in HookRegistry._hooks.items()}
-    old_patched = set(HookRegistry._patched)
-    try:
-        statuses = install((mixed_split.PATCH,))
-        HookRegistry.apply_hooks()
+    with installed((mixed_split.PATCH,), env) as statuses:
         yield statuses[0]
-    finally:
-        for owner, attr, raw, _target in saved:
-            setattr(owner, attr, raw)
-        HookRegistry._hooks.clear()
-        HookRegistry._hooks.update(old_hooks)
-        HookRegistry._patched.clear()
-        HookRegistry._patched.update(old_patched)
-        for k, v in old_env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 # --------------------------------------------------------------------------------------------

@@ -21,6 +21,9 @@ from sglang_mixgraph.target_gpu import described_gpu
 
 K.import_upstream()
 
+# The snapshot check hooks the scheduler: import it before any test describes a GPU (its import
+# chain loads sgl_kernel's CUDA build when the platform says CUDA).
+import sglang.srt.managers.scheduler  # noqa: E402, F401
 from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
 
 from sglang_mixgraph.patches import mixed_split as ms  # noqa: E402
@@ -236,3 +239,48 @@ def test_eager_extend_not_built_mixed_with_a_decode_tail_is_not_split(recorded):
             _execute(runner, world, fb)
             assert ms.get_plan(world.backend) is None
     assert not K.CALLS.decode and _events().get("steps_split", 0) == 0
+
+
+def test_eager_mixed_step_publishes_read_done_and_builds_its_cache_once():
+    """Upstream's eager runner relabels the MIXED step to EXTEND before its WAR snapshot, so it
+    publishes read-done itself; with the split on, the snapshot gets the plan's prefill-only
+    cache instead of a second build, and nothing reads the shared tables after the publish
+    (the snapshot check is on)."""
+    from install_kit import installed
+
+    from sglang_mixgraph.patches import war_snapshot_check as wc
+
+    env = {
+        "SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN": "1",
+        "SGLANG_MIXGRAPH_SPLIT_POLICY": "always",
+        "SGLANG_DEBUG_WAR_SNAPSHOT": "1",
+    }
+    with _ctx():
+        world = K.World(MIXED)
+        runner, _ = _eager_runner(world)
+        runner.model_runner.shared_read_done_event = None
+        runner.model_runner.forward_pass_id = 1
+        builds = []
+        with installed((ms.PATCH, wc.PATCH), env):
+            hooked = type(world.backend)._build_sparse_prefill_chunk_cache
+
+            def counting(self, *a, **kw):
+                builds.append(kw.get("num_qo_tokens"))
+                return hooked(self, *a, **kw)
+
+            world.backend._build_sparse_prefill_chunk_cache = counting.__get__(world.backend)
+            # Upstream's builder starts every real build by resetting the workspace head.
+            buf = world.backend.sparse_prefill_kv_buffer
+            real_builds = []
+            forget = buf.forget_head
+            buf.forget_head = lambda: real_builds.append(1) or forget()
+            try:
+                _execute(runner, world, world.forward_batch())
+                assert runner.model_runner.shared_read_done_event is not None
+                assert wc.PUBLISHED.active() == "forward #1 (DeepseekV4AttnBackend)"
+            finally:
+                wc.PUBLISHED.clear()
+        plan = ms.get_plan(world.backend)
+        # Asked twice (the plan, then upstream's snapshot), built once: the same object.
+        assert builds == [MIXED.num_rows] * 2 and len(real_builds) == 1
+        assert world.backend.forward_metadata.sparse_prefill_cache is plan.prefill_cache

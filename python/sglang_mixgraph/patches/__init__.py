@@ -11,6 +11,18 @@ from sglang_mixgraph.registry import Patch
 
 
 def all_patches() -> tuple[Patch, ...]:
-    from sglang_mixgraph.patches import force_bcg, graph_config, mixed_split
+    from sglang_mixgraph.patches import (
+        force_bcg,
+        graph_config,
+        mixed_split,
+        replay_read_done,
+        war_snapshot_check,
+    )
 
-    return (mixed_split.PATCH, force_bcg.PATCH, graph_config.PATCH)
+    return (
+        mixed_split.PATCH,
+        replay_read_done.PATCH,
+        war_snapshot_check.PATCH,
+        force_bcg.PATCH,
+        graph_config.PATCH,
+    )

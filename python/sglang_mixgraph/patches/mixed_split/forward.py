@@ -54,10 +54,17 @@ def around_build_chunk_cache(
         # No prefill rows: nothing reads a chunk cache this step (the sparse AROUND never
         # calls upstream's body), so none is built.
         return None
+    if plan.prefill_cache is not None:
+        # Built once per step, as upstream's lazy path does: the plan builds it before the
+        # first layer, upstream's eager WAR snapshot asks again (_snapshot_prefill_shared_reads).
+        return plan.prefill_cache
     view = _PrefillRequestsView(forward_batch, plan)
     # Every row of the step: the decode and padding rows are rows no request of the view
     # owns, so the sparse prefill writes them as zeros (the copy-in join fills the decode rows).
-    return original(backend, view, core_attn_metadata, num_qo_tokens=plan.boundary.num_rows)
+    plan.prefill_cache = original(
+        backend, view, core_attn_metadata, num_qo_tokens=plan.boundary.num_rows
+    )
+    return plan.prefill_cache
 
 
 # --------------------------------------------------------------------------------------------

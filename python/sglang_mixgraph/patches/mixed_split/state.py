@@ -93,6 +93,8 @@ class SplitPlan:
     # The all-requests chunk cache upstream would have built for this step, for the layers of
     # ratios outside ``split_ratios``; None when every present ratio splits.
     full_cache: Any = None
+    # The prefill-only chunk cache of the split ratios, once built.
+    prefill_cache: Any = None
     # Diagnostics for tests and logs.
     policy: str = "always"
     decode_calls: Dict[int, int] = field(default_factory=dict)

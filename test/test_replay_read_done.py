@@ -1,0 +1,299 @@
+"""Read-done for DSV4 prefill and mixed breakable-graph replays, and the WAR snapshot check (CPU).
+
+Upstream's real ``PrefillCudaGraphRunner._prepare_forward_metadata_for_replay`` runs on a runner
+stand-in that holds only what that method reads (the backend, the captured metadata per shape,
+the two mode switches); the backend, its replay prepare, the chunk-cache builder and upstream's
+publisher ``maybe_publish_prefill_shared_read_done`` are upstream's own, on the CPU kit. Real
+graphs are replayed on the GPU (test/gpu_upstream, test/gpu_e2e).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import mixed_split_kit as K
+import pytest
+import torch
+from install_kit import installed
+
+from sglang_mixgraph import counters
+from sglang_mixgraph.target_gpu import described_gpu
+
+K.import_upstream()
+
+from sglang.srt.layers.attention.base_attn_backend import SharedReadEnds  # noqa: E402
+from sglang.srt.managers.scheduler import Scheduler  # noqa: E402
+from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
+from sglang.srt.model_executor.runner.prefill_cuda_graph_runner import (  # noqa: E402
+    PrefillCudaGraphRunner,
+)
+from sglang.srt.model_executor.runner.shape_key import ShapeKey  # noqa: E402
+from sglang.srt.model_executor.runner_utils import shared_read_event  # noqa: E402
+
+from sglang_mixgraph.patches import mixed_split as ms  # noqa: E402
+from sglang_mixgraph.patches import replay_read_done as rd  # noqa: E402
+from sglang_mixgraph.patches import war_snapshot_check as wc  # noqa: E402
+
+ATOL, RTOL = 4e-3, 8e-3
+MIXED = K.Step(prefill=[(60, 11)], decode=[30, 290], seed=5)  # 13 rows
+EXTEND = K.Step(prefill=[(58, 13)], decode=[], seed=5)
+OFF = {
+    "SGLANG_OPT_DSV4_REPLAY_READ_DONE": "0",
+    "SGLANG_DEBUG_WAR_SNAPSHOT": "0",
+    "SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN": "0",
+    "SGLANG_FORCE_COARSE_WAR_BARRIER": None,
+    "SGLANG_ENABLE_PREFILL_WAR_READ_DONE": None,
+}
+PATCHES = (ms.PATCH, rd.PATCH, wc.PATCH)
+
+
+def env(**on):
+    e = dict(OFF)
+    e.update(on)
+    return e
+
+
+class _Event:
+    def record(self):
+        pass
+
+
+class _Spec:
+    def __init__(self, publishes=True):
+        self.publishes = publishes
+
+    def supports_prefill_shared_read_done(self):
+        return self.publishes
+
+
+@pytest.fixture
+def world():
+    """(world, capture metadata, runner stand-in, replay(step, mode, rows) -> (static, ends))."""
+    with described_gpu("H200"), K.sglang_context(), K.reference_kernels():
+        w = K.World(MIXED)
+        capture = w.build_metadata(w.forward_batch())
+        capture.core_attn_metadata.swa_out_cache_loc = torch.zeros(
+            MIXED.num_rows, dtype=torch.int32
+        )
+        model_runner = SimpleNamespace(
+            attn_backend=w.backend,
+            spec_algorithm=_Spec(),
+            shared_read_done_event=None,
+            forward_pass_id=0,
+        )
+        key = ShapeKey(size=MIXED.num_rows)
+        runner = SimpleNamespace(
+            model_runner=model_runner,
+            use_captured_attn_metadata=True,
+            _is_full_backend=False,
+            attn_metadata_buffers={key: capture},
+        )
+
+        def replay(step, mode, rows=None):
+            w.step = step
+            model_runner.shared_read_done_event = None  # the scheduler's barrier took it
+            model_runner.forward_pass_id += 1
+            live = w.forward_batch(mode=mode)
+            static = K.replay_static_batch(live, step.num_rows, live_rows=rows)
+            # Looked up at call time: the hooked method while a patch is installed.
+            ends = PrefillCudaGraphRunner._prepare_forward_metadata_for_replay(
+                runner, live, static, key
+            )
+            shared_read_event.maybe_publish_prefill_shared_read_done(
+                model_runner, ends, SimpleNamespace(Event=_Event)
+            )
+            return static, ends
+
+        wc.PUBLISHED.clear()  # another test's runner may have published last
+        yield w, capture, runner, replay
+        wc.PUBLISHED.clear()
+
+
+def _layers(w, static):
+    return {layer: w.run_layer(static, layer) for layer in (0, 1, 2)}
+
+
+def _events(patch):
+    return dict(counters.snapshot()["events"].get(patch, {}))
+
+
+def _builds(w):
+    """Count calls of the chunk-cache builder from here on (through every installed hook)."""
+    calls = []
+    cls = type(w.backend)
+    hooked = cls._build_sparse_prefill_chunk_cache
+
+    def counting(self, *a, **kw):
+        calls.append(kw.get("num_qo_tokens"))
+        return hooked(self, *a, **kw)
+
+    w.backend._build_sparse_prefill_chunk_cache = counting.__get__(w.backend)
+    return calls
+
+
+def test_upstream_replays_never_publish(world):
+    w, capture, runner, replay = world
+    with installed(PATCHES, env()):
+        for step, mode in ((EXTEND, ForwardMode.EXTEND), (MIXED, ForwardMode.MIXED)):
+            static, ends = replay(step, mode)
+            assert ends is SharedReadEnds.UNKNOWN
+            assert capture.sparse_prefill_cache is None  # built lazily in the first break
+            assert runner.model_runner.shared_read_done_event is None
+
+
+@pytest.mark.parametrize(
+    "step, mode",
+    [(EXTEND, ForwardMode.EXTEND), (MIXED, ForwardMode.MIXED)],
+    ids=["extend", "mixed"],
+)
+def test_replay_prebuilds_the_lazy_cache_and_publishes(world, step, mode):
+    w, capture, runner, replay = world
+    with installed(PATCHES, env()):
+        base = _layers(w, replay(step, mode)[0])  # upstream: lazy build in layer 0
+    label = "mixed" if mode is ForwardMode.MIXED else "extend"
+    before = _events(rd.PATCH_ID)
+    with installed(
+        PATCHES, env(SGLANG_OPT_DSV4_REPLAY_READ_DONE="1", SGLANG_DEBUG_WAR_SNAPSHOT="1")
+    ):
+        builds = _builds(w)
+        static, ends = replay(step, mode)
+        assert ends is SharedReadEnds.PRE_REPLAY
+        assert runner.model_runner.shared_read_done_event is not None
+        # Built at prepare, for the rows the attention break sees (the lazy build's count).
+        assert builds == [step.num_rows]
+        cache = capture.sparse_prefill_cache
+        out = _layers(w, static)  # the snapshot check is on: a build here would raise
+        assert builds == [step.num_rows] and capture.sparse_prefill_cache is cache
+    after = _events(rd.PATCH_ID)
+    published = f"replays_published.{label}"
+    assert after.get(published, 0) == before.get(published, 0) + 1
+    assert after.get("caches_prebuilt", 0) == before.get("caches_prebuilt", 0) + 1
+    for layer in out:
+        assert torch.equal(out[layer], base[layer])
+
+
+def test_split_replay_publishes_with_the_plans_cache(world):
+    w, capture, runner, replay = world
+    with installed(PATCHES, env()):
+        base = _layers(w, replay(MIXED, ForwardMode.MIXED)[0])
+    on = env(
+        SGLANG_OPT_DSV4_REPLAY_READ_DONE="1",
+        SGLANG_DEBUG_WAR_SNAPSHOT="1",
+        SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN="1",
+        SGLANG_MIXGRAPH_SPLIT_POLICY="always",
+    )
+    with installed(PATCHES, on):
+        builds = _builds(w)
+        static, ends = replay(MIXED, ForwardMode.MIXED)
+        plan = ms.get_plan(w.backend)
+        assert ends is SharedReadEnds.PRE_REPLAY and plan is not None and plan.matches(static)
+        # One build, the plan's prefill-only cache; the read-done patch adds none.
+        assert len(builds) == 1 and capture.sparse_prefill_cache is plan.prefill_cache
+        out = _layers(w, static)
+        assert len(builds) == 1
+    assert plan.decode_calls == {0: 1, 4: 1, 128: 1}
+    for layer in out:
+        torch.testing.assert_close(out[layer].float(), base[layer].float(), atol=ATOL, rtol=RTOL)
+
+
+def test_idle_rank_publishes_without_building(world):
+    w, capture, runner, replay = world
+    with installed(PATCHES, env(SGLANG_OPT_DSV4_REPLAY_READ_DONE="1")):
+        builds = _builds(w)
+        _, ends = replay(MIXED, ForwardMode.MIXED, rows=0)
+    assert ends is SharedReadEnds.PRE_REPLAY and builds == []
+    assert capture.sparse_prefill_cache is None
+
+
+@pytest.mark.parametrize(
+    "gate, reason",
+    [
+        ({"SGLANG_FORCE_COARSE_WAR_BARRIER": "1"}, "coarse"),
+        ({"SGLANG_ENABLE_PREFILL_WAR_READ_DONE": "0"}, "upstream_off"),
+    ],
+)
+def test_upstream_gates_keep_the_coarse_barrier(world, gate, reason):
+    w, capture, runner, replay = world
+    before = counters.get_fallback(rd.PATCH_ID, reason)
+    with installed(PATCHES, env(SGLANG_OPT_DSV4_REPLAY_READ_DONE="1", **gate)):
+        _, ends = replay(MIXED, ForwardMode.MIXED)
+    assert ends is SharedReadEnds.UNKNOWN and capture.sparse_prefill_cache is None
+    assert runner.model_runner.shared_read_done_event is None
+    assert counters.get_fallback(rd.PATCH_ID, reason) == before + 1
+
+
+def test_unpublished_read_done_is_reported(world):
+    """Upstream's publisher declines (a speculative algorithm without prefill read-done): the
+    replay is counted as a fallback, not as published."""
+    w, capture, runner, replay = world
+    runner.model_runner.spec_algorithm = _Spec(publishes=False)
+    before = counters.get_fallback(rd.PATCH_ID, "not_published")
+    published = _events(rd.PATCH_ID).get("replays_published.mixed", 0)
+    with installed(PATCHES, env(SGLANG_OPT_DSV4_REPLAY_READ_DONE="1")):
+        _, ends = replay(MIXED, ForwardMode.MIXED)
+    assert ends is SharedReadEnds.PRE_REPLAY
+    assert counters.get_fallback(rd.PATCH_ID, "not_published") == before + 1
+    assert _events(rd.PATCH_ID).get("replays_published.mixed", 0) == published
+
+
+def test_flags_off_leave_upstream_untouched():
+    targets = {h.target for p in (rd.PATCH, wc.PATCH) for h in p.hooks}
+    from install_kit import _owner_and_raw
+
+    raw = {t: _owner_and_raw(t)[2] for t in targets}
+    with installed((rd.PATCH, wc.PATCH), env()) as statuses:
+        assert [s.enabled for s in statuses] == [False, False]
+        assert {t: _owner_and_raw(t)[2] for t in targets} == raw
+
+
+@pytest.mark.parametrize("name", ["SGLANG_OPT_DSV4_REPLAY_READ_DONE", "SGLANG_DEBUG_WAR_SNAPSHOT"])
+def test_flags_are_strict(name):
+    from sglang_mixgraph.registry import PatchCheckError
+
+    with pytest.raises(PatchCheckError, match=name):
+        with installed((rd.PATCH, wc.PATCH), env(**{name: "yes please"})):
+            pass
+
+
+# --------------------------------------------------------------------------------------------
+# the WAR snapshot check
+# --------------------------------------------------------------------------------------------
+
+
+def test_lazy_build_after_publish_is_caught_before_it_reads(world):
+    """Without the replay snapshot, upstream builds the chunk cache in the first attention
+    break; were read-done published for that forward, the check stops the build before it
+    reads anything."""
+    w, capture, runner, replay = world
+    before = _events(wc.PATCH_ID).get("violations", 0)
+    with installed(PATCHES, env(SGLANG_DEBUG_WAR_SNAPSHOT="1")):
+        static, ends = replay(MIXED, ForwardMode.MIXED)
+        assert ends is SharedReadEnds.UNKNOWN
+        runner.model_runner.shared_read_done_event = _Event()  # as if published
+        shared_read_event.maybe_publish_prefill_shared_read_done(
+            runner.model_runner, SharedReadEnds.UNKNOWN, SimpleNamespace(Event=_Event)
+        )
+        with pytest.raises(wc.WarSnapshotViolation) as e:
+            w.run_layer(static, 0)
+        assert capture.sparse_prefill_cache is None  # nothing was built
+        msg = str(e.value)
+        assert "DeepseekV4AttnBackend._build_sparse_prefill_chunk_cache" in msg
+        assert f"forward #{runner.model_runner.forward_pass_id}" in msg
+        with pytest.raises(wc.WarSnapshotViolation, match="translate_loc_from_full_to_swa"):
+            w.backend.token_to_kv_pool.translate_loc_from_full_to_swa(static.out_cache_loc)
+        # The scheduler's barrier ends the mark (upstream's method, barrier itself off here).
+        Scheduler._apply_war_barrier(SimpleNamespace(_war_barrier_enabled=False))
+        w.run_layer(static, 0)
+    assert _events(wc.PATCH_ID)["violations"] == before + 2
+
+
+def test_the_next_forward_ends_the_mark(world):
+    w, capture, runner, replay = world
+    with installed(
+        PATCHES, env(SGLANG_OPT_DSV4_REPLAY_READ_DONE="1", SGLANG_DEBUG_WAR_SNAPSHOT="1")
+    ):
+        static, _ = replay(MIXED, ForwardMode.MIXED)
+        with pytest.raises(wc.WarSnapshotViolation):
+            w.backend.token_to_kv_pool.translate_loc_from_full_to_swa(static.out_cache_loc)
+        runner.model_runner.forward_pass_id += 1
+        w.backend.token_to_kv_pool.translate_loc_from_full_to_swa(static.out_cache_loc)
