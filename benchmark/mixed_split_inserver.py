@@ -49,19 +49,21 @@ TOPK = 1024
 RATIOS = (4, 128)  # layer 0: CSA, layer 1: HCA
 LAYER_NAMES = {4: "csa_c4_top1024", 128: "hca_c128"}
 SEED_PAGES = 64  # pages encoded with random keys; the rest of each pool repeats them
+SLEEP_CYCLES_PER_MS = 1.98e6  # torch.cuda._sleep spins clock cycles; H200 boost clock 1.98 GHz
 
 
 class Deployment:
     """A DSV4 KV pool holding 1 + max(D) requests at one context, and upstream's backend."""
 
-    def __init__(self, context: int, max_decode: int):
+    def __init__(self, context: int, max_decode: int, ratios=RATIOS, max_prefill: int = 0):
         from sglang.srt.layers.attention.deepseek_v4_backend import DeepseekV4AttnBackend
         from sglang.srt.mem_cache.deepseek_v4_memory_pool import DeepSeekV4TokenToKVPool
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
         self.context = context
         self.num_reqs = 1 + max_decode
-        self.pages_per_req = -(-context // PAGE)
+        # A prefill chunk longer than the context ends at its own length (uniform_step_lists).
+        self.pages_per_req = -(-max(context, max_prefill) // PAGE)
         num_pages = self.num_reqs * self.pages_per_req + 1  # page 0 stays unused
         size = num_pages * PAGE
         self.pool = DeepSeekV4TokenToKVPool(
@@ -79,10 +81,10 @@ class Deployment:
             qk_nope_head_dim=448,
             qk_rope_head_dim=64,
             indexer_head_dim=128,
-            layer_num=len(RATIOS),
+            layer_num=len(ratios),
             device=DEV,
             enable_memory_saver=False,
-            compression_ratios=list(RATIOS),
+            compression_ratios=list(ratios),
             kv_source_layers=[],
             full_size=size,
         )
@@ -94,11 +96,14 @@ class Deployment:
         )
         pos = torch.arange(self.pages_per_req * PAGE, device=DEV)
         self.req_to_token = (self.pages[:, pos // PAGE] * PAGE + pos % PAGE).to(torch.int32)
-        for layer in range(len(RATIOS)):
+        for layer, ratio in enumerate(ratios):
             self._fill(self.pool.get_swa_key_buffer_radix(layer), PAGE, g)
-            self._fill(
-                self.pool.get_extra_key_buffer(layer), self.pool.get_extra_key_page_size(layer), g
-            )
+            if ratio:  # SWA-only layers have no compressed cache
+                self._fill(
+                    self.pool.get_extra_key_buffer(layer),
+                    self.pool.get_extra_key_page_size(layer),
+                    g,
+                )
         cfg = SimpleNamespace(model_type="deepseek_v4", index_topk=TOPK)
         runner = SimpleNamespace(
             device=DEV,
@@ -188,7 +193,7 @@ def write_c4_topk(dep: Deployment, core, row_req, positions) -> None:
     width = int(visible.max())
     g = torch.Generator(device=DEV).manual_seed(1)
     rows = positions.numel()
-    k = min(TOPK, core.c4_sparse_page_indices.shape[1])
+    k = min(TOPK, core.c4_sparse_page_indices.shape[1], width)
     raw = torch.empty(rows, k, dtype=torch.int64, device=DEV)
     for start in range(0, rows, 256):  # bounded memory: 256 rows x width scores at a time
         sl = slice(start, min(rows, start + 256))
@@ -205,7 +210,22 @@ def write_c4_topk(dep: Deployment, core, row_req, positions) -> None:
         core.c4_sparse_raw_indices[:rows, :k].copy_(raw)
 
 
-def time_point(dep: Deployment, layer: int, d: int, p: int, reps: int, flush: torch.Tensor):
+def queue_ahead(ms: float) -> None:
+    """Keep the GPU busy for about ``ms`` so the host's launches of the next call run ahead of
+    it, as behind a replayed graph segment: the events around the call then time GPU work only."""
+    if ms > 0:
+        torch.cuda._sleep(int(ms * SLEEP_CYCLES_PER_MS))
+
+
+def time_point(
+    dep: Deployment,
+    layer: int,
+    d: int,
+    p: int,
+    reps: int,
+    flush: torch.Tensor,
+    ahead_ms: float = 0.0,
+):
     from sglang.srt.environ import envs
     from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
 
@@ -258,6 +278,7 @@ def time_point(dep: Deployment, layer: int, d: int, p: int, reps: int, flush: to
             flush.zero_()
             torch.cuda.synchronize()
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            queue_ahead(ahead_ms)
             t0 = time.perf_counter()
             a.record()
             call()
@@ -278,13 +299,13 @@ def time_point(dep: Deployment, layer: int, d: int, p: int, reps: int, flush: to
     )
 
 
-def time_arm(dep, layer, d, p, reps, flush, arm, kit):
+def time_arm(dep, layer, d, p, reps, flush, arm, kit, ahead_ms=0.0):
     """One arm: upstream alone (``off``), or with the patch installed through the plugin
     registry and SGLang's HookRegistry for the given policy (removed again afterwards)."""
     if arm == "off":
-        return time_point(dep, layer, d, p, reps, flush)
+        return time_point(dep, layer, d, p, reps, flush, ahead_ms)
     with kit.patch_installed(flag_on=True, policy=arm):
-        return time_point(dep, layer, d, p, reps, flush)
+        return time_point(dep, layer, d, p, reps, flush, ahead_ms)
 
 
 def kernel_prediction(path: str):
@@ -411,9 +432,17 @@ def main() -> None:
     ap.add_argument("--prefill", type=int, nargs="+", default=[0, 512, 1792])
     ap.add_argument("--reps", type=int, default=15, help="timed calls per arm per round")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--arms", nargs="+", default=["off", "always", "adaptive"])
+    ap.add_argument(
+        "--queue-ahead-ms",
+        type=float,
+        default=0.0,
+        help="GPU busy time queued before each timed call (0: the GPU also waits for the host)",
+    )
+    ap.add_argument("--name", default="mixed_split_inserver_h200", help="output file stem")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    md = os.path.join(args.out, "mixed_split_inserver_h200.md")
+    md = os.path.join(args.out, f"{args.name}.md")
     if args.report_only:
         with open(args.report_only) as f:
             write_report(json.load(f), md)
@@ -423,11 +452,11 @@ def main() -> None:
 
     kernel = kernel_prediction(os.path.join(_ROOT, "docs", "results", "mixed_split_h200.json"))
     flush = torch.empty(256 << 20, dtype=torch.uint8, device=DEV)
-    arms = ["off", "always", "adaptive"]
+    arms = args.arms
     results = []
     with kit.sglang_context(device=DEV):
         for c in args.contexts:
-            dep = Deployment(c, max(args.decode))
+            dep = Deployment(c, max(args.decode), max_prefill=max(args.prefill))
             for layer, ratio in enumerate(RATIOS):
                 for d in args.decode:
                     for p in args.prefill:
@@ -438,7 +467,17 @@ def main() -> None:
                         # arms interleaved, the order reversed every round, so drift hits all arms
                         for rnd in range(args.rounds):
                             for arm in arms if rnd % 2 == 0 else arms[::-1]:
-                                r = time_arm(dep, layer, d, p, args.reps, flush, arm, kit)
+                                r = time_arm(
+                                    dep,
+                                    layer,
+                                    d,
+                                    p,
+                                    args.reps,
+                                    flush,
+                                    arm,
+                                    kit,
+                                    args.queue_ahead_ms,
+                                )
                                 outs[arm] = r.pop("out")
                                 for k, v in r.items():
                                     samples.setdefault(f"{arm}_{k}", []).append(v)
@@ -464,6 +503,7 @@ def main() -> None:
         torch=torch.__version__,
         reps=args.reps,
         rounds=args.rounds,
+        queue_ahead_ms=args.queue_ahead_ms,
         command=" ".join(sys.argv),
     )
     try:
@@ -474,10 +514,10 @@ def main() -> None:
     except Exception:  # noqa: BLE001
         pass
     data = dict(environment=env, points=results)
-    with open(os.path.join(args.out, "mixed_split_inserver_h200.json"), "w") as f:
+    with open(os.path.join(args.out, f"{args.name}.json"), "w") as f:
         json.dump(data, f, indent=1)
     write_report(data, md)
-    print("wrote", os.path.join(args.out, "mixed_split_inserver_h200.{json,md}"))
+    print("wrote", os.path.join(args.out, f"{args.name}.{{json,md}}"))
 
 
 if __name__ == "__main__":

@@ -192,6 +192,7 @@ class BreakableBucket:
         self.graph = None
         self.metadata = None
         self.outputs: Dict[int, torch.Tensor] = {}
+        self.read_ends = None  # the last replay's read-done answer, when prepared via a runner
 
     def static_batch(self, live):
         """The padded EXTEND batch the replayed graph sees."""
@@ -258,19 +259,48 @@ class BreakableBucket:
                 self._body()
         torch.cuda.synchronize()
 
+    def _prepare_through_runner(self, model_runner, live, static_fb):
+        from sglang.srt.model_executor.runner.prefill_cuda_graph_runner import (
+            PrefillCudaGraphRunner,
+        )
+        from sglang.srt.model_executor.runner.shape_key import ShapeKey
+        from sglang.srt.model_executor.runner_utils import shared_read_event
+
+        key = ShapeKey(size=self.size)
+        runner = SimpleNamespace(
+            model_runner=model_runner,
+            use_captured_attn_metadata=True,
+            _is_full_backend=False,
+            attn_metadata_buffers={key: self.metadata},
+        )
+        ends = PrefillCudaGraphRunner._prepare_forward_metadata_for_replay(
+            runner, live, static_fb, key
+        )
+        shared_read_event.maybe_publish_prefill_shared_read_done(model_runner, ends, torch.cuda)
+        return ends
+
     def _load(self, q_live) -> None:
         rows = q_live.shape[0]
         self.q[:rows].copy_(q_live)
         self.q[rows:].zero_()
 
-    def replay(self, world: GpuWorld, live, q_live) -> Dict[int, torch.Tensor]:
-        """Refresh the captured metadata for ``live`` and replay; the bucket's outputs (all rows)."""
+    def replay(self, world: GpuWorld, live, q_live, model_runner=None) -> Dict[int, torch.Tensor]:
+        """Refresh the captured metadata for ``live`` and replay; the bucket's outputs (all rows).
+
+        With ``model_runner`` (a stand-in holding ``attn_backend``, ``spec_algorithm`` and the
+        read-done mailbox) the refresh goes through upstream's runner,
+        ``PrefillCudaGraphRunner._prepare_forward_metadata_for_replay``, and its answer through
+        upstream's publisher, as ``PrefillCudaGraphRunner.execute`` does before replaying; the
+        answer is kept in ``self.read_ends``."""
         static_fb = self.static_batch(live)
         backend = self.world.backend
         with self._contexts(static_fb):
-            backend.prepare_forward_metadata_for_breakable_cuda_graph_replay(
-                self.metadata, live, static_forward_batch=static_fb
-            )
+            if model_runner is None:
+                backend.prepare_forward_metadata_for_breakable_cuda_graph_replay(
+                    self.metadata, live, static_forward_batch=static_fb
+                )
+            else:
+                self.read_ends = self._prepare_through_runner(model_runner, live, static_fb)
             world.write_c4_topk(self.metadata)
             self._load(q_live)
             self.graph.replay()

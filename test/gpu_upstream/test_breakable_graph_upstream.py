@@ -95,3 +95,74 @@ def test_split_acts_inside_replays_and_equals_upstream(bucket):
         assert err < 5e-3, f"layer {layer}: decode rows rel L2 {err:.2e}"
         assert torch.count_nonzero(on[layer][rows:]) == 0
         assert torch.equal(on_extend[layer], off["extend"][layer])
+
+
+class _ModelRunner:
+    """What upstream's replay prepare and publisher read of a model runner."""
+
+    def __init__(self, backend):
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        self.attn_backend = backend
+        self.spec_algorithm = SpeculativeAlgorithm.NONE
+        self.shared_read_done_event = None
+        self.forward_pass_id = 0
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["unsplit", "split"])
+def test_replay_read_done_prebuilds_publishes_and_equals_upstream(bucket, split):
+    """With the replay read-done patch and the snapshot check on, upstream's runner prepare of a
+    MIXED and of an EXTEND replay answers PRE_REPLAY with the chunk cache already built (for the
+    split: the plan's prefill-only one), upstream's publisher records a real CUDA event, nothing
+    reads the shared tables during the replay (the check would raise inside the attention
+    break), and the outputs equal the patch-off replay (bit for bit without the split)."""
+    from install_kit import installed
+    from sglang.srt.layers.attention.base_attn_backend import SharedReadEnds
+
+    from sglang_mixgraph.patches import replay_read_done as rd
+    from sglang_mixgraph.patches import war_snapshot_check as wc
+
+    world, b = bucket
+    names = ("mixed_b", "extend")
+    off = {}
+    for name in names:
+        view, fb = _live(world, name)
+        off[name] = b.replay(view, fb, view.q())
+    env = {
+        "SGLANG_OPT_DSV4_REPLAY_READ_DONE": "1",
+        "SGLANG_DEBUG_WAR_SNAPSHOT": "1",
+        "SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN": "1" if split else "0",
+        "SGLANG_MIXGRAPH_SPLIT_POLICY": "always",
+    }
+    runner = _ModelRunner(world.backend)
+    on = {}
+    wc.PUBLISHED.clear()
+    try:
+        with installed((ms.PATCH, rd.PATCH, wc.PATCH), env):
+            for name in names:
+                runner.forward_pass_id += 1
+                runner.shared_read_done_event = None
+                view, fb = _live(world, name)
+                on[name] = b.replay(view, fb, view.q(), model_runner=runner)
+                assert b.read_ends is SharedReadEnds.PRE_REPLAY
+                assert isinstance(runner.shared_read_done_event, torch.cuda.Event)
+                assert b.metadata.sparse_prefill_cache is not None
+                plan = getattr(b.metadata, ms.PLAN_ATTR, None)
+                if split and name.startswith("mixed"):
+                    assert (
+                        plan is not None and b.metadata.sparse_prefill_cache is plan.prefill_cache
+                    )
+                else:
+                    assert plan is None
+    finally:
+        wc.PUBLISHED.clear()
+    for name in names:
+        view, _ = _live(world, name)
+        rows, b0 = view.step.num_rows, view.step.b0
+        for layer in b.layers:
+            if split and name.startswith("mixed"):
+                assert torch.equal(on[name][layer][:b0], off[name][layer][:b0])
+                err = G.rel_l2(on[name][layer][b0:rows], off[name][layer][b0:rows])
+                assert err < 5e-3, f"{name} layer {layer}: decode rows rel L2 {err:.2e}"
+            else:
+                assert torch.equal(on[name][layer], off[name][layer]), (name, layer)

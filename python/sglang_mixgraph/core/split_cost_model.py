@@ -23,7 +23,8 @@ The model is linear in counts that the host knows before launching anything:
 ``ws_*`` are workspace rows (tokens dequantized), ``keys_*`` the number of (query row, key)
 pairs the kernel attends to (valid keys only: both kernels skip past ``topk_length``), all in
 milliseconds per unit. Coefficients are fitted per GPU architecture and per compress ratio by
-``benchmark/mixed_split_kernel.py`` and stored as package data
+``benchmark/fit_split_cost.py`` from in-server timings (``benchmark/mixed_split_inserver.py``
+with the GPU queue kept ahead of the host, as in a replayed step) and stored as package data
 ``sglang_mixgraph/data/split_cost_<arch>.json``. An architecture without a file uses the
 ``sm90`` numbers (or the built-in bandwidth-derived ones below when even that is missing) with
 a conservative margin: split only where the model predicts at least ``UNKNOWN_ARCH_MARGIN``

@@ -28,8 +28,8 @@ SPLIT_FLAG = bool_flag(
     "DSV4: split mixed prefill/decode steps at the boundary; decode rows use the fp8 decode "
     "kernel, the sparse-prefill workspace covers only the prefill requests.",
 )
-# Default from the H200 sweep (docs/results/mixed_split_h200.md, "Conclusions and default
-# policy"): `always` loses up to 17 % per step at short contexts, `adaptive` stays within ~1 %.
+# Default `adaptive`: on the H200 in-server sweep (docs/results/mixed_split_inserver_fit_h200.md)
+# `always` loses up to 15 % on c128 layers with a prefill chunk; `adaptive` never loses over 1 %.
 POLICY_FLAG = choice_flag(
     "SGLANG_MIXGRAPH_SPLIT_POLICY",
     "adaptive",
