@@ -2,7 +2,8 @@
 
 The GPU run itself is test/gpu_e2e/run_e2e.py (it needs the H200 and the kit); here the driver
 runs with a stand-in phase process that writes what a phase writes (tokens, step log, counter
-lines), so that what it reports and its exit status are checked without a GPU.
+lines), so that what it reports and its exit status are checked without a GPU. Every check is
+fed fake phase records and step logs on which it must fail, as well as ones it must pass.
 """
 
 from __future__ import annotations
@@ -10,17 +11,36 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+
+from sglang_mixgraph.core import split_cost_model as scm
 
 E2E = Path(__file__).resolve().parent / "gpu_e2e"
 sys.path.insert(0, str(E2E))
 
 import e2e_checks as C  # noqa: E402
 import e2e_phases as P  # noqa: E402
+import e2e_step_log as L  # noqa: E402
 import e2e_workload as W  # noqa: E402
 
 CONFIG = json.loads((E2E / "tiny_dsv4_config.json").read_text())
+
+
+def _threshold_coeffs(c4_decode_keys: int) -> scm.Coefficients:
+    """Synthetic coefficients, so that the checks' tests do not move with a refit of the GPU's:
+    only c4 layers split, and they do when the step's decode rows attend to at least
+    ``c4_decode_keys`` keys (unsplit: 1 per key; split: the prefill keys plus a fixed
+    ``c4_decode_keys`` for the decode kernel). SWA-only and c128 layers never gain."""
+    zero = dict.fromkeys(scm.COEFF_NAMES, 0.0)
+    never = dict(zero, c_dec=1.0)
+    c4 = dict(zero, a_key=1.0, c_dec=float(c4_decode_keys))
+    return scm.Coefficients(arch="synthetic", per_ratio={0: never, 4: c4, 128: never})
+
+
+# Each decode row at 12k attends to 128 SWA + 512 (the tiny top-k) c4 keys.
+POLICY = C.AdaptivePolicy(_threshold_coeffs(6000), CONFIG["index_topk"], frozenset({0, 4, 128}))
 
 
 # ---- the tiny model and the workload ---------------------------------------------------------
@@ -77,11 +97,33 @@ def test_long_mixed_steps_are_where_the_h200_cost_model_splits_c4():
 
 
 def test_phases_parse_in_run_order_and_reject_unknown_names():
-    names = [p.name for p in P.parse([])]
-    assert len(names) == 9 and names[:3] == ["eager-off", "dgraph-off", "bcg-off"]
+    assert [p.name for p in P.parse([])] == [
+        "eager-off",
+        "dgraph-off",
+        "bcg-off",
+        "bcg-off-rd",
+        "eager-always",
+        "dgraph-always",
+        "bcg-always",
+        "bcg-always-rd",
+        "eager-adaptive",
+        "dgraph-adaptive",
+        "bcg-adaptive",
+    ]
     assert [p.name for p in P.parse(["bcg-always", "eager-off"])] == ["eager-off", "bcg-always"]
-    with pytest.raises(ValueError, match="unknown phase"):
-        P.parse(["eager-sometimes"])
+    # A read-done phase is never a baseline: it runs after bcg-off, which it is compared with.
+    rd = P.parse(["bcg-off-rd", "bcg-off"])
+    assert [p.name for p in rd] == ["bcg-off", "bcg-off-rd"]
+    assert [p.name for p in P.parse(["eager-off-rd", "dgraph-off", "eager-off"])] == [
+        "eager-off",
+        "dgraph-off",
+        "eager-off-rd",
+    ]
+    assert [p.is_baseline for p in rd] == [True, False] and rd[1].baseline == "bcg-off"
+    assert P.parse(["dgraph-adaptive-rd"]) == [P.Phase("dgraph", "adaptive", read_done=True)]
+    for bad in ("eager-sometimes", "bcg-rd", "bcg-always-rd-rd", "bcg-always-RD"):
+        with pytest.raises(ValueError, match="unknown phase"):
+            P.parse([bad])
 
 
 def test_phase_env_differs_from_its_baseline_by_the_split_alone():
@@ -102,6 +144,22 @@ def test_phase_env_differs_from_its_baseline_by_the_split_alone():
     assert base[P.RADIX_CORE_ENV] == "python" and P.RADIX_CORE_ENV not in P.Phase(
         "eager", "off"
     ).env(offs, radix=False)
+
+
+def test_read_done_phase_env_is_its_phase_plus_the_two_read_done_flags():
+    offs = {
+        "SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN": "0",
+        "SGLANG_OPT_DSV4_REPLAY_READ_DONE": "0",
+        "SGLANG_DEBUG_WAR_SNAPSHOT": "0",
+    }
+    for split in P.SPLITS:
+        plain = P.Phase("bcg", split).env(offs, radix=False)
+        rd = P.Phase("bcg", split, read_done=True).env(offs, radix=False)
+        diff = {k: rd[k] for k in set(plain) | set(rd) if plain.get(k) != rd.get(k)}
+        assert diff == {"SGLANG_OPT_DSV4_REPLAY_READ_DONE": "1", "SGLANG_DEBUG_WAR_SNAPSHOT": "1"}
+        assert P.Phase("bcg", split, read_done=True).engine_kwargs(
+            "/m", radix=False, slot=0
+        ) == P.Phase("bcg", split).engine_kwargs("/m", radix=False, slot=0)
 
 
 def test_engine_kwargs_per_graph_mode():
@@ -155,33 +213,60 @@ def test_merge_counters_takes_each_process_last_line_and_sums_processes():
     }
 
 
-def _steps(eager_mixed=0, graph_mixed=0):
+def _steps(eager_mixed=0, graph_mixed=0, graph_extend=0):
     return (
         [{"mode": "MIXED", "graph": False}] * eager_mixed
         + [{"mode": "MIXED", "graph": True}] * graph_mixed
+        + [{"mode": "EXTEND", "graph": True}] * graph_extend
         + [{"mode": "DECODE", "graph": True}] * 3
     )
 
 
-def _rec(name, split, *, steps, events=None, fallbacks=None, outputs=None, stubs=()):
+def _rec(
+    name,
+    split,
+    *,
+    steps,
+    events=None,
+    fallbacks=None,
+    outputs=None,
+    stubs=(),
+    read_done=False,
+    patches=None,
+    patch_fallbacks=None,
+    ran=True,
+):
+    """A phase record; ``events``/``fallbacks`` are mixed_split's, ``patches`` /
+    ``patch_fallbacks`` other patches' (``{patch: {key: n}}``)."""
     outputs = {"r0": [1, 2, 3], "r1": [4, 5]} if outputs is None else outputs
     return C.PhaseRecord(
         name=name,
         split=split,
-        ran=True,
+        ran=ran,
+        read_done=read_done,
         outputs=outputs,
         expected_lens={"r0": 3, "r1": 2},
         steps=steps,
         counters={
-            "events": {"mixed_split": events} if events else {},
-            "fallbacks": {"mixed_split": fallbacks} if fallbacks else {},
+            "events": dict({"mixed_split": events} if events else {}, **(patches or {})),
+            "fallbacks": dict(
+                {"mixed_split": fallbacks} if fallbacks else {}, **(patch_fallbacks or {})
+            ),
         },
         stub_calls=list(stubs),
     )
 
 
+def _check(rec, base):
+    return C.check_phase(rec, base, POLICY)
+
+
 def _failed(checks):
     return [c.name for c in checks if not c.ok]
+
+
+def _detail(checks, name):
+    return next(c.detail for c in checks if c.name == name)
 
 
 ACTED = {
@@ -193,15 +278,23 @@ ACTED = {
 }
 
 
+REPLAYS = {
+    "replays_seen": 5,
+    "replays_split": 5,
+    "layers_split.c0": 5,
+    "layers_split.c4": 10,
+    "layers_split.c128": 5,
+}
+
+
 def test_a_split_phase_passes_only_with_equal_tokens_and_the_split_acting():
     base = _rec("eager-off", "off", steps=_steps(4))
-    assert _failed(C.check_phase(base, None)) == []
+    assert _failed(_check(base, None)) == []
     assert (
-        _failed(C.check_phase(_rec("eager-always", "always", steps=_steps(4), events=ACTED), base))
-        == []
+        _failed(_check(_rec("eager-always", "always", steps=_steps(4), events=ACTED), base)) == []
     )
     # Equal tokens but the split never acted: failed, not a pass.
-    vacuous = C.check_phase(
+    vacuous = _check(
         _rec(
             "eager-always", "always", steps=_steps(4), events={"steps_seen.mixed_run_as_extend": 4}
         ),
@@ -212,7 +305,7 @@ def test_a_split_phase_passes_only_with_equal_tokens_and_the_split_acting():
         "layers of every compress ratio split",
     ]
     # Acted but different tokens: the mismatch is reported with its first position.
-    differs = C.check_phase(
+    differs = _check(
         _rec(
             "eager-always",
             "always",
@@ -228,74 +321,325 @@ def test_a_split_phase_passes_only_with_equal_tokens_and_the_split_acting():
     ].detail
 
 
-def test_adaptive_must_decide_every_step_and_split_some():
-    base = _rec("dgraph-off", "off", steps=_steps(4))
-    ok = {
-        "steps_seen.mixed_run_as_extend": 4,
-        "steps_split": 1,
-        "steps_unsplit_adaptive": 3,
-        "layers_split.c4": 2,
-    }
-    assert (
-        _failed(
-            C.check_phase(_rec("dgraph-adaptive", "adaptive", steps=_steps(4), events=ok), base)
-        )
-        == []
-    )
-    never = {"steps_seen.mixed_run_as_extend": 4, "steps_unsplit_adaptive": 4}
-    assert _failed(
-        C.check_phase(_rec("dgraph-adaptive", "adaptive", steps=_steps(4), events=never), base)
-    ) == ["adaptive split at least one eager MIXED step"]
+# ---- adaptive against the cost model -------------------------------------------------------------
 
-
-REPLAYS = {
-    "replays_seen": 5,
-    "replays_split": 5,
-    "layers_split.c0": 5,
-    "layers_split.c4": 10,
-    "layers_split.c128": 5,
+# The long segment's late chunk with 16 decode rows at 12k: the sm90 model splits the c4 layers.
+LONG_SHAPE = {
+    "seq_lens": [W.LONG_PROMPT + P.CHUNK] + [W.LONG_PROMPT + 1] * W.LONG_REQUESTS,
+    "extend_seq_lens": [P.CHUNK] + [1] * W.LONG_REQUESTS,
+    "num_decode": W.LONG_REQUESTS,
 }
+# A chunk of the short segments with one decode row: no ratio splits.
+SHORT_SHAPE = {"seq_lens": [900, 41], "extend_seq_lens": [256, 1], "num_decode": 1}
+
+
+def _shaped(shapes, graph=False):
+    return [dict(s, mode="MIXED", graph=graph) for s in shapes] + [
+        {"mode": "DECODE", "graph": True}
+    ]
+
+
+def test_adaptive_policy_for_the_tiny_model_is_sm90_its_top_k_and_its_ratios():
+    policy = C.AdaptivePolicy.for_model(CONFIG)
+    assert policy.coeffs == scm.load_coefficients("sm90")
+    assert policy.topk == CONFIG["index_topk"] and policy.ratios == {0, 4, 128}
+    # The ratios of the layers the model has; SWA-only ones always (upstream lists only c4/c128).
+    two_layers = dict(CONFIG, compress_ratios=[4, 4, 128, 128], num_hidden_layers=2)
+    assert C.AdaptivePolicy.for_model(two_layers).ratios == {0, 4}
+
+
+def test_adaptive_policy_splits_a_step_where_any_present_ratio_gains():
+    # 16 decode rows x 640 keys pass the c4 threshold, one row at 41 tokens does not.
+    assert POLICY.splits(LONG_SHAPE) is True and POLICY.splits(SHORT_SHAPE) is False
+    # Only the c4 layers gain: without them nothing splits.
+    no_c4 = C.AdaptivePolicy(POLICY.coeffs, POLICY.topk, frozenset({0, 128}))
+    assert no_c4.splits(LONG_SHAPE) is False
+    # The model's top-k caps the c4 keys: 8 rows at 12k are 8 x 640 keys with 512 (kept
+    # unsplit), 8 x 1152 with 1024 (split).
+    eight = {
+        "seq_lens": [W.LONG_PROMPT + P.CHUNK] + [W.LONG_PROMPT + 1] * 8,
+        "extend_seq_lens": [P.CHUNK] + [1] * 8,
+        "num_decode": 8,
+    }
+    assert POLICY.splits(eight) is False
+    assert C.AdaptivePolicy(POLICY.coeffs, 1024, POLICY.ratios).splits(eight) is True
+    # The split sizes a step by its requests: seq_lens entries past them (padding) are ignored.
+    padded = dict(LONG_SHAPE, seq_lens=LONG_SHAPE["seq_lens"] + [1, 1])
+    assert POLICY.splits(padded) is True
+    # No decode count recorded (a phase without the split), or a decode count the lists
+    # contradict: no decision.
+    assert POLICY.splits(dict(LONG_SHAPE, num_decode=None)) is None
+    assert POLICY.splits({"seq_lens": [5], "extend_seq_lens": [1], "num_decode": 2}) is None
+
+
+ADAPTIVE_CHECK = "adaptive split the eager MIXED steps the cost model splits"
+
+
+def test_adaptive_split_count_must_equal_the_cost_models():
+    base = _rec("dgraph-off", "off", steps=_steps(5))
+    steps = _shaped([LONG_SHAPE] * 2 + [SHORT_SHAPE] * 3)
+
+    def adaptive(split, kept):
+        events = {"steps_seen.mixed_run_as_extend": 5, "steps_split": split}
+        events["steps_unsplit_adaptive"] = kept
+        return _check(_rec("dgraph-adaptive", "adaptive", steps=steps, events=events), base)
+
+    ok = adaptive(2, 3)
+    assert _failed(ok) == []
+    assert _detail(ok, ADAPTIVE_CHECK) == (
+        "the cost model splits 2 of 5, keeps 3; adaptive split 2, kept unsplit 3"
+    )
+    # Every step decided, but not as the cost model decides: too few, too many.
+    assert _failed(adaptive(1, 4)) == [ADAPTIVE_CHECK]
+    assert _failed(adaptive(3, 2)) == [ADAPTIVE_CHECK]
+    # A step left undecided fails both.
+    assert _failed(adaptive(2, 2)) == ["adaptive decided every eager MIXED step", ADAPTIVE_CHECK]
+
+
+def test_adaptive_passes_with_no_split_only_where_the_cost_model_splits_none():
+    base = _rec("eager-off", "off", steps=_steps(4))
+    steps = _shaped([SHORT_SHAPE] * 4)
+    kept = {"steps_seen.mixed_run_as_extend": 4, "steps_unsplit_adaptive": 4}
+    checks = _check(_rec("eager-adaptive", "adaptive", steps=steps, events=kept), base)
+    assert _failed(checks) == []
+    assert _detail(checks, ADAPTIVE_CHECK).startswith(
+        "the cost model keeps all 4 eager MIXED steps unsplit at these shapes; the split itself "
+        "is shown by the always phases"
+    )
+    split_one = {"steps_seen.mixed_run_as_extend": 4, "steps_split": 1, "steps_unsplit_adaptive": 3}
+    assert _failed(
+        _check(_rec("eager-adaptive", "adaptive", steps=steps, events=split_one), base)
+    ) == [ADAPTIVE_CHECK]
+    # The long shapes where the model splits: keeping them unsplit is a failure.
+    long_steps = _shaped([LONG_SHAPE] * 4)
+    assert _failed(
+        _check(_rec("eager-adaptive", "adaptive", steps=long_steps, events=kept), base)
+    ) == [ADAPTIVE_CHECK]
+
+
+def test_adaptive_without_a_logged_shape_fails_and_replays_are_checked_apart():
+    base = _rec("bcg-off", "off", steps=_steps(0, 3))
+    no_shape = _shaped([dict(SHORT_SHAPE, num_decode=None)] * 3, graph=True)
+    kept = {"replays_seen": 3, "replays_unsplit_adaptive": 3}
+    checks = _check(_rec("bcg-adaptive", "adaptive", steps=no_shape, events=kept), base)
+    name = "adaptive split the replayed MIXED steps the cost model splits"
+    assert _failed(checks) == [name] and "3 of 3 replayed MIXED steps have no shape" in _detail(
+        checks, name
+    )
+    # Replays are decided by replays_split / replays_unsplit_adaptive, not the eager counters.
+    replayed = _shaped([LONG_SHAPE] + [SHORT_SHAPE] * 2, graph=True)
+    right = {"replays_seen": 3, "replays_split": 1, "replays_unsplit_adaptive": 2}
+    assert (
+        _failed(_check(_rec("bcg-adaptive", "adaptive", steps=replayed, events=right), base)) == []
+    )
+    eager_counters = {"replays_seen": 3, "steps_split": 1, "steps_unsplit_adaptive": 2}
+    assert _failed(
+        _check(_rec("bcg-adaptive", "adaptive", steps=replayed, events=eager_counters), base)
+    ) == ["adaptive decided every replayed MIXED step", name]
+
+
+# ---- the read-done phases --------------------------------------------------------------------
+
+RD_EVENTS = {
+    "replay_read_done": {
+        "replays_snapshot.mixed": 5,
+        "replays_snapshot.extend": 2,
+        "replays_published.mixed": 5,
+        "replays_published.extend": 2,
+        "caches_prebuilt": 7,
+    },
+    "war_snapshot_check": {"forwards_marked": 9},
+}
+RD_STEPS = _steps(0, 5, 2)
+
+
+def _rd(patches=RD_EVENTS, *, steps=RD_STEPS, **kw):
+    return _rec("bcg-off-rd", "off", steps=steps, read_done=True, patches=patches, **kw)
+
+
+def _without(patch, key):
+    return dict(RD_EVENTS, **{patch: {k: n for k, n in RD_EVENTS[patch].items() if k != key}})
+
+
+def test_read_done_off_phase_passes_only_with_its_baselines_tokens_and_publications():
+    base = _rec("bcg-off", "off", steps=RD_STEPS)
+    checks = _check(_rd(), base)
+    assert _failed(checks) == []
+    names = [c.name for c in checks]
+    # split off, yet compared with bcg-off: the read-done patches must not change a token
+    assert "tokens equal bcg-off" in names and "mixed_split inactive (flag off)" in names
+    assert _detail(checks, "read-done published for replayed MIXED steps") == (
+        "published 5 of 5 replayed MIXED steps"
+    )
+    assert _failed(_check(_rd(outputs={"r0": [1, 2, 9], "r1": [4, 5]}), base)) == [
+        "tokens equal bcg-off"
+    ]
+    assert _failed(_check(_rd(), None)) == ["tokens equal the off phase"]
+    mixed = _without("replay_read_done", "replays_published.mixed")
+    assert _failed(_check(_rd(mixed), base)) == ["read-done published for replayed MIXED steps"]
+    extend = _without("replay_read_done", "replays_published.extend")
+    assert _failed(_check(_rd(extend), base)) == ["read-done published for replayed EXTEND steps"]
+    # Without replayed EXTEND steps nothing is asked of the EXTEND publications.
+    assert _failed(_check(_rd(extend, steps=_steps(0, 5)), base)) == []
+    unmarked = _without("war_snapshot_check", "forwards_marked")
+    assert _failed(_check(_rd(unmarked), base)) == [
+        "the WAR snapshot check saw read-done published"
+    ]
+
+
+def test_read_done_fails_on_a_violation_or_a_fallback_and_names_the_reasons():
+    base = _rec("bcg-off", "off", steps=RD_STEPS)
+    violated = dict(RD_EVENTS, war_snapshot_check={"forwards_marked": 9, "violations": 1})
+    assert _failed(_check(_rd(violated), base)) == [
+        "no shared-table read after read-done (WarSnapshotViolation)"
+    ]
+    # The violation raises in the scheduler: a phase it ended still reports it.
+    died = _check(_rd(violated, ran=False), base)
+    assert _failed(died) == [
+        "ran to the end",
+        "no shared-table read after read-done (WarSnapshotViolation)",
+    ]
+    fell_back = _check(
+        _rd(patch_fallbacks={"replay_read_done": {"late_tail": 3, "not_published": 1}}), base
+    )
+    assert _failed(fell_back) == ["no replay_read_done fallback"]
+    assert _detail(fell_back, "no replay_read_done fallback") == "late_tail: 3, not_published: 1"
+
+
+def test_read_done_split_phase_is_checked_as_split_phase_and_as_read_done():
+    base = _rec("bcg-off", "off", steps=RD_STEPS)
+    rd_always = dict(patches=RD_EVENTS, steps=RD_STEPS, read_done=True)
+    ok = _rec("bcg-always-rd", "always", events=REPLAYS, **rd_always)
+    assert _failed(_check(ok, base)) == []
+    unsplit = _rec("bcg-always-rd", "always", events=dict(REPLAYS, replays_split=0), **rd_always)
+    assert _failed(_check(unsplit, base)) == ["split acted in every replayed MIXED step"]
+
+
+def test_the_read_done_patches_must_be_inactive_outside_rd_phases():
+    name = "replay_read_done and war_snapshot_check inactive (flags off)"
+    base = _rec("bcg-off", "off", steps=RD_STEPS, patches={"war_snapshot_check": {"x": 1}})
+    assert _failed(_check(base, None)) == [name]
+    fell_back = _rec(
+        "bcg-always",
+        "always",
+        steps=_steps(0, 5),
+        events=REPLAYS,
+        patch_fallbacks={"replay_read_done": {"late_tail": 1}},
+    )
+    assert _failed(_check(fell_back, _rec("bcg-off", "off", steps=_steps(0, 5)))) == [name]
+
+
+def test_summary_shows_the_read_done_counters():
+    lines = C.summarize(_rd(patches=dict(RD_EVENTS, other_patch={"n": 1})))
+    assert "war_snapshot_check counters: {'forwards_marked': 9}" in lines
+    assert any(
+        line.startswith("replay_read_done counters: {") and "caches_prebuilt" in line
+        for line in lines
+    )
+    assert "other patches: {'other_patch': {'n': 1}}" in lines
 
 
 def test_replayed_mixed_steps_must_split_and_stubs_fail_a_phase():
     base = _rec("bcg-off", "off", steps=_steps(0, 5))
     assert (
-        _failed(
-            C.check_phase(_rec("bcg-always", "always", steps=_steps(0, 5), events=REPLAYS), base)
-        )
+        _failed(_check(_rec("bcg-always", "always", steps=_steps(0, 5), events=REPLAYS), base))
         == []
     )
     partly = dict(REPLAYS, replays_split=2)
     assert _failed(
-        C.check_phase(_rec("bcg-always", "always", steps=_steps(0, 5), events=partly), base)
+        _check(_rec("bcg-always", "always", steps=_steps(0, 5), events=partly), base)
     ) == ["split acted in every replayed MIXED step"]
     at_import = "cutlass.cute.jit (pid 1) from utils.py:331 < <frozen importlib._bootstrap>:488"
     serving = "sgl_kernel.x (pid 1) from layernorm.py:631 < deepseek_v4.py:900"
     stubbed = _rec(
         "bcg-always", "always", steps=_steps(0, 5), events=REPLAYS, stubs=[at_import, serving]
     )
-    assert _failed(C.check_phase(stubbed, base)) == ["no stub was called while serving"]
+    assert _failed(_check(stubbed, base)) == ["no stub was called while serving"]
     assert C.split_stub_calls([at_import, serving]) == ([serving], [at_import])
     only_import = _rec(
         "bcg-always", "always", steps=_steps(0, 5), events=REPLAYS, stubs=[at_import]
     )
-    assert _failed(C.check_phase(only_import, base)) == []
+    assert _failed(_check(only_import, base)) == []
 
 
 def test_a_baseline_without_mixed_steps_or_with_split_activity_fails():
-    assert _failed(C.check_phase(_rec("eager-off", "off", steps=_steps(0)), None)) == [
+    assert _failed(_check(_rec("eager-off", "off", steps=_steps(0)), None)) == [
         "the workload made MIXED steps"
     ]
     assert _failed(
-        C.check_phase(_rec("eager-off", "off", steps=_steps(2), events={"steps_split": 1}), None)
+        _check(_rec("eager-off", "off", steps=_steps(2), events={"steps_split": 1}), None)
     ) == ["mixed_split inactive (flag off)"]
 
 
 def test_missing_tokens_and_a_failed_run_are_failed_checks():
     short = _rec("eager-off", "off", steps=_steps(1), outputs={"r0": [1, 2], "r1": [4, 5]})
-    assert _failed(C.check_phase(short, None)) == ["every request got all its tokens"]
+    assert _failed(_check(short, None)) == ["every request got all its tokens"]
     died = C.PhaseRecord(name="eager-always", split="always", ran=False, error="boom")
-    assert _failed(C.check_phase(died, None)) == ["ran to the end"]
+    assert _failed(_check(died, None)) == ["ran to the end"]
+
+
+# ---- the step log ----------------------------------------------------------------------------
+
+
+class _Mode:
+    def __init__(self, name):
+        self.name = name
+
+
+def _batch(mode, **kw):
+    import torch
+
+    from sglang_mixgraph.patches.mixed_split.state import NUM_DECODE_ATTR
+
+    fields = dict(
+        forward_mode=_Mode(mode),
+        input_ids=torch.zeros(259, dtype=torch.long),
+        batch_size=4,
+        seq_lens_cpu=torch.tensor([700, 300, 51, 90]),
+        extend_seq_lens_cpu=[256, 1, 1, 1],
+    )
+    fields.update(kw)
+    batch = SimpleNamespace(**fields)
+    setattr(batch, NUM_DECODE_ATTR, 3)
+    return batch
+
+
+def test_step_log_records_the_split_inputs_of_mixed_steps_at_entry(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setenv("MIXGRAPH_E2E_STEP_LOG", str(tmp_path))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+
+    class ModelRunner:
+        def forward(self, forward_batch):
+            # As EagerRunner does: the MIXED batch runs relabelled as EXTEND.
+            forward_batch.forward_mode = _Mode("EXTEND")
+            forward_batch.extend_seq_lens_cpu = [259]
+            return SimpleNamespace(can_run_graph=False)
+
+    L._wrap_forward(SimpleNamespace(ModelRunner=ModelRunner))
+    runner = ModelRunner()
+    runner.forward(_batch("MIXED"))
+    runner.forward(_batch("DECODE", extend_seq_lens_cpu=None))
+    no_split = _batch("MIXED")
+    delattr(no_split, "_mixgraph_num_decode")
+    runner.forward(no_split)
+    (log,) = tmp_path.glob("steps_*.jsonl")
+    mixed, decode, unsplit = [json.loads(line) for line in log.read_text().splitlines()]
+    assert {k: mixed[k] for k in ("mode", "bs", "rows", "graph")} == {
+        "mode": "MIXED",
+        "bs": 4,
+        "rows": 259,
+        "graph": False,
+    }
+    assert (mixed["seq_lens"], mixed["extend_seq_lens"], mixed["num_decode"]) == (
+        [700, 300, 51, 90],
+        [256, 1, 1, 1],
+        3,
+    )
+    assert "seq_lens" not in decode and "num_decode" not in decode
+    assert unsplit["num_decode"] is None and POLICY.splits(unsplit) is None
+    assert POLICY.splits(mixed) is False  # what the checks run on it
 
 
 # ---- the driver, with a stand-in phase process -------------------------------------------------
@@ -304,15 +648,22 @@ FAKE_PHASE = """
 import json, os, sys
 kwargs, out = sys.argv[1], sys.argv[2]
 split = os.environ["SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN"] == "1"
+adaptive = split and os.environ.get("SGLANG_MIXGRAPH_SPLIT_POLICY") == "adaptive"
+read_done = os.environ["SGLANG_OPT_DSV4_REPLAY_READ_DONE"] == "1"
 radix_serializes = os.environ.get("FAKE_RADIX_SERIALIZES") == "1" and "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND" in os.environ
 acts = os.environ.get("FAKE_SPLIT_ACTS") == "1"
 graph = json.load(open(kwargs)).get("cuda_graph_backend_prefill") == "breakable"
-steps = [{"mode": "EXTEND" if radix_serializes else "MIXED", "bs": 3, "rows": 258, "graph": graph, "ms": 2.0}] * 2
+# A short-segment shape (the cost model keeps it unsplit); the decode count is the split's record.
+shape = {"seq_lens": [900, 41], "extend_seq_lens": [256, 1], "num_decode": 1 if split else None}
+steps = [dict(shape, mode="EXTEND" if radix_serializes else "MIXED", bs=2, rows=257, graph=graph, ms=2.0)] * 2
 steps += [{"mode": "DECODE", "bs": 3, "rows": 3, "graph": True, "ms": 1.0}]
 with open(os.path.join(os.environ["MIXGRAPH_E2E_STEP_LOG"], "steps_1.jsonl"), "w") as f:
     f.writelines(json.dumps(s) + "\\n" for s in steps)
-events, fallbacks = {}, {}
-if split and graph and acts:
+events = {}
+if adaptive:
+    events = {"replays_seen": 2, "replays_unsplit_adaptive": 2} if graph else {
+        "steps_seen.mixed_run_as_extend": 2, "steps_unsplit_adaptive": 2}
+elif split and graph and acts:
     events = {"replays_seen": 2, "replays_split": 2, "layers_split.c0": 2, "layers_split.c4": 4,
               "layers_split.c128": 2}
 elif split and graph:
@@ -321,9 +672,13 @@ elif split and acts:
     events = {"steps_seen.mixed_run_as_extend": 2, "steps_split": 2, "layers_split.c0": 2,
               "layers_split.c4": 4, "layers_split.c128": 2}
 elif split:
-    events = {"steps_seen.mixed_run_as_extend": 2, "steps_unsplit_adaptive": 2}
-if events or fallbacks:
-    snap = {"pid": 7, "events": {"mixed_split": events}, "fallbacks": {"mixed_split": fallbacks}}
+    events = {"steps_seen.mixed_run_as_extend": 2}
+patches = {"mixed_split": events} if events else {}
+if read_done:
+    patches["replay_read_done"] = {"replays_published.mixed": 2 if graph else 0}
+    patches["war_snapshot_check"] = {"forwards_marked": 2}
+if patches:
+    snap = {"pid": 7, "events": patches, "fallbacks": {}}
     print("[x] sglang-mixgraph counters " + json.dumps(snap))
 print("[gpu-upstream] stand-in first use: sgl_kernel.rmsnorm -> torch (pid 7)")
 json.dump({"ok": True, "outputs": {"r0": [1, 2]}, "expected_lens": {"r0": 2}, "timings": {}}, open(out, "w"))
@@ -335,6 +690,9 @@ def _run_driver(tmp_path, monkeypatch, acts, radix_serializes=False):
 
     fake = tmp_path / "fake_phase.py"
     fake.write_text(FAKE_PHASE)
+    # The driver's cost model: what the GPU's coefficients are asked for, the synthetic answer.
+    asked = []
+    monkeypatch.setattr(scm, "load_coefficients", lambda arch: asked.append(arch) or POLICY.coeffs)
     monkeypatch.setattr(run_e2e, "PHASE_SCRIPT", str(fake))
     monkeypatch.setenv("FAKE_SPLIT_ACTS", "1" if acts else "0")
     monkeypatch.setenv("FAKE_RADIX_SERIALIZES", "1" if radix_serializes else "0")
@@ -346,8 +704,11 @@ def _run_driver(tmp_path, monkeypatch, acts, radix_serializes=False):
             "run_e2e.py",
             "eager-off",
             "eager-always",
+            "eager-adaptive",
             "bcg-off",
             "bcg-always",
+            "bcg-off-rd",
+            "bcg-always-rd",
             "--out",
             str(out),
             "--work",
@@ -357,6 +718,7 @@ def _run_driver(tmp_path, monkeypatch, acts, radix_serializes=False):
         ],
     )
     rc = run_e2e.main()
+    assert asked == ["sm90"]
     return (
         rc,
         json.loads((out / "e2e_results.json").read_text()),
@@ -373,15 +735,34 @@ def test_driver_reports_phases_and_exits_zero_when_every_check_holds(tmp_path, m
     assert eager["standins"] == ["sgl_kernel.rmsnorm -> torch"]
     assert report["phases"]["bcg-always"]["counters"]["events"]["mixed_split"]["replays_split"] == 2
     assert "[ok] split acted in every eager MIXED step: split 2 of 2" in log
+    # adaptive: the cost model run on the logged shapes, which it keeps unsplit
+    assert (
+        "[ok] adaptive split the eager MIXED steps the cost model splits: the cost model keeps "
+        "all 2 eager MIXED steps unsplit at these shapes" in log
+    )
+    # the read-done phase: the flags reached it (its counters), compared with bcg-off, after it
+    rd = report["phases"]["bcg-always-rd"]
+    assert rd["counters"]["events"]["war_snapshot_check"] == {"forwards_marked": 2}
+    assert {c["name"] for c in rd["checks"] if c["ok"]} >= {
+        "tokens equal bcg-off",
+        "read-done published for replayed MIXED steps",
+        "split acted in every replayed MIXED step",
+    }
+    assert "replay_read_done counters: {'replays_published.mixed': 2}" in log
+    # Read-done phases run after the baselines' wave (whose outcome sets the radix cache).
+    assert log.index("== bcg-off: ok") < log.index("== bcg-off-rd: started")
+    assert log.index("== bcg-off: ok") < log.index("== bcg-always-rd: started")
+    assert [c["name"] for c in report["phases"]["bcg-off-rd"]["checks"] if not c["ok"]] == []
     assert (tmp_path / "out" / "phase_logs.tgz").exists()
 
 
 def test_driver_exits_nonzero_when_the_split_never_acted(tmp_path, monkeypatch):
     rc, report, log = _run_driver(tmp_path, monkeypatch, acts=False)
-    # eager and replayed: the split did not act, and no layer of any ratio split
-    assert rc == 1 and report["checks_failed"] == 4
+    # eager, replayed and replayed with read-done: the split did not act, no layer split
+    assert rc == 1 and report["checks_failed"] == 6
     assert "FAILED eager-always: split acted in every eager MIXED step: split 0 of 2" in log
     assert "FAILED bcg-always: split acted in every replayed MIXED step: split 0 of 2" in log
+    assert "FAILED bcg-always-rd: split acted in every replayed MIXED step: split 0 of 2" in log
 
 
 # ---- the Engine-only stand-ins (tools/gpu-upstream/engine) -------------------------------------

@@ -1,21 +1,34 @@
-"""What the end-to-end run must show, computed from what the phases recorded (pure Python).
+"""What the end-to-end run must show, computed from what the phases recorded.
 
 Inputs per phase: the greedy tokens of every request, the step log (mode at entry to
-``ModelRunner.forward``, whether a graph ran), the patches' counters (the scheduler's last
-``sglang-mixgraph counters`` line) and the stand-in / stub lines of its log. A split phase passes
-only if its tokens equal its graph mode's ``off`` phase AND the counters show the split acted
-where it is meant to: in every MIXED step that ran eagerly (``EagerRunner`` runs it as EXTEND),
-and, in breakable-graph replays, as the recorded fallback (the split does not act there yet).
-An equality where the split never acted is a failed check, not a pass.
+``ModelRunner.forward``, whether a graph ran, and for a MIXED step the shape the split decides
+on), the patches' counters (each process's last ``sglang-mixgraph counters`` line) and the
+stand-in / stub lines of its log. Every phase but a baseline (``<graph>-off``) must reproduce its
+baseline's tokens, and an equality where the patch under test never acted is a failed check, not
+a pass:
+
+* split ``always``: the split acted in every MIXED step, eager (``EagerRunner`` runs it as
+  EXTEND) or replayed under the breakable graph, and layers of every compress ratio split;
+* split ``adaptive``: every MIXED step decided, and exactly as many split as the cost model
+  (``sglang_mixgraph.core.split_cost_model``, the GPU's coefficients) splits at the logged
+  shapes; when it splits none, the check says so and the ``always`` phases show the split;
+* read-done (``-rd``): read-done published for replayed MIXED and EXTEND steps
+  (``replay_read_done``), the debug check saw publications and no violation
+  (``war_snapshot_check``), no ``replay_read_done`` fallback; in every other phase both patches
+  are inactive, as is the split in the ``off`` phases.
+
+Pure Python but for the cost model (CPU torch), which :class:`AdaptivePolicy` imports lazily.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence
+from typing import Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence
 
 PATCH = "mixed_split"
+RD_PATCH = "replay_read_done"
+WAR_PATCH = "war_snapshot_check"
 RATIOS = (0, 4, 128)
 
 
@@ -42,12 +55,60 @@ class PhaseRecord:
     name: str
     split: str  # off | always | adaptive
     ran: bool
+    read_done: bool = False  # the -rd variant: replay_read_done and war_snapshot_check on
     error: str = ""
     outputs: Dict[str, List[int]] = field(default_factory=dict)
     expected_lens: Dict[str, int] = field(default_factory=dict)
     steps: List[dict] = field(default_factory=list)
     counters: dict = field(default_factory=dict)
     stub_calls: List[str] = field(default_factory=list)
+
+    @property
+    def is_baseline(self) -> bool:
+        """A ``<graph>-off`` phase: the tokens every other phase of its graph mode must equal."""
+        return self.split == "off" and not self.read_done
+
+
+@dataclass(frozen=True)
+class AdaptivePolicy:
+    """What ``adaptive`` decides a MIXED step with (mixed_split/plan.py
+    ``_adaptive_split_ratios``): the cost model's coefficients for the GPU, the c4 layers'
+    top-k and the compress ratios the model has. A step splits when the model says so for any
+    ratio present."""
+
+    coeffs: object  # split_cost_model.Coefficients
+    topk: int
+    ratios: FrozenSet[int]
+
+    @classmethod
+    def for_model(cls, config: Mapping, arch: str = "sm90") -> "AdaptivePolicy":
+        """From the model's config.json; ``sm90`` is the H200 the run is on."""
+        from sglang_mixgraph.core import split_cost_model as scm
+
+        # SWA-only layers are always there (plan.py ``_present_ratios``).
+        present = {0} | {int(r) for r in config["compress_ratios"][: config["num_hidden_layers"]]}
+        return cls(scm.load_coefficients(arch), int(config["index_topk"]), frozenset(present))
+
+    def splits(self, step: Mapping) -> Optional[bool]:
+        """Whether the cost model splits this logged MIXED step; None when the log lacks its
+        shape (no decode count: the split did not record one) or the shape is inconsistent."""
+        from sglang_mixgraph.core import split_cost_model as scm
+
+        num_decode, exts = step.get("num_decode"), step.get("extend_seq_lens")
+        if not num_decode or not exts:
+            return None
+        # The split sizes the step by its requests (plan.py: seq_lens[:n], n = len(exts)).
+        seqs = list(step.get("seq_lens") or ())[: len(exts)]
+        try:
+            return any(
+                scm.should_split(
+                    scm.StepShape.from_lists(r, seqs, exts, num_decode, topk=self.topk),
+                    self.coeffs,
+                )
+                for r in sorted(self.ratios)
+            )
+        except ValueError:
+            return None
 
 
 def compare_tokens(
@@ -101,20 +162,40 @@ def steps_by_mode(steps: Iterable[Mapping]) -> Dict[str, int]:
     return dict(sorted(c.items()))
 
 
+def _of_mode(steps: Iterable[Mapping], mode: str, graph: bool) -> List[Mapping]:
+    return [s for s in steps if s["mode"] == mode and bool(s.get("graph")) == graph]
+
+
 def _mixed(steps: Iterable[Mapping], graph: bool) -> int:
-    return sum(1 for s in steps if s["mode"] == "MIXED" and bool(s.get("graph")) == graph)
+    return len(_of_mode(steps, "MIXED", graph))
 
 
-def _events(rec: PhaseRecord) -> Dict[str, int]:
-    return dict(rec.counters.get("events", {}).get(PATCH, {}))
+def _events(rec: PhaseRecord, patch: str = PATCH) -> Dict[str, int]:
+    return dict(rec.counters.get("events", {}).get(patch, {}))
 
 
-def _fallbacks(rec: PhaseRecord) -> Dict[str, int]:
-    return dict(rec.counters.get("fallbacks", {}).get(PATCH, {}))
+def _fallbacks(rec: PhaseRecord, patch: str = PATCH) -> Dict[str, int]:
+    return dict(rec.counters.get("fallbacks", {}).get(patch, {}))
 
 
-def check_phase(rec: PhaseRecord, baseline: Optional[PhaseRecord]) -> List[Check]:
+def check_phase(
+    rec: PhaseRecord, baseline: Optional[PhaseRecord], policy: AdaptivePolicy
+) -> List[Check]:
+    """Every check of one phase; ``baseline`` is its ``<graph>-off`` phase (None for a baseline),
+    ``policy`` what the adaptive split decides with."""
     checks = [Check(rec.name, "ran to the end", rec.ran, rec.error)]
+    if rec.read_done:
+        # Also when the phase died: the violation raises in the scheduler, which may be what
+        # ended it, and the count is logged before the raise.
+        violations = _events(rec, WAR_PATCH).get("violations", 0)
+        checks.append(
+            Check(
+                rec.name,
+                "no shared-table read after read-done (WarSnapshotViolation)",
+                violations == 0,
+                f"{violations} violations",
+            )
+        )
     if not rec.ran:
         return checks
     short = {
@@ -153,30 +234,87 @@ def check_phase(rec: PhaseRecord, baseline: Optional[PhaseRecord]) -> List[Check
                 f"events {ev}, fallbacks {fb}",
             )
         )
-        return checks
-    if baseline is None or not baseline.ran:
-        checks.append(
-            Check(rec.name, "tokens equal the off phase", False, "the off phase did not run")
-        )
-    else:
-        mism = compare_tokens(baseline.outputs, rec.outputs)
-        checks.append(
-            Check(
-                rec.name,
-                f"tokens equal {baseline.name}",
-                not mism,
-                "; ".join(
-                    f"{m.rid}: first differs at {m.first_diff} ({m.baseline_len} vs {m.phase_len} tokens)"
-                    for m in mism
-                ),
-            )
-        )
-    checks.extend(_acted(rec, mixed_eager, mixed_graph, ev, fb))
+    if not rec.is_baseline:
+        checks.append(_tokens_equal(rec, baseline))
+    if rec.split != "off":
+        checks.extend(_acted(rec, mixed_eager, mixed_graph, ev, fb, policy))
+    checks.extend(_read_done(rec) if rec.read_done else [_read_done_inactive(rec)])
     return checks
 
 
+def _tokens_equal(rec: PhaseRecord, baseline: Optional[PhaseRecord]) -> Check:
+    if baseline is None or not baseline.ran:
+        return Check(rec.name, "tokens equal the off phase", False, "the off phase did not run")
+    mism = compare_tokens(baseline.outputs, rec.outputs)
+    return Check(
+        rec.name,
+        f"tokens equal {baseline.name}",
+        not mism,
+        "; ".join(
+            f"{m.rid}: first differs at {m.first_diff} ({m.baseline_len} vs {m.phase_len} tokens)"
+            for m in mism
+        ),
+    )
+
+
+def _read_done(rec: PhaseRecord) -> List[Check]:
+    """The read-done variant: the event published where replays ran, the debug check armed by
+    it, and no replay handed back to upstream's whole-forward barrier."""
+    ev, fb = _events(rec, RD_PATCH), _fallbacks(rec, RD_PATCH)
+    out = []
+    for mode in ("MIXED", "EXTEND"):
+        replayed = len(_of_mode(rec.steps, mode, graph=True))
+        if replayed:
+            published = ev.get(f"replays_published.{mode.lower()}", 0)
+            out.append(
+                Check(
+                    rec.name,
+                    f"read-done published for replayed {mode} steps",
+                    published > 0,
+                    f"published {published} of {replayed} replayed {mode} steps",
+                )
+            )
+    marked = _events(rec, WAR_PATCH).get("forwards_marked", 0)
+    out.append(
+        Check(
+            rec.name,
+            "the WAR snapshot check saw read-done published",
+            marked > 0,
+            f"{marked} forwards marked",
+        )
+    )
+    out.append(
+        Check(
+            rec.name,
+            "no replay_read_done fallback",
+            not fb,
+            ", ".join(f"{reason}: {n}" for reason, n in sorted(fb.items())),
+        )
+    )
+    return out
+
+
+def _read_done_inactive(rec: PhaseRecord) -> Check:
+    active = {
+        p: {"events": _events(rec, p), "fallbacks": _fallbacks(rec, p)}
+        for p in (RD_PATCH, WAR_PATCH)
+        if _events(rec, p) or _fallbacks(rec, p)
+    }
+    return Check(
+        rec.name,
+        "replay_read_done and war_snapshot_check inactive (flags off)",
+        not active,
+        f"active: {active}" if active else "",
+    )
+
+
 def _acted(
-    rec: PhaseRecord, mixed_eager: int, mixed_graph: int, ev: Dict[str, int], fb: Dict[str, int]
+    rec: PhaseRecord,
+    mixed_eager: int,
+    mixed_graph: int,
+    ev: Dict[str, int],
+    fb: Dict[str, int],
+    policy: AdaptivePolicy,
 ) -> List[Check]:
     out = []
     if mixed_eager == 0 and mixed_graph == 0:
@@ -196,9 +334,10 @@ def _acted(
         out += _decided(
             rec,
             "eager MIXED step",
-            mixed_eager,
+            _of_mode(rec.steps, "MIXED", graph=False),
             ev.get("steps_split", 0),
             ev.get("steps_unsplit_adaptive", 0),
+            policy,
         )
     if mixed_graph:
         seen = ev.get("replays_seen", 0)
@@ -213,9 +352,10 @@ def _acted(
         out += _decided(
             rec,
             "replayed MIXED step",
-            mixed_graph,
+            _of_mode(rec.steps, "MIXED", graph=True),
             ev.get("replays_split", 0),
             ev.get("replays_unsplit_adaptive", 0),
+            policy,
         )
     if rec.split == "always":
         missing = [r for r in RATIOS if not ev.get(f"layers_split.c{r}")]
@@ -230,7 +370,15 @@ def _acted(
     return out
 
 
-def _decided(rec: PhaseRecord, what: str, n: int, split: int, kept: int) -> List[Check]:
+def _decided(
+    rec: PhaseRecord,
+    what: str,
+    steps: Sequence[Mapping],
+    split: int,
+    kept: int,
+    policy: AdaptivePolicy,
+) -> List[Check]:
+    n = len(steps)
     if rec.split == "always":
         return [
             Check(rec.name, f"split acted in every {what}", split == n > 0, f"split {split} of {n}")
@@ -242,26 +390,61 @@ def _decided(rec: PhaseRecord, what: str, n: int, split: int, kept: int) -> List
             split + kept == n,
             f"split {split} + kept unsplit {kept} of {n}",
         ),
-        Check(
-            rec.name,
-            f"adaptive split at least one {what}",
-            split > 0,
-            f"split {split}, kept unsplit {kept}",
-        ),
+        _as_cost_model(rec, what, steps, split, kept, policy),
     ]
 
 
+def _as_cost_model(
+    rec: PhaseRecord,
+    what: str,
+    steps: Sequence[Mapping],
+    split: int,
+    kept: int,
+    policy: AdaptivePolicy,
+) -> Check:
+    """The counters say how many steps adaptive split, the step log what the cost model says
+    of each step's shape: the two counts must agree (per-step pairing is not logged)."""
+    name = f"adaptive split the {what}s the cost model splits"
+    n = len(steps)
+    decisions = [policy.splits(s) for s in steps]
+    unknown = decisions.count(None)
+    if unknown:
+        return Check(
+            rec.name,
+            name,
+            False,
+            f"{unknown} of {n} {what}s have no shape in the step log (no decode count): "
+            "the cost model cannot be run on them",
+        )
+    expected = decisions.count(True)
+    ok = split == expected and kept == n - expected
+    got = f"adaptive split {split}, kept unsplit {kept}"
+    if expected == 0:
+        detail = (
+            f"the cost model keeps all {n} {what}s unsplit at these shapes; the split itself "
+            f"is shown by the always phases ({got})"
+        )
+    else:
+        detail = f"the cost model splits {expected} of {n}, keeps {n - expected}; {got}"
+    return Check(rec.name, name, ok, detail)
+
+
 def summarize(rec: PhaseRecord) -> List[str]:
-    """Lines for the log: steps by mode and graph, the split's counters and fallbacks."""
+    """Lines for the log: steps by mode and graph, the counters of the split and the read-done
+    patches, and every patch's fallbacks."""
     lines = [f"steps: {steps_by_mode(rec.steps)}"]
-    lines.append(f"mixed_split counters: {_events(rec) or '{}'}")
+    lines += [f"{p} counters: {_events(rec, p) or '{}'}" for p in (PATCH, RD_PATCH, WAR_PATCH)]
     lines.append(f"fallbacks (every patch): {rec.counters.get('fallbacks') or 'none'}")
     at_import = split_stub_calls(rec.stub_calls)[1]
     if at_import:
         lines.append(
             f"stubs called while importing a module upstream then skipped: {sorted(set(c.split(' (pid')[0] for c in at_import))}"
         )
-    others = {p: c for p, c in rec.counters.get("events", {}).items() if p != PATCH}
+    others = {
+        p: c
+        for p, c in rec.counters.get("events", {}).items()
+        if p not in (PATCH, RD_PATCH, WAR_PATCH)
+    }
     if others:
         lines.append(f"other patches: {others}")
     return lines

@@ -2,8 +2,15 @@
 
 A phase is named ``<graph>-<split>``: graph ``eager`` (no CUDA graph), ``dgraph`` (full decode
 graph; prefill and MIXED steps eager) or ``bcg`` (full decode graph + breakable prefill graph);
-split ``off``, ``always`` or ``adaptive``. Every other patch flag is at its off value in every
-phase, so a phase differs from its graph mode's ``off`` phase by the split alone.
+split ``off``, ``always`` or ``adaptive``. Every other patch flag is at its off value in such a
+phase, so it differs from its graph mode's ``off`` phase by the split alone.
+
+The read-done variant ``<graph>-<split>-rd`` is that phase plus ``READ_DONE_ENV``: breakable-graph
+prefill/mixed replays publish the WAR read-done event (patch ``replay_read_done``) and the debug
+check ``war_snapshot_check`` raises on a shared-table read after it. Its baseline is still
+``<graph>-off``: publishing earlier must not change a token. The default list is the nine
+``<graph>-<split>`` phases plus ``bcg-off-rd`` and ``bcg-always-rd`` (the graph mode that replays
+prefill and MIXED steps, without and with the split).
 
 ``UPSTREAM_ENV`` selects, through upstream's own flags, the kernels that exist on the GPU
 machine (no deep_gemm, TileLang or FP4 MoE there). No sglang import here: the CPU tests and the
@@ -19,6 +26,9 @@ GRAPHS = ("eager", "dgraph", "bcg")
 SPLITS = ("off", "always", "adaptive")
 SPLIT_FLAG = "SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN"
 POLICY_FLAG = "SGLANG_MIXGRAPH_SPLIT_POLICY"
+READ_DONE_ENV = {"SGLANG_OPT_DSV4_REPLAY_READ_DONE": "1", "SGLANG_DEBUG_WAR_SNAPSHOT": "1"}
+RD_SUFFIX = "-rd"
+DEFAULT_RD = ("bcg-off", "bcg-always")  # the <graph>-<split> phases run also as -rd by default
 RADIX_CORE_ENV = "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"
 
 CHUNK = 256  # chunked prefill: every prompt longer than this is split into MIXED steps
@@ -55,15 +65,20 @@ _GRAPH_KWARGS = {
 class Phase:
     graph: str
     split: str
+    read_done: bool = False
 
     @property
     def name(self) -> str:
-        return f"{self.graph}-{self.split}"
+        return f"{self.graph}-{self.split}{RD_SUFFIX if self.read_done else ''}"
 
     @property
     def baseline(self) -> str:
         """The phase whose tokens this one must reproduce."""
         return f"{self.graph}-off"
+
+    @property
+    def is_baseline(self) -> bool:
+        return self.name == self.baseline
 
     def engine_kwargs(self, model_dir: str, *, radix: bool, slot: int) -> Dict[str, object]:
         """``sglang.Engine`` arguments; ``slot`` keeps concurrent phases' ports apart."""
@@ -98,22 +113,33 @@ class Phase:
         env[SPLIT_FLAG] = "0" if self.split == "off" else "1"
         if self.split != "off":
             env[POLICY_FLAG] = self.split
+        if self.read_done:
+            env.update(READ_DONE_ENV)
         if radix:
             env[RADIX_CORE_ENV] = "python"  # the Rust radix core is built for another torch
         return env
 
 
 def parse(names: List[str]) -> List[Phase]:
-    """Phase names (``all`` or none: every phase), in the order a run needs them."""
+    """Phase names (``all`` or none: the default eleven), in the order a run needs them."""
     if not names or names == ["all"]:
-        names = [f"{g}-{s}" for s in SPLITS for g in GRAPHS]
+        names = [f"{g}-{s}" for s in SPLITS for g in GRAPHS] + [n + RD_SUFFIX for n in DEFAULT_RD]
     phases = []
     for name in names:
-        graph, _, split = name.partition("-")
+        read_done = name.endswith(RD_SUFFIX)
+        graph, _, split = (name[: -len(RD_SUFFIX)] if read_done else name).partition("-")
         if graph not in GRAPHS or split not in SPLITS:
-            raise ValueError(f"unknown phase {name!r}: <{'|'.join(GRAPHS)}>-<{'|'.join(SPLITS)}>")
-        phases.append(Phase(graph, split))
-    # Baselines first: the split phases are compared with them.
+            raise ValueError(
+                f"unknown phase {name!r}: <{'|'.join(GRAPHS)}>-<{'|'.join(SPLITS)}>[{RD_SUFFIX}]"
+            )
+        phases.append(Phase(graph, split, read_done))
+    # Baselines first: every other phase is compared with them.
     return sorted(
-        set(phases), key=lambda p: (p.split != "off", SPLITS.index(p.split), GRAPHS.index(p.graph))
+        set(phases),
+        key=lambda p: (
+            not p.is_baseline,
+            SPLITS.index(p.split),
+            GRAPHS.index(p.graph),
+            p.read_done,
+        ),
     )

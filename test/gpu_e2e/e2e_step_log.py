@@ -6,6 +6,13 @@ line records the forward mode *at entry* (``EagerRunner.execute`` relabels a MIX
 EXTEND inside the forward, so the mode read afterwards would hide it), the batch size, the
 rows, whether a CUDA graph ran (``ModelRunnerOutput.can_run_graph``) and the CUDA-synchronized
 wall time. Lines go to ``$MIXGRAPH_E2E_STEP_LOG/steps_<pid>.jsonl``.
+
+A MIXED step's line also carries the shape the adaptive split decides on (plan.py
+``_adaptive_split_ratios``), so the checks can run the cost model on it: ``seq_lens`` and
+``extend_seq_lens`` per request (the host copies the ForwardBatch already holds, no device sync)
+and ``num_decode``, the decode requests at the end of the batch. ``ForwardBatch`` keeps no such
+count; the mixed split records its own in ``ForwardBatch.init_new`` (boundary.py), so
+``num_decode`` is that record, and null in phases without the split.
 """
 
 from __future__ import annotations
@@ -14,6 +21,19 @@ import json
 import os
 import sys
 import time
+
+
+def mixed_shape(forward_batch) -> dict:
+    """The split's inputs of a MIXED step, read at entry to the forward (the eager runner relabels
+    and copies the batch inside it)."""
+    from sglang_mixgraph.patches.mixed_split.state import NUM_DECODE_ATTR
+
+    seq_lens = forward_batch.seq_lens_cpu
+    return {
+        "seq_lens": [] if seq_lens is None else [int(x) for x in seq_lens.tolist()],
+        "extend_seq_lens": [int(x) for x in forward_batch.extend_seq_lens_cpu or ()],
+        "num_decode": getattr(forward_batch, NUM_DECODE_ATTR, None),
+    }
 
 
 def _wrap_forward(model_runner_module) -> None:
@@ -27,6 +47,10 @@ def _wrap_forward(model_runner_module) -> None:
         mode = forward_batch.forward_mode
         rows = forward_batch.input_ids.shape[0] if forward_batch.input_ids is not None else 0
         bs = int(forward_batch.batch_size)
+        try:
+            shape = mixed_shape(forward_batch) if getattr(mode, "name", "") == "MIXED" else {}
+        except Exception as e:  # a log line must never break a step; the checks see no shape
+            shape = {"shape_error": repr(e)}
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         out = forward(self, forward_batch, *args, **kwargs)
@@ -39,6 +63,7 @@ def _wrap_forward(model_runner_module) -> None:
                 "rows": int(rows),
                 "graph": bool(getattr(out, "can_run_graph", False)),
                 "ms": round(ms, 3),
+                **shape,
             }
             with open(path, "a") as f:
                 f.write(json.dumps(rec) + "\n")

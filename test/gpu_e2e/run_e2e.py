@@ -4,13 +4,17 @@ Run on the GPU machine through the kit, from the repository root:
 
     bash tools/gpu-upstream/device.sh python3 test/gpu_e2e/run_e2e.py [phase ...] [--parallel N]
 
-Each phase (e2e_phases.py: graph mode x split setting) runs ``sglang.Engine`` in a fresh process
-(e2e_phase.py) with tools/gpu-upstream/engine first on ``PYTHONPATH`` (stand-ins for four
-binary-only kernels, loud stubs) and the step log (e2e_step_log.py). The ``off`` phases run first,
-side by side, with the radix cache on (``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python``); if one
-fails they run again with it off for the whole run, and the log says why. The split phases follow,
-side by side. The checks are in e2e_checks.py; the exit status is 1 when one fails. Writes
-``e2e_tiny_dsv4.log``, ``e2e_results.json`` and ``phase_logs.tgz`` to ``$OUT`` (or ``--out``).
+Each phase (e2e_phases.py: graph mode x split setting, and the read-done variants ``-rd``; by
+default the nine ``<graph>-<split>`` phases plus ``bcg-off-rd`` and ``bcg-always-rd``) runs
+``sglang.Engine`` in a fresh process (e2e_phase.py) with tools/gpu-upstream/engine first on
+``PYTHONPATH`` (stand-ins for four binary-only kernels, loud stubs) and the step log
+(e2e_step_log.py). The baselines (``<graph>-off``) run first, side by side, with the radix cache
+on (``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python``); if one fails they run again with it off
+for the whole run, and the log says why. The other phases follow, side by side. The checks are
+in e2e_checks.py; ``adaptive`` is checked against the cost model (sm90 coefficients, the tiny
+model's top-k and compress ratios) at the shapes the step log recorded. The exit status is 1
+when a check fails. Writes ``e2e_tiny_dsv4.log``, ``e2e_results.json`` and ``phase_logs.tgz`` to
+``$OUT`` (or ``--out``).
 """
 
 from __future__ import annotations
@@ -198,6 +202,7 @@ def collect(phase, work, logs, seconds, timed_out) -> dict:
     record = C.PhaseRecord(
         name=phase.name,
         split=phase.split,
+        read_done=phase.read_done,
         ran=bool(out.get("ok")),
         error=error,
         outputs=out.get("outputs", {}),
@@ -244,7 +249,7 @@ def step_times(steps):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("phases", nargs="*", help="e.g. eager-off eager-always (default: all nine)")
+    ap.add_argument("phases", nargs="*", help="e.g. eager-off bcg-always-rd (default: the eleven)")
     ap.add_argument("--out", default=os.environ.get("OUT") or "/tmp/mixgraph_e2e_out")
     ap.add_argument("--work", default="/tmp/mixgraph_e2e")
     ap.add_argument("--radix", choices=("auto", "on", "off"), default="auto")
@@ -277,6 +282,8 @@ def main() -> int:
     phases = P.parse(args.phases)
     off_values = patch_flag_off_values()
     segs = W.build(chunk=P.CHUNK, workload=args.workload)
+    with open(os.path.join(HERE, "tiny_dsv4_config.json")) as f:
+        policy = C.AdaptivePolicy.for_model(json.load(f))
     override = json.loads(args.engine_override)
     log(
         f"phases: {[p.name for p in phases]}; chunk {P.CHUNK}, max running {P.MAX_RUNNING}, "
@@ -284,7 +291,14 @@ def main() -> int:
         f"{[(s.name, len(s.first), len(s.then)) for s in segs]}, peak {W.peak_tokens(segs)} tokens"
     )
     log(f"upstream kernel selection: {json.dumps(P.UPSTREAM_ENV)}")
-    log(f"patch flags at their off value except the split's: {json.dumps(off_values)}")
+    log(
+        f"patch flags at their off value except the split's (and in -rd phases "
+        f"{json.dumps(P.READ_DONE_ENV)}): {json.dumps(off_values)}"
+    )
+    log(
+        f"adaptive checked against the cost model {policy.coeffs.arch} (margin "
+        f"{policy.coeffs.margin}), top-k {policy.topk}, ratios {sorted(policy.ratios)}"
+    )
     example = dict(
         phases[0].engine_kwargs("<model>", radix=args.radix != "off", slot=0), **override
     )
@@ -302,8 +316,8 @@ def main() -> int:
         workload=args.workload,
         override=override,
     )
-    baselines = [p for p in phases if p.split == "off"]
-    rest = [p for p in phases if p.split != "off"]
+    baselines = [p for p in phases if p.is_baseline]
+    rest = [p for p in phases if not p.is_baseline]
     if args.radix != "auto":
         # Nothing to decide first: every phase side by side.
         radix = args.radix == "on"
@@ -330,8 +344,8 @@ def main() -> int:
     for phase in phases:
         r = results[phase.name]
         rec = r["record"]
-        base = results.get(phase.baseline, {}).get("record") if phase.split != "off" else None
-        phase_checks = C.check_phase(rec, base)
+        base = None if phase.is_baseline else results.get(phase.baseline, {}).get("record")
+        phase_checks = C.check_phase(rec, base, policy)
         checks += phase_checks
         log(f"\n--- {phase.name} ({r['wall_s']}s; {r['timings']})")
         for line in C.summarize(rec):
