@@ -33,7 +33,7 @@ RADIX_CORE_ENV = "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"
 
 CHUNK = 256  # chunked prefill: every prompt longer than this is split into MIXED steps
 MAX_RUNNING = 24
-MAX_TOTAL_TOKENS = 262144
+MAX_TOTAL_TOKENS = 327680  # the long segment's 16 x 16k prompts and their decoding, with room
 
 UPSTREAM_ENV = {
     "SGLANG_DSV4_FP4_EXPERTS": "0",  # bf16 experts: the triton MoE runner, not flashinfer mxfp4

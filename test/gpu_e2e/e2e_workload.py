@@ -4,11 +4,12 @@
   chunks are still being prefilled.
 * ``staggered``: three requests stream; once each is decoding, three long prompts (longer than
   the chunk) arrive, so their chunks run as MIXED steps with those decode rows.
-* ``long``: sixteen 12k-token prompts at once, each decoding from the end of its prefill while
+* ``long``: sixteen 16k-token prompts at once, each decoding from the end of its prefill while
   the later ones are prefilled (MIXED steps with 1..15 decode rows at contexts far beyond the
   SWA window, the c128 page and the indexer's top-k); their lengths of generation are staggered
   so all sixteen are still decoding when a late prompt arrives, whose chunks carry 16 decode rows
-  at 12k: the shape where the H200 cost model has ``adaptive`` split the c4 layers.
+  at 16k: the shape where the H200 cost model has ``adaptive`` split the c4 layers (since its
+  refit from in-server timings, 16 rows at 12k stay unsplit).
 
 Pure Python, no sglang: the CPU tests check the properties above.
 """
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from typing import List, Tuple
 
 VOCAB = 4096
-LONG_PROMPT = 12288
+LONG_PROMPT = 16384
 LONG_REQUESTS = 16
 LATE_PROMPT = 1024
 # Decode tokens the longest-running request still has after the last long prefill: the late
