@@ -127,10 +127,12 @@ def flags(monkeypatch):
 
 
 def plan_of(argv, gpu="B300"):
+    """The resolution and the graph part of `plan --json` for it."""
+    from sglang_mixgraph.cli import graph_plan_json
     from sglang_mixgraph.graph_plan import graph_plan
 
     r = resolve(argv, gpu=gpu)
-    d = graph_plan(r)
+    d = graph_plan_json(graph_plan(r))
     json.dumps(d)  # the plan is JSON-serialisable
     return r, d
 
@@ -178,6 +180,7 @@ def test_dsv4_table(flags, row):
     assert d["bucket_lists"]["policy"] == "auto"
     assert_bucket_properties(d, chunk, cap, running)
     assert r.resolved["cuda_graph_config"]["prefill"]["bs"] == pg["buckets"]
+    assert d["bucket_lists"]["ours"]["buckets"] == pg["buckets"]  # plan shows what was applied
     assert d["ok"] and all(v["ok"] for v in d["validations"])
     # upstream's generic list for the same chunk would not fit the same budget
     assert d["bucket_lists"]["upstream"]["capture_fits"] is False
@@ -241,9 +244,10 @@ def test_reference_plan_contents(flags):
     }
     logits = next(v for v in d["validations"] if v["name"].startswith("logits"))
     assert logits["rows"] == 8 * 257 and logits["upstream_rows"] == 2048
-    from sglang_mixgraph.graph_plan import format_graph_plan
+    from sglang_mixgraph.cli import format_graph_plan
+    from sglang_mixgraph.graph_plan import graph_plan
 
-    text = format_graph_plan(d)
+    text = format_graph_plan(graph_plan(resolve(reference(), gpu="B300")))
     assert (
         "decided by estimate" in text
         and "upstream: 45 buckets" in text
@@ -325,12 +329,26 @@ def test_explicit_backend_is_kept(flags):
 
 
 def test_bucket_above_megamoe_cap_is_rejected(flags):
-    from sglang_mixgraph.patches.graph_config import GraphConfigError
+    from sglang_mixgraph.graph_plan import GraphConfigError
 
     with pytest.raises(GraphConfigError) as e:
         resolve(reference(extra=("--cuda-graph-bs-prefill", "1024", "2816", "4096")))
     msg = str(e.value)
     assert "[4096]" in msg and f"{CAP_ENV}=2816" in msg and "at least 4096" in msg
+
+
+def test_plan_shows_the_list_the_patch_applies_under_upstreams_cap(flags):
+    """Upstream caps the prefill max_bs below the per-rank chunk (--max-total-tokens): the
+    derived list `plan` shows is the one the patch applied, and upstream's list is the one
+    upstream would have captured under the same cap."""
+    from sglang.srt.arg_groups.cuda_graph_hook import generate_prefill_cuda_graph_batch_sizes
+
+    r, d = plan_of(reference(extra=("--max-total-tokens", "2000")))
+    final = d["prefill_graph"]["buckets"]
+    assert d["bucket_lists"]["policy"] == "auto"
+    assert max(final) == 2000 and d["deployment"]["chunked_prefill_per_rank"] == 2816
+    assert d["bucket_lists"]["ours"]["buckets"] == final
+    assert d["bucket_lists"]["upstream"]["buckets"] == generate_prefill_cuda_graph_batch_sizes(2000)
 
 
 def test_cap_below_chunk_is_rejected(flags):
@@ -517,11 +535,13 @@ _FORCE = textwrap.dedent(
     import json, sys
     from sglang_mixgraph.resolve import select_described_platform, resolve
     select_described_platform()
+    from sglang_mixgraph.cli import graph_plan_json
     from sglang_mixgraph.graph_plan import graph_plan
     out = {}
     for name, (argv, gpu) in json.loads(sys.argv[1]).items():
         r = resolve(argv, gpu=gpu)
-        out[name] = {"plan": graph_plan(r), "messages": r.messages("sglang_mixgraph")}
+        plan = graph_plan_json(graph_plan(r))
+        out[name] = {"plan": plan, "messages": r.messages("sglang_mixgraph")}
     print("FORCE" + json.dumps(out))
     """
 )
