@@ -1,14 +1,14 @@
 import pytest
 import torch
 
-from sglang_mixgraph.core import v4_kv_layout as kvl
 from sglang_mixgraph.core.decode_tail import (
     DecodeTail,
     SchedMetaCache,
     SchedMetaShapeError,
     run_decode_tail,
 )
-from sglang_mixgraph.core.sparse_mla_reference import (
+from sglang_mixgraph.reference import v4_kv_layout as kvl
+from sglang_mixgraph.reference.sparse_mla import (
     ReferenceSchedMeta,
     flash_mla_with_kvcache_reference,
     sparse_decode_reference,

@@ -13,7 +13,7 @@ Each was written from the upstream docstring and kernel contract named below (re
   ``ceil(topk + W, 128)``, length ``topk_len + swa_len``; rows past the last request are -1 / 0;
 * :func:`dequantize_k_cache_paged_dsv4` - ``sglang.kernels.ops.attention.dsv4.dequant_k_cache``
   ``dequantize_k_cache_paged_dsv4`` (V4 584-byte layout only), via
-  :mod:`sglang_mixgraph.core.v4_kv_layout`;
+  :mod:`sglang_mixgraph.reference.v4_kv_layout`;
 * :func:`gather_dequant_requant_fp8_paged_dsv4` - same module, same name: dequantize the nope part,
   cast nope and rope to e4m3, ``extra_rows`` zero rows appended;
 * :func:`cast_q_fp8_for_q8kv8_prefill` and :func:`sparse_mla_q8kv8_prefill_fwd` -
@@ -21,7 +21,7 @@ Each was written from the upstream docstring and kernel contract named below (re
   into a zero-padded 64/128-head tensor; fp8 sparse MLA with sink, scores scaled by
   ``sm_scale * q_scale * kv_scale``. The reference treats every in-range index (including the
   zero "landing pad" row the backend maps -1 to) as a key and masks out-of-range ones, like
-  :func:`sparse_mla_reference.sparse_prefill_reference`.
+  :func:`sparse_mla.sparse_prefill_reference`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import v4_kv_layout as kvl
-from .sparse_mla_reference import sparse_prefill_reference
+from .sparse_mla import sparse_prefill_reference
 
 SPARSE_PREFILL_TOPK_ALIGNMENT = 128
 FP8 = torch.float8_e4m3fn

@@ -23,7 +23,7 @@ sglang 0.5.23 stores for DeepSeek-V4. Layout, as read from upstream (not copied)
   ``sglang.srt.layers.attention.deepseek_v4_backend``); :func:`kernel_view` builds that view.
 
 Everything here is plain torch and runs on CPU or GPU. The GPU fast path for dequantizing
-into a workspace is :mod:`sglang_mixgraph.kernels.v4_dequant`, which is checked against
+into a workspace is :mod:`sglang_mixgraph.reference.v4_dequant`, which is checked against
 :func:`dequantize_tokens` here.
 """
 
