@@ -1,19 +1,15 @@
-"""Upstream's breakable-prefill-graph incompatibility rules, one by one, and what decided.
+"""Upstream's breakable-prefill-graph (BCG) incompatibility rules, one by one, and what decided.
 
-`sglang.srt.arg_groups.cuda_graph_hook.disable_breakable_cudagraph_if_incompatible` keeps
-its rules in a function-local list and stops at the first match, so
-nobody outside can tell which rules hold. To log each rule FORCE_BCG overrides, and to
-defer only the DeepSeek-V4 rule to the capture-memory estimate, we evaluate the same
-predicates here, by calling the same upstream helpers on the same inputs. The rule
-names are upstream's own strings; test_graph_config_rules checks this table against
-the upstream source so a changed rule list fails CI instead of drifting.
-
-The one hook on that function (`rules_hook`, shared by the `force_bcg` and `graph_config`
-patches and registered once) runs it in one of three modes: upstream's, forced (every rule that
-holds is logged and overridden), or estimate (the DeepSeek-V4 rule alone is deferred to the
-capture-memory estimate). Decisions taken during one resolution are kept per ServerArgs object
-(ServerArgs is a msgspec Struct with slots, so nothing can be attached to it); `graph_plan`
-reads them.
+What: the one hook on `sglang.srt.arg_groups.cuda_graph_hook.disable_breakable_cudagraph_if_incompatible`
+(`rules_hook`, shared by `force_bcg` and `graph_config`, registered once), run in one of three
+modes: upstream's, forced (every rule that holds is logged and overridden), or estimate (the
+DeepSeek-V4 rule alone is deferred to the capture-memory estimate). Decisions are kept per
+ServerArgs (a msgspec Struct with slots: nothing can be attached to it) for `graph_plan`.
+Why: upstream keeps its rules in a function-local list and stops at the first match, so nobody
+outside can tell which rules hold; we evaluate the same predicates with the same upstream
+helpers, under upstream's own rule names (a test compares the table with upstream's source).
+Retired by: upstream rules as a public table that names every rule that holds and can be
+overridden one by one.
 """
 
 from __future__ import annotations

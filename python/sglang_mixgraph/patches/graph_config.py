@@ -1,18 +1,15 @@
-"""`graph_config`: prefill CUDA graphs configured for mixed chunked prefill (DeepSeek-V4, GLM-5).
+"""`graph_config`: prefill CUDA graphs sized for mixed chunked prefill (DeepSeek-V4, GLM-5).
 
-What: three hooks, on by default, acting only on mixed chunked prefill of a sparse-MLA model
-(every other deployment resolves exactly as upstream). The rule hook (`bcg_rules.rules_hook`)
-defers upstream's blanket DeepSeek-V4 BCG rule to a capture-memory estimate. AROUND
-`mega_moe_hook.validate_mega_moe_token_budget_for_model` (late in server-argument resolution,
-after the DP split of the chunk and the memory settings) it replaces upstream's generic prefill
-bucket list by the planner's derived one, settles the deferred rule with the estimate, and runs
-the startup validations. AROUND `triton_symm_mem_ag.recommended_max_tokens` (model init) it
-sizes the logits multimem all-gather for a mixed step's rows. The planner (graph_plan.py)
-computes all of it; this module only decides and applies. Why: upstream's list has ~45 buckets
-whose capture does not fit next to a DeepSeek-V4 KV pool, so its rule turns the prefill graph
-off; its gather sizing sends mixed steps to NCCL. Retired by: upstream bucket lists and BCG
-rules that size capture memory per model, and a gather sized for mixed steps.
-`SGLANG_MIXGRAPH_PREFILL_BUCKETS=upstream` switches all of it off, also in installed hooks.
+What: on by default, for mixed chunked prefill of a sparse-MLA model only (anything else
+resolves exactly as upstream). Through the rule hook (`bcg_rules.rules_hook`) it defers
+upstream's blanket DeepSeek-V4 BCG rule; AROUND `mega_moe_hook.validate_mega_moe_token_budget_for_model`
+(late in resolution) it applies the planner's derived bucket list, settles the deferred rule
+with the capture-memory estimate and runs the startup validations; AROUND
+`triton_symm_mem_ag.recommended_max_tokens` it sizes the logits all-gather for mixed steps.
+graph_plan.py computes all of it; this module decides and applies. Why: upstream's ~45 generic
+buckets do not fit next to a DeepSeek-V4 KV pool (so its rule turns the graph off), and its
+gather sizing sends mixed steps to NCCL. Retired by: upstream prefill bucket lists and BCG rules
+sized from capture memory per model, and a logits gather sized for mixed steps.
 """
 
 from __future__ import annotations
