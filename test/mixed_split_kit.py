@@ -198,11 +198,16 @@ def reference_kernels():
     finally:
         for m, n, v in saved:
             setattr(m, n, v)
-        for n, v in saved_mods.items():
-            if v is None:
-                sys.modules.pop(n, None)
-            else:
-                sys.modules[n] = v
+        _restore(sys.modules, saved_mods)
+
+
+def _restore(store, saved: dict) -> None:
+    """Put `saved` values back into `store` (sys.modules, os.environ); None: was absent."""
+    for key, value in saved.items():
+        if value is None:
+            store.pop(key, None)
+        else:
+            store[key] = value
 
 
 # --------------------------------------------------------------------------------------------
@@ -246,11 +251,7 @@ def patch_installed(flag_on: bool = True, policy: Optional[str] = "always", monk
         HookRegistry._hooks.update(old_hooks)
         HookRegistry._patched.clear()
         HookRegistry._patched.update(old_patched)
-        for k, v in old_env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        _restore(os.environ, old_env)
 
 
 # --------------------------------------------------------------------------------------------

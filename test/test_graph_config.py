@@ -19,6 +19,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from model_configs import write_model
 
 import sglang_mixgraph
 from sglang_mixgraph.core.prefill_buckets import padding_profile, replays
@@ -50,6 +51,19 @@ def reference(chunk_per_rank=2816, tp=8, dp=8, extra=()):
         *extra,
     ]
 
+
+# DeepSeek-V4 with an MoE all-to-all backend upstream has not validated under BCG: two rules hold.
+TWO_RULES = [
+    "--model-path",
+    DSV4,
+    "--tp",
+    "8",
+    "--dp",
+    "8",
+    "--enable-dp-attention",
+    "--moe-a2a-backend",
+    "mori",
+]
 
 GLM5_CONFIG = {
     "architectures": ["GlmMoeDsaForCausalLM"],
@@ -83,31 +97,15 @@ GLM5_CONFIG = {
     "norm_topk_prob": True,
     "rms_norm_eps": 1e-5,
 }
-DENSE_CONFIG = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 1024,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 4,
-    "intermediate_size": 2816,
-    "vocab_size": 32000,
-    "max_position_embeddings": 8192,
-    "rms_norm_eps": 1e-5,
-    "torch_dtype": "bfloat16",
-}
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
-    out = {}
-    for name, cfg in (("glm5", GLM5_CONFIG), ("dense", DENSE_CONFIG)):
-        d = root / name
-        d.mkdir()
-        (d / "config.json").write_text(json.dumps(cfg))
-        out[name] = str(d)
-    return out
+    return {
+        "glm5": str(write_model(root / "glm5", GLM5_CONFIG)),
+        "dense": str(write_model(root / "dense", max_position_embeddings=8192)),
+    }
 
 
 @pytest.fixture
@@ -273,18 +271,7 @@ def test_estimate_turns_bcg_off_with_numbers(flags, caplog):
 
 def test_two_rules_keep_upstream(flags):
     """DSV4 plus another matching rule: the deferral does not apply."""
-    argv = [
-        "--model-path",
-        DSV4,
-        "--tp",
-        "8",
-        "--dp",
-        "8",
-        "--enable-dp-attention",
-        "--moe-a2a-backend",
-        "mori",
-    ]
-    _, d = plan_of(argv)
+    _, d = plan_of(TWO_RULES)
     pg = d["prefill_graph"]
     assert pg["backend"] == "disabled"
     assert pg["decided_by"] == {
@@ -488,6 +475,20 @@ _BASELINE = textwrap.dedent(
 )
 
 
+def _run_rows(script: str, marker: str, rows: dict, **env) -> tuple[dict, str]:
+    """Run `script` on `rows` in a fresh interpreter with `env` on top of ours: (the JSON it
+    prints after `marker`, its stderr)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", script, json.dumps(rows)],
+        env=dict(os.environ, **env),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.split(marker, 1)[1]), proc.stderr
+
+
 def _rows_for(models):
     # a fixed seed: resolution draws a random one otherwise
     return {
@@ -498,19 +499,9 @@ def _rows_for(models):
 
 def test_flags_off_resolve_exactly_like_upstream(flags, models):
     rows = _rows_for(models)
-    env = dict(
-        os.environ, SGLANG_PLUGINS="mixgraph_target"
-    )  # the described GPU, no mixgraph patches
-    proc = subprocess.run(
-        [sys.executable, "-c", _BASELINE, json.dumps(rows)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "sglang-mixgraph" not in proc.stderr  # really no plugin
-    baseline = json.loads(proc.stdout.split("BASELINE", 1)[1])
+    # the described GPU, no mixgraph patches
+    baseline, stderr = _run_rows(_BASELINE, "BASELINE", rows, SGLANG_PLUGINS="mixgraph_target")
+    assert "sglang-mixgraph" not in stderr  # really no plugin
     flags(**{BUCKETS_ENV: "upstream"})
     for name, argv in rows.items():
         ours = json.loads(json.dumps(resolve(argv).resolved, default=str))
@@ -550,32 +541,11 @@ _FORCE = textwrap.dedent(
 def test_force_bcg(tmp_path):
     rows = {
         "dsv4-upstream-buckets": (reference(), "B300"),
-        "two-rules": (
-            [
-                "--model-path",
-                DSV4,
-                "--tp",
-                "8",
-                "--dp",
-                "8",
-                "--enable-dp-attention",
-                "--moe-a2a-backend",
-                "mori",
-            ],
-            "B300",
-        ),
+        "two-rules": (TWO_RULES, "B300"),
         "estimate-would-disable": (reference(extra=("--mem-fraction-static", "0.9")), "H200"),
     }
-    env = dict(os.environ, **{FORCE_ENV: "1", BUCKETS_ENV: "upstream", CAP_ENV: "2816"})
-    proc = subprocess.run(
-        [sys.executable, "-c", _FORCE, json.dumps(rows)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.split("FORCE", 1)[1])
+    env = {FORCE_ENV: "1", BUCKETS_ENV: "upstream", CAP_ENV: "2816"}
+    out, _ = _run_rows(_FORCE, "FORCE", rows, **env)
     for name, row in out.items():
         pg = row["plan"]["prefill_graph"]
         assert pg["backend"] == "breakable", name
