@@ -78,6 +78,15 @@ def test_doctor_exits_1_on_an_invalid_flag():
     assert report["ok"] is False
 
 
+def test_doctor_says_an_empty_flag_is_unset():
+    result = cli("doctor", env={"SGLANG_MIXGRAPH_PREFILL_BUCKETS": ""})
+    assert result.returncode == 0
+    assert (
+        "SGLANG_MIXGRAPH_PREFILL_BUCKETS = 'auto' (set empty: unset, the default applies)"
+        in result.stdout
+    )
+
+
 def test_doctor_exits_1_when_an_enabled_patch_cannot_apply():
     code = (
         "import sys\n"

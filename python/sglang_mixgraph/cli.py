@@ -157,6 +157,8 @@ def _print_doctor(report: dict[str, Any]) -> None:
     print("Flags:")
     for f in report["flags"]:
         shown = f"ERROR: {f['error']}" if "error" in f else repr(f["value"])
+        if f["set"] == "":  # as README's flag section says: empty means unset
+            shown += " (set empty: unset, the default applies)"
         print(f"  {f['name']} = {shown}")
     print("Patches:")
     if not report["patches"]:
