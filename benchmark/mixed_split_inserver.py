@@ -40,7 +40,7 @@ for _sub in ("python", "test"):  # test/: the kits' server-args context
 import torch  # noqa: E402
 
 from sglang_mixgraph.core import split_cost_model as cm  # noqa: E402
-from sglang_mixgraph.core import v4_kv_layout as kvl  # noqa: E402
+from sglang_mixgraph.reference import v4_kv_layout as kvl  # noqa: E402
 
 DEV = "cuda"
 PAGE = 256

@@ -61,10 +61,10 @@ from mixed_step import (  # noqa: E402
 )
 
 from sglang_mixgraph.core import split_cost_model as cm  # noqa: E402
-from sglang_mixgraph.core import v4_kv_layout as kvl  # noqa: E402
 from sglang_mixgraph.core.decode_tail import DecodeTail  # noqa: E402
 from sglang_mixgraph.core.mixed_boundary import assemble_rows  # noqa: E402
-from sglang_mixgraph.kernels.v4_dequant import dequantize_v4  # noqa: E402
+from sglang_mixgraph.reference import v4_kv_layout as kvl  # noqa: E402
+from sglang_mixgraph.reference.v4_dequant import dequantize_v4  # noqa: E402
 
 LAYERS = [("csa_c4_top1024", 4), ("hca_c128", 128)]
 CONTEXTS = [1024, 2048, 4096, 8192, 16384, 32768]
@@ -151,7 +151,7 @@ def copy_bandwidth(device, nbytes=2 << 30):
 
 def kernels(dry: bool):
     if dry:
-        from sglang_mixgraph.core.sparse_mla_reference import (
+        from sglang_mixgraph.reference.sparse_mla import (
             ReferenceSchedMeta,
             flash_mla_sparse_fwd_reference,
             flash_mla_with_kvcache_reference,

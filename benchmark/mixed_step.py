@@ -31,7 +31,6 @@ from typing import Callable, List, Optional, Sequence
 
 import torch
 
-from sglang_mixgraph.core import v4_kv_layout as kvl
 from sglang_mixgraph.core.decode_tail import DecodeTail
 from sglang_mixgraph.core.mixed_boundary import (
     MixedBoundary,
@@ -39,6 +38,7 @@ from sglang_mixgraph.core.mixed_boundary import (
     compute_mixed_boundary,
     copy_in_join,
 )
+from sglang_mixgraph.reference import v4_kv_layout as kvl
 
 SWA = 128
 COMBINED_ALIGN = 128

@@ -10,8 +10,8 @@ What is upstream here and what is ours:
   kit does (sglang/test/kits/attention_unittest/attention_methods/dsv4_attention.py:395-420);
 * the GPU leaf kernels (FlashMLA sparse prefill / fp8 decode / sched meta, the Triton dequant,
   SWA-id and index-combine kernels, the SM90 Q8KV8 kernels) are replaced by our torch references
-  (:mod:`sglang_mixgraph.core.sparse_mla_reference`,
-  :mod:`sglang_mixgraph.core.mixed_split_reference_kernels`);
+  (:mod:`sglang_mixgraph.reference.sparse_mla`,
+  :mod:`sglang_mixgraph.reference.sparse_prefill_kernels`);
 * the step's attention metadata (``DSV4Metadata``/``DSV4AttnMetadata``, upstream's classes) is
   filled by :func:`build_metadata` below in torch, because upstream's builder
   (``_build_forward_metadata``, 3045-3165) is a chain of Triton/CUDA kernels (causal SWA page
@@ -32,9 +32,9 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from sglang_mixgraph.core import mixed_split_reference_kernels as rk
-from sglang_mixgraph.core import sparse_mla_reference as ref
-from sglang_mixgraph.core import v4_kv_layout as kvl
+from sglang_mixgraph.reference import sparse_mla as ref
+from sglang_mixgraph.reference import sparse_prefill_kernels as rk
+from sglang_mixgraph.reference import v4_kv_layout as kvl
 
 PAGE = 256
 SWA = 128
@@ -198,11 +198,16 @@ def reference_kernels():
     finally:
         for m, n, v in saved:
             setattr(m, n, v)
-        for n, v in saved_mods.items():
-            if v is None:
-                sys.modules.pop(n, None)
-            else:
-                sys.modules[n] = v
+        _restore(sys.modules, saved_mods)
+
+
+def _restore(store, saved: dict) -> None:
+    """Put `saved` values back into `store` (sys.modules, os.environ); None: was absent."""
+    for key, value in saved.items():
+        if value is None:
+            store.pop(key, None)
+        else:
+            store[key] = value
 
 
 # --------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from model_configs import write_model
 
 from sglang_mixgraph.cli import EMBEDDED_MODEL_DIR, MEGA_MOE_CAP_ENV
 from sglang_mixgraph.flags import FLAGS
@@ -75,6 +76,15 @@ def test_doctor_exits_1_on_an_invalid_flag():
     entry = next(f for f in report["flags"] if f["name"] == name)
     assert "is not a valid value" in entry["error"]
     assert report["ok"] is False
+
+
+def test_doctor_says_an_empty_flag_is_unset():
+    result = cli("doctor", env={"SGLANG_MIXGRAPH_PREFILL_BUCKETS": ""})
+    assert result.returncode == 0
+    assert (
+        "SGLANG_MIXGRAPH_PREFILL_BUCKETS = 'auto' (set empty: unset, the default applies)"
+        in result.stdout
+    )
 
 
 def test_doctor_exits_1_when_an_enabled_patch_cannot_apply():
@@ -150,25 +160,7 @@ def test_plan_target_gpu_reaches_sglang_resolution(tmp_path):
 
 
 def _dense_model(tmp_path: Path) -> Path:
-    config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": 1024,
-        "intermediate_size": 2816,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 16,
-        "num_key_value_heads": 4,
-        "vocab_size": 32000,
-        "max_position_embeddings": 4096,
-        "rms_norm_eps": 1e-5,
-        "rope_theta": 10000.0,
-        "torch_dtype": "bfloat16",
-        "hidden_act": "silu",
-    }
-    model = tmp_path / "dense"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps(config))
-    return model
+    return write_model(tmp_path / "dense")
 
 
 def test_plan_small_dense_model(tmp_path):

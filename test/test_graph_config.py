@@ -19,6 +19,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from model_configs import write_model
 
 import sglang_mixgraph
 from sglang_mixgraph.core.prefill_buckets import padding_profile, replays
@@ -50,6 +51,19 @@ def reference(chunk_per_rank=2816, tp=8, dp=8, extra=()):
         *extra,
     ]
 
+
+# DeepSeek-V4 with an MoE all-to-all backend upstream has not validated under BCG: two rules hold.
+TWO_RULES = [
+    "--model-path",
+    DSV4,
+    "--tp",
+    "8",
+    "--dp",
+    "8",
+    "--enable-dp-attention",
+    "--moe-a2a-backend",
+    "mori",
+]
 
 GLM5_CONFIG = {
     "architectures": ["GlmMoeDsaForCausalLM"],
@@ -83,31 +97,15 @@ GLM5_CONFIG = {
     "norm_topk_prob": True,
     "rms_norm_eps": 1e-5,
 }
-DENSE_CONFIG = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 1024,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 4,
-    "intermediate_size": 2816,
-    "vocab_size": 32000,
-    "max_position_embeddings": 8192,
-    "rms_norm_eps": 1e-5,
-    "torch_dtype": "bfloat16",
-}
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
-    out = {}
-    for name, cfg in (("glm5", GLM5_CONFIG), ("dense", DENSE_CONFIG)):
-        d = root / name
-        d.mkdir()
-        (d / "config.json").write_text(json.dumps(cfg))
-        out[name] = str(d)
-    return out
+    return {
+        "glm5": str(write_model(root / "glm5", GLM5_CONFIG)),
+        "dense": str(write_model(root / "dense", max_position_embeddings=8192)),
+    }
 
 
 @pytest.fixture
@@ -127,10 +125,12 @@ def flags(monkeypatch):
 
 
 def plan_of(argv, gpu="B300"):
+    """The resolution and the graph part of `plan --json` for it."""
+    from sglang_mixgraph.cli import graph_plan_json
     from sglang_mixgraph.graph_plan import graph_plan
 
     r = resolve(argv, gpu=gpu)
-    d = graph_plan(r)
+    d = graph_plan_json(graph_plan(r))
     json.dumps(d)  # the plan is JSON-serialisable
     return r, d
 
@@ -178,6 +178,7 @@ def test_dsv4_table(flags, row):
     assert d["bucket_lists"]["policy"] == "auto"
     assert_bucket_properties(d, chunk, cap, running)
     assert r.resolved["cuda_graph_config"]["prefill"]["bs"] == pg["buckets"]
+    assert d["bucket_lists"]["ours"]["buckets"] == pg["buckets"]  # plan shows what was applied
     assert d["ok"] and all(v["ok"] for v in d["validations"])
     # upstream's generic list for the same chunk would not fit the same budget
     assert d["bucket_lists"]["upstream"]["capture_fits"] is False
@@ -241,9 +242,10 @@ def test_reference_plan_contents(flags):
     }
     logits = next(v for v in d["validations"] if v["name"].startswith("logits"))
     assert logits["rows"] == 8 * 257 and logits["upstream_rows"] == 2048
-    from sglang_mixgraph.graph_plan import format_graph_plan
+    from sglang_mixgraph.cli import format_graph_plan
+    from sglang_mixgraph.graph_plan import graph_plan
 
-    text = format_graph_plan(d)
+    text = format_graph_plan(graph_plan(resolve(reference(), gpu="B300")))
     assert (
         "decided by estimate" in text
         and "upstream: 45 buckets" in text
@@ -269,18 +271,7 @@ def test_estimate_turns_bcg_off_with_numbers(flags, caplog):
 
 def test_two_rules_keep_upstream(flags):
     """DSV4 plus another matching rule: the deferral does not apply."""
-    argv = [
-        "--model-path",
-        DSV4,
-        "--tp",
-        "8",
-        "--dp",
-        "8",
-        "--enable-dp-attention",
-        "--moe-a2a-backend",
-        "mori",
-    ]
-    _, d = plan_of(argv)
+    _, d = plan_of(TWO_RULES)
     pg = d["prefill_graph"]
     assert pg["backend"] == "disabled"
     assert pg["decided_by"] == {
@@ -325,12 +316,26 @@ def test_explicit_backend_is_kept(flags):
 
 
 def test_bucket_above_megamoe_cap_is_rejected(flags):
-    from sglang_mixgraph.patches.graph_config import GraphConfigError
+    from sglang_mixgraph.graph_plan import GraphConfigError
 
     with pytest.raises(GraphConfigError) as e:
         resolve(reference(extra=("--cuda-graph-bs-prefill", "1024", "2816", "4096")))
     msg = str(e.value)
     assert "[4096]" in msg and f"{CAP_ENV}=2816" in msg and "at least 4096" in msg
+
+
+def test_plan_shows_the_list_the_patch_applies_under_upstreams_cap(flags):
+    """Upstream caps the prefill max_bs below the per-rank chunk (--max-total-tokens): the
+    derived list `plan` shows is the one the patch applied, and upstream's list is the one
+    upstream would have captured under the same cap."""
+    from sglang.srt.arg_groups.cuda_graph_hook import generate_prefill_cuda_graph_batch_sizes
+
+    r, d = plan_of(reference(extra=("--max-total-tokens", "2000")))
+    final = d["prefill_graph"]["buckets"]
+    assert d["bucket_lists"]["policy"] == "auto"
+    assert max(final) == 2000 and d["deployment"]["chunked_prefill_per_rank"] == 2816
+    assert d["bucket_lists"]["ours"]["buckets"] == final
+    assert d["bucket_lists"]["upstream"]["buckets"] == generate_prefill_cuda_graph_batch_sizes(2000)
 
 
 def test_cap_below_chunk_is_rejected(flags):
@@ -470,6 +475,20 @@ _BASELINE = textwrap.dedent(
 )
 
 
+def _run_rows(script: str, marker: str, rows: dict, **env) -> tuple[dict, str]:
+    """Run `script` on `rows` in a fresh interpreter with `env` on top of ours: (the JSON it
+    prints after `marker`, its stderr)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", script, json.dumps(rows)],
+        env=dict(os.environ, **env),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.split(marker, 1)[1]), proc.stderr
+
+
 def _rows_for(models):
     # a fixed seed: resolution draws a random one otherwise
     return {
@@ -480,19 +499,9 @@ def _rows_for(models):
 
 def test_flags_off_resolve_exactly_like_upstream(flags, models):
     rows = _rows_for(models)
-    env = dict(
-        os.environ, SGLANG_PLUGINS="mixgraph_target"
-    )  # the described GPU, no mixgraph patches
-    proc = subprocess.run(
-        [sys.executable, "-c", _BASELINE, json.dumps(rows)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "sglang-mixgraph" not in proc.stderr  # really no plugin
-    baseline = json.loads(proc.stdout.split("BASELINE", 1)[1])
+    # the described GPU, no mixgraph patches
+    baseline, stderr = _run_rows(_BASELINE, "BASELINE", rows, SGLANG_PLUGINS="mixgraph_target")
+    assert "sglang-mixgraph" not in stderr  # really no plugin
     flags(**{BUCKETS_ENV: "upstream"})
     for name, argv in rows.items():
         ours = json.loads(json.dumps(resolve(argv).resolved, default=str))
@@ -517,11 +526,13 @@ _FORCE = textwrap.dedent(
     import json, sys
     from sglang_mixgraph.resolve import select_described_platform, resolve
     select_described_platform()
+    from sglang_mixgraph.cli import graph_plan_json
     from sglang_mixgraph.graph_plan import graph_plan
     out = {}
     for name, (argv, gpu) in json.loads(sys.argv[1]).items():
         r = resolve(argv, gpu=gpu)
-        out[name] = {"plan": graph_plan(r), "messages": r.messages("sglang_mixgraph")}
+        plan = graph_plan_json(graph_plan(r))
+        out[name] = {"plan": plan, "messages": r.messages("sglang_mixgraph")}
     print("FORCE" + json.dumps(out))
     """
 )
@@ -530,32 +541,11 @@ _FORCE = textwrap.dedent(
 def test_force_bcg(tmp_path):
     rows = {
         "dsv4-upstream-buckets": (reference(), "B300"),
-        "two-rules": (
-            [
-                "--model-path",
-                DSV4,
-                "--tp",
-                "8",
-                "--dp",
-                "8",
-                "--enable-dp-attention",
-                "--moe-a2a-backend",
-                "mori",
-            ],
-            "B300",
-        ),
+        "two-rules": (TWO_RULES, "B300"),
         "estimate-would-disable": (reference(extra=("--mem-fraction-static", "0.9")), "H200"),
     }
-    env = dict(os.environ, **{FORCE_ENV: "1", BUCKETS_ENV: "upstream", CAP_ENV: "2816"})
-    proc = subprocess.run(
-        [sys.executable, "-c", _FORCE, json.dumps(rows)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.split("FORCE", 1)[1])
+    env = {FORCE_ENV: "1", BUCKETS_ENV: "upstream", CAP_ENV: "2816"}
+    out, _ = _run_rows(_FORCE, "FORCE", rows, **env)
     for name, row in out.items():
         pg = row["plan"]["prefill_graph"]
         assert pg["backend"] == "breakable", name

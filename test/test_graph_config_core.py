@@ -23,7 +23,6 @@ from sglang_mixgraph.core.prefill_buckets import (
     BucketDerivationError,
     bucket_alignment,
     bucket_for,
-    check_bucket_list,
     derive_prefill_buckets,
     mixed_sampling_rows_bound,
     padding_profile,
@@ -66,7 +65,6 @@ def test_derived_buckets_properties(chunk, running, alignment, cap_slack):
 def test_reference_deployment_list():
     buckets = derive_prefill_buckets(chunk_per_rank=2816, running_per_rank=256, cap=2816)
     assert buckets == [16, 24, 48, 88, 176, 256, 352, 704, 1408, 2816]
-    assert check_bucket_list(buckets, chunk_per_rank=2816, running_per_rank=256, cap=2816) == []
 
 
 def test_chunk_above_cap_is_rejected():
@@ -94,14 +92,9 @@ def test_padding_profile_exact_small_case():
     assert prof.mean_factor == pytest.approx(expected_mean)
 
 
-def test_check_bucket_list_reports_problems():
-    problems = check_bucket_list(
-        [512, 1024, 2048, 4096], chunk_per_rank=3000, running_per_rank=100, cap=2816
-    )
-    assert any("exceed the MoE per-rank cap 2816" in p for p in problems)
-    assert any("3000 tokens) land on bucket 4096" in p for p in problems)
-    assert any("100 tokens does not replay" in p for p in problems)
+def test_bucket_for_a_size_above_every_bucket_is_none():
     assert bucket_for(5000, [512]) is None
+    assert not replays(5000, [512])
 
 
 def test_mixed_sampling_rows_bound():

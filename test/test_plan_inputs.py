@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from model_configs import write_model
 
 from sglang_mixgraph import cli, target_gpu
 from sglang_mixgraph.cli import EMBEDDED_MODEL_DIR, MEGA_MOE_CAP_ENV
@@ -29,24 +30,7 @@ BUCKETS_ENV = "SGLANG_MIXGRAPH_PREFILL_BUCKETS"
 
 
 def _model(tmp_path: Path, architecture: str) -> str:
-    config = {
-        "architectures": [architecture],
-        "model_type": "llama",
-        "hidden_size": 1024,
-        "intermediate_size": 2816,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 16,
-        "num_key_value_heads": 4,
-        "vocab_size": 32000,
-        "max_position_embeddings": 4096,
-        "rms_norm_eps": 1e-5,
-        "torch_dtype": "bfloat16",
-        "hidden_act": "silu",
-    }
-    model = tmp_path / architecture
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps(config))
-    return str(model)
+    return str(write_model(tmp_path / architecture, architectures=[architecture]))
 
 
 @pytest.fixture

@@ -1,19 +1,15 @@
-"""Upstream's breakable-prefill-graph incompatibility rules, one by one, and what decided.
+"""Upstream's breakable-prefill-graph (BCG) incompatibility rules, one by one, and what decided.
 
-`disable_breakable_cudagraph_if_incompatible` (sglang/srt/arg_groups/cuda_graph_hook.py:
-170-255) keeps its rules in a function-local list and stops at the first match, so
-nobody outside can tell which rules hold. To log each rule FORCE_BCG overrides, and to
-defer only the DeepSeek-V4 rule to the capture-memory estimate, we evaluate the same
-predicates here, by calling the same upstream helpers on the same inputs. The rule
-names are upstream's own strings; test_graph_config_rules checks this table against
-the upstream source so a changed rule list fails CI instead of drifting.
-
-The one hook on that function (`rules_hook`, shared by the `force_bcg` and `graph_config`
-patches and registered once) runs it in one of three modes: upstream's, forced (every rule that
-holds is logged and overridden), or estimate (the DeepSeek-V4 rule alone is deferred to the
-capture-memory estimate). Decisions taken during one resolution are kept per ServerArgs object
-(ServerArgs is a msgspec Struct with slots, so nothing can be attached to it); `graph_plan`
-reads them.
+What: the one hook on `sglang.srt.arg_groups.cuda_graph_hook.disable_breakable_cudagraph_if_incompatible`
+(`rules_hook`, shared by `force_bcg` and `graph_config`, registered once), run in one of three
+modes: upstream's, forced (every rule that holds is logged and overridden), or estimate (the
+DeepSeek-V4 rule alone is deferred to the capture-memory estimate). Decisions are kept per
+ServerArgs (a msgspec Struct with slots: nothing can be attached to it) for `graph_plan`.
+Why: upstream keeps its rules in a function-local list and stops at the first match, so nobody
+outside can tell which rules hold; we evaluate the same predicates with the same upstream
+helpers, under upstream's own rule names (a test compares the table with upstream's source).
+Retired by: upstream rules as a public table that names every rule that holds and can be
+overridden one by one.
 """
 
 from __future__ import annotations
@@ -34,7 +30,7 @@ DSV4_RULE = "DeepSeek-V4 (heavy capture-pool memory pressure)"
 class Rule:
     name: str  # upstream's name; the silent CP rule has none upstream
     upstream_name: str | None
-    reason: str  # upstream's comment, with the line it is on
+    reason: str  # upstream's comment on the rule, in its words
     predicate: Callable[[Any], bool]
 
 
@@ -51,48 +47,47 @@ def _rules() -> tuple[Rule, ...]:
         Rule(
             "KDA hybrid linear attention",
             "KDA hybrid linear attention",
-            "only GLM-5.3 Flash is BCG-validated among KDA models (cuda_graph_hook.py:186)",
+            "only GLM-5.3 Flash is BCG-validated among KDA models",
             kda,
         ),
         Rule(
             DSV4_RULE,
             DSV4_RULE,
             "DSV4 is BCG-compatible but the c4 indexer scratch is pinned in the capture pool "
-            "and OOMs (cuda_graph_hook.py:193-195)",
+            "and OOMs",
             lambda sa: is_deepseek_v4(model_config_of(sa).hf_config)
             and not supports_prefill_cp_bcg(sa),
         ),
         Rule(
             "attention context parallel without CP-BCG support",
             None,
-            "CP all_gather replay size mismatch under BCG (cuda_graph_hook.py:203-211, silent upstream)",
+            "CP all_gather replay size mismatch under BCG (upstream disables silently)",
             lambda sa: resolved_view(sa).attn_cp_size > 1 and not supports_prefill_cp_bcg(sa),
         ),
         Rule(
             "decode context parallel (dcp_size > 1)",
             "decode context parallel (dcp_size > 1)",
-            "capture builds a dummy extend forward with attn_dcp_metadata=None (cuda_graph_hook.py:212)",
+            "capture builds a dummy extend forward with attn_dcp_metadata=None",
             lambda sa: resolving_view(sa).dcp_size > 1,
         ),
         Rule(
             "two-batch overlap",
             "two-batch overlap",
-            "TBO capture is unsupported (cuda_graph_hook.py:217)",
+            "TBO capture is unsupported",
             lambda sa: bool(resolving_view(sa).enable_two_batch_overlap),
         ),
         Rule(
             "unvalidated a2a backend",
             "unvalidated a2a backend",
             "MoE all-to-all backends other than none/deepep/megamoe/flashinfer are not validated "
-            "under BCG (cuda_graph_hook.py:222-228)",
+            "under BCG",
             lambda sa: resolved_view(sa).moe_a2a_backend
             not in ("none", "deepep", "megamoe", "flashinfer"),
         ),
         Rule(
             "multimodal model",
             "multimodal model",
-            "multimodal prefill replay faults under BCG; allowlisted archs opt back in "
-            "(cuda_graph_hook.py:229)",
+            "multimodal prefill replay faults under BCG; allowlisted archs opt back in",
             lambda sa: (
                 model_config_of(sa).is_multimodal
                 and not model_config_of(sa).is_multimodal_breakable_cuda_graph_supported
@@ -134,17 +129,23 @@ class Source(enum.Enum):
 
 
 @dataclass
+class RuleMatch:
+    """A rule that holds for one resolution, and what the hook did about it."""
+
+    name: str
+    reason: str
+    action: str
+
+
+@dataclass
 class GraphDecisions:
     """What our hooks decided while one ServerArgs was resolved."""
 
-    rule_matches: list[dict] = field(default_factory=list)  # {name, reason, action}
+    rule_matches: list[RuleMatch] = field(default_factory=list)
     prefill_backend_source: Source | None = None
     deciding_rule: str | None = None  # with Source.UPSTREAM_RULE
-    estimate: dict | None = None
-    bucket_policy: str | None = None  # "auto", "upstream", "user", "fallback: <reason>"
-    derived_buckets: list[int] | None = None
-    upstream_buckets: list[int] | None = None
-    validations: list[dict] = field(default_factory=list)
+    bucket_policy: str | None = None  # "auto", "upstream", "user", "upstream (<why>)"
+    upstream_max_bs: int | None = None  # upstream's prefill max_bs before the derivation
 
 
 _DECISIONS: dict[int, tuple[Any, GraphDecisions]] = {}
@@ -180,7 +181,7 @@ def _upstream_decides(record: GraphDecisions, matches: list[Rule]) -> None:
     record.prefill_backend_source = Source.UPSTREAM_RULE
     record.deciding_rule = matches[0].name
     for m in record.rule_matches[1:]:
-        m["action"] = "holds (not reached: an earlier rule decided)"
+        m.action = "holds (not reached: an earlier rule decided)"
 
 
 def rules_hook(original, server_args, **kwargs):
@@ -188,9 +189,7 @@ def rules_hook(original, server_args, **kwargs):
     mode = rule_mode(server_args)
     record = decisions_for(server_args)
     matches = matching_rules(server_args)
-    record.rule_matches = [
-        {"name": r.name, "reason": r.reason, "action": "disables (upstream)"} for r in matches
-    ]
+    record.rule_matches = [RuleMatch(r.name, r.reason, "disables (upstream)") for r in matches]
     record.prefill_backend_source = record.deciding_rule = None
     if mode is RuleMode.FORCED:
         for rule, m in zip(matches, record.rule_matches, strict=True):
@@ -200,11 +199,11 @@ def rules_hook(original, server_args, **kwargs):
                 rule.name,
                 rule.reason,
             )
-            m["action"] = "overridden by FORCE_BCG"
+            m.action = "overridden by FORCE_BCG"
         record.prefill_backend_source = Source.FORCED if matches else None
         return None
     if matches and mode is RuleMode.ESTIMATE and [r.name for r in matches] == [DSV4_RULE]:
-        record.rule_matches[0]["action"] = "deferred to the capture-memory estimate"
+        record.rule_matches[0].action = "deferred to the capture-memory estimate"
         record.prefill_backend_source = Source.ESTIMATE_PENDING
         logger.info(
             "sglang-mixgraph: upstream rule %r deferred; the breakable prefill CUDA graph is kept or "

@@ -17,6 +17,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from sglang_mixgraph.core.capture_memory import fmt_bytes
 from sglang_mixgraph.target_gpu import DEFAULT_GPU, GPUS
 
 EMBEDDED_MODEL_DIR = Path(__file__).parent / "data" / "dsv4_pro"
@@ -156,6 +157,8 @@ def _print_doctor(report: dict[str, Any]) -> None:
     print("Flags:")
     for f in report["flags"]:
         shown = f"ERROR: {f['error']}" if "error" in f else repr(f["value"])
+        if f["set"] == "":  # as README's flag section says: empty means unset
+            shown += " (set empty: unset, the default applies)"
         print(f"  {f['name']} = {shown}")
     print("Patches:")
     if not report["patches"]:
@@ -198,6 +201,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def plan_report(
     resolution: Any,
+    graph: Any,
     argv: list[str],
     default_deployment: bool,
     user_argv: list[str] | None = None,
@@ -205,12 +209,10 @@ def plan_report(
 ) -> dict[str, Any]:
     from sglang.srt.environ import envs
 
-    from sglang_mixgraph.graph_plan import graph_plan
     from sglang_mixgraph.patches import all_patches
     from sglang_mixgraph.registry import evaluate
 
     r = resolution.resolved
-    graph = graph_plan(resolution)
     graphs = r["cuda_graph_config"]
     attn_dp = r["attn_dp_size"]
     megamoe = r["moe_a2a_backend"] == "megamoe"
@@ -260,7 +262,7 @@ def plan_report(
         },
         "prefill_graph": {
             "backend": graphs["prefill"]["backend"],
-            "decided_by": graph["prefill_graph"]["decided_by"],
+            "decided_by": _decision_json(graph.prefill.decided_by),
             "max_bs": graphs["prefill"]["max_bs"],
             "buckets": graphs["prefill"]["bs"],
         },
@@ -270,13 +272,269 @@ def plan_report(
             "buckets": graphs["decode"]["bs"],
         },
         "patches": patches,
-        "graph": graph,
+        "graph": graph_plan_json(graph),
     }
 
 
-def _print_plan(p: dict[str, Any]) -> None:
-    from sglang_mixgraph.graph_plan import format_graph_plan
+# ---------------------------------------------------------------- the graph plan, as JSON and text
 
+
+def _capture_json(report) -> dict[str, Any]:
+    est = report.estimate
+    out: dict[str, Any] = {
+        "estimate": {
+            "buckets": len(est.buckets),
+            "largest": max(est.buckets) if est.buckets else 0,
+            "bytes": est.total,
+            "terms": dict(est.terms),
+        },
+        "model": {"hidden": report.shape.hidden_size, "hc_mult": report.shape.hidden_multiplier},
+    }
+    if report.shape.sparse is not None:
+        out["model"]["capture_context_width"] = report.shape.sparse.context_width
+        out["model"]["index_topk"] = report.shape.sparse.index_topk
+    budget, verdict = report.budget, report.verdict
+    if verdict is None:
+        from sglang_mixgraph.graph_plan import UNKNOWN_BUDGET
+
+        out["verdict"] = {"fits": None, "why": UNKNOWN_BUDGET}
+        return out
+    out["budget"] = {
+        "gpu_total_bytes": budget.total_bytes,
+        "mem_fraction_static": budget.mem_fraction_static,
+        "outside_static_bytes": budget.outside_static,
+        "reserves": dict(budget.reserves),
+        "available_bytes": budget.available,
+    }
+    out["verdict"] = {
+        "fits": verdict.fits,
+        "needed_bytes": verdict.needed,
+        "available_bytes": verdict.available,
+        "margin_bytes": verdict.margin_bytes,
+        "required_margin_fraction": verdict.margin_fraction,
+    }
+    if report.kv_sized_after_capture:
+        out["verdict"]["note"] = (
+            "the KV pool is sized after capture: capture memory comes out of the KV pool"
+        )
+    if not verdict.fits:
+        out["advice"] = {
+            "max_bs_prefill": report.advice_max_bs_prefill,
+            "mem_fraction_static_at_most": report.advice_mem_fraction_static,
+        }
+    return out
+
+
+def _bucket_list_json(side) -> dict[str, Any] | None:
+    if side is None:
+        return None
+    pad = side.padding
+    return {
+        "buckets": list(side.buckets),
+        "count": len(side.buckets),
+        "largest": max(side.buckets),
+        "contains_chunk": side.contains_top,
+        "capture_bytes": side.capture.estimate.total,
+        "capture_fits": side.capture.fits,
+        "padding": {
+            "range": [pad.lo, pad.hi],
+            "count": pad.count,
+            "largest": pad.largest,
+            "smallest_replayed": pad.smallest_replayed,
+            "eager_sizes": pad.eager_sizes,
+            "worst_padding_factor": round(pad.worst_factor, 4),
+            "worst_padding_tokens": pad.worst_waste_tokens,
+            "mean_padding_factor": round(pad.mean_factor, 4),
+        },
+    }
+
+
+def _decision_json(decision) -> dict[str, Any]:
+    out: dict[str, Any] = {"kind": decision.kind.value}
+    if decision.rule is not None:
+        out.update(rule=decision.rule, reason=decision.reason)
+    elif decision.detail:
+        out["detail"] = decision.detail
+    return out
+
+
+def _validation_json(v) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": v.name, "ok": v.ok, "message": v.message}
+    if v.warning:
+        out["severity"] = "warning"
+    if v.rows is not None:
+        out.update(rows=v.rows, upstream_rows=v.upstream_rows)
+    return out
+
+
+def graph_plan_json(plan) -> dict[str, Any]:
+    """`plan --json`'s "graph" part, from the planner's typed result."""
+    facts = plan.facts
+    capture = None
+    if plan.capture is not None:
+        capture = _capture_json(plan.capture)
+        if plan.prefill_off_but_estimated:
+            capture["note"] = "prefill graph is off; the estimate is what the final list would need"
+    lists = plan.buckets
+    if lists is None:
+        bucket_lists: dict[str, Any] = {
+            "note": "chunked prefill disabled: no per-rank chunk to derive buckets from"
+        }
+    else:
+        bucket_lists = {
+            "policy": lists.policy,
+            "upstream": _bucket_list_json(lists.upstream),
+            "ours": _bucket_list_json(lists.derived)
+            if lists.derived is not None
+            else {"error": lists.derived_error},
+            "final": list(lists.final),
+        }
+    return {
+        "gpu": plan.gpu,
+        "model": list(facts.architectures),
+        "flags": dict(plan.flags),
+        "deployment": {
+            "tp_size": facts.tp_size,
+            "attn_dp_size": facts.attn_dp_size,
+            "dp_attention": facts.dp_attention,
+            "enable_mixed_chunk": facts.mixed_chunk,
+            "chunked_prefill_per_rank": facts.chunk_per_rank,
+            "max_running_requests": facts.max_running_requests,
+            "running_per_rank": facts.running_per_rank,
+            "moe_a2a_backend": facts.moe_a2a_backend,
+            "mega_moe_cap_per_rank": facts.mega_moe_cap,
+            "mem_fraction_static": facts.mem_fraction_static,
+        },
+        "prefill_graph": {
+            "backend": plan.prefill.backend,
+            "decided_by": _decision_json(plan.prefill.decided_by),
+            "rules": [
+                {"name": r.name, "reason": r.reason, "action": r.action} for r in plan.prefill.rules
+            ],
+            "max_bs": plan.prefill.max_bs,
+            "buckets": list(plan.prefill.buckets),
+        },
+        "decode_graph": {
+            "backend": plan.decode.backend,
+            "decided_by": _decision_json(plan.decode.decided_by),
+            "max_bs": plan.decode.max_bs,
+            "bucket_count": plan.decode.bucket_count,
+        },
+        "capture_memory": capture,
+        "bucket_lists": bucket_lists,
+        "validations": [_validation_json(v) for v in plan.validations],
+        "plugin_loaded": plan.plugin_loaded,
+        "ok": plan.ok,
+    }
+
+
+def _elided(buckets) -> str:
+    """A bucket list for people: in full up to 12 entries, else its ends and its length."""
+    buckets = list(buckets)
+    if len(buckets) <= 12:
+        return "[" + ", ".join(str(b) for b in buckets) + "]"
+    return (
+        "["
+        + ", ".join(str(b) for b in buckets[:4])
+        + ", ..., "
+        + ", ".join(str(b) for b in buckets[-3:])
+        + "]"
+    )
+
+
+def _fits_word(fits: bool | None) -> str:
+    return {True: "fits", False: "does not fit", None: "unknown"}[fits]
+
+
+def _bucket_side_lines(name: str, side, error: str | None = None) -> list[str]:
+    if side is None:
+        return [f"  {name}: {error or 'none'}"]
+    pad = side.padding
+    return [
+        f"  {name}: {len(side.buckets)} buckets, largest {max(side.buckets)}, capture "
+        f"{fmt_bytes(side.capture.estimate.total)} ({_fits_word(side.capture.fits)}),"
+        f" worst padding {pad.worst_factor:.2f}x / {pad.worst_waste_tokens} tokens,"
+        f" mean {pad.mean_factor:.2f}x",
+        f"    {_elided(side.buckets)}",
+    ]
+
+
+def _decision_text(decision) -> str:
+    if decision.rule is not None:
+        return f"{decision.kind.value} {decision.rule!r} ({decision.reason})"
+    return f"{decision.kind.value}: {decision.detail}"
+
+
+def format_graph_plan(plan) -> str:
+    """The planner's typed result, for people."""
+    facts = plan.facts
+    lines = [f"Graph plan on {plan.gpu} for {', '.join(facts.architectures) or 'model'}"]
+    lines.append(
+        f"  tp {facts.tp_size}, attention DP {facts.attn_dp_size} "
+        f"({'on' if facts.dp_attention else 'off'}), "
+        f"mixed chunk {'on' if facts.mixed_chunk else 'off'}, chunked prefill per rank "
+        f"{facts.chunk_per_rank}, running requests per rank {facts.running_per_rank}"
+        f" (max_running_requests {facts.max_running_requests}), MoE a2a {facts.moe_a2a_backend}"
+        + (f", MegaMoE cap {facts.mega_moe_cap}" if facts.mega_moe_cap else "")
+    )
+    flags = ", ".join(f"{k}={v}" for k, v in plan.flags.items())
+    if not plan.plugin_loaded:
+        flags += " (not read: the plugin is not loaded)"
+    lines.append("  flags: " + flags)
+    lines.append(
+        f"Prefill graph: {plan.prefill.backend} (decided by {_decision_text(plan.prefill.decided_by)})"
+    )
+    for r in plan.prefill.rules:
+        lines.append(f"  rule {r.name!r}: {r.action}")
+    dg = plan.decode
+    lines.append(
+        f"Decode graph: {dg.backend} ({dg.decided_by.kind.value}), max_bs {dg.max_bs}, "
+        f"{dg.bucket_count} buckets"
+    )
+    cm = plan.capture
+    if cm is not None:
+        v = cm.verdict
+        if v is None:
+            from sglang_mixgraph.graph_plan import UNKNOWN_BUDGET
+
+            lines.append(
+                f"Capture memory: {fmt_bytes(cm.estimate.total)} needed; available unknown "
+                f"({UNKNOWN_BUDGET})"
+            )
+        else:
+            lines.append(
+                f"Capture memory: {fmt_bytes(v.needed)} needed for {len(cm.estimate.buckets)} "
+                f"buckets, {fmt_bytes(v.available)} available, margin {fmt_bytes(v.margin_bytes)} "
+                f"-> {_fits_word(v.fits)} (needs {int(v.margin_fraction * 100)}% headroom)"
+            )
+            terms = ", ".join(f"{k} {fmt_bytes(b)}" for k, b in cm.estimate.terms.items())
+            lines.append(f"  terms: {terms}")
+        if plan.prefill_off_but_estimated:
+            lines.append(
+                "  note: prefill graph is off; the estimate is what the final list would need"
+            )
+    bl = plan.buckets
+    if bl is None:
+        lines.append("Buckets: chunked prefill disabled: no per-rank chunk to derive buckets from")
+    else:
+        lines.append(
+            f"Buckets (policy {bl.policy}), final list of {len(bl.final)}: {_elided(bl.final)}"
+        )
+        lines += _bucket_side_lines("upstream", bl.upstream)
+        lines += _bucket_side_lines("derived ", bl.derived, bl.derived_error)
+    if plan.plugin_loaded:
+        lines.append("Validations:")
+    else:
+        lines.append(
+            "Validations (sglang-mixgraph's startup checks; not run, the plugin is not loaded):"
+        )
+    for v in plan.validations:
+        mark = "ok" if v.ok else ("WARN" if v.warning else "FAIL")
+        lines.append(f"  [{mark}] {v.name}: {v.message}")
+    return "\n".join(lines)
+
+
+def _print_plan(p: dict[str, Any], graph: Any) -> None:
     print(f"assumed GPU: {p['assumed_gpu']['text']}")
     if p["default_deployment"]:
         line = (
@@ -297,7 +555,7 @@ def _print_plan(p: dict[str, Any]) -> None:
         print(f"model: {p['model_class_note']}")
     moe = p["moe"]
     print(f"attention backend: {p['attention_backend']}; MoE runner: {moe['runner_backend']}")
-    print(format_graph_plan(p["graph"]))
+    print(format_graph_plan(graph))
     print("patches:")
     if not p["patches"]:
         print("  (none)")
@@ -318,6 +576,7 @@ def _plan_error(message: str) -> None:
 
 
 def cmd_plan(args: argparse.Namespace, server_argv: list[str]) -> int:
+    from sglang_mixgraph.graph_plan import graph_plan
     from sglang_mixgraph.resolve import (
         PlanInputError,
         explain_failure,
@@ -354,13 +613,14 @@ def cmd_plan(args: argparse.Namespace, server_argv: list[str]) -> int:
     except Exception as e:  # SGLang's own resolution errors (ValueError, AssertionError, ...)
         _plan_error(explain_failure(e))
         return 1
+    graph = graph_plan(resolution)
     report = plan_report(
-        resolution, prepared.argv, prepared.on_reference, prepared.user_argv, model_note
+        resolution, graph, prepared.argv, prepared.on_reference, prepared.user_argv, model_note
     )
     if args.json:
         print(json.dumps(report, indent=2, default=str))
     else:
-        _print_plan(report)
+        _print_plan(report, graph)
     return 0
 
 

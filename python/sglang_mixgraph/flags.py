@@ -1,14 +1,14 @@
 """Our environment flags, registered in SGLang's `envs` so they read like upstream flags.
 
-Upstream `EnvField.get()` (sglang/srt/environ.py:70-89) warns and falls back to the
+Upstream `EnvField.get()` (`sglang.srt.environ`) warns and falls back to the
 default on a bad value. A patch switch must never silently turn itself off or on,
 so our fields parse strictly: a bad value raises `FlagValueError` naming the
 variable and the accepted values.
 
 Fields are added to the `Envs` class after it was created: `EnvField.__set_name__`
-only runs at class creation and asserts afterwards (environ.py:55-57, 2183), so we
+only runs at class creation and asserts afterwards (`EnvField._allow_set_name`), so we
 set `name` ourselves and `setattr` the field on `Envs`; `envs.<NAME>.get()` and
-`exportable_env_vars()` (environ.py:2186) then see it like any upstream flag.
+`exportable_env_vars()` then see it like any upstream flag.
 """
 
 from __future__ import annotations

@@ -1,143 +1,626 @@
-"""The graph configuration of a resolved deployment, as `sglang-mixgraph plan` reports it.
+"""The graph planner: what a resolved deployment's prefill graph configuration is and needs.
 
-`graph_plan(resolution)` returns a JSON-serialisable dict: which prefill/decode graph
-backend was chosen and what decided it, the capture-memory estimate, upstream's bucket
-list against the derived one, the per-rank chunk and running requests, and the startup
-validations. `format_graph_plan(d)` renders it for people. Nothing here changes the
-resolution; numbers are recomputed from the resolved arguments with the same functions
-the patches use (patches/graph_config.py, core/).
+It owns the deployment facts (`Deployment`, read once from the resolving server arguments),
+the one prefill bucket derivation (`derive_buckets`: the `graph_config` patch applies it
+during resolution, and `plan` shows it with the same inputs), the capture-memory estimate
+(`capture_estimate`), the startup validations (`validations`) and the whole report of a
+resolution (`graph_plan` -> `GraphPlan`). Results are typed; `sglang-mixgraph plan` turns
+them into text or JSON (cli.py). Nothing here changes a resolution or logs: the patch's hooks
+decide, this module computes. sglang is imported inside the functions only, so the plugin
+stays cheap to load.
 """
 
 from __future__ import annotations
 
+import enum
+from dataclasses import dataclass
 from typing import Any
 
-from sglang_mixgraph.core.capture_memory import fmt_bytes
+from sglang_mixgraph.bcg_rules import RuleMatch
+from sglang_mixgraph.core.capture_memory import (
+    CaptureEstimate,
+    MemoryBudget,
+    ModelShape,
+    Verdict,
+)
+from sglang_mixgraph.core.prefill_buckets import PaddingProfile
+
+# Upstream's floor for the logits all-gather
+# (`sglang.srt.layers.logits_processor.LogitsProcessor.__init__`).
+LOGITS_GATHER_FLOOR = 128
 
 
-def _lists(server_args, ctx, record, plugin_loaded: bool = True) -> dict:
-    from sglang.srt.arg_groups.cuda_graph_hook import generate_prefill_cuda_graph_batch_sizes
-    from sglang.srt.arg_groups.overrides import use_mla_backend
+class GraphConfigError(ValueError):
+    """A prefill graph configuration that would fail during capture."""
 
-    from sglang_mixgraph.core.prefill_buckets import (
-        BucketDerivationError,
-        bucket_alignment,
-        derive_prefill_buckets,
-        padding_profile,
+
+# --------------------------------------------------------------------------- scope
+
+
+def is_designed_model(hf_config) -> bool:
+    """The sparse-MLA models the derivation and the estimate are built for: DeepSeek-V4, GLM-5."""
+    from sglang.srt.configs.model_config import is_deepseek_v4, is_glm_moe_dsa
+
+    return bool(is_deepseek_v4(hf_config) or is_glm_moe_dsa(hf_config))
+
+
+def out_of_scope(server_args) -> str | None:
+    """Why this deployment is left exactly as upstream resolves it, or None when the planner
+    is designed for it: mixed chunked prefill on a sparse-MLA model."""
+    from sglang.srt.arg_groups.overrides import model_config_of, resolving_view
+
+    if not resolving_view(server_args).enable_mixed_chunk:
+        return "mixed chunked prefill is off"
+    if not is_designed_model(model_config_of(server_args).hf_config):
+        return "not a DeepSeek-V4 or GLM-5 model"
+    return None
+
+
+# --------------------------------------------------------------------------- deployment facts
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What the derivation, the estimate and the validations read of one deployment."""
+
+    architectures: tuple[str, ...]
+    tp_size: int
+    attn_dp_size: int  # 1 when DP attention is off
+    dp_attention: bool
+    attn_tp_size: int
+    mixed_chunk: bool
+    chunk_per_rank: int | None  # None or <= 0: chunked prefill is off
+    max_running_requests: int | None
+    running_per_rank: int | None
+    moe_a2a_backend: str
+    mega_moe_cap: int | None  # MegaMoE's per-rank token cap; None without MegaMoE
+    mem_fraction_static: float | None
+
+    @property
+    def chunked(self) -> bool:
+        return bool(self.chunk_per_rank and self.chunk_per_rank > 0)
+
+
+def mega_moe_cap(server_args) -> int | None:
+    from sglang.srt.arg_groups.overrides import resolving_view
+    from sglang.srt.environ import envs
+    from sglang.srt.runtime_context import get_platform
+
+    cfg = resolving_view(server_args)
+    if cfg.moe_a2a_backend != "megamoe" or get_platform().is_hip:
+        return None
+    return int(envs.SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK.get())
+
+
+def deployment(server_args) -> Deployment:
+    from sglang.srt.arg_groups.overrides import model_config_of, resolved_view, resolving_view
+    from sglang.srt.runtime_context import attn_dp_enabled_of
+
+    cfg = resolving_view(server_args)
+    hf = model_config_of(server_args).hf_config
+    dp_attention = bool(attn_dp_enabled_of(resolved_view(server_args)))
+    attn_dp = cfg.attn_dp_size if dp_attention else 1
+    mrr = cfg.max_running_requests
+    return Deployment(
+        architectures=tuple(getattr(hf, "architectures", None) or ()),
+        tp_size=cfg.tp_size,
+        attn_dp_size=attn_dp,
+        dp_attention=dp_attention,
+        attn_tp_size=max(1, cfg.tp_size // max(1, cfg.attn_dp_size) // max(1, cfg.attn_cp_size)),
+        mixed_chunk=bool(cfg.enable_mixed_chunk),
+        chunk_per_rank=cfg.chunked_prefill_size,
+        max_running_requests=mrr,
+        running_per_rank=max(1, mrr // attn_dp) if mrr else None,
+        moe_a2a_backend=resolved_view(server_args).moe_a2a_backend,
+        mega_moe_cap=mega_moe_cap(server_args),
+        mem_fraction_static=cfg.mem_fraction_static,
     )
-    from sglang_mixgraph.patches.graph_config import _mega_moe_cap, capture_estimate
 
-    cfg = ctx["cfg"]
-    chunk = ctx["chunk"]
-    if not chunk or chunk <= 0:
-        return {"note": "chunked prefill disabled: no per-rank chunk to derive buckets from"}
-    top = min(chunk, 8192) if use_mla_backend(server_args) else chunk  # memory_hook.py:233-238
-    # What upstream captures with BCG on: the generic list up to the per-rank chunk
-    # (memory_hook.py:265-268, parallel_hook.py:344-362).
-    upstream = generate_prefill_cuda_graph_batch_sizes(top)
-    cap = _mega_moe_cap(server_args)
-    try:
-        ours = derive_prefill_buckets(
-            chunk_per_rank=top,
-            running_per_rank=ctx["running_per_rank"],
-            cap=cap,
-            alignment=bucket_alignment(attn_tp_size=ctx["attn_tp"], deepep=ctx["a2a"] == "deepep"),
+
+# --------------------------------------------------------------------------- bucket derivation
+
+
+def unhandled(server_args) -> str | None:
+    """A configuration the derivation does not handle (upstream's list stays), or None."""
+    from sglang.srt.arg_groups.overrides import resolving_view
+    from sglang.srt.model_executor.cuda_graph_config import Backend
+
+    cfg = resolving_view(server_args)
+    prefill = cfg.cuda_graph_config.prefill
+    if prefill.backend != Backend.BREAKABLE:
+        return (
+            None
+            if prefill.backend == Backend.DISABLED
+            else f"prefill graph backend {prefill.backend!r}"
         )
-    except BucketDerivationError as e:
-        ours = None
-        ours_error = str(e)
-    final = list(cfg.cuda_graph_config.prefill.bs or [])
+    if cfg.pp_size > 1:
+        return "pipeline parallelism (upstream's PP bucket policy applies)"
+    if cfg.enable_prefill_cp:
+        return "prefill context parallelism"
+    if cfg.speculative_algorithm is not None:
+        return "speculative decoding"
+    if cfg.disaggregation_mode == "decode":
+        return "PD decode node"
+    if getattr(cfg, "dllm_algorithm", None):
+        return "diffusion LLM inference"
+    if cfg.chunked_prefill_size is None or cfg.chunked_prefill_size <= 0:
+        return "chunked prefill disabled"
+    return None
 
-    def describe(buckets):
-        if not buckets:
-            return None
-        prof = padding_profile(buckets, lo=16, hi=max(top, max(buckets)))
-        est = capture_estimate(server_args, buckets, chunk)
-        return {
-            "buckets": list(buckets),
-            "count": len(buckets),
-            "largest": max(buckets),
-            "contains_chunk": top in buckets,
-            "capture_bytes": est["estimate"]["bytes"],
-            "capture_fits": est["verdict"].get("fits"),
-            "padding": prof.as_dict(),
-        }
 
+def bucket_top(facts: Deployment, upstream_max_bs: int | None) -> int:
+    """The largest size the prefill list must serve: the per-rank chunk, under upstream's
+    own cap on the prefill max_bs (MLA 8192, --max-total-tokens; see
+    `sglang.srt.arg_groups.memory_hook.handle_gpu_memory_settings`)."""
+    return min(facts.chunk_per_rank, upstream_max_bs) if upstream_max_bs else facts.chunk_per_rank
+
+
+def derive_buckets(facts: Deployment, upstream_max_bs: int | None) -> list[int]:
+    """The derived prefill bucket list: the patch applies it, `plan` shows it.
+
+    upstream_max_bs: the prefill max_bs upstream resolved before the patch replaced it.
+    Raises GraphConfigError when the chunk cannot fit under the MegaMoE cap (capture would
+    fail), BucketDerivationError when the inputs admit no list.
+    """
+    from sglang_mixgraph.core.prefill_buckets import (
+        bucket_alignment,
+        ceil_align,
+        derive_prefill_buckets,
+    )
+
+    top = bucket_top(facts, upstream_max_bs)
+    cap = facts.mega_moe_cap
+    alignment = bucket_alignment(
+        attn_tp_size=facts.attn_tp_size, deepep=facts.moe_a2a_backend == "deepep"
+    )
+    if cap is not None and ceil_align(top, alignment) > cap:
+        # A steady mixed step is C tokens, so its bucket cannot fit under the cap. Upstream
+        # checks the chunk against the cap only for some checkpoints
+        # (`mega_moe_hook.validate_mega_moe_token_budget_for_model`); capture would assert.
+        raise GraphConfigError(
+            f"MegaMoE: the per-rank chunked prefill size {top} (a steady mixed step, so the "
+            f"largest prefill CUDA-graph bucket) exceeds SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK="
+            f"{cap}. Raise the variable to at least {ceil_align(top, alignment)}, lower "
+            f"--chunked-prefill-size to {cap * facts.attn_dp_size} or less, or --disable-prefill-cuda-graph."
+        )
+    return derive_prefill_buckets(
+        chunk_per_rank=top,
+        running_per_rank=facts.running_per_rank,
+        cap=cap,
+        alignment=alignment,
+    )
+
+
+# --------------------------------------------------------------------------- capture estimate
+
+
+def model_shape(server_args, prefill_max_context: int | None = None) -> ModelShape:
+    """The capture-memory model's view of the model (core.capture_memory.ModelShape)."""
+    from sglang.srt.arg_groups.overrides import model_config_of, resolving_view
+    from sglang.srt.configs.model_config import is_deepseek_v4
+
+    from sglang_mixgraph.core.capture_memory import SparseIndexerShape
+
+    cfg = resolving_view(server_args)
+    mc = model_config_of(server_args)
+    hf = mc.hf_config
+    text = getattr(hf, "text_config", None) or hf
+    hidden = int(getattr(text, "hidden_size", 0) or 0)
+    hc = int(getattr(text, "hc_mult", 1) or 1)
+    sparse = None
+    if is_deepseek_v4(hf):
+        page = int(cfg.page_size or 256)
+        requested = (
+            prefill_max_context
+            if prefill_max_context is not None
+            else cfg.cuda_graph_config.prefill.max_context_size
+        )
+        if requested:
+            # page-aligned as `cuda_graph_hook._resolve_max_context_size` does
+            width = -(-int(requested) // page) * page
+        else:
+            width = int(cfg.context_length or mc.context_len)
+        sparse = SparseIndexerShape(
+            index_topk=int(getattr(text, "index_topk", 512)),
+            context_width=width,
+            page_size=page,
+            swa_window=int(getattr(text, "sliding_window", 128) or 128),
+        )
+    return ModelShape(hidden_size=hidden, hidden_multiplier=hc, sparse=sparse)
+
+
+def memory_for(server_args, chunk_per_rank: int) -> MemoryBudget | None:
+    """core.capture_memory.MemoryBudget from the resolved memory settings."""
+    from sglang.srt.arg_groups.overrides import resolved_view, resolving_view
+    from sglang.srt.model_executor.cuda_graph_config import Backend
+    from sglang.srt.runtime_context import attn_dp_enabled_of
+    from sglang.srt.utils.common import get_device_memory_capacity
+
+    from sglang_mixgraph.core.capture_memory import MiB, decode_graph_reserve_bytes, memory_budget
+
+    cfg = resolving_view(server_args)
+    gpu_mib = get_device_memory_capacity(cfg.device)
+    if not gpu_mib or cfg.mem_fraction_static is None:
+        return None
+    decode = cfg.cuda_graph_config.decode
+    decode_on = decode.backend != Backend.DISABLED
+    prefill_node = cfg.disaggregation_mode == "prefill"
+    a2a = resolved_view(server_args).moe_a2a_backend
+    return memory_budget(
+        total_bytes=int(gpu_mib * MiB),
+        mem_fraction_static=float(cfg.mem_fraction_static),
+        chunk_per_rank=chunk_per_rank,
+        tp_size=cfg.tp_size,
+        pp_size=cfg.pp_size,
+        decode_reserve_bytes=decode_graph_reserve_bytes(
+            decode_max_bs=decode.max_bs or 0,
+            decode_graph_on=decode_on,
+            attn_dp_enabled=bool(attn_dp_enabled_of(resolved_view(server_args))),
+            attn_dp_size=cfg.attn_dp_size,
+            prefill_node=prefill_node,
+        ),
+        # `memory_hook.reserve_for_deepep_a2a_mb`
+        deepep_reserve_bytes=(
+            2 * 1024 * MiB if decode_on and not prefill_node and a2a == "deepep" else 0
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class CaptureReport:
+    """The capture-memory estimate of one bucket list against the deployment's budget."""
+
+    estimate: CaptureEstimate
+    shape: ModelShape
+    budget: MemoryBudget | None  # None: GPU memory or mem_fraction_static unknown
+    verdict: Verdict | None  # None with the budget
+    kv_sized_after_capture: bool = False  # capture memory then comes out of the KV pool
+    advice_max_bs_prefill: int | None = None  # only when it does not fit
+    advice_mem_fraction_static: float | None = None
+
+    @property
+    def fits(self) -> bool | None:
+        return None if self.verdict is None else self.verdict.fits
+
+
+UNKNOWN_BUDGET = "GPU memory or mem_fraction_static unknown"
+
+
+def capture_chunk(facts: Deployment, buckets) -> int:
+    """The chunk the eager activation reserve is sized for (the largest bucket without one)."""
+    return facts.chunk_per_rank if facts.chunked else max(buckets)
+
+
+def capture_estimate(server_args, buckets, chunk_per_rank: int) -> CaptureReport:
+    from sglang.srt.arg_groups.overrides import post_capture_kv_sizing_planned
+
+    from sglang_mixgraph.core.capture_memory import (
+        decide,
+        estimate_capture_bytes,
+        largest_fitting_prefix,
+    )
+
+    shape = model_shape(server_args)
+    est = estimate_capture_bytes(buckets, shape)
+    budget = memory_for(server_args, chunk_per_rank)
+    if budget is None:
+        return CaptureReport(est, shape, None, None)
+    verdict = decide(est.total, budget.available)
+    fitting = mfs = None
+    if not verdict.fits:
+        fitting = largest_fitting_prefix(buckets, shape, budget.available)
+        mfs = _mem_fraction_that_fits(est.total, budget, verdict.margin_fraction)
+    return CaptureReport(
+        est,
+        shape,
+        budget,
+        verdict,
+        kv_sized_after_capture=post_capture_kv_sizing_planned(server_args),
+        advice_max_bs_prefill=fitting,
+        advice_mem_fraction_static=mfs,
+    )
+
+
+def _mem_fraction_that_fits(needed: int, budget: MemoryBudget, margin: float) -> float | None:
+    reserves = sum(budget.reserves.values())
+    outside = needed / (1.0 - margin) + reserves
+    mfs = 1.0 - outside / budget.total_bytes
+    return round(mfs, 3) if mfs > 0 else None
+
+
+# --------------------------------------------------------------------------- validations
+
+
+@dataclass(frozen=True)
+class Validation:
+    """One startup check of the final prefill graph configuration."""
+
+    name: str
+    ok: bool
+    message: str
+    warning: bool = False  # a failed check that warns instead of stopping startup
+    rows: int | None = None  # the logits check, when it resizes: rows it sizes for
+    upstream_rows: int | None = None
+
+    @property
+    def blocks(self) -> bool:
+        return not self.ok and not self.warning
+
+
+def validations(server_args) -> list[Validation]:
+    """Startup checks of the final prefill graph configuration (none out of scope)."""
+    from sglang.srt.arg_groups.overrides import resolving_view
+    from sglang.srt.model_executor.cuda_graph_config import Backend
+
+    from sglang_mixgraph.core.prefill_buckets import ceil_align
+
+    if out_of_scope(server_args) is not None:
+        return []
+    prefill = resolving_view(server_args).cuda_graph_config.prefill
+    facts = deployment(server_args)
+    out = []
+    cap = facts.mega_moe_cap
+    name = "mega_moe_cap_covers_prefill_buckets"
+    if cap is not None and prefill.backend != Backend.DISABLED and prefill.bs:
+        # The runner rounds capture sizes up to the attention-TP width
+        # (`prefill_cuda_graph_runner.get_prefill_num_tokens_to_capture`).
+        captured = sorted({ceil_align(b, facts.attn_tp_size) for b in prefill.bs})
+        over = [b for b in captured if b > cap]
+        if over:
+            msg = (
+                f"MegaMoE: prefill CUDA-graph buckets {over} (tokens per rank, as captured) exceed "
+                f"SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK={cap}; capture would fail the "
+                f"MegaMoE token assert (sglang.srt.layers.moe.mega_moe.run_mega_routed_experts). Raise "
+                f"the variable to at least {max(over)}, drop those buckets from --cuda-graph-bs-prefill, "
+                f"set --cuda-graph-max-bs-prefill {cap} or lower, or --disable-prefill-cuda-graph."
+            )
+            out.append(Validation(name, False, msg))
+        else:
+            out.append(
+                Validation(
+                    name, True, f"largest prefill bucket {max(captured)} <= MegaMoE cap {cap}"
+                )
+            )
+    out.append(logits_gather_check(server_args, facts))
+    return out
+
+
+def logits_gather_check(server_args, facts: Deployment) -> Validation:
+    """Whether the logits multimem all-gather covers a mixed step's sampling rows."""
+    from sglang.srt.arg_groups.overrides import resolving_view
+
+    from sglang_mixgraph.core.prefill_buckets import mixed_sampling_rows_bound
+
+    cfg = resolving_view(server_args)
+    name = "logits_multimem_gather_covers_mixed_steps"
+    # The gatherer serves the TP vocab all-gather unless the DP LM head (attn-TP group) is
+    # used (`sglang.srt.layers.logits_processor.LogitsProcessor.__init__`).
+    if cfg.tp_size <= 1 or cfg.enable_dp_lm_head:
+        return Validation(name, True, "not used (tp 1 or --enable-dp-lm-head)")
+    if not cfg.enable_mixed_chunk:
+        return Validation(name, True, "mixed chunk off: upstream sizing covers decode steps")
+    mrr = cfg.max_running_requests
+    draft = max(int(cfg.speculative_num_draft_tokens or 0), int(cfg.speculative_eagle_topk or 0), 1)
+    # as `triton_symm_mem_ag.recommended_max_tokens` sizes it without prefill
+    upstream_rows = max((mrr or 0) * draft, LOGITS_GATHER_FLOOR)
+    if not mrr:
+        return Validation(
+            name,
+            False,
+            f"max_running_requests is sized at runtime, so the multimem all-gather is built for "
+            f"{LOGITS_GATHER_FLOOR} rows; mixed steps with more sampling rows fall back to NCCL. "
+            f"Set --max-running-requests to size it.",
+            warning=True,
+        )
+    bound = mixed_sampling_rows_bound(
+        running_per_rank=facts.running_per_rank,
+        attn_dp_size=facts.attn_dp_size,
+        attn_dp_enabled=facts.dp_attention,
+        draft_tokens=draft,
+    )
+    if bound <= upstream_rows:
+        return Validation(name, True, f"capacity {upstream_rows} rows >= mixed bound {bound}")
+    if cfg.speculative_algorithm is not None:
+        return Validation(
+            name,
+            False,
+            f"mixed steps gather up to {bound} rows but the multimem all-gather holds "
+            f"{upstream_rows}; larger steps fall back to NCCL (not resized under speculative decoding)",
+            warning=True,
+        )
+    return Validation(
+        name,
+        True,
+        f"sized prefill-aware: {bound} rows (upstream sizes {upstream_rows}, which a mixed step "
+        f"of R+1 rows per rank exceeds and would fall back to NCCL)",
+        rows=bound,
+        upstream_rows=upstream_rows,
+    )
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+class DecidedBy(enum.Enum):
+    """What decided a graph backend."""
+
+    USER = "user"
+    ESTIMATE = "estimate"
+    FORCE = "force"
+    UPSTREAM_RULE = "upstream rule"
+    UPSTREAM = "upstream"
+    UPSTREAM_DEFAULT = "upstream default"
+    DEFAULT = "default"
+
+
+@dataclass(frozen=True)
+class Decision:
+    kind: DecidedBy
+    detail: str = ""
+    rule: str | None = None  # with UPSTREAM_RULE
+    reason: str = ""  # upstream's reason for that rule
+
+
+@dataclass(frozen=True)
+class PrefillGraph:
+    backend: str
+    decided_by: Decision
+    rules: tuple[RuleMatch, ...]
+    max_bs: int | None
+    buckets: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class DecodeGraph:
+    backend: str
+    decided_by: Decision
+    max_bs: int | None
+    bucket_count: int
+
+
+@dataclass(frozen=True)
+class BucketList:
+    """One prefill bucket list as `plan` compares them."""
+
+    buckets: tuple[int, ...]
+    contains_top: bool  # the list has a bucket at exactly the largest size it must serve
+    capture: CaptureReport
+    padding: PaddingProfile
+
+
+@dataclass(frozen=True)
+class BucketLists:
+    """Upstream's generic list against the derived one, and the final list."""
+
+    policy: str
+    final: tuple[int, ...]
+    upstream: BucketList | None
+    derived: BucketList | None
+    derived_error: str | None  # why there is no derived list
+
+
+@dataclass(frozen=True)
+class GraphPlan:
+    gpu: str
+    facts: Deployment
+    flags: dict[str, str]
+    prefill: PrefillGraph
+    decode: DecodeGraph
+    capture: CaptureReport | None  # of the final list; None without one
+    buckets: BucketLists | None  # None: chunked prefill is off, nothing to derive from
+    validations: tuple[Validation, ...]
+    plugin_loaded: bool  # without the plugin the validations are reported, not enforced
+
+    @property
+    def prefill_off_but_estimated(self) -> bool:
+        from sglang.srt.model_executor.cuda_graph_config import Backend
+
+        return self.prefill.backend == Backend.DISABLED and self.capture is not None
+
+    @property
+    def ok(self) -> bool:
+        return not self.plugin_loaded or not any(v.blocks for v in self.validations)
+
+
+def _bucket_list(server_args, facts: Deployment, buckets, top: int) -> BucketList | None:
+    from sglang_mixgraph.core.prefill_buckets import padding_profile
+
+    if not buckets:
+        return None
+    return BucketList(
+        buckets=tuple(buckets),
+        contains_top=top in buckets,
+        capture=capture_estimate(server_args, buckets, facts.chunk_per_rank),
+        padding=padding_profile(buckets, lo=16, hi=max(top, max(buckets))),
+    )
+
+
+def _bucket_lists(server_args, facts: Deployment, record, plugin_loaded: bool) -> BucketLists:
+    from sglang.srt.arg_groups.cuda_graph_hook import generate_prefill_cuda_graph_batch_sizes
+    from sglang.srt.arg_groups.overrides import resolving_view
+
+    from sglang_mixgraph.core.prefill_buckets import BucketDerivationError
+
+    prefill = resolving_view(server_args).cuda_graph_config.prefill
+    upstream_max_bs = (
+        record.upstream_max_bs
+        if record is not None and record.upstream_max_bs is not None
+        else prefill.max_bs
+    )
+    top = bucket_top(facts, upstream_max_bs)
+    derived = error = None
+    try:
+        derived = derive_buckets(facts, upstream_max_bs)
+    except (BucketDerivationError, GraphConfigError) as e:
+        error = str(e)
     if record is not None and record.bucket_policy:
         policy = record.bucket_policy
     else:
         policy = "upstream" if plugin_loaded else "upstream (sglang-mixgraph is not loaded)"
-    out = {
-        "policy": policy,
-        "upstream": describe(upstream),
-        "ours": describe(ours) if ours else {"error": ours_error},
-        "final": final,
-    }
-    return out
+    return BucketLists(
+        policy=policy,
+        final=tuple(prefill.bs or ()),
+        upstream=_bucket_list(
+            server_args, facts, generate_prefill_cuda_graph_batch_sizes(top), top
+        ),
+        derived=_bucket_list(server_args, facts, derived, top),
+        derived_error=error,
+    )
 
 
-def _prefill_decision(server_args, cfg, record) -> dict:
-    from sglang.srt.model_executor.cuda_graph_config import Backend, Phase
-
-    from sglang_mixgraph.bcg_rules import matching_rules
-
-    locked = getattr(server_args, "_cuda_graph_config_locked", set()) or set()
-    backend = cfg.cuda_graph_config.prefill.backend
-    if (Phase.PREFILL, "backend") in locked:
-        return {
-            "kind": "user",
-            "detail": f"prefill backend set explicitly to {backend!r}; no rule evaluated",
-        }
-    if record is not None and record.prefill_backend_source is not None:
-        from sglang_mixgraph.bcg_rules import Source
-
-        src = record.prefill_backend_source
-        if src is Source.ESTIMATE:
-            return {
-                "kind": "estimate",
-                "detail": "capture-memory estimate (replaces the blanket DeepSeek-V4 rule)",
-            }
-        if src is Source.FORCED:
-            return {
-                "kind": "force",
-                "detail": "SGLANG_EXPERIMENTAL_FORCE_BCG=1 overrode the rules listed",
-            }
-        if src is Source.UPSTREAM_RULE:
-            name = record.deciding_rule
-            reason = next((m["reason"] for m in record.rule_matches if m["name"] == name), "")
-            return {"kind": "upstream rule", "rule": name, "reason": reason}
-        return {"kind": "upstream", "detail": src.value}
-    if backend == Backend.DISABLED:
-        if cfg.pp_size > 1:
-            return {
-                "kind": "upstream default",
-                "detail": "pipeline parallelism: BCG prefill is opt-in (cuda_graph_hook.py:150-162)",
-            }
-        matches = matching_rules(server_args)
-        if matches:
-            return {"kind": "upstream rule", "rule": matches[0].name, "reason": matches[0].reason}
-        return {
-            "kind": "upstream",
-            "detail": "disabled elsewhere in resolution (platform or feature check)",
-        }
-    return {
-        "kind": "default",
-        "detail": f"upstream default {backend!r}; no incompatibility rule holds",
-    }
-
-
-def graph_plan(resolution: Any) -> dict:
+def _prefill_decision(server_args, record) -> Decision:
     from sglang.srt.arg_groups.overrides import resolving_view
     from sglang.srt.model_executor.cuda_graph_config import Backend, Phase
 
+    from sglang_mixgraph.bcg_rules import Source, matching_rules
+
+    cfg = resolving_view(server_args)
+    locked = getattr(server_args, "_cuda_graph_config_locked", set()) or set()
+    backend = cfg.cuda_graph_config.prefill.backend
+    if (Phase.PREFILL, "backend") in locked:
+        return Decision(
+            DecidedBy.USER, f"prefill backend set explicitly to {backend!r}; no rule evaluated"
+        )
+    source = record.prefill_backend_source if record is not None else None
+    if source is Source.ESTIMATE:
+        return Decision(
+            DecidedBy.ESTIMATE, "capture-memory estimate (replaces the blanket DeepSeek-V4 rule)"
+        )
+    if source is Source.FORCED:
+        return Decision(
+            DecidedBy.FORCE, "SGLANG_EXPERIMENTAL_FORCE_BCG=1 overrode the rules listed"
+        )
+    if source is Source.UPSTREAM_RULE:
+        name = record.deciding_rule
+        reason = next((m.reason for m in record.rule_matches if m.name == name), "")
+        return Decision(DecidedBy.UPSTREAM_RULE, rule=name, reason=reason)
+    if source is not None:
+        return Decision(DecidedBy.UPSTREAM, source.value)
+    if backend == Backend.DISABLED:
+        if cfg.pp_size > 1:
+            return Decision(
+                DecidedBy.UPSTREAM_DEFAULT,
+                "pipeline parallelism: BCG prefill is opt-in "
+                "(sglang.srt.arg_groups.cuda_graph_hook.apply_cuda_graph_compatibility)",
+            )
+        matches = matching_rules(server_args)
+        if matches:
+            return Decision(DecidedBy.UPSTREAM_RULE, rule=matches[0].name, reason=matches[0].reason)
+        return Decision(
+            DecidedBy.UPSTREAM, "disabled elsewhere in resolution (platform or feature check)"
+        )
+    return Decision(
+        DecidedBy.DEFAULT, f"upstream default {backend!r}; no incompatibility rule holds"
+    )
+
+
+def graph_plan(resolution: Any) -> GraphPlan:
+    """The prefill/decode graph configuration of a resolution (`resolve.resolve`), and why."""
+    from sglang.srt.arg_groups.overrides import resolving_view
+    from sglang.srt.model_executor.cuda_graph_config import Phase
+
     from sglang_mixgraph.bcg_rules import matching_rules, recorded
     from sglang_mixgraph.flags import FLAGS
-    from sglang_mixgraph.patches.graph_config import (
-        _ctx,
-        _mega_moe_cap,
-        capture_estimate,
-        validations,
-    )
     from sglang_mixgraph.target_gpu import described_gpu
 
     server_args = resolution.server_args
@@ -146,160 +629,44 @@ def graph_plan(resolution: Any) -> dict:
     record = recorded(server_args)
     with described_gpu(resolution.gpu.name):
         cfg = resolving_view(server_args)
-        ctx = _ctx(server_args)
+        facts = deployment(server_args)
         prefill = cfg.cuda_graph_config.prefill
         decode = cfg.cuda_graph_config.decode
         locked = getattr(server_args, "_cuda_graph_config_locked", set()) or set()
-        rules = (
-            list(record.rule_matches)
-            if record is not None and record.rule_matches
-            else [
-                {"name": r.name, "reason": r.reason, "action": "holds"}
-                for r in matching_rules(server_args)
-            ]
-        )
+        if record is not None and record.rule_matches:
+            rules = tuple(record.rule_matches)
+        else:
+            rules = tuple(RuleMatch(r.name, r.reason, "holds") for r in matching_rules(server_args))
         final = list(prefill.bs or [])
-        chunk = ctx["chunk"] if ctx["chunk"] and ctx["chunk"] > 0 else (max(final) if final else 0)
-        estimate = capture_estimate(server_args, final, chunk) if final else None
-        checks = validations(server_args)
-        plan = {
-            "gpu": resolution.gpu.describe(),
-            "model": list(getattr(ctx["hf"], "architectures", None) or []),
-            "flags": {
+        return GraphPlan(
+            gpu=resolution.gpu.describe(),
+            facts=facts,
+            flags={
                 name: str(FLAGS[name].get())
                 for name in ("SGLANG_EXPERIMENTAL_FORCE_BCG", "SGLANG_MIXGRAPH_PREFILL_BUCKETS")
                 if name in FLAGS
             },
-            "deployment": {
-                "tp_size": cfg.tp_size,
-                "attn_dp_size": ctx["attn_dp"],
-                "dp_attention": ctx["attn_dp_enabled"],
-                "enable_mixed_chunk": bool(cfg.enable_mixed_chunk),
-                "chunked_prefill_per_rank": ctx["chunk"],
-                "max_running_requests": cfg.max_running_requests,
-                "running_per_rank": ctx["running_per_rank"],
-                "moe_a2a_backend": ctx["a2a"],
-                "mega_moe_cap_per_rank": _mega_moe_cap(server_args),
-                "mem_fraction_static": cfg.mem_fraction_static,
-            },
-            "prefill_graph": {
-                "backend": prefill.backend,
-                "decided_by": _prefill_decision(server_args, cfg, record),
-                "rules": rules,
-                "max_bs": prefill.max_bs,
-                "buckets": final,
-            },
-            "decode_graph": {
-                "backend": decode.backend,
-                "decided_by": {"kind": "user"}
-                if (Phase.DECODE, "backend") in locked
-                else {"kind": "default"},
-                "max_bs": decode.max_bs,
-                "bucket_count": len(decode.bs or []),
-            },
-            "capture_memory": estimate,
-            "bucket_lists": _lists(server_args, ctx, record, plugin_loaded),
-            "validations": checks,
-            # Without the plugin SGLang runs none of these checks: they are reported, not enforced.
-            "plugin_loaded": plugin_loaded,
-        }
-        if prefill.backend == Backend.DISABLED and estimate is not None:
-            plan["capture_memory"]["note"] = (
-                "prefill graph is off; the estimate is what the final list would need"
-            )
-    plan["ok"] = not plugin_loaded or all(v["ok"] or v.get("severity") == "warning" for v in checks)
-    return plan
-
-
-def _elided(buckets: list) -> str:
-    """A bucket list for people: in full up to 12 entries, else its ends and its length."""
-    if len(buckets) <= 12:
-        return "[" + ", ".join(str(b) for b in buckets) + "]"
-    return (
-        "["
-        + ", ".join(str(b) for b in buckets[:4])
-        + ", ..., "
-        + ", ".join(str(b) for b in buckets[-3:])
-        + "]"
-    )
-
-
-def _fmt_bucket_side(name: str, side: dict | None) -> list[str]:
-    if not side:
-        return [f"  {name}: none"]
-    if "error" in side:
-        return [f"  {name}: {side['error']}"]
-    pad = side["padding"]
-    shown = _elided(side["buckets"])
-    return [
-        f"  {name}: {side['count']} buckets, largest {side['largest']}, capture {fmt_bytes(side['capture_bytes'])}"
-        f" ({'fits' if side['capture_fits'] else 'does not fit' if side['capture_fits'] is False else 'unknown'}),"
-        f" worst padding {pad['worst_padding_factor']:.2f}x / {pad['worst_padding_tokens']} tokens,"
-        f" mean {pad['mean_padding_factor']:.2f}x",
-        f"    {shown}",
-    ]
-
-
-def format_graph_plan(d: dict) -> str:
-    lines = [f"Graph plan on {d['gpu']} for {', '.join(d['model']) or 'model'}"]
-    dep = d["deployment"]
-    lines.append(
-        f"  tp {dep['tp_size']}, attention DP {dep['attn_dp_size']} ({'on' if dep['dp_attention'] else 'off'}), "
-        f"mixed chunk {'on' if dep['enable_mixed_chunk'] else 'off'}, chunked prefill per rank "
-        f"{dep['chunked_prefill_per_rank']}, running requests per rank {dep['running_per_rank']}"
-        f" (max_running_requests {dep['max_running_requests']}), MoE a2a {dep['moe_a2a_backend']}"
-        + (f", MegaMoE cap {dep['mega_moe_cap_per_rank']}" if dep["mega_moe_cap_per_rank"] else "")
-    )
-    flags = ", ".join(f"{k}={v}" for k, v in d["flags"].items())
-    if not d.get("plugin_loaded", True):
-        flags += " (not read: the plugin is not loaded)"
-    lines.append("  flags: " + flags)
-    pg = d["prefill_graph"]
-    dec = pg["decided_by"]
-    how = dec["kind"] + (
-        f" {dec['rule']!r} ({dec['reason']})" if dec.get("rule") else f": {dec.get('detail', '')}"
-    )
-    lines.append(f"Prefill graph: {pg['backend']} (decided by {how})")
-    for r in pg["rules"]:
-        lines.append(f"  rule {r['name']!r}: {r['action']}")
-    dg = d["decode_graph"]
-    lines.append(
-        f"Decode graph: {dg['backend']} ({dg['decided_by']['kind']}), max_bs {dg['max_bs']}, {dg['bucket_count']} buckets"
-    )
-    cm = d.get("capture_memory")
-    if cm:
-        v = cm["verdict"]
-        if v.get("fits") is None:
-            lines.append(
-                f"Capture memory: {fmt_bytes(cm['estimate']['bytes'])} needed; available unknown ({v.get('why')})"
-            )
-        else:
-            lines.append(
-                f"Capture memory: {fmt_bytes(v['needed_bytes'])} needed for {cm['estimate']['buckets']} buckets, "
-                f"{fmt_bytes(v['available_bytes'])} available, margin {fmt_bytes(v['margin_bytes'])} -> "
-                f"{'fits' if v['fits'] else 'does not fit'} (needs {int(v['required_margin_fraction'] * 100)}% headroom)"
-            )
-            terms = ", ".join(f"{k} {fmt_bytes(b)}" for k, b in cm["estimate"]["terms"].items())
-            lines.append(f"  terms: {terms}")
-        if cm.get("note"):
-            lines.append(f"  note: {cm['note']}")
-    bl = d["bucket_lists"]
-    if "note" in bl:
-        lines.append(f"Buckets: {bl['note']}")
-    else:
-        final = bl["final"]
-        lines.append(
-            f"Buckets (policy {bl['policy']}), final list of {len(final)}: {_elided(final)}"
+            prefill=PrefillGraph(
+                backend=prefill.backend,
+                decided_by=_prefill_decision(server_args, record),
+                rules=rules,
+                max_bs=prefill.max_bs,
+                buckets=tuple(final),
+            ),
+            decode=DecodeGraph(
+                backend=decode.backend,
+                decided_by=Decision(
+                    DecidedBy.USER if (Phase.DECODE, "backend") in locked else DecidedBy.DEFAULT
+                ),
+                max_bs=decode.max_bs,
+                bucket_count=len(decode.bs or []),
+            ),
+            capture=(
+                capture_estimate(server_args, final, capture_chunk(facts, final)) if final else None
+            ),
+            buckets=(
+                _bucket_lists(server_args, facts, record, plugin_loaded) if facts.chunked else None
+            ),
+            validations=tuple(validations(server_args)),
+            plugin_loaded=plugin_loaded,
         )
-        lines += _fmt_bucket_side("upstream", bl["upstream"])
-        lines += _fmt_bucket_side("derived ", bl["ours"])
-    if d.get("plugin_loaded", True):
-        lines.append("Validations:")
-    else:
-        lines.append(
-            "Validations (sglang-mixgraph's startup checks; not run, the plugin is not loaded):"
-        )
-    for v in d["validations"]:
-        mark = "ok" if v["ok"] else ("WARN" if v.get("severity") == "warning" else "FAIL")
-        lines.append(f"  [{mark}] {v['name']}: {v['message']}")
-    return "\n".join(lines)

@@ -2,7 +2,7 @@
 
 `sglang.srt.plugins.load_plugins()` calls `register()` in every SGLang process
 (main, schedulers, DP controller, detokenizer) and then applies the hooks.
-It logs and swallows ordinary exceptions from a plugin (plugins/__init__.py:130-137),
+It logs and swallows ordinary exceptions from a plugin (`load_plugins` itself),
 so a patch that cannot apply raises `SystemExit` here: startup must stop.
 """
 

@@ -234,7 +234,8 @@ def described_gpu(name: str) -> Iterator[GpuSpec]:
         for probe, answer in _probe_answers(spec).items():
             original = getattr(common, probe)
             swapped += [(m, n, original) for m, n in _rebind(original, answer)]
-        # Some resolution hooks ask torch directly (model_hook.py:341 for DSA models,
+        # Some resolution hooks ask torch directly (DSA models in
+        # `sglang.srt.arg_groups.model_hook.handle_model_specific_adjustments`,
         # `torch.cuda.get_device_capability()`); answer that from the description too.
         import torch
 

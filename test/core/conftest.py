@@ -1,4 +1,4 @@
-"""CPU tests of sglang_mixgraph.core. benchmark/ holds the synthetic mixed-step builder that the
+"""CPU tests of sglang_mixgraph.core and sglang_mixgraph.reference. benchmark/ holds the synthetic mixed-step builder that the
 CPU equivalence tests share with the GPU tests and the kernel benchmark."""
 
 import os

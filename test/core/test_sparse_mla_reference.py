@@ -5,8 +5,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_mixgraph.core import v4_kv_layout as kvl
-from sglang_mixgraph.core.sparse_mla_reference import (
+from sglang_mixgraph.reference import v4_kv_layout as kvl
+from sglang_mixgraph.reference.sparse_mla import (
     ReferenceSchedMeta,
     flash_mla_sparse_fwd_reference,
     flash_mla_with_kvcache_reference,

@@ -14,22 +14,22 @@ from mixed_step import (
 )
 
 from sglang_mixgraph.core.decode_tail import DecodeTail
-from sglang_mixgraph.core.sparse_mla_reference import (
+from sglang_mixgraph.reference.sparse_mla import (
     ReferenceSchedMeta,
     flash_mla_sparse_fwd_reference,
     flash_mla_with_kvcache_reference,
 )
-from sglang_mixgraph.kernels.v4_dequant import dequantize_v4
+from sglang_mixgraph.reference.v4_dequant import dequantize_v4
 
 
 def _fp32_sparse_fwd(q, kv, indices, sm_scale, d_v, sink, lens):
-    from sglang_mixgraph.core.sparse_mla_reference import sparse_prefill_reference
+    from sglang_mixgraph.reference.sparse_mla import sparse_prefill_reference
 
     return sparse_prefill_reference(q, kv, indices, sm_scale, d_v, sink, lens)
 
 
 def _fp32_decode(**kw):
-    from sglang_mixgraph.core.sparse_mla_reference import sparse_decode_reference
+    from sglang_mixgraph.reference.sparse_mla import sparse_decode_reference
 
     # flash_mla_with_kvcache_reference has the same contract; fp32 output for a tight comparison
     return sparse_decode_reference(

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_mixgraph.core import v4_kv_layout as kvl
+from sglang_mixgraph.reference import v4_kv_layout as kvl
 
 
 @given(st.integers(1, 512))
@@ -118,8 +118,8 @@ def test_out_of_range_slots_raise():
 
 _TRITON_SCRIPT = r"""
 import torch, sys
-from sglang_mixgraph.core import v4_kv_layout as kvl
-from sglang_mixgraph.kernels.v4_dequant import dequantize_v4
+from sglang_mixgraph.reference import v4_kv_layout as kvl
+from sglang_mixgraph.reference.v4_dequant import dequantize_v4
 gen = torch.Generator().manual_seed(1)
 for page_size in (2, 64):
     cache = kvl.allocate_cache(7, page_size)

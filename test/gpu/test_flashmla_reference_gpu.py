@@ -5,11 +5,11 @@ import torch
 from mixed_step import StepSpec, build_step, plan_workspace, rel_l2, softmax_scale
 
 from sglang_mixgraph.core.decode_tail import DecodeTail, SchedMetaShapeError
-from sglang_mixgraph.core.sparse_mla_reference import (
+from sglang_mixgraph.reference.sparse_mla import (
     sparse_decode_reference,
     sparse_prefill_reference,
 )
-from sglang_mixgraph.kernels.v4_dequant import dequantize_v4
+from sglang_mixgraph.reference.v4_dequant import dequantize_v4
 
 pytestmark = [pytest.mark.gpu, pytest.mark.needs_flash_mla]
 BOUND = 1e-2

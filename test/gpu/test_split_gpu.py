@@ -17,8 +17,8 @@ from mixed_step import (
 )
 
 from sglang_mixgraph.core.decode_tail import DecodeTail
-from sglang_mixgraph.core.sparse_mla_reference import sparse_decode_reference
-from sglang_mixgraph.kernels.v4_dequant import dequantize_v4
+from sglang_mixgraph.reference.sparse_mla import sparse_decode_reference
+from sglang_mixgraph.reference.v4_dequant import dequantize_v4
 
 pytestmark = [pytest.mark.gpu, pytest.mark.needs_flash_mla]
 BOUND = 1e-2

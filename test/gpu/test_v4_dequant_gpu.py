@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from sglang_mixgraph.core import v4_kv_layout as kvl
-from sglang_mixgraph.kernels.v4_dequant import dequantize_v4, triton_available
+from sglang_mixgraph.reference import v4_kv_layout as kvl
+from sglang_mixgraph.reference.v4_dequant import dequantize_v4, triton_available
 
 pytestmark = pytest.mark.gpu
 

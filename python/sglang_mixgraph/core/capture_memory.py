@@ -1,39 +1,43 @@
 """Capture-memory model for breakable prefill CUDA graphs. No sglang imports.
 
 An estimate, not a measurement: it states which allocations a BCG prefill capture
-keeps alive, per the upstream code (paths relative to the installed `sglang/`),
-and sums them for a bucket list. docs/graph-config.md walks through every term.
+keeps alive, per the upstream code (modules under the installed `sglang.srt`), and sums
+them for a bucket list. docs/graph-config.md walks through every term.
 
 Needed, for buckets b_1..b_n (tokens per rank), largest b_max:
 - graph objects: n x 8 MiB, upstream's own per-bucket estimate of non-torch graph
-  memory (srt/arg_groups/memory_hook.py:384-386);
+  memory (`arg_groups.memory_hook.reserve_for_graph_mb`);
 - static inputs and the shared output buffer, sized once for b_max
-  (srt/model_executor/runner/prefill_cuda_graph_runner.py:430-448;
-  srt/model_executor/runner_backend/breakable_cuda_graph_backend.py:126-135);
+  (`PrefillCudaGraphRunner.__init__`'s input buffers in
+  `model_executor.runner.prefill_cuda_graph_runner`; the shared output buffer of
+  `BreakableCudaGraphBackend.capture_one` in `model_executor.runner_backend`);
 - not counted: the activations of the captured segments. Buckets capture largest first
-  into one shared pool (prefill_cuda_graph_runner.py:1715; breakable_cuda_graph_backend.py:
-  98-100), and upstream's reserve assumes that torch memory is reused between capture and
-  eager forwards ("Only non-torch memory is counted", memory_hook.py:385), so it lives in
-  the eager activation reserve below; we follow upstream there;
+  into one shared pool (`PrefillCudaGraphRunner._capture_one_stream`,
+  `BreakableCudaGraphBackend.capture_session`), and upstream's reserve assumes that torch
+  memory is reused between capture and eager forwards ("Only non-torch memory is counted",
+  `reserve_for_graph_mb`), so it lives in the eager activation reserve below; we follow
+  upstream there;
 - DeepSeek-V4 only, per bucket (sum over buckets):
   * the captured attention metadata, kept per bucket
-    (prefill_cuda_graph_runner.py:1247-1253) and built at the capture context width W
-    (srt/layers/attention/deepseek_v4_backend.py:3167-3175, 3210-3222; W is
+    (`PrefillCudaGraphRunner._init_forward_metadata_for_capture`) and built at the capture
+    context width W (`DeepseekV4AttnBackend.init_forward_metadata_for_breakable_cuda_graph_capture`
+    and `._prefill_graph_context_width` in `layers.attention.deepseek_v4_backend`; W is
     --cuda-graph-prefill-max-context or the pool's context width, 1296): c4 sparse page
-    and raw indices (2 x index_topk int32, 890-898), c128 page indices (W/128 int32),
-    the indexer page table (W/page_size int32), SWA page indices (the window), a few
-    scalars;
+    and raw indices (2 x index_topk int32, `DSV4AttnMetadata.init_flashmla_related`), c128
+    page indices (W/128 int32), the indexer page table (W/page_size int32), SWA page
+    indices (the window), a few scalars;
   * the c4 indexer logits, fp32 [b, W/4] rows padded to 256 columns
-    (srt/layers/attention/mqa_logits_utils.py:20-41), never row-chunked under capture
-    (srt/layers/attention/dsv4/metadata.py:295-316). Upstream's DSV4 rule says this
-    scratch "is pinned in the capture pool and OOMs" (srt/arg_groups/cuda_graph_hook.py:
-    193-195); we take that at its word and count it for every bucket (conservative).
+    (`layers.attention.mqa_logits_utils.mqa_logits_row_bytes`), never row-chunked under
+    capture (`layers.attention.dsv4.metadata.PagedIndexerMetadata._mqa_logits_budget`).
+    Upstream's DSV4 rule says this scratch "is pinned in the capture pool and OOMs"
+    (`arg_groups.cuda_graph_hook.disable_breakable_cudagraph_if_incompatible`); we take
+    that at its word and count it for every bucket (conservative).
 
 Available: the GPU memory outside the static fraction, total x (1 - mem_fraction_static)
-(weights and the KV pool live inside the fraction; memory_hook.py:58-67), minus what
-upstream reserves there for everything else: 512 MiB of backend metadata, eager
-activations for one chunk, the parallel-size slack, decode graphs, DeepEP buffers
-(memory_hook.py:304-317, 357-414).
+(weights and the KV pool live inside the fraction; `memory_hook.handle_gpu_memory_settings`),
+minus what upstream reserves there for everything else: 512 MiB of backend metadata, eager
+activations for one chunk, the parallel-size slack (all three in `handle_gpu_memory_settings`),
+decode graphs (`reserve_for_graph_mb`), DeepEP buffers (`reserve_for_deepep_a2a_mb`).
 """
 
 from __future__ import annotations
@@ -44,19 +48,20 @@ from typing import Sequence
 MiB = 1 << 20
 GiB = 1 << 30
 
-# memory_hook.py:386: "len(prefill_cuda_graph_config.bs) * 8" MiB for non-MLA models.
+# `memory_hook.reserve_for_graph_mb`: "len(prefill_cuda_graph_config.bs) * 8" MiB for
+# non-MLA models.
 GRAPH_OBJECT_BYTES_PER_BUCKET = 8 * MiB
-# memory_hook.py:310: "activation_tokens * 1.5" MiB.
+# `memory_hook.handle_gpu_memory_settings`: "activation_tokens * 1.5" MiB.
 ACTIVATION_BYTES_PER_TOKEN = int(1.5 * MiB)
-# memory_hook.py:309: constant backend metadata.
+# `handle_gpu_memory_settings`: constant backend metadata.
 CONSTANT_RESERVE_BYTES = 512 * MiB
-# memory_hook.py:305: activation tokens are at least 2048.
+# `handle_gpu_memory_settings`: activation tokens are at least 2048.
 MIN_ACTIVATION_TOKENS = 2048
-# mqa_logits_utils.py:20, 26.
+# `mqa_logits_utils.MQA_LOGITS_BYTES_PER_ELEM` and `MQA_LOGITS_ROW_ALIGN_ELEMS`.
 LOGITS_BYTES_PER_ELEM = 4
 LOGITS_ROW_ALIGN = 256
 # Static per-token input slots: input ids, positions, out cache loc, seq/extend
-# bookkeeping; int64 each (prefill_cuda_graph_runner.py:277-300).
+# bookkeeping; int64 each (`prefill_cuda_graph_runner._PREFILL_STATIC_FIELDS`).
 STATIC_INPUT_BYTES_PER_TOKEN = 8 * 8
 # Default safety margin: the estimate must fit in this fraction of what is available.
 DEFAULT_MARGIN_FRACTION = 0.10
@@ -111,14 +116,6 @@ class CaptureEstimate:
     def total(self) -> int:
         return sum(self.terms.values())
 
-    def as_dict(self) -> dict:
-        return {
-            "buckets": len(self.buckets),
-            "largest": max(self.buckets) if self.buckets else 0,
-            "bytes": self.total,
-            "terms": dict(self.terms),
-        }
-
 
 def _terms(count: int, largest: int, total_tokens: int, model: ModelShape) -> dict[str, int]:
     """The estimate's terms for `count` buckets, the largest `largest`, summing `total_tokens`."""
@@ -151,7 +148,7 @@ def decode_graph_reserve_bytes(
     attn_dp_size: int,
     prefill_node: bool = False,
 ) -> int:
-    """Upstream's decode-graph reserve (memory_hook.py:364-378), in bytes."""
+    """Upstream's decode-graph reserve (`memory_hook.reserve_for_graph_mb`), in bytes."""
     if prefill_node:
         return 0
     mib = 0.0
@@ -178,15 +175,6 @@ class MemoryBudget:
     def available(self) -> int:
         return self.outside_static - sum(self.reserves.values())
 
-    def as_dict(self) -> dict:
-        return {
-            "gpu_total_bytes": self.total_bytes,
-            "mem_fraction_static": self.mem_fraction_static,
-            "outside_static_bytes": self.outside_static,
-            "reserves": dict(self.reserves),
-            "available_bytes": self.available,
-        }
-
 
 def memory_budget(
     *,
@@ -202,7 +190,7 @@ def memory_budget(
     reserves = {
         "constant": CONSTANT_RESERVE_BYTES,
         "eager_activations": activation_tokens * ACTIVATION_BYTES_PER_TOKEN,
-        "parallel_slack": int(tp_size * pp_size / 8 * 1024 * MiB),  # memory_hook.py:312
+        "parallel_slack": int(tp_size * pp_size / 8 * 1024 * MiB),  # `handle_gpu_memory_settings`
         "decode_graphs": decode_reserve_bytes,
     }
     if deepep_reserve_bytes:
@@ -220,15 +208,6 @@ class Verdict:
     @property
     def margin_bytes(self) -> int:
         return self.available - self.needed
-
-    def as_dict(self) -> dict:
-        return {
-            "fits": self.fits,
-            "needed_bytes": self.needed,
-            "available_bytes": self.available,
-            "margin_bytes": self.margin_bytes,
-            "required_margin_fraction": self.margin_fraction,
-        }
 
 
 def decide(

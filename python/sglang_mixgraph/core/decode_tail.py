@@ -16,7 +16,7 @@ bound to the tail batch size, reused across that ratio's layers and dropped at t
 the kernel assert (or silently reuse a stale plan).
 
 The kernel is injectable (``kernel=``) so CPU tests run the same code with
-:func:`sglang_mixgraph.core.sparse_mla_reference.flash_mla_with_kvcache_reference`.
+:func:`sglang_mixgraph.reference.sparse_mla.flash_mla_with_kvcache_reference`.
 """
 
 from __future__ import annotations

@@ -3,17 +3,19 @@
 What a prefill graph replay sees on one DP rank (see docs/graph-config.md):
 - a steady mixed step is exactly ``C`` tokens, C = per-rank chunked prefill size: the
   prefill budget is charged for the decode rows first
-  (sglang/srt/managers/schedule_policy.py:654-655), so prefill + decode = C;
+  (`sglang.srt.managers.schedule_policy.PrefillAdder.__init__`), so prefill + decode = C;
 - a prefill-only step, or a mixed step whose queue ran dry, is at most ``C`` tokens;
 - a decode batch relabelled to a 1-token EXTEND under DP attention is at most ``R``
   tokens, R = running requests per DP rank
-  (max_running_requests // attn_dp_size, sglang/srt/model_executor/pool_configurator.py:1142).
+  (max_running_requests // attn_dp_size,
+  `sglang.srt.model_executor.pool_configurator.DSV4PoolConfigurator.__init__`).
 
 The runner replays the smallest captured bucket >= the live size, and only when the
 bucket is at most ``max_padding`` (2) times the live size; otherwise the step runs
-eagerly (sglang/srt/model_executor/runner/prefill_cuda_graph_runner.py:158, 1417-1420).
-Under DP attention every rank is padded to the bucket of the largest rank
-(sglang/srt/model_executor/forward_batch_info.py:1795-1810).
+eagerly (`_MAX_PREFILL_CUDA_GRAPH_PADDING_FACTOR` and `PrefillCudaGraphRunner.can_replay_locally`
+in `sglang.srt.model_executor.runner.prefill_cuda_graph_runner`). Under DP attention every
+rank is padded to the bucket of the largest rank
+(`sglang.srt.model_executor.forward_batch_info.ForwardBatch.prepare_mlp_sync_batch`).
 
 The derived list is therefore: C, then a halving ladder down to ``min_bucket`` (each
 step divides by at most ``max_padding`` and rounds up to a multiple of 8, so every size
@@ -26,16 +28,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Sequence
 
 # The prefill runner's replay cap: a bucket replays only up to this many times the
-# live token count (prefill_cuda_graph_runner.py:158).
+# live token count (`prefill_cuda_graph_runner._MAX_PREFILL_CUDA_GRAPH_PADDING_FACTOR`).
 UPSTREAM_MAX_PADDING_FACTOR = 2.0
 # Below this many tokens a step is launch-bound whichever list is used; upstream's
-# generic list starts at 4 (cuda_graph_hook.py:487), ours stops halving here.
+# generic list starts at 4 (`cuda_graph_hook.generate_prefill_cuda_graph_batch_sizes`), ours
+# stops halving here.
 DEFAULT_MIN_BUCKET = 16
 # Ladder buckets (all but C) are multiples of this, like upstream's small steps
-# (cuda_graph_hook.py:487-491) and DeepEP's requirement (cuda_graph_hook.py:321-329).
+# (`generate_prefill_cuda_graph_batch_sizes`) and DeepEP's requirement
+# (`cuda_graph_hook.apply_deepep_adjustments`).
 LADDER_GRANULARITY = 8
 
 
@@ -53,8 +57,9 @@ def bucket_alignment(*, attn_tp_size: int = 1, deepep: bool = False) -> int:
     """Granularity every bucket is rounded up to.
 
     The runner rounds capture sizes up to the attention-TP width when gathered buffers
-    are used (sglang/srt/utils/common.py:4168-4185, prefill_cuda_graph_runner.py:164-170),
-    and DeepEP needs multiples of 8 under BCG (cuda_graph_hook.py:321-329). Rounding
+    are used (`sglang.srt.utils.common.get_cuda_graph_batch_size_alignment`,
+    `prefill_cuda_graph_runner.get_prefill_num_tokens_to_capture`), and DeepEP needs
+    multiples of 8 under BCG (`cuda_graph_hook.apply_deepep_adjustments`). Rounding
     here keeps the list we declare equal to the list that is captured.
     """
     alignment = max(1, int(attn_tp_size))
@@ -138,18 +143,6 @@ class PaddingProfile:
     worst_waste_tokens: int  # max bucket - size over replayed sizes
     mean_factor: float  # mean bucket/size over replayed sizes
 
-    def as_dict(self) -> dict:
-        return {
-            "range": [self.lo, self.hi],
-            "count": self.count,
-            "largest": self.largest,
-            "smallest_replayed": self.smallest_replayed,
-            "eager_sizes": self.eager_sizes,
-            "worst_padding_factor": round(self.worst_factor, 4),
-            "worst_padding_tokens": self.worst_waste_tokens,
-            "mean_padding_factor": round(self.mean_factor, 4),
-        }
-
 
 def _harmonic(n: int) -> float:
     """H(n) = 1 + 1/2 + ... + 1/n; exact below 64 terms, asymptotic expansion above (error < 1e-15)."""
@@ -211,54 +204,19 @@ def padding_profile(
     )
 
 
-def check_bucket_list(
-    buckets: Iterable[int],
-    *,
-    chunk_per_rank: int | None,
-    running_per_rank: int | None,
-    cap: int | None,
-    max_padding: float = UPSTREAM_MAX_PADDING_FACTOR,
-) -> list[str]:
-    """Problems a prefill bucket list has for mixed chunked prefill; empty when none.
-
-    Used for reporting any list (upstream's, ours, the user's); the MoE cap problem is
-    the one the startup validation turns into an error.
-    """
-    ordered = sorted(set(int(b) for b in buckets))
-    problems: list[str] = []
-    if not ordered:
-        return ["the bucket list is empty"]
-    if cap is not None and ordered[-1] > cap:
-        over = [b for b in ordered if b > cap]
-        problems.append(f"buckets {over} exceed the MoE per-rank cap {cap}")
-    if chunk_per_rank is not None and chunk_per_rank > 0:
-        if chunk_per_rank not in ordered:
-            b = bucket_for(chunk_per_rank, ordered)
-            problems.append(
-                f"steady mixed steps ({chunk_per_rank} tokens) land on "
-                + (f"bucket {b} (padded)" if b is not None else "no bucket (eager)")
-            )
-    if running_per_rank is not None and running_per_rank > 0:
-        if not replays(running_per_rank, ordered, max_padding):
-            problems.append(
-                f"a relabelled decode batch of {running_per_rank} tokens does not replay "
-                f"(no bucket within {max_padding:g}x)"
-            )
-    return problems
-
-
 def mixed_sampling_rows_bound(
     *, running_per_rank: int, attn_dp_size: int, attn_dp_enabled: bool, draft_tokens: int = 1
 ) -> int:
     """Rows a mixed step hands the logits all-gather, at most.
 
     Without logprobs a request contributes one sampling row
-    (sglang/srt/managers/scheduler_components/dp_attn.py:552-563). New requests are
-    admitted only while running + new < max running requests
-    (sglang/srt/managers/scheduler.py:4221-4232), and the request being chunked is one
-    more row, so one rank contributes at most R + 1 rows. Under DP attention the
-    logits processor gathers every rank's rows before the vocab all-gather
-    (sglang/srt/layers/logits_processor.py:441-455), so the gather sees the sum.
+    (`sglang.srt.managers.scheduler_components.dp_attn.prepare_mlp_sync_batch_raw`). New
+    requests are admitted only while running + new < max running requests
+    (`sglang.srt.managers.scheduler.Scheduler._get_new_batch_prefill_raw`), and the request
+    being chunked is one more row, so one rank contributes at most R + 1 rows. Under DP
+    attention the logits processor gathers every rank's rows before the vocab all-gather
+    (`sglang.srt.layers.logits_processor.LogitsMetadata.compute_dp_attention_metadata`), so
+    the gather sees the sum.
     """
     per_rank = running_per_rank * max(1, draft_tokens) + 1
     return per_rank * attn_dp_size if attn_dp_enabled else per_rank

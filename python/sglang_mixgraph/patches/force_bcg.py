@@ -1,14 +1,16 @@
-"""SGLANG_EXPERIMENTAL_FORCE_BCG=1 keeps the breakable prefill CUDA graph on.
+"""`force_bcg`: SGLANG_EXPERIMENTAL_FORCE_BCG=1 keeps the breakable prefill CUDA graph on.
 
-Upstream turns BCG prefill off when one of its incompatibility rules matches
-(`disable_breakable_cudagraph_if_incompatible`, sglang/srt/arg_groups/cuda_graph_hook.py:
-170-255). Only an explicit `--cuda-graph-backend-prefill` skips the rules today
-(cuda_graph_hook.py:143-144), and it also skips the pipeline-parallel default and any
-later automatic choice. This flag skips exactly the rule list: an AROUND hook on that
-function logs every rule that holds, by name and with upstream's reason, and does not
-call it. Other places that disable prefill graphs (PP default 150-162, DeepSeek-V3 +
-trtllm_mla 279-312, DeepEP normal mode, runtime checks in cuda_graph_setup.py) are not
-rules of that function and stay in force.
+What: the rule hook (`bcg_rules.rules_hook`, AROUND
+`sglang.srt.arg_groups.cuda_graph_hook.disable_breakable_cudagraph_if_incompatible`) runs in
+forced mode: it logs every incompatibility rule that holds, by name and with upstream's
+reason, and does not call upstream's function. Other places that turn prefill graphs off
+(the pipeline-parallel default in `apply_cuda_graph_compatibility`,
+`disable_prefill_cuda_graph_for_deepseek_trtllm_mla`, DeepEP normal mode, runtime checks)
+are not rules of that function and stay in force.
+Why: upstream's only way past the rules is an explicit `--cuda-graph-backend-prefill`, which
+also skips the pipeline-parallel default and every later automatic choice.
+Retired by: an upstream switch that skips exactly the rule list, or rules upstream can
+override one by one.
 """
 
 from __future__ import annotations

@@ -4,22 +4,24 @@ CPU tests of the mixed split run upstream's ``DeepseekV4AttnBackend`` code with 
 CUDA leaf kernels replaced by these functions (same call signatures, same results, plain torch).
 Each was written from the upstream docstring and kernel contract named below (read, not copied):
 
-* :func:`build_swa_token_ids` - ``sglang/kernels/ops/attention/dsv4/sparse_prefill_kernels.py``
-  ``build_swa_token_ids`` 261-316: per request the SWA-cache ids of positions
+* :func:`build_swa_token_ids` - ``sglang.kernels.ops.attention.dsv4.sparse_prefill_kernels``
+  ``build_swa_token_ids``: per request the SWA-cache ids of positions
   ``[seq - min(seq, ext + W - 1), seq)`` through ``req_to_token`` then ``full_to_swa``;
-* :func:`combine_topk_swa_indices` - same file, 183-258 (kernel 43-149): per query row
+* :func:`combine_topk_swa_indices` - same module, ``combine_topk_swa_indices`` (kernel
+  ``_combine_topk_swa_indices_kernel``): per query row
   ``[top-k rebased by compressed_base | SWA window rebased by swa_base | -1 pad]``, row width
   ``ceil(topk + W, 128)``, length ``topk_len + swa_len``; rows past the last request are -1 / 0;
-* :func:`dequantize_k_cache_paged_dsv4` - ``kernels/ops/attention/dsv4/dequant_k_cache.py`` 27-98
-  (V4 584-byte layout only), via :mod:`sglang_mixgraph.core.v4_kv_layout`;
-* :func:`gather_dequant_requant_fp8_paged_dsv4` - same file, 172-240: dequantize the nope part,
+* :func:`dequantize_k_cache_paged_dsv4` - ``sglang.kernels.ops.attention.dsv4.dequant_k_cache``
+  ``dequantize_k_cache_paged_dsv4`` (V4 584-byte layout only), via
+  :mod:`sglang_mixgraph.reference.v4_kv_layout`;
+* :func:`gather_dequant_requant_fp8_paged_dsv4` - same module, same name: dequantize the nope part,
   cast nope and rope to e4m3, ``extra_rows`` zero rows appended;
 * :func:`cast_q_fp8_for_q8kv8_prefill` and :func:`sparse_mla_q8kv8_prefill_fwd` -
-  ``kernels/ops/attention/sparse_mla_q8kv8_prefill_sm90.py`` 548-600 and 274-300: q cast to e4m3
+  same names in ``sglang.kernels.ops.attention.sparse_mla_q8kv8_prefill_sm90``: q cast to e4m3
   into a zero-padded 64/128-head tensor; fp8 sparse MLA with sink, scores scaled by
   ``sm_scale * q_scale * kv_scale``. The reference treats every in-range index (including the
   zero "landing pad" row the backend maps -1 to) as a key and masks out-of-range ones, like
-  :func:`sparse_mla_reference.sparse_prefill_reference`.
+  :func:`sparse_mla.sparse_prefill_reference`.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import v4_kv_layout as kvl
-from .sparse_mla_reference import sparse_prefill_reference
+from .sparse_mla import sparse_prefill_reference
 
 SPARSE_PREFILL_TOPK_ALIGNMENT = 128
 FP8 = torch.float8_e4m3fn

@@ -7,22 +7,23 @@ sglang 0.5.23 stores for DeepSeek-V4. Layout, as read from upstream (not copied)
 * one token = 448 fp8 e4m3 "nope" values + 64 bf16 "rope" values (576 data bytes)
   + 7 ue8m0 scale bytes (one per 64 nope values) + 1 pad byte = 584 bytes;
   sglang asserts ``448 + 64*2 + 8 == 584`` in
-  ``sglang/srt/mem_cache/deepseek_v4_memory_pool.py:315-320``;
+  ``sglang.srt.mem_cache.deepseek_v4_memory_pool.DeepSeekV4SingleKVPool.create_buffer``;
 * a page holds ``page_size`` data rows of 576 bytes first, then ``page_size`` scale rows of
   8 bytes, and the page stride is rounded up to a multiple of 576 bytes (the kernel's TMA row
-  stride): ``sglang/kernels/ops/attention/dsv4/kv_layout.py:18-24,103-112`` and the comment at
-  ``sglang/kernels/ops/attention/dsv4/dequant_k_cache.py:14-18``;
-* a token index is ``page * page_size + slot`` (FlashMLA ``flash_mla_interface.py:137``);
+  stride): ``sglang.kernels.ops.attention.dsv4.kv_layout.KVLayout`` (``page_bytes``) and the
+  layout comment at the top of ``sglang.kernels.ops.attention.dsv4.dequant_k_cache``;
+* a token index is ``page * page_size + slot`` (the ``indices_in_kvcache`` note in the
+  docstring of FlashMLA's ``flash_mla_interface.flash_mla_with_kvcache``);
 * the scale byte ``e`` stands for ``2 ** (e - 127)`` (ue8m0, as ``torch.float8_e8m0fnu``:
   byte 0 is ``2 ** -127``, byte 255 is NaN); the writer picks the smallest power of two
-  ``>= amax / 448`` per 64-value tile (``sglang/kernels/ops/kvcache/triton_store_cache.py:
-  84-100``);
+  ``>= amax / 448`` per 64-value tile
+  (``sglang.kernels.ops.kvcache.triton_store_cache._triton_fused_store_flashmla_kernel``);
 * the kernel gets the cache as a ``(num_pages, page_size, 1, 584)`` uint8 view whose page
-  stride is the padded page size (``sglang/srt/layers/attention/deepseek_v4_backend.py:
-  4184-4191``); :func:`kernel_view` builds that view.
+  stride is the padded page size (``DeepseekV4AttnBackend._forward_attention`` in
+  ``sglang.srt.layers.attention.deepseek_v4_backend``); :func:`kernel_view` builds that view.
 
 Everything here is plain torch and runs on CPU or GPU. The GPU fast path for dequantizing
-into a workspace is :mod:`sglang_mixgraph.kernels.v4_dequant`, which is checked against
+into a workspace is :mod:`sglang_mixgraph.reference.v4_dequant`, which is checked against
 :func:`dequantize_tokens` here.
 """
 

@@ -9,8 +9,9 @@ a caller can inject either one:
 * :func:`flash_mla_sparse_fwd_reference` for ``flash_mla.flash_mla_sparse_fwd``: sparse
   prefill over a bf16 workspace ``kv (s_kv, 1, 512)``.
 
-The math, as documented in the installed FlashMLA wheel (``flash_mla/flash_mla_interface.py``
-docstrings at 111-160 and 287-316) and FlashMLA's ``tests/ref.py`` (read, not copied):
+The math, as documented in the installed FlashMLA wheel (the docstrings of
+``flash_mla.flash_mla_interface.flash_mla_with_kvcache`` and ``flash_mla_sparse_fwd``) and
+FlashMLA's ``tests/ref.py`` (read, not copied):
 
 * ``score = (q . k) * softmax_scale`` with ``softmax_scale`` defaulting to ``512 ** -0.5``;
   the value vector is the whole 512-dim key (``head_dim_v == 512``, MLA absorbed);
@@ -44,7 +45,8 @@ class ReferenceSchedMeta:
     """Stand-in for ``flash_mla.FlashMLASchedMeta`` on CPU.
 
     Binds the call shape on first use and refuses a different shape later, as the real object
-    does (``flash_mla/flash_mla_interface.py:215-248``), so CPU tests catch metadata reuse bugs.
+    does (``flash_mla.flash_mla_interface.flash_mla_with_kvcache``), so CPU tests catch
+    metadata reuse bugs.
     """
 
     have_initialized: bool = False

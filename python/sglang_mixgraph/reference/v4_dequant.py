@@ -1,15 +1,16 @@
 """Dequantize V4 584-byte paged fp8 KV tokens into a bf16 workspace (own Triton kernel).
 
 This is the step the unsplit sparse-prefill path pays for every row of a mixed batch
-(upstream: ``sglang/kernels/ops/attention/dsv4/dequant_k_cache.py``
-``dequantize_k_cache_paged_dsv4`` 27-98, used at ``deepseek_v4_backend.py:4473-4486``). Our
-kernel is written from the layout description in :mod:`sglang_mixgraph.core.v4_kv_layout`, not
+(upstream: ``sglang.kernels.ops.attention.dsv4.dequant_k_cache.dequantize_k_cache_paged_dsv4``,
+called by ``DeepseekV4AttnBackend._forward_prefill_sparse`` in
+``sglang.srt.layers.attention.deepseek_v4_backend``). Our
+kernel is written from the layout description in :mod:`sglang_mixgraph.reference.v4_kv_layout`, not
 from upstream's code: one program handles ``BLOCK_T`` tokens as a ``(BLOCK_T, 512)`` tile whose
 columns 0..447 come from the fp8 bytes times the per-64 ue8m0 scale and columns 448..511 from
 the bf16 rope, stored with a single 512-wide store per token.
 
 ``dequantize_v4`` dispatches to Triton on CUDA tensors and to the torch dequantizer
-(:func:`sglang_mixgraph.core.v4_kv_layout.dequantize_tokens`) otherwise; ``force_torch=True``
+(:func:`sglang_mixgraph.reference.v4_kv_layout.dequantize_tokens`) otherwise; ``force_torch=True``
 selects the fallback explicitly (the GPU tests compare the two bit for bit).
 """
 
@@ -20,7 +21,7 @@ from typing import Optional
 
 import torch
 
-from sglang_mixgraph.core import v4_kv_layout as kvl
+from sglang_mixgraph.reference import v4_kv_layout as kvl
 
 try:  # Triton is optional: CPU installs use the torch fallback.
     import triton
