@@ -79,7 +79,7 @@ NOT_LOADED = "not loaded"
 def doctor_report() -> dict[str, Any]:
     from sglang_mixgraph.flags import FLAGS, FlagValueError
     from sglang_mixgraph.patches import all_patches
-    from sglang_mixgraph.registry import PINNED_SGLANG, check_hook, evaluate
+    from sglang_mixgraph.registry import PINNED_SGLANG, evaluate, target_checks
     from sglang_mixgraph.resolve import plugin_load_status
 
     plugin = plugin_load_status()
@@ -87,7 +87,7 @@ def doctor_report() -> dict[str, Any]:
     for patch in all_patches():
         status = evaluate(patch)
         # Read-only checks of every target, also for patches that are off.
-        checks = status.checks or [check_hook(h) for h in patch.hooks]
+        checks = status.checks or target_checks(patch)
         patches.append(
             {
                 "id": patch.id,

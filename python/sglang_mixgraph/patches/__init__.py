@@ -11,6 +11,6 @@ from sglang_mixgraph.registry import Patch
 
 
 def all_patches() -> tuple[Patch, ...]:
-    from sglang_mixgraph.patches import force_bcg, graph_config, mixed_split
+    from sglang_mixgraph.patches import drop_empty_segments, force_bcg, graph_config, mixed_split
 
-    return (mixed_split.PATCH, force_bcg.PATCH, graph_config.PATCH)
+    return (mixed_split.PATCH, force_bcg.PATCH, graph_config.PATCH, drop_empty_segments.PATCH)
