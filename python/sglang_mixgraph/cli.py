@@ -81,8 +81,10 @@ def doctor_report() -> dict[str, Any]:
     from sglang_mixgraph.patches import all_patches
     from sglang_mixgraph.registry import PINNED_SGLANG, evaluate, target_checks
     from sglang_mixgraph.resolve import plugin_load_status
+    from sglang_mixgraph.upstream_guards import guard_report
 
     plugin = plugin_load_status()
+    guards = guard_report()
     patches = []
     for patch in all_patches():
         status = evaluate(patch)
@@ -128,8 +130,10 @@ def doctor_report() -> dict[str, Any]:
         "plugin": {"loaded": plugin.loaded, "reason": plugin.reason},
         "flags": flags,
         "patches": patches,
+        "guards": guards,
         "ok": all(p["status"] != "cannot apply" for p in patches)
-        and all("error" not in f for f in flags),
+        and all("error" not in f for f in flags)
+        and all(g["ok"] for g in guards),
     }
 
 
@@ -171,7 +175,16 @@ def _print_doctor(report: dict[str, Any]) -> None:
         for t in p["targets"]:
             mark = "ok " if t["ok"] else "BAD"
             print(f"      [{mark}] {t['target']}: {t['found']}")
-    print("OK" if report["ok"] else "PROBLEMS: an enabled patch cannot apply or a flag is invalid")
+    print("Upstream guards (what the GLM-5 graph path relies on):")
+    for g in report["guards"]:
+        print(f"  [{'ok ' if g['ok'] else 'BAD'}] {g['name']}: {g['what']}")
+        for problem in g["problems"]:
+            print(f"      {problem}")
+    print(
+        "OK"
+        if report["ok"]
+        else "PROBLEMS: an enabled patch cannot apply, a flag is invalid or an upstream guard fails"
+    )
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
