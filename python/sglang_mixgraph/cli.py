@@ -17,6 +17,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from sglang_mixgraph.presets import GLM5_ARGS, GLM5_DESCRIPTION
 from sglang_mixgraph.target_gpu import DEFAULT_GPU, GPUS
 
 EMBEDDED_MODEL_DIR = Path(__file__).parent / "data" / "dsv4_pro"
@@ -45,6 +46,11 @@ REFERENCE_ARGS = [
     str(256 * REFERENCE_DP),
 ]
 REFERENCE_ENV = {MEGA_MOE_CAP_ENV: "2816"}
+# `plan --preset NAME`: the embedded reference deployments, (argv, env, description).
+PRESETS = {
+    "dsv4_pro": (REFERENCE_ARGS, REFERENCE_ENV, "a DeepSeek-V4-Pro-shaped config.json, no weights"),
+    "glm5": (GLM5_ARGS, {}, GLM5_DESCRIPTION),
+}
 
 
 def _dist_version(name: str) -> str | None:
@@ -215,11 +221,13 @@ def plan_report(
     default_deployment: bool,
     user_argv: list[str] | None = None,
     model_note: str | None = None,
+    preset: str = "dsv4_pro",
 ) -> dict[str, Any]:
     from sglang.srt.environ import envs
 
     from sglang_mixgraph.graph_plan import graph_plan
     from sglang_mixgraph.patches import all_patches
+    from sglang_mixgraph.presets import dsa_surface
     from sglang_mixgraph.registry import evaluate
 
     r = resolution.resolved
@@ -249,6 +257,7 @@ def plan_report(
         },
         "server_args": argv,
         "default_deployment": default_deployment,
+        "preset": PRESETS[preset][2] if default_deployment else None,
         "arguments_on_top": list(user_argv or []) if default_deployment else [],
         "plugin": {"loaded": loaded, "reason": resolution.plugin.reason},
         "model_path": r["model_path"],
@@ -284,6 +293,7 @@ def plan_report(
         },
         "patches": patches,
         "graph": graph,
+        "dsa_surface": dsa_surface(resolution),
     }
 
 
@@ -292,9 +302,7 @@ def _print_plan(p: dict[str, Any]) -> None:
 
     print(f"assumed GPU: {p['assumed_gpu']['text']}")
     if p["default_deployment"]:
-        line = (
-            "deployment: the embedded reference (a DeepSeek-V4-Pro-shaped config.json, no weights)"
-        )
+        line = f"deployment: the embedded reference ({p['preset']})"
         if p["arguments_on_top"]:
             line += " with your arguments on top: " + " ".join(p["arguments_on_top"])
         print(line)
@@ -311,6 +319,8 @@ def _print_plan(p: dict[str, Any]) -> None:
     moe = p["moe"]
     print(f"attention backend: {p['attention_backend']}; MoE runner: {moe['runner_backend']}")
     print(format_graph_plan(p["graph"]))
+    for line in p["dsa_surface"]:
+        print(line)
     print("patches:")
     if not p["patches"]:
         print("  (none)")
@@ -342,10 +352,13 @@ def cmd_plan(args: argparse.Namespace, server_argv: list[str]) -> int:
     )
 
     select_described_platform(args.target_gpu)
+    reference_argv, reference_env, _ = PRESETS[args.preset or "dsv4_pro"]
     try:
-        prepared = prepare_argv(server_argv, reference_argv=REFERENCE_ARGS)
+        prepared = prepare_argv(server_argv, reference_argv=reference_argv)
+        if args.preset and not prepared.on_reference:
+            raise PlanInputError("--preset plans an embedded deployment; drop it or --model-path")
         if prepared.on_reference:
-            for key, value in REFERENCE_ENV.items():
+            for key, value in reference_env.items():
                 os.environ.setdefault(key, value)
         problems = invalid_environment()
         if problems:
@@ -368,7 +381,12 @@ def cmd_plan(args: argparse.Namespace, server_argv: list[str]) -> int:
         _plan_error(explain_failure(e))
         return 1
     report = plan_report(
-        resolution, prepared.argv, prepared.on_reference, prepared.user_argv, model_note
+        resolution,
+        prepared.argv,
+        prepared.on_reference,
+        prepared.user_argv,
+        model_note,
+        args.preset or "dsv4_pro",
     )
     if args.json:
         print(json.dumps(report, indent=2, default=str))
@@ -405,6 +423,11 @@ def _parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     plan.add_argument("--json", action="store_true", help="print JSON")
+    plan.add_argument(
+        "--preset",
+        choices=list(PRESETS),
+        help="embedded deployment to plan when --model-path is not given (default dsv4_pro)",
+    )
     plan.add_argument(
         "--target-gpu",
         default=DEFAULT_GPU,
