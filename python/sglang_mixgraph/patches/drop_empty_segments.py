@@ -13,6 +13,8 @@ instantiated or registered with the dedup registry) and replays run the steps of
 from __future__ import annotations
 
 import contextvars
+import functools
+import importlib
 import logging
 from collections.abc import Callable
 
@@ -43,12 +45,11 @@ DROP_FLAG = bool_flag(
 # State kept on upstream's BreakableCUDAGraph (it dies with the graph).
 NEXT_HAS_NODES_ATTR = "_mixgraph_next_segment_has_nodes"  # end of a segment -> its append
 HAS_NODES_ATTR = "_mixgraph_segment_has_nodes"  # one bool per entry of _segments
-PLAN_ATTR = "_mixgraph_replay_plan"  # (steps, segments, breaks), only when a segment is dropped
+PLAN_ATTR = "_mixgraph_replay_plan"  # (steps, segments, breaks, dropped), when one is dropped
 
 
+@functools.cache
 def _bcg():
-    import importlib
-
     return importlib.import_module(BCG_MODULE)
 
 
@@ -138,7 +139,7 @@ def around_capture_exit(original, self, *args, **kwargs):
     )
     if dropped:
         counters.count(PATCH_ID, "segments_dropped", dropped)
-        setattr(container, PLAN_ATTR, (replay_steps(facts, breaks), segments, breaks))
+        setattr(container, PLAN_ATTR, (replay_steps(facts, breaks), segments, breaks, dropped))
     return result
 
 
@@ -147,7 +148,7 @@ def around_replay(original, self, *args, **kwargs):
     plan = self.__dict__.get(PLAN_ATTR)
     if plan is None:
         return original(self, *args, **kwargs)
-    steps, segments, breaks = plan
+    steps, segments, breaks, dropped = plan
     if len(self._segments) != segments or len(self._break_fns) != breaks:
         fallback_once(PATCH_ID, "segments or breaks changed after capture: replayed as upstream")
         return original(self, *args, **kwargs)
@@ -158,9 +159,7 @@ def around_replay(original, self, *args, **kwargs):
     finally:
         bcg._current_stream_var.reset(token)
     counters.count(PATCH_ID, "replays_with_drops")
-    counters.count(
-        PATCH_ID, "launches_skipped", segments - sum(1 for s in steps if s[0] == "graph")
-    )
+    counters.count(PATCH_ID, "launches_skipped", dropped)
     return None
 
 
