@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from sglang_mixgraph.core.capture_memory import fmt_bytes
+from sglang_mixgraph.presets import GLM5_ARGS, GLM5_DESCRIPTION
 from sglang_mixgraph.target_gpu import DEFAULT_GPU, GPUS
 
 EMBEDDED_MODEL_DIR = Path(__file__).parent / "data" / "dsv4_pro"
@@ -46,6 +47,11 @@ REFERENCE_ARGS = [
     str(256 * REFERENCE_DP),
 ]
 REFERENCE_ENV = {MEGA_MOE_CAP_ENV: "2816"}
+# `plan --preset NAME`: the embedded reference deployments, (argv, env, description).
+PRESETS = {
+    "dsv4_pro": (REFERENCE_ARGS, REFERENCE_ENV, "a DeepSeek-V4-Pro-shaped config.json, no weights"),
+    "glm5": (GLM5_ARGS, {}, GLM5_DESCRIPTION),
+}
 
 
 def _dist_version(name: str) -> str | None:
@@ -80,15 +86,17 @@ NOT_LOADED = "not loaded"
 def doctor_report() -> dict[str, Any]:
     from sglang_mixgraph.flags import FLAGS, FlagValueError
     from sglang_mixgraph.patches import all_patches
-    from sglang_mixgraph.registry import PINNED_SGLANG, check_hook, evaluate
+    from sglang_mixgraph.registry import PINNED_SGLANG, evaluate, target_checks
     from sglang_mixgraph.resolve import plugin_load_status
+    from sglang_mixgraph.upstream_guards import guard_report
 
     plugin = plugin_load_status()
+    guards = guard_report()
     patches = []
     for patch in all_patches():
         status = evaluate(patch)
         # Read-only checks of every target, also for patches that are off.
-        checks = status.checks or [check_hook(h) for h in patch.hooks]
+        checks = status.checks or target_checks(patch)
         patches.append(
             {
                 "id": patch.id,
@@ -129,8 +137,10 @@ def doctor_report() -> dict[str, Any]:
         "plugin": {"loaded": plugin.loaded, "reason": plugin.reason},
         "flags": flags,
         "patches": patches,
+        "guards": guards,
         "ok": all(p["status"] != "cannot apply" for p in patches)
-        and all("error" not in f for f in flags),
+        and all("error" not in f for f in flags)
+        and all(g["ok"] for g in guards),
     }
 
 
@@ -174,7 +184,16 @@ def _print_doctor(report: dict[str, Any]) -> None:
         for t in p["targets"]:
             mark = "ok " if t["ok"] else "BAD"
             print(f"      [{mark}] {t['target']}: {t['found']}")
-    print("OK" if report["ok"] else "PROBLEMS: an enabled patch cannot apply or a flag is invalid")
+    print("Upstream guards (what the GLM-5 graph path relies on):")
+    for g in report["guards"]:
+        print(f"  [{'ok ' if g['ok'] else 'BAD'}] {g['name']}: {g['what']}")
+        for problem in g["problems"]:
+            print(f"      {problem}")
+    print(
+        "OK"
+        if report["ok"]
+        else "PROBLEMS: an enabled patch cannot apply, a flag is invalid or an upstream guard fails"
+    )
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -206,10 +225,12 @@ def plan_report(
     default_deployment: bool,
     user_argv: list[str] | None = None,
     model_note: str | None = None,
+    preset: str = "dsv4_pro",
 ) -> dict[str, Any]:
     from sglang.srt.environ import envs
 
     from sglang_mixgraph.patches import all_patches
+    from sglang_mixgraph.presets import dsa_surface
     from sglang_mixgraph.registry import evaluate
 
     r = resolution.resolved
@@ -238,6 +259,7 @@ def plan_report(
         },
         "server_args": argv,
         "default_deployment": default_deployment,
+        "preset": PRESETS[preset][2] if default_deployment else None,
         "arguments_on_top": list(user_argv or []) if default_deployment else [],
         "plugin": {"loaded": loaded, "reason": resolution.plugin.reason},
         "model_path": r["model_path"],
@@ -273,6 +295,7 @@ def plan_report(
         },
         "patches": patches,
         "graph": graph_plan_json(graph),
+        "dsa_surface": dsa_surface(resolution),
     }
 
 
@@ -537,9 +560,7 @@ def format_graph_plan(plan) -> str:
 def _print_plan(p: dict[str, Any], graph: Any) -> None:
     print(f"assumed GPU: {p['assumed_gpu']['text']}")
     if p["default_deployment"]:
-        line = (
-            "deployment: the embedded reference (a DeepSeek-V4-Pro-shaped config.json, no weights)"
-        )
+        line = f"deployment: the embedded reference ({p['preset']})"
         if p["arguments_on_top"]:
             line += " with your arguments on top: " + " ".join(p["arguments_on_top"])
         print(line)
@@ -556,6 +577,8 @@ def _print_plan(p: dict[str, Any], graph: Any) -> None:
     moe = p["moe"]
     print(f"attention backend: {p['attention_backend']}; MoE runner: {moe['runner_backend']}")
     print(format_graph_plan(graph))
+    for line in p["dsa_surface"]:
+        print(line)
     print("patches:")
     if not p["patches"]:
         print("  (none)")
@@ -588,10 +611,13 @@ def cmd_plan(args: argparse.Namespace, server_argv: list[str]) -> int:
     )
 
     select_described_platform(args.target_gpu)
+    reference_argv, reference_env, _ = PRESETS[args.preset or "dsv4_pro"]
     try:
-        prepared = prepare_argv(server_argv, reference_argv=REFERENCE_ARGS)
+        prepared = prepare_argv(server_argv, reference_argv=reference_argv)
+        if args.preset and not prepared.on_reference:
+            raise PlanInputError("--preset plans an embedded deployment; drop it or --model-path")
         if prepared.on_reference:
-            for key, value in REFERENCE_ENV.items():
+            for key, value in reference_env.items():
                 os.environ.setdefault(key, value)
         problems = invalid_environment()
         if problems:
@@ -615,7 +641,13 @@ def cmd_plan(args: argparse.Namespace, server_argv: list[str]) -> int:
         return 1
     graph = graph_plan(resolution)
     report = plan_report(
-        resolution, graph, prepared.argv, prepared.on_reference, prepared.user_argv, model_note
+        resolution,
+        graph,
+        prepared.argv,
+        prepared.on_reference,
+        prepared.user_argv,
+        model_note,
+        args.preset or "dsv4_pro",
     )
     if args.json:
         print(json.dumps(report, indent=2, default=str))
@@ -652,6 +684,11 @@ def _parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     plan.add_argument("--json", action="store_true", help="print JSON")
+    plan.add_argument(
+        "--preset",
+        choices=list(PRESETS),
+        help="embedded deployment to plan when --model-path is not given (default dsv4_pro)",
+    )
     plan.add_argument(
         "--target-gpu",
         default=DEFAULT_GPU,

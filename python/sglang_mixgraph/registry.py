@@ -71,6 +71,8 @@ class Patch:
     # For `plan`: given a resolve.Resolution, say what the patch would do there
     # (act, or fall back and why). None when the patch has nothing to add.
     explain: Callable[[Any], str] | None = None
+    # Upstream attributes the hooks read besides their targets: (dotted path, expected type).
+    reads: tuple[tuple[str, type], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -244,6 +246,23 @@ def check_hook(hook: Hook) -> TargetCheck:
     return TargetCheck(hook.target, expected, found, not why, why)
 
 
+def check_attribute(path: str, expected: type) -> TargetCheck:
+    """An upstream attribute a hook reads: it must be there and of the expected type."""
+    wanted = expected.__name__
+    try:
+        owner, attr, _raw = _resolve(path)
+    except (LookupError, ImportError) as e:
+        return TargetCheck(path, wanted, f"missing: {e}", False, "attribute missing")
+    found = type(getattr(owner, attr)).__name__
+    ok = isinstance(getattr(owner, attr), expected)
+    return TargetCheck(path, wanted, found, ok, "" if ok else f"a {found}, not a {wanted}")
+
+
+def target_checks(patch: Patch) -> list[TargetCheck]:
+    """Every hook target and every attribute the hooks read, checked read-only."""
+    return [check_hook(h) for h in patch.hooks] + [check_attribute(p, t) for p, t in patch.reads]
+
+
 def switched_on_explicitly(patch: Patch) -> bool:
     return os.environ.get(patch.flags[0].name, "") != ""
 
@@ -277,7 +296,7 @@ def evaluate(patch: Patch) -> PatchStatus:
         return status
     if not status.enabled:
         return status
-    status.checks = [check_hook(h) for h in patch.hooks]
+    status.checks = target_checks(patch)
     failed = [c for c in status.checks if not c.ok]
     if not failed:
         return status

@@ -12,6 +12,7 @@ from sglang_mixgraph.registry import Patch
 
 def all_patches() -> tuple[Patch, ...]:
     from sglang_mixgraph.patches import (
+        drop_empty_segments,
         force_bcg,
         graph_config,
         mixed_split,
@@ -25,4 +26,5 @@ def all_patches() -> tuple[Patch, ...]:
         war_snapshot_check.PATCH,
         force_bcg.PATCH,
         graph_config.PATCH,
+        drop_empty_segments.PATCH,
     )

@@ -1,0 +1,204 @@
+"""Guards: what upstream already does for GLM-5 under breakable CUDA graphs, checked, not patched.
+
+SGLang 0.5.23 runs the DSA indexer's non-CP prefill as one eager split op under breakable graphs
+(taking the k-only decision inside it), stores the indexer's Q/K for the live token count,
+runs the MLA absorb bmm and attention as one eager break, and caps the default prefill capture
+of MLA models at 8192 tokens. The plugin relies on all of it (``drop_empty_segments`` targets
+the empty segments these breaks leave; ``plan --preset glm5`` reports them). Each guard reads
+upstream's code (functions it calls, parameters it takes, decorators it carries), so a release
+that silently undoes one is caught by ``doctor`` and by the CPU tests, with the exact place.
+A guard's check returns its problems; none means upstream still does it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import types
+from dataclasses import dataclass
+from typing import Any, Callable
+
+DSA = "sglang.srt.layers.attention.dsa"
+SPLIT_OP_MODULE = f"{DSA}.dsa_prefill_cuda_graph"
+INDEXER = f"{DSA}.dsa_indexer.Indexer"
+SURFACE = f"{DSA}.utils.is_graph_dsa_split_op_surface"
+MLA = "sglang.srt.models.deepseek_common.attention_forward_methods.forward_mla.DeepseekMLAForwardMixin"
+MEMORY_SETTINGS = "sglang.srt.arg_groups.memory_hook.handle_gpu_memory_settings"
+BCG_MODULE = (
+    "sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph.breakable_cuda_graph"
+)
+MLA_PREFILL_CAP = 8192
+
+
+@dataclass(frozen=True)
+class Guard:
+    name: str
+    what: str  # what upstream must keep doing, in one line
+    check: Callable[[], list[str]]
+
+
+def _get(path: str) -> Any:
+    """The object at a dotted path (module attribute or class attribute, raw from __dict__)."""
+    parts = path.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ModuleNotFoundError:
+            continue
+        for name in parts[i:]:
+            obj = inspect.getattr_static(obj, name)
+        return obj
+    raise LookupError(path)
+
+
+def _code(obj: Any) -> types.CodeType:
+    fn = obj.__func__ if isinstance(obj, (classmethod, staticmethod)) else obj
+    return inspect.unwrap(fn).__code__
+
+
+def _names(obj: Any) -> set[str]:
+    """Global and attribute names a function's code uses, nested functions included."""
+    names: set[str] = set()
+    todo = [_code(obj)]
+    while todo:
+        code = todo.pop()
+        names.update(code.co_names)
+        todo.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+    return names
+
+
+def _uses(path: str, *needed: str) -> list[str]:
+    try:
+        missing = sorted(set(needed) - _names(_get(path)))
+    except (LookupError, AttributeError, TypeError) as e:
+        return [f"{path}: cannot be read ({type(e).__name__}: {e})"]
+    return [f"{path} no longer uses {', '.join(missing)}"] if missing else []
+
+
+def _takes(path: str, *params: str) -> list[str]:
+    try:
+        fn = _get(path)
+        have = inspect.signature(inspect.unwrap(getattr(fn, "__func__", fn))).parameters
+    except (LookupError, AttributeError, TypeError, ValueError) as e:
+        return [f"{path}: cannot be read ({type(e).__name__}: {e})"]
+    missing = [p for p in params if p not in have]
+    return [f"{path} no longer takes {', '.join(missing)}"] if missing else []
+
+
+def _eager_break_of(path: str, body: str | None = None) -> list[str]:
+    """``path`` is an ``eager_on_graph`` callable (a graph break), wrapping ``body`` if given."""
+    try:
+        obj, marker = _get(path), _get(f"{BCG_MODULE}._EagerOnGraphCallable")
+    except (LookupError, AttributeError) as e:
+        return [f"{path}: cannot be read ({type(e).__name__}: {e})"]
+    if not isinstance(obj, marker):
+        return [f"{path} is a {type(obj).__name__}, no longer an eager_on_graph break"]
+    if body is not None and getattr(obj, "__wrapped__", None) is not _get(body):
+        return [f"{path} no longer wraps {body}"]
+    return []
+
+
+def _dsa_split_op() -> list[str]:
+    split = f"{SPLIT_OP_MODULE}.bcg_dsa_indexer_prefill_split"
+    return (
+        _eager_break_of(split, f"{SPLIT_OP_MODULE}.pcg_dsa_indexer_prefill_split")
+        + _uses(
+            f"{INDEXER}.forward_cuda",
+            "is_graph_dsa_split_op_surface",
+            "is_in_breakable_cuda_graph",
+            "bcg_dsa_indexer_prefill_split",
+            "dsa_enable_prefill_cp",
+        )
+        + _uses(SURFACE, "is_in_breakable_cuda_graph", "is_extend_without_speculative")
+    )
+
+
+def _k_only_eager() -> list[str]:
+    return _uses(
+        f"{SPLIT_OP_MODULE}.pcg_dsa_indexer_prefill_split",
+        "_should_skip_logits_computation",
+        "_forward_cuda_k_only",
+    ) + _takes(f"{INDEXER}._forward_cuda_k_only", "num_tokens", "topk_result")
+
+
+def _fusion_aware_store() -> list[str]:
+    return (
+        _uses(
+            f"{SPLIT_OP_MODULE}.pcg_dsa_indexer_prefill_split",
+            "_fused_q_prepare_and_store",
+            "_store_index_k_cache",
+            "extend_num_tokens",
+        )
+        + _takes(f"{INDEXER}._fused_q_prepare_and_store", "num_tokens", "enable_dual_stream")
+        + _uses(f"{INDEXER}._fused_q_prepare_and_store", "_fused_k_prepare_and_store")
+        + _takes(f"{INDEXER}._fused_k_prepare_and_store", "out_cache_loc")
+        + _takes(f"{INDEXER}._store_index_k_cache", "out_cache_loc")
+    )
+
+
+def _bmm_attention_composite() -> list[str]:
+    composite = f"{MLA}._eager_bmm_attention"
+    problems = _eager_break_of(composite)
+    if not problems:
+        problems += _uses(composite, "bmm", "run_eager", "_eager_attention")
+    return (
+        problems
+        + _uses(f"{MLA}.forward_absorb_core", "_eager_bmm_attention")
+        + _uses(
+            f"{MLA}.forward_absorb_prepare",
+            "_can_fuse_bmm_into_attention",
+            "_make_mla_bmm_fusion_plan",
+        )
+        + _uses(f"{MLA}._can_fuse_bmm_into_attention", "is_graph_dsa_split_op_surface")
+    )
+
+
+def _prefill_max_bs_default() -> list[str]:
+    problems = _uses(MEMORY_SETTINGS, "use_mla_backend", "chunked_prefill_size", "min")
+    if not problems and MLA_PREFILL_CAP not in _code(_get(MEMORY_SETTINGS)).co_consts:
+        problems.append(
+            f"{MEMORY_SETTINGS} no longer caps MLA prefill capture at {MLA_PREFILL_CAP}"
+        )
+    return problems
+
+
+GUARDS = (
+    Guard(
+        "dsa_indexer_split_op",
+        "the DSA indexer's non-CP prefill runs as one eager split op under breakable graphs",
+        _dsa_split_op,
+    ),
+    Guard(
+        "dsa_k_only_decided_eagerly",
+        "the indexer's k-only decision (no logits/top-k for short sequences) is taken inside "
+        "that eager split op",
+        _k_only_eager,
+    ),
+    Guard(
+        "dsa_fusion_aware_store",
+        "the split op's Q/K store helpers take the live token count and cache locations",
+        _fusion_aware_store,
+    ),
+    Guard(
+        "mla_bmm_attention_composite",
+        "the MLA absorb bmm and attention run as one eager break (_eager_bmm_attention)",
+        _bmm_attention_composite,
+    ),
+    Guard(
+        "mla_prefill_capture_default",
+        f"--cuda-graph-max-bs-prefill defaults to min({MLA_PREFILL_CAP}, chunked prefill size) "
+        "for MLA models",
+        _prefill_max_bs_default,
+    ),
+)
+
+
+def guard_report() -> list[dict[str, Any]]:
+    """Every guard: name, what, ok, problems."""
+    out = []
+    for guard in GUARDS:
+        problems = guard.check()
+        out.append(
+            {"name": guard.name, "what": guard.what, "ok": not problems, "problems": problems}
+        )
+    return out

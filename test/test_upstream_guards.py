@@ -1,0 +1,134 @@
+"""The upstream guards pass on the installed sglang and fail, naming the place, on a doctored one."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+from sglang_mixgraph import upstream_guards as ug
+
+
+def test_every_guard_holds_on_the_installed_sglang():
+    report = ug.guard_report()
+    assert [g["name"] for g in report] == [g.name for g in ug.GUARDS]
+    assert [g for g in report if not g["ok"]] == []
+
+
+def _owner(path):
+    owner_path, attr = path.rsplit(".", 1)
+    try:
+        return importlib.import_module(owner_path), attr
+    except ModuleNotFoundError:
+        mod, cls = owner_path.rsplit(".", 1)
+        return getattr(importlib.import_module(mod), cls), attr
+
+
+def _plain(*args, **kwargs):
+    return None
+
+
+def _forward_cuda_without_split_op(self, x, forward_batch):
+    if is_graph_dsa_split_op_surface(forward_batch) and not self.dsa_enable_prefill_cp:  # noqa: F821
+        return is_in_breakable_cuda_graph()  # noqa: F821
+    return x
+
+
+def _split_op_always_full(layer_id, x, q_lora, positions, topk_result):
+    indexer = forward_context.dsa_indexers[layer_id]  # noqa: F821
+    n = forward_batch.extend_num_tokens  # noqa: F821
+    indexer._fused_q_prepare_and_store(x, q_lora, positions, num_tokens=n)
+    indexer._store_index_k_cache(x, out_cache_loc=None)
+
+
+def _fused_q_without_num_tokens(self, x, q_lora, positions, forward_batch, layer_id, act_quant):
+    return self._fused_k_prepare_and_store(x, positions, forward_batch, layer_id, act_quant)
+
+
+def _memory_settings_without_cap(server_args):
+    cfg = server_args
+    if use_mla_backend(server_args):  # noqa: F821
+        return min(4096, cfg.chunked_prefill_size)
+    return cfg.chunked_prefill_size
+
+
+SPLIT = f"{ug.SPLIT_OP_MODULE}.bcg_dsa_indexer_prefill_split"
+DOCTORED = [
+    (
+        "dsa_indexer_split_op",
+        f"{ug.INDEXER}.forward_cuda",
+        _forward_cuda_without_split_op,
+        f"{ug.INDEXER}.forward_cuda no longer uses bcg_dsa_indexer_prefill_split",
+    ),
+    (
+        "dsa_indexer_split_op",
+        SPLIT,
+        _plain,
+        f"{SPLIT} is a function, no longer an eager_on_graph break",
+    ),
+    (
+        "dsa_k_only_decided_eagerly",
+        f"{ug.SPLIT_OP_MODULE}.pcg_dsa_indexer_prefill_split",
+        _split_op_always_full,
+        f"{ug.SPLIT_OP_MODULE}.pcg_dsa_indexer_prefill_split no longer uses "
+        "_forward_cuda_k_only, _should_skip_logits_computation",
+    ),
+    (
+        "dsa_fusion_aware_store",
+        f"{ug.INDEXER}._fused_q_prepare_and_store",
+        _fused_q_without_num_tokens,
+        f"{ug.INDEXER}._fused_q_prepare_and_store no longer takes num_tokens, enable_dual_stream",
+    ),
+    (
+        "mla_bmm_attention_composite",
+        f"{ug.MLA}._eager_bmm_attention",
+        _plain,
+        f"{ug.MLA}._eager_bmm_attention is a function, no longer an eager_on_graph break",
+    ),
+    (
+        "mla_prefill_capture_default",
+        ug.MEMORY_SETTINGS,
+        _memory_settings_without_cap,
+        f"{ug.MEMORY_SETTINGS} no longer caps MLA prefill capture at 8192",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "guard, path, replacement, message", DOCTORED, ids=[f"{d[0]}:{d[1]}" for d in DOCTORED]
+)
+def test_a_doctored_upstream_fails_its_guard_with_the_place(
+    monkeypatch, guard, path, replacement, message
+):
+    owner, attr = _owner(path)
+    monkeypatch.setattr(owner, attr, replacement)
+    report = {g["name"]: g for g in ug.guard_report()}
+    assert report[guard]["ok"] is False
+    assert message in report[guard]["problems"]
+    failing = {name for name, g in report.items() if not g["ok"]}
+    # a new split-op body is no longer the one the eager break wraps
+    also = {"dsa_indexer_split_op"} if path.endswith("pcg_dsa_indexer_prefill_split") else set()
+    assert failing == {guard} | also
+
+
+def test_a_missing_upstream_function_is_reported_not_raised(monkeypatch):
+    owner, attr = _owner(f"{ug.INDEXER}._forward_cuda_k_only")
+    monkeypatch.delattr(owner, attr)
+    (problem,) = ug._k_only_eager()
+    assert problem.startswith(f"{ug.INDEXER}._forward_cuda_k_only: cannot be read (AttributeError")
+
+
+def test_doctor_shows_every_guard_and_fails_on_a_broken_one(monkeypatch, capsys):
+    from sglang_mixgraph.cli import _print_doctor, doctor_report
+
+    owner, attr = _owner(ug.MEMORY_SETTINGS)
+    monkeypatch.setattr(owner, attr, _memory_settings_without_cap)
+    report = doctor_report()
+    assert report["ok"] is False
+    _print_doctor(report)
+    out = capsys.readouterr().out
+    for guard in ug.GUARDS:
+        mark = "BAD" if guard.name == "mla_prefill_capture_default" else "ok "
+        assert f"  [{mark}] {guard.name}: {guard.what}" in out
+    assert f"      {ug.MEMORY_SETTINGS} no longer caps MLA prefill capture at 8192" in out
+    assert out.rstrip().endswith("an upstream guard fails")
