@@ -226,7 +226,8 @@ class Glm5Stack:
         @bcg.eager_on_graph
         def bmm_attention(layer, q, topk):
             self.order.append(("attention", layer))
-            return torch.softmax(q.float(), dim=-1).to(q.dtype) + topk.to(q.dtype) * 1e-3
+            picked = topk.to(q.dtype).sum(dim=-1, keepdim=True) * 1e-3  # reads the indexer's output
+            return torch.softmax(q.float(), dim=-1).to(q.dtype) + picked
 
         self.indexer, self.bmm_attention = indexer, bmm_attention
 
