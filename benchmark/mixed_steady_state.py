@@ -266,6 +266,40 @@ def write_report(data, path):
         f.write("\n".join(lines) + "\n")
 
 
+def write_plot(data, path) -> bool:
+    """Attention ms per arm and context (bars); False when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    arms = data["environment"]["arms"]
+    points = data["points"]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    width = 0.8 / len(arms)
+    for k, arm in enumerate(arms):
+        xs = [i + k * width for i in range(len(points))]
+        ys = [p[arm]["attention_ms"] for p in points]
+        ax.bar(xs, ys, width, label=arm)
+        for x, y, p in zip(xs, ys, points, strict=True):
+            ax.text(
+                x, y, f"{p['off']['attention_ms'] / y:.2f}x", ha="center", va="bottom", fontsize=8
+            )
+    ax.set_xticks([i + width * (len(arms) - 1) / 2 for i in range(len(points))])
+    ax.set_xticklabels(
+        [f"{p['context'] // 1024}k, {p['physical_kv_layers']} KV layers" for p in points]
+    )
+    ax.set_ylabel("attention ms per replayed step (61 layers)")
+    ax.set_title("DSV4-Pro mixed step, 256 decode + 2560 prefill rows, H200")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -291,6 +325,7 @@ def main():
         with open(os.path.join(args.out, f"{args.name}.json"), "w") as f:
             json.dump(data, f, indent=1)
         write_report(data, os.path.join(args.out, f"{args.name}.md"))
+        write_plot(data, os.path.join(args.out, f"{args.name}.png"))
         return
     import mixed_split_kit as kit
 
@@ -323,6 +358,7 @@ def main():
     with open(os.path.join(args.out, f"{args.name}.json"), "w") as f:
         json.dump(data, f, indent=1)
     write_report(data, os.path.join(args.out, f"{args.name}.md"))
+    write_plot(data, os.path.join(args.out, f"{args.name}.png"))
     print("wrote", os.path.join(args.out, args.name + ".{json,md}"))
 
 
