@@ -32,15 +32,14 @@ FORCE_ENV = "SGLANG_EXPERIMENTAL_FORCE_BCG"
 DSV4_RULE = "DeepSeek-V4 (heavy capture-pool memory pressure)"
 
 
+def dsv4_dp(tp=8, dp=8):
+    """DeepSeek-V4 on `tp` GPUs with attention DP over `dp` ranks."""
+    return ["--model-path", DSV4, "--tp", str(tp), "--dp", str(dp), "--enable-dp-attention"]
+
+
 def reference(chunk_per_rank=2816, tp=8, dp=8, extra=()):
     return [
-        "--model-path",
-        DSV4,
-        "--tp",
-        str(tp),
-        "--dp",
-        str(dp),
-        "--enable-dp-attention",
+        *dsv4_dp(tp, dp),
         "--enable-mixed-chunk",
         "--chunked-prefill-size",
         str(chunk_per_rank * dp),
@@ -53,17 +52,7 @@ def reference(chunk_per_rank=2816, tp=8, dp=8, extra=()):
 
 
 # DeepSeek-V4 with an MoE all-to-all backend upstream has not validated under BCG: two rules hold.
-TWO_RULES = [
-    "--model-path",
-    DSV4,
-    "--tp",
-    "8",
-    "--dp",
-    "8",
-    "--enable-dp-attention",
-    "--moe-a2a-backend",
-    "mori",
-]
+TWO_RULES = [*dsv4_dp(), "--moe-a2a-backend", "mori"]
 
 GLM5_CONFIG = {
     "architectures": ["GlmMoeDsaForCausalLM"],
@@ -445,13 +434,7 @@ IDENTITY_ROWS = {
     "dense": ["--model-path", "{dense}", "--enable-mixed-chunk", "--chunked-prefill-size", "4096"],
     "dense-tp1": ["--model-path", "{dense}", "--tp", "1"],
     "dsv4-no-mixed-chunk": [
-        "--model-path",
-        DSV4,
-        "--tp",
-        "8",
-        "--dp",
-        "8",
-        "--enable-dp-attention",
+        *dsv4_dp(),
         "--chunked-prefill-size",
         "22528",
         "--moe-a2a-backend",
