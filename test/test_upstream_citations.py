@@ -25,40 +25,6 @@ _CITATION = re.compile(
 _BROKEN_FILE_CITATION = re.compile(r"\.py`*:\s*$")  # model_runner.py:<newline> 1234
 _LEADING_NUMBER = re.compile(r"^[\s#`\"'(]*\d")
 
-# Hits in files another change owns right now; shrink this list as they are reworded
-# (a fixed entry fails the test until it is removed here).
-KNOWN = {
-    "core/decode_tail.py": (
-        "(``sglang/srt/layers/attention/deepseek_v4_backend.py:4362-4401``; legacy kernels for the V4",
-        "584-byte cache, bound at 1266-1271): ``q (D, 1, h_q, 512)``, the SWA cache view and",
-        "(``flash_mla/flash_mla_interface.py:215-248``); its split plan also depends on the",
-        "INDEX_ALIGN = 64  # the backend asserts both index widths are multiples of 64 (4246-4252)",
-    ),
-    "core/mixed_boundary.py": (
-        "``sglang/srt/managers/schedule_batch.py:3267-3365``, ``merge_batch`` at 3977,",
-        "(``schedule_batch.py`` ``convert_decode_to_extend`` 3366-3401) is the case ``P == 0``,",
-        "builder, ``deepseek_v4_backend.py`` ``make_core_attn_metadata`` 4746-4911), so the decode",
-        "request (``deepseek_v4_backend.py:2989-2994``); a top-k ratio gathers each request's whole",
-        "406-413); c128 gathers ``max(max_seq // 128, 1)`` slots per request (``ensure_c128``",
-        "329-345).",
-    ),
-    "core/split_cost_model.py": ("``_forward_prefill_sparse`` 4406-4505):",),
-    "patches/mixed_split/boundary.py": (
-        "(forward_batch_info.py:1023-1029) and keeps no count; we keep ``len(decoding_reqs)`` when",
-        "schedule_batch.py:3977; convert_decode_to_extend makes every request one, 3400).",
-    ),
-    "patches/mixed_split/forward.py": (
-        "``_build_sparse_prefill_chunk_cache`` (deepseek_v4_backend.py:2959-3030) reads",
-        "# 4181-4207); the kernel detects the cache format from the last dim.",
-        "built it, else dropped so upstream's lazy build (deepseek_v4_backend.py:4429-4434) covers",
-    ),
-    "patches/mixed_split/plan.py": (
-        "# forward_batch_info.py:790-794 (bool flag + optional row tensors).",
-        "# A fresh FlashMLASchedMeta as upstream creates them (deepseek_v4_backend.py:210-215),",
-    ),
-}
-
-
 def citations(path: Path) -> list[str]:
     lines = path.read_text().splitlines()
     hits = []
@@ -77,12 +43,7 @@ def test_no_line_number_citations_of_upstream():
         rel = path.relative_to(PACKAGE).as_posix()
         for hit in citations(path):
             found.setdefault(rel, []).append(hit)
-    new = {rel: [h for h in hits if h not in KNOWN.get(rel, ())] for rel, hits in found.items()}
-    new = {rel: hits for rel, hits in new.items() if hits}
-    assert not new, f"cite upstream by module and function name, not line: {new}"
-    fixed = {rel: [h for h in hits if h not in found.get(rel, ())] for rel, hits in KNOWN.items()}
-    fixed = {rel: hits for rel, hits in fixed.items() if hits}
-    assert not fixed, f"reworded: remove these from KNOWN: {fixed}"
+    assert not found, f"cite upstream by module and function name, not line: {found}"
 
 
 CITES = [

@@ -1,14 +1,14 @@
 """The decode tail of a split mixed step: FlashMLA fp8 sparse decode over rows [b0, b0 + D).
 
 The call mirrors what sglang's DSV4 backend does for pure decode batches
-(``sglang/srt/layers/attention/deepseek_v4_backend.py:4362-4401``; legacy kernels for the V4
-584-byte cache, bound at 1266-1271): ``q (D, 1, h_q, 512)``, the SWA cache view and
+(``DeepseekV4AttnBackend._forward_attention``; legacy kernels for the V4 584-byte cache, bound
+in ``DeepseekV4AttnBackend.__init__``): ``q (D, 1, h_q, 512)``, the SWA cache view and
 ``swa_page_indices``/``swa_topk_lengths`` as the main scope, the compressed cache and the c4
 top-k or c128 page indices as the extra scope, ``attn_sink``.
 
 FlashMLA's scheduling metadata (``FlashMLASchedMeta``) binds ``b, s_q, h_q, topk, extra_topk``
 (and page sizes) on first use and asserts on reuse with another shape
-(``flash_mla/flash_mla_interface.py:215-248``); its split plan also depends on the
+(``flash_mla.flash_mla_interface.flash_mla_with_kvcache``); its split plan also depends on the
 ``topk_length`` values, which are not checked. Within one step every layer of a compress ratio
 sees the same tail rows and the same lengths, so one object per ratio is created per step,
 bound to the tail batch size, reused across that ratio's layers and dropped at the next step.
@@ -27,7 +27,8 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import torch
 
 HEAD_DIM = 512
-INDEX_ALIGN = 64  # the backend asserts both index widths are multiples of 64 (4246-4252)
+# DeepseekV4AttnBackend._forward_attention asserts both index widths are multiples of 64.
+INDEX_ALIGN = 64
 
 KernelFn = Callable[..., Tuple[torch.Tensor, torch.Tensor]]
 MetaFactory = Callable[[], Any]

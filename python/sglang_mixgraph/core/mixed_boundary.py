@@ -1,20 +1,20 @@
 """Host-side boundary of a mixed prefill/decode step and decode-tail row slicing (no sglang).
 
 A MIXED batch lists the prefill requests first and the decode requests after them
-(``ScheduleBatch.mix_with_running`` appends the running requests:
-``sglang/srt/managers/schedule_batch.py:3267-3365``, ``merge_batch`` at 3977,
-``extend_lens + [1] * running_bs`` at 3359). With ``P`` prefill and ``D`` decode requests the
+(``ScheduleBatch.mix_with_running`` appends the running requests through
+``ScheduleBatch.merge_batch`` and extends ``extend_lens`` by ``[1] * running_bs``). With ``P``
+prefill and ``D`` decode requests the
 query rows are laid out as
 
     [0, b0)            prefill rows, b0 = sum(extend_seq_lens[:P])
     [b0, b0 + D)       one row per decode request
     [b0 + D, num_rows) padding rows (eager DP-attention padding is appended after the decode
-                       rows: ``forward_batch_info.py`` ``_pad_inputs_to_size`` 1990+); they
+                       rows: ``ForwardBatch._pad_inputs_to_size``); they
                        belong to neither kernel.
 
 Everything is computed from host-side Python lists so no device synchronization happens. A
 DP-attention decode batch that upstream relabels to a 1-token EXTEND
-(``schedule_batch.py`` ``convert_decode_to_extend`` 3366-3401) is the case ``P == 0``,
+(``ScheduleBatch.convert_decode_to_extend``) is the case ``P == 0``,
 ``b0 == 0``.
 """
 
@@ -158,7 +158,7 @@ def slice_decode_tail(
     """Views of rows ``[b0, b0 + D)`` of ``q`` and of the per-row metadata.
 
     The metadata tensors are indexed by q row (upstream builds them per token with the decode
-    builder, ``deepseek_v4_backend.py`` ``make_core_attn_metadata`` 4746-4911), so the decode
+    builder, ``DeepseekV4AttnBackend.make_core_attn_metadata``), so the decode
     rows of a MIXED batch already carry decode-shaped rows; here they are only narrowed.
     """
     rows = boundary.decode_rows
@@ -233,10 +233,10 @@ def workspace_tokens(
     """Rows of the bf16 sparse-prefill workspace for these requests: ``(compressed, swa)``.
 
     Mirrors upstream's sizing: the SWA gather covers ``min(seq, extend + W - 1)`` positions per
-    request (``deepseek_v4_backend.py:2989-2994``); a top-k ratio gathers each request's whole
-    compressed history ``seq // ratio`` (``sparse_prefill_utils.py`` ``ensure_compressed``
-    406-413); c128 gathers ``max(max_seq // 128, 1)`` slots per request (``ensure_c128``
-    329-345).
+    request (``DeepseekV4AttnBackend._build_sparse_prefill_chunk_cache``); a top-k ratio gathers
+    each request's whole compressed history ``seq // ratio``
+    (``dsv4.sparse_prefill_utils.SparsePrefillChunkCache.ensure_compressed``); c128 gathers
+    ``max(max_seq // 128, 1)`` slots per request (``SparsePrefillChunkCache.ensure_c128``).
     """
     seqs = _host_ints(seq_lens, "seq_lens")
     exts = _host_ints(extend_seq_lens, "extend_seq_lens")

@@ -2,8 +2,8 @@
 
 No sglang imports. Inputs are host-side lists (or the uniform shapes the benchmark sweeps).
 
-What the split changes, per layer (upstream flow: ``deepseek_v4_backend.py``
-``_forward_prefill_sparse`` 4406-4505):
+What the split changes, per layer (upstream flow:
+``DeepseekV4AttnBackend._forward_prefill_sparse``):
 
 * unsplit: dequantize every request's SWA window and whole compressed history into a bf16
   workspace, then ``flash_mla_sparse_fwd`` over all ``b0 + D`` rows;

@@ -17,9 +17,9 @@ def after_forward_batch_init_new(result, cls, batch, model_runner, **kwargs):
     """AFTER ``ForwardBatch.init_new``: remember how many decode requests end the batch.
 
     ``init_new`` reads ``batch.decoding_reqs`` only for ``contains_last_prefill_chunk``
-    (forward_batch_info.py:1023-1029) and keeps no count; we keep ``len(decoding_reqs)`` when
-    those requests are exactly the tail of ``batch.reqs`` (mix_with_running appends them,
-    schedule_batch.py:3977; convert_decode_to_extend makes every request one, 3400).
+    and keeps no count; we keep ``len(decoding_reqs)`` when those requests are exactly the tail
+    of ``batch.reqs`` (``ScheduleBatch.mix_with_running`` appends them through ``merge_batch``;
+    ``ScheduleBatch.convert_decode_to_extend`` makes every request one).
     """
     num_decode = None
     mode = getattr(batch, "forward_mode", None)

@@ -24,7 +24,7 @@ from sglang_mixgraph.patches.mixed_split.state import (
 class _PrefillRequestsView:
     """The first P requests of a ForwardBatch, as the chunk-cache builder reads them.
 
-    ``_build_sparse_prefill_chunk_cache`` (deepseek_v4_backend.py:2959-3030) reads
+    ``DeepseekV4AttnBackend._build_sparse_prefill_chunk_cache`` reads
     ``seq_lens(_cpu)``, ``extend_seq_lens(_cpu)``, ``req_pool_indices`` and asks
     ``is_cp_active`` (``forward_mode``/``input_ids``); everything else is delegated.
     Tensor fields are views, host lists are new lists.
@@ -73,8 +73,8 @@ def around_build_chunk_cache(
 
 
 def _kernel_cache_view(buf, page_size: int, bytes_per_token: int):
-    # The (pages, page_size, 1, bytes) view upstream hands FlashMLA (deepseek_v4_backend.py
-    # 4181-4207); the kernel detects the cache format from the last dim.
+    # The (pages, page_size, 1, bytes) view upstream hands FlashMLA
+    # (DeepseekV4AttnBackend._forward_attention); the kernel detects the format from the last dim.
     assert buf.ndim == 2
     return buf[:, : page_size * bytes_per_token].view(buf.shape[0], page_size, 1, bytes_per_token)
 
@@ -116,7 +116,7 @@ def _decode_tail(backend, plan: SplitPlan, q, layer_id, compress_ratio, pool, co
 def _abandon_plan(backend, reason_key: str) -> None:
     """A planned step meets something only visible at the first layer: upstream for the rest
     of the step. The prefill-only cache is replaced by the all-requests one when the plan
-    built it, else dropped so upstream's lazy build (deepseek_v4_backend.py:4429-4434) covers
+    built it, else dropped so upstream's lazy build (in ``_forward_prefill_sparse``) covers
     every row again. Not expected in practice: the plan-time checks cover the configurations
     that lead here (see docs/mixed-split.md)."""
     _fallback(reason_key)

@@ -74,7 +74,7 @@ def _unsupported_reason(backend, forward_batch, metadata) -> Optional[str]:
         getattr(backend.token_to_kv_pool, "request_window", None) is not None
     ):
         return "request_window"
-    # forward_batch_info.py:790-794 (bool flag + optional row tensors).
+    # ForwardBatch.encoder_swa_replay (a bool) and encoder_swa_compress_rows (optional rows).
     if (
         getattr(forward_batch, "encoder_swa_replay", False)
         or getattr(forward_batch, "encoder_swa_compress_rows", None) is not None
@@ -208,7 +208,7 @@ def _plan(backend, metadata, live, target, num_rows: int, *, replay: bool) -> Op
 
 
 def _sched_meta_factory():
-    # A fresh FlashMLASchedMeta as upstream creates them (deepseek_v4_backend.py:210-215),
+    # A fresh FlashMLASchedMeta as upstream creates them (deepseek_v4_backend._create_flashmla_metadata),
     # looked up at call time.
     from sglang.srt.layers.attention import deepseek_v4_backend as dsv4
 
