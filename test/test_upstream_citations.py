@@ -25,6 +25,7 @@ _CITATION = re.compile(
 _BROKEN_FILE_CITATION = re.compile(r"\.py`*:\s*$")  # model_runner.py:<newline> 1234
 _LEADING_NUMBER = re.compile(r"^[\s#`\"'(]*\d")
 
+
 def citations(path: Path) -> list[str]:
     lines = path.read_text().splitlines()
     hits = []
