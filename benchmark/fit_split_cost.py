@@ -5,7 +5,7 @@ Input: a results JSON of benchmark/mixed_split_inserver.py (upstream's ``forward
 off and ``always``, per layer kind, context, decode rows D and prefill rows P), best run with
 ``--queue-ahead-ms`` so its times are GPU work only, as in a replayed step whose host launches run
 ahead. Output: the per-ratio coefficients of ``sglang_mixgraph.core.split_cost_model`` fitted by
-``fit_coefficients`` (non-negative, relative error), written as the package's
+``split_cost_fit.fit_coefficients`` (non-negative, relative error), written as the package's
 ``data/split_cost_<arch>.json``, and each point's measured vs predicted times on stdout.
 
     python3 benchmark/fit_split_cost.py docs/results/mixed_split_inserver_fit_h200.json \\
@@ -19,9 +19,12 @@ import json
 import os
 import sys
 
-sys.path.insert(
-    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python")
-)
+sys.path[:0] = [
+    os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"),
+    os.path.dirname(os.path.abspath(__file__)),
+]
+
+import split_cost_fit as fit  # noqa: E402
 
 from sglang_mixgraph.core import split_cost_model as cm  # noqa: E402
 
@@ -53,7 +56,7 @@ def main() -> int:
         f"{env.get('queue_ahead_ms', 0)} ms, {len(samples)} points; fitted by "
         "benchmark/fit_split_cost.py"
     )
-    coeffs = cm.fit_coefficients(samples, args.arch, margin=args.margin, source=source)
+    coeffs = fit.fit_coefficients(samples, args.arch, margin=args.margin, source=source)
     print("ratio context D P | off ms (pred) | split ms (pred) | measured x | predicted x | splits")
     wrong = 0
     for p, (shape, off, split) in zip(data["points"], samples, strict=True):

@@ -47,6 +47,7 @@ for _p in (
     if os.path.isdir(_p) and _p not in sys.path:
         sys.path.insert(0, _p)
 
+import split_cost_fit as fit  # noqa: E402
 import torch  # noqa: E402
 from mixed_step import (  # noqa: E402
     StepSpec,
@@ -426,7 +427,7 @@ class Bench:
                             f"[A] {layer} ctx={ctx} D={d} P={p}: unsplit {rec['unsplit_ms']:.3f} split {rec['split_ms']:.3f}"
                         )
         arch = "cpu" if self.dry else cm.detect_arch()
-        coeffs = cm.fit_coefficients(
+        coeffs = fit.fit_coefficients(
             samples,
             arch=arch,
             margin=cm.KNOWN_ARCH_MARGIN,
@@ -435,7 +436,7 @@ class Bench:
                 f"contexts {calib}, decode rows {self.decode_rows}, prefill rows {self.prefill_rows}, h_q {self.h_q}"
             ),
         )
-        fit_err = cm.relative_errors(samples, coeffs)
+        fit_err = fit.relative_errors(samples, coeffs)
         log("fitted:", json.dumps(coeffs.to_json()["coefficients"]))
         log(f"phase A done after {time.time() - t0:.0f} s")
 

@@ -1,4 +1,6 @@
 import json
+import os
+import sys
 
 import pytest
 import torch
@@ -6,6 +8,10 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from sglang_mixgraph.core import split_cost_model as m
+
+# Fitting is offline tooling (benchmark/split_cost_fit.py), not part of the package.
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmark"))
+import split_cost_fit as fitting  # noqa: E402
 
 
 @settings(max_examples=300, deadline=None)
@@ -108,8 +114,8 @@ def test_fit_recovers_coefficients_from_exact_samples():
                     s = m.StepShape.uniform(ratio, ctx, d, p)
                     u, sp = m.predict(s, truth)
                     samples.append((s, u, sp))
-    fit = m.fit_coefficients(samples, arch="test")
-    errs = m.relative_errors(samples, fit)
+    fit = fitting.fit_coefficients(samples, arch="test")
+    errs = fitting.relative_errors(samples, fit)
     assert max(abs(e) for pair in errs for e in pair if e == e) < 1e-6
     for ratio in (4, 128):
         for k in ("a_ws", "d_key", "a_key", "a_cat"):
@@ -130,7 +136,7 @@ def test_fit_keeps_coefficients_non_negative():
                         float(torch.rand(1, generator=gen)) + 0.1,
                     )
                 )
-    fit = m.fit_coefficients(samples, arch="noise")
+    fit = fitting.fit_coefficients(samples, arch="noise")
     assert all(v >= 0 for v in fit.per_ratio[4].values())
 
 
@@ -157,7 +163,6 @@ def test_shipped_sm90_model_never_loses_to_upstream_in_server():
     (docs/results/mixed_split_inserver_fit_h200.json: upstream's forward with the patch off and
     ``always``), the model's choice is never more than 1 % slower than upstream and never more
     than 5 % slower than the faster path."""
-    import os
 
     path = os.path.join(
         os.path.dirname(__file__),
