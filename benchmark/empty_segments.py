@@ -74,9 +74,8 @@ class Glm5Stack:
 
         @bcg.eager_on_graph
         def bmm_attention(q, topk):
-            picked = (
-                topk.float().mean(dim=-1, keepdim=True) / q.shape[-1]
-            )  # reads the indexer's output
+            # Reads the indexer's output, as the sparse attention reads its top-k.
+            picked = topk.float().mean(dim=-1, keepdim=True) / q.shape[-1]
             return (torch.softmax(q.float(), dim=-1) + picked).to(q.dtype)
 
         self.indexer, self.bmm_attention = indexer, bmm_attention
