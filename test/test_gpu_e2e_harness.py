@@ -232,6 +232,7 @@ def _rec(
     outputs=None,
     stubs=(),
     read_done=False,
+    drop_empty=False,
     patches=None,
     patch_fallbacks=None,
     ran=True,
@@ -244,6 +245,7 @@ def _rec(
         split=split,
         ran=ran,
         read_done=read_done,
+        drop_empty=drop_empty,
         outputs=outputs,
         expected_lens={"r0": 3, "r1": 2},
         steps=steps,
@@ -830,3 +832,48 @@ def test_driver_turns_the_radix_cache_off_when_it_leaves_no_mixed_step(tmp_path,
     assert "made no MIXED step" in log
     assert rc == 0 and report["radix_cache"] is False
     assert report["phases"]["eager-off"]["steps_by_mode"]["MIXED/eager"] == 2
+
+
+# ---- the drop-empty-segments phases ----------------------------------------------------------
+
+
+def test_drop_empty_phase_name_env_and_baseline():
+    assert P.parse(["bcg-off-des"]) == [P.Phase("bcg", "off", drop_empty=True)]
+    assert P.parse(["bcg-always-rd-des"]) == [P.Phase("bcg", "always", True, True)]
+    phase = P.Phase("bcg", "off", drop_empty=True)
+    assert phase.name == "bcg-off-des" and phase.baseline == "bcg-off" and not phase.is_baseline
+    env = phase.env({"SGLANG_OPT_BCG_DROP_EMPTY_SEGMENTS": "0"}, radix=False)
+    assert env["SGLANG_OPT_BCG_DROP_EMPTY_SEGMENTS"] == "1"
+    with pytest.raises(ValueError, match="-des"):
+        P.parse(["bcg-off-dse"])
+
+
+def _des(events, fallbacks=None, **kw):
+    return _rec(
+        "bcg-off-des",
+        "off",
+        steps=RD_STEPS,
+        drop_empty=True,
+        patches={"drop_empty_segments": events},
+        patch_fallbacks={"drop_empty_segments": fallbacks} if fallbacks else None,
+        **kw,
+    )
+
+
+@pytest.mark.parametrize(
+    "events, fallbacks, ok",
+    [
+        ({"captures_checked": 12}, None, True),  # no empty segment anywhere: information
+        ({"captures_checked": 12, "segments_dropped": 4, "launches_skipped": 40}, None, True),
+        ({}, None, False),  # the patch never looked at a capture
+        ({"captures_checked": 12, "segments_dropped": 4}, None, False),  # dropped, never skipped
+        ({"captures_checked": 12}, {"no_node_count": 1}, False),
+    ],
+)
+def test_drop_empty_phase_checks_every_capture_was_examined(events, fallbacks, ok):
+    base = _rec("bcg-off", "off", steps=RD_STEPS)
+    checks = _check(_des(events, fallbacks), base)
+    name = "drop_empty_segments examined every capture"
+    assert (name in _failed(checks)) is not ok
+    assert "tokens equal bcg-off" in [c.name for c in checks]
+    assert _detail(checks, name).startswith(f"{events.get('captures_checked', 0)} captures checked")

@@ -28,6 +28,7 @@ from typing import Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence
 
 PATCH = "mixed_split"
 RD_PATCH = "replay_read_done"
+DES_PATCH = "drop_empty_segments"
 WAR_PATCH = "war_snapshot_check"
 RATIOS = (0, 4, 128)
 
@@ -56,6 +57,7 @@ class PhaseRecord:
     split: str  # off | always | adaptive
     ran: bool
     read_done: bool = False  # the -rd variant: replay_read_done and war_snapshot_check on
+    drop_empty: bool = False  # the -des variant: drop_empty_segments on
     error: str = ""
     outputs: Dict[str, List[int]] = field(default_factory=dict)
     expected_lens: Dict[str, int] = field(default_factory=dict)
@@ -66,7 +68,7 @@ class PhaseRecord:
     @property
     def is_baseline(self) -> bool:
         """A ``<graph>-off`` phase: the tokens every other phase of its graph mode must equal."""
-        return self.split == "off" and not self.read_done
+        return self.split == "off" and not self.read_done and not self.drop_empty
 
 
 @dataclass(frozen=True)
@@ -239,7 +241,26 @@ def check_phase(
     if rec.split != "off":
         checks.extend(_acted(rec, mixed_eager, mixed_graph, ev, fb, policy))
     checks.extend(_read_done(rec) if rec.read_done else [_read_done_inactive(rec)])
+    if rec.drop_empty:
+        checks.append(_drop_empty(rec))
     return checks
+
+
+def _drop_empty(rec: PhaseRecord) -> Check:
+    """The drop-empty variant: the patch examined the breakable graphs it captured (how many
+    empty segments it found is information: DSV4's layers may have none) and, where it dropped
+    some, skipped their launches."""
+    ev, fb = _events(rec, DES_PATCH), _fallbacks(rec, DES_PATCH)
+    checked, dropped = ev.get("captures_checked", 0), ev.get("segments_dropped", 0)
+    skipped = ev.get("launches_skipped", 0)
+    ok = checked > 0 and not fb and (dropped == 0 or skipped > 0)
+    return Check(
+        rec.name,
+        "drop_empty_segments examined every capture",
+        ok,
+        f"{checked} captures checked, {dropped} empty segments dropped, {skipped} launches "
+        f"skipped; fallbacks {dict(fb) or 'none'}",
+    )
 
 
 def _tokens_equal(rec: PhaseRecord, baseline: Optional[PhaseRecord]) -> Check:

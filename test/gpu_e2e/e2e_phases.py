@@ -28,6 +28,10 @@ SPLIT_FLAG = "SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN"
 POLICY_FLAG = "SGLANG_MIXGRAPH_SPLIT_POLICY"
 READ_DONE_ENV = {"SGLANG_OPT_DSV4_REPLAY_READ_DONE": "1", "SGLANG_DEBUG_WAR_SNAPSHOT": "1"}
 RD_SUFFIX = "-rd"
+# The drop-empty-segments variant <graph>-<split>-des: breakable graphs never launch their empty
+# segments (patch drop_empty_segments). Not in the default list; run it by name.
+DES_ENV = {"SGLANG_OPT_BCG_DROP_EMPTY_SEGMENTS": "1"}
+DES_SUFFIX = "-des"
 DEFAULT_RD = ("bcg-off", "bcg-always")  # the <graph>-<split> phases run also as -rd by default
 RADIX_CORE_ENV = "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"
 
@@ -66,10 +70,12 @@ class Phase:
     graph: str
     split: str
     read_done: bool = False
+    drop_empty: bool = False
 
     @property
     def name(self) -> str:
-        return f"{self.graph}-{self.split}{RD_SUFFIX if self.read_done else ''}"
+        suffix = (RD_SUFFIX if self.read_done else "") + (DES_SUFFIX if self.drop_empty else "")
+        return f"{self.graph}-{self.split}{suffix}"
 
     @property
     def baseline(self) -> str:
@@ -115,6 +121,8 @@ class Phase:
             env[POLICY_FLAG] = self.split
         if self.read_done:
             env.update(READ_DONE_ENV)
+        if self.drop_empty:
+            env.update(DES_ENV)
         if radix:
             env[RADIX_CORE_ENV] = "python"  # the Rust radix core is built for another torch
         return env
@@ -126,13 +134,18 @@ def parse(names: List[str]) -> List[Phase]:
         names = [f"{g}-{s}" for s in SPLITS for g in GRAPHS] + [n + RD_SUFFIX for n in DEFAULT_RD]
     phases = []
     for name in names:
-        read_done = name.endswith(RD_SUFFIX)
-        graph, _, split = (name[: -len(RD_SUFFIX)] if read_done else name).partition("-")
+        base = name
+        drop_empty = base.endswith(DES_SUFFIX)
+        base = base[: -len(DES_SUFFIX)] if drop_empty else base
+        read_done = base.endswith(RD_SUFFIX)
+        base = base[: -len(RD_SUFFIX)] if read_done else base
+        graph, _, split = base.partition("-")
         if graph not in GRAPHS or split not in SPLITS:
             raise ValueError(
-                f"unknown phase {name!r}: <{'|'.join(GRAPHS)}>-<{'|'.join(SPLITS)}>[{RD_SUFFIX}]"
+                f"unknown phase {name!r}: <{'|'.join(GRAPHS)}>-<{'|'.join(SPLITS)}>"
+                f"[{RD_SUFFIX}][{DES_SUFFIX}]"
             )
-        phases.append(Phase(graph, split, read_done))
+        phases.append(Phase(graph, split, read_done, drop_empty))
     # Baselines first: every other phase is compared with them.
     return sorted(
         set(phases),
@@ -141,5 +154,6 @@ def parse(names: List[str]) -> List[Phase]:
             SPLITS.index(p.split),
             GRAPHS.index(p.graph),
             p.read_done,
+            p.drop_empty,
         ),
     )

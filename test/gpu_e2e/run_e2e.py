@@ -203,6 +203,7 @@ def collect(phase, work, logs, seconds, timed_out) -> dict:
         name=phase.name,
         split=phase.split,
         read_done=phase.read_done,
+        drop_empty=phase.drop_empty,
         ran=bool(out.get("ok")),
         error=error,
         outputs=out.get("outputs", {}),
