@@ -155,6 +155,8 @@ def _gsm8k_section(results: Results) -> list[str]:
 
 def write_plots(results: Results, run_dir: Path) -> list[str]:
     """The plot files written, or PLOTS_SKIPPED's line when matplotlib is missing."""
+    if not results.summary:
+        return []  # nothing measured yet
     try:
         import matplotlib
 
