@@ -5,7 +5,7 @@ ignored) and speaks the endpoints SGLang's own clients use: `/health_generate`, 
 `/model_info`, `/server_info`, `/flush_cache`, streamed `/generate` (sglang.benchmark.serving
 with `--backend sglang`) and `/v1/completions` (sglang.test.run_eval's GSM8K). Latency is a
 model, not a measurement: the first token after `--ttft-ms`, each further one after
-`--tpot-ms`. GSM8K answers are right for every question of `--gsm8k-data` whose line index is
+`--tpot-ms` plus `--tpot-per-running-ms` per request in flight. GSM8K answers are right for every question of `--gsm8k-data` whose line index is
 not a multiple of `--wrong-every`, so the expected accuracy is known. The model path must be a
 directory with a tokenizer (bench_serving loads it). Test hooks come from the environment
 (inherited, not part of an arm): STANDIN_DIE_AFTER=N exits hard at the N-th `/generate`,
@@ -34,6 +34,7 @@ class Standin:
     def __init__(self, args: argparse.Namespace):
         self.args = args
         self.generate_count = 0
+        self.running = 0
         self.lock = threading.Lock()
         self.answers: dict[str, tuple[int, str]] = {}
         if args.gsm8k_data:
@@ -113,17 +114,24 @@ def make_handler(standin: Standin):
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()
-            start = time.perf_counter()
-            for i in range(1, n + 1):
-                due = start + (a.ttft_ms + (i - 1) * a.tpot_ms) / 1000
-                time.sleep(max(0.0, due - time.perf_counter()))
-                chunk = {
-                    "text": "tok " * i,
-                    "meta_info": {"completion_tokens": i, "prompt_tokens": 8},
-                }
-                self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-                self.wfile.flush()
-            self.wfile.write(b"data: [DONE]\n\n")
+            with standin.lock:
+                standin.running += 1
+            try:
+                due = time.perf_counter() + a.ttft_ms / 1000
+                for i in range(1, n + 1):
+                    time.sleep(max(0.0, due - time.perf_counter()))
+                    chunk = {
+                        "text": "tok " * i,
+                        "meta_info": {"completion_tokens": i, "prompt_tokens": 8},
+                    }
+                    self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                    self.wfile.flush()
+                    # A decode step slows down with the batch, like a real server's.
+                    due += (a.tpot_ms + a.tpot_per_running_ms * standin.running) / 1000
+                self.wfile.write(b"data: [DONE]\n\n")
+            finally:
+                with standin.lock:
+                    standin.running -= 1
 
         def _completion(self, body: dict) -> None:
             text = standin.gsm8k_answer(body["prompt"])
@@ -150,6 +158,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--ttft-ms", type=float, default=50.0)
     parser.add_argument("--tpot-ms", type=float, default=10.0)
+    parser.add_argument("--tpot-per-running-ms", type=float, default=0.0)
     parser.add_argument("--tp-size", type=int, default=1)
     parser.add_argument("--gsm8k-data")
     parser.add_argument("--wrong-every", type=int, default=4)
