@@ -168,6 +168,9 @@ def main() -> None:
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
         with open(pid_file, "a") as f:
             f.write(f"{os.getpid()} {child.pid}\n")
+    # The default listen backlog (5) would make the 6th simultaneous connection wait for a
+    # SYN retry (about a second), which is no part of the latency model.
+    ThreadingHTTPServer.request_queue_size = 1024
     server = ThreadingHTTPServer((args.host, args.port), make_handler(Standin(args)))
     server.daemon_threads = True
     print(f"stand-in serving on {args.host}:{args.port}", flush=True)

@@ -4,7 +4,7 @@ Sections: `[server]` (shared launch: model, SGLang server arguments, environment
 port, health timeout, the launch command), `[[arm]]` (two or more: name, environment, extra
 server arguments, or `url` to attach to a running server), `[sweep]` (concurrencies, the
 `sglang.benchmark.serving` workload, repeats), `[gsm8k]` (SGLang's GSM8K eval and its
-threshold) and `[[gate]]` (ratio gates between two arms). Every problem is a `ConfigError`
+threshold), `[[gate]]` (ratio gates between two arms), and a top-level `note` for the report. Every problem is a `ConfigError`
 with one line naming the key, so the command can print it without a traceback.
 
 `cell_settings` turns one measurement into the exact settings that key it on disk: a run
@@ -128,6 +128,7 @@ class Config:
     sweep: Sweep
     gsm8k: Gsm8k
     gates: tuple[Gate, ...] = ()
+    note: str | None = None  # shown under the report's title (machine, build, caveats)
 
     def arm(self, name: str) -> Arm:
         for arm in self.arms:
@@ -429,7 +430,8 @@ def _gates(items: Any, arm_names: list[str], concurrencies: tuple[int, ...]) -> 
 
 
 def parse_config(data: dict[str, Any], *, accuracy_only: bool = False) -> Config:
-    _take(data, "config", {"server", "arm", "sweep", "gsm8k", "gate"})
+    _take(data, "config", {"note", "server", "arm", "sweep", "gsm8k", "gate"})
+    note = _typed(data["note"], str, "note") if "note" in data else None
     arms = _arms(data.get("arm", []))
     minimum = 1 if accuracy_only else 2
     if len(arms) < minimum:
@@ -454,7 +456,7 @@ def parse_config(data: dict[str, Any], *, accuracy_only: bool = False) -> Config
     if accuracy_only and (not gsm8k.enabled or gsm8k.threshold is None):
         raise ConfigError("[gsm8k]: --accuracy-only needs enabled = true and a threshold")
     gates = _gates(data.get("gate", []), names, sweep.concurrencies)
-    return Config(server=server, arms=arms, sweep=sweep, gsm8k=gsm8k, gates=gates)
+    return Config(server=server, arms=arms, sweep=sweep, gsm8k=gsm8k, gates=gates, note=note)
 
 
 def load_config(path: str | Path, *, accuracy_only: bool = False) -> Config:

@@ -56,6 +56,8 @@ def render_markdown(results: Results) -> str:
     c = results.config
     s = c.server
     lines = ["# A/B report", ""]
+    if c.note:
+        lines += [f"> {line}".rstrip() for line in c.note.strip().splitlines()] + [""]
     lines.append(
         "**Result: PASS**"
         if results.passed
@@ -78,7 +80,7 @@ def render_markdown(results: Results) -> str:
             f"- load: `sglang.benchmark.serving --backend {sw.backend} --dataset-name {sw.dataset}`, "
             f"input {sw.input_len} / output {sw.output_len} tokens (range ratio {sw.range_ratio:g}), "
             f"max(min_prompts {sw.min_prompts}, {sw.prompts_per_concurrency} x concurrency) "
-            f"prompts per cell, {sw.warmup_requests} warm-up requests"
+            f"prompts per cell, warm-up requests: {sw.warmup_requests}"
         )
         lines.append(
             f"- {sw.repeats} repeats, arms interleaved per repeat (A B, then B A, ...); a fresh "

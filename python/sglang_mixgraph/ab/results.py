@@ -47,15 +47,17 @@ def write_run_file(run_dir: Path, raw_config: dict[str, Any], accuracy_only: boo
     )
 
 
-def load_run(run_dir: Path) -> tuple[Config, dict[str, Any], bool]:
+def load_run(run_dir: Path) -> tuple[Config, bool]:
     try:
         data = json.loads((run_dir / RUN_FILE).read_text())
     except OSError:
         raise RunDirError(f"{run_dir}: no {RUN_FILE}; not a run directory of `ab run`") from None
     except ValueError as e:
         raise RunDirError(f"{run_dir / RUN_FILE}: not valid JSON ({e})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
+        raise RunDirError(f"{run_dir / RUN_FILE}: no configuration in it")
     accuracy_only = bool(data.get("accuracy_only", False))
-    return parse_config(data["config"], accuracy_only=accuracy_only), data["config"], accuracy_only
+    return parse_config(data["config"], accuracy_only=accuracy_only), accuracy_only
 
 
 @dataclass
@@ -93,7 +95,7 @@ def _gpus(config: Config, arm_name: str, raw: dict[str, Any]) -> tuple[int | Non
 
 
 def collect(run_dir: Path) -> Results:
-    config, _, accuracy_only = load_run(run_dir)
+    config, accuracy_only = load_run(run_dir)
     results = Results(config=config, accuracy_only=accuracy_only)
     values: dict[str, dict[int, dict[str, dict[int, float]]]] = {}
     for visit in runner.plan(config, accuracy_only=accuracy_only):

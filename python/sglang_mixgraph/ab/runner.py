@@ -221,7 +221,9 @@ def _run_cell(
     log = log_path(run_dir, cell)
     with open(log, "ab") as f:
         f.write(f"\n=== python -m {module} {' '.join(argv)}\n".encode())
-    code = invoker(module, argv, log, timeout, lambda: srv.check_alive(cell.label()))
+    # While the tool runs only the process is watched: probing a busy server's health
+    # endpoint would add load to the measurement and can time out under it.
+    code = invoker(module, argv, log, timeout, lambda: srv.check_process(cell.label()))
     srv.check_alive(cell.label())
     if code == TIMED_OUT:
         return f"timed out after {timeout:g} s (log {log})", ""

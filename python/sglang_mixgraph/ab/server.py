@@ -78,6 +78,11 @@ class Server:
     log_path: Path | None = None
     stop_timeout_s: float = 60.0
 
+    def check_process(self, during: str) -> None:
+        """Cheap, while a tool runs: has the launched server exited? (Attached: unknowable.)"""
+        if self.proc is not None:
+            self.check_alive(during)
+
     def check_alive(self, during: str) -> None:
         if self.proc is None:
             if not healthy(self.url):
