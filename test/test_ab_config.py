@@ -16,8 +16,8 @@ from sglang_mixgraph.ab.config import (
     ConfigError,
     cell_settings,
     gsm8k_settings,
-    load_config,
     parse_config,
+    read_toml,
     settings_key,
 )
 from sglang_mixgraph.ab.stats import estimate, paired_ratio, t975
@@ -39,7 +39,7 @@ def raw_with(**changes) -> dict:
 
 
 def test_example_config_is_the_dsv4_split_experiment():
-    config = load_config(EXAMPLE)
+    config = parse_config(read_toml(EXAMPLE))
     assert [a.name for a in config.arms] == ["baseline", "split"]
     assert config.arm("split").env == {"SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN": "1"}
     assert config.sweep.concurrencies[-1] == 2048
@@ -132,10 +132,10 @@ def test_arms_interleave_a_b_b_a_and_gsm8k_runs_on_first_visits():
 
 
 def test_cell_keys_follow_what_is_measured():
-    config = load_config(EXAMPLE)
+    config = parse_config(read_toml(EXAMPLE))
     arm = config.arm("split")
     key = settings_key(cell_settings(config, arm, 64, 0))
-    assert key == settings_key(cell_settings(load_config(EXAMPLE), arm, 64, 0))
+    assert key == settings_key(cell_settings(parse_config(read_toml(EXAMPLE)), arm, 64, 0))
     assert key != settings_key(cell_settings(config, arm, 64, 1))
     assert key != settings_key(cell_settings(config, config.arm("baseline"), 64, 0))
     longer = parse_config(raw_with(sweep={**RAW["sweep"], "output_len": 2048}))

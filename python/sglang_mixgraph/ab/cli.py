@@ -17,11 +17,10 @@ import argparse
 import copy
 import signal
 import sys
-import tomllib
 from pathlib import Path
 from typing import Any
 
-from sglang_mixgraph.ab.config import ConfigError, parse_config
+from sglang_mixgraph.ab.config import ConfigError, parse_config, read_toml
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -118,13 +117,7 @@ def cmd_run(args: argparse.Namespace, invoker: Any = None) -> int:
 
     path = Path(args.config)
     try:
-        try:
-            raw = tomllib.loads(path.read_text())
-        except OSError as e:
-            raise ConfigError(f"{path}: cannot read ({e.strerror})") from None
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"{path}: not valid TOML ({e})") from None
-        raw = _apply_overrides(raw, args)
+        raw = _apply_overrides(read_toml(path), args)
         config = parse_config(raw, accuracy_only=args.accuracy_only)
     except ConfigError as e:
         _error(str(e))

@@ -459,17 +459,14 @@ def parse_config(data: dict[str, Any], *, accuracy_only: bool = False) -> Config
     return Config(server=server, arms=arms, sweep=sweep, gsm8k=gsm8k, gates=gates, note=note)
 
 
-def load_config(path: str | Path, *, accuracy_only: bool = False) -> Config:
+def read_toml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     try:
-        text = path.read_text()
+        return tomllib.loads(path.read_text())
     except OSError as e:
         raise ConfigError(f"{path}: cannot read ({e.strerror})") from None
-    try:
-        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML ({e})") from None
-    return parse_config(data, accuracy_only=accuracy_only)
 
 
 # ---------------------------------------------------------------- cell keys
