@@ -72,6 +72,7 @@ def make_handler(standin: Standin):
 
         def do_GET(self):
             a = standin.args
+            self.path = self.path.split("?", 1)[0]
             if self.path in ("/health", "/health_generate", "/flush_cache"):
                 self._json({})
             elif self.path == "/v1/models":
@@ -95,6 +96,7 @@ def make_handler(standin: Standin):
                 self._json({"error": self.path}, 404)
 
         def do_POST(self):
+            self.path = self.path.split("?", 1)[0]  # bench_serving's /flush_cache?timeout=...
             if self.path == "/flush_cache":
                 self._json({})
             elif self.path == "/generate":

@@ -78,6 +78,9 @@ class Sweep:
     prompts_per_concurrency: int = 4
     min_prompts: int = 64
     warmup_requests: int = 1
+    # bench_serving --flush-cache: the prefix cache is emptied after the warm-up, so a cell
+    # does not reuse the prompts an earlier cell (same seed) left in the radix cache.
+    flush_cache: bool = True
     seed: int = 42
     repeats: int = 2
     cell_timeout_s: float = 3600.0
@@ -299,6 +302,7 @@ def _sweep(table: dict[str, Any]) -> Sweep:
             "dataset_path",
             "range_ratio",
             "warmup_requests",
+            "flush_cache",
             "seed",
             "cell_timeout_s",
             "extra_args",
@@ -332,6 +336,8 @@ def _sweep(table: dict[str, Any]) -> Sweep:
         )
         if kwargs["warmup_requests"] < 0:
             raise ConfigError(f"{where} warmup_requests: must be 0 or more")
+    if "flush_cache" in table:
+        kwargs["flush_cache"] = _typed(table["flush_cache"], bool, f"{where} flush_cache")
     if "seed" in table:
         kwargs["seed"] = _typed(table["seed"], int, f"{where} seed")
     if "cell_timeout_s" in table:
@@ -503,6 +509,7 @@ def cell_settings(config: Config, arm: Arm, concurrency: int, repeat: int) -> di
             "range_ratio": sw.range_ratio,
             "num_prompts": sw.num_prompts(concurrency),
             "warmup_requests": sw.warmup_requests,
+            "flush_cache": sw.flush_cache,
             "seed": sw.seed,
             "extra_args": list(sw.extra_args),
         },

@@ -81,6 +81,7 @@ def render_markdown(results: Results) -> str:
             f"input {sw.input_len} / output {sw.output_len} tokens (range ratio {sw.range_ratio:g}), "
             f"max(min_prompts {sw.min_prompts}, {sw.prompts_per_concurrency} x concurrency) "
             f"prompts per cell, warm-up requests: {sw.warmup_requests}"
+            + (", prefix cache flushed after the warm-up" if sw.flush_cache else "")
         )
         lines.append(
             f"- {sw.repeats} repeats, arms interleaved per repeat (A B, then B A, ...); a fresh "

@@ -310,7 +310,9 @@ def run(
                     )
                     progress.finished(cell, summary)
             finally:
-                srv.stop()
+                left = srv.stop()
+                if left:
+                    out(f"warning: arm {arm.name!r}: server processes {left} outlived SIGKILL")
     except KeyboardInterrupt:
         outcome.interrupted = True
     return outcome

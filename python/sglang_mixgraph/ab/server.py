@@ -6,8 +6,9 @@ own so that the whole process group (SGLang's scheduler and detokenizer processe
 can be signalled at once, with stdout and stderr appended to a log file. Readiness is polled on
 `/health_generate` as SGLang's own test launcher does (sglang.test.test_utils
 `_wait_for_server_health`): it answers 200 only once the server generates. Stopping sends
-SIGTERM to the group, waits, then SIGKILL to whatever is left of it, so no process outlives a
-run, a failure or a Ctrl-C. Attach only checks the given URL answers the same probe.
+SIGTERM to the group, waits, then SIGKILL to whatever is left of it and waits until every
+member has exited, so no process (nor the GPU memory it holds) outlives a visit, a failure or
+a Ctrl-C. Attach only checks the given URL answers the same probe.
 """
 
 from __future__ import annotations
@@ -98,9 +99,10 @@ class Server:
                 f"log {self.log_path}, last lines:\n{log_tail(self.log_path)}"
             )
 
-    def stop(self) -> None:
+    def stop(self) -> list[int]:
+        """Stop the whole process group; returns the pids still running after SIGKILL."""
         if self.proc is None:
-            return
+            return []
         pgid = self.proc.pid  # start_new_session: the leader's pid is the group id
         if self.proc.poll() is None:
             _signal_group(pgid, signal.SIGTERM)
@@ -108,9 +110,15 @@ class Server:
                 self.proc.wait(timeout=self.stop_timeout_s)
             except subprocess.TimeoutExpired:
                 pass
-        # The leader may be gone while its children still run; the group dies with it.
+        # The leader may be gone while its children (SGLang's scheduler processes, holding GPU
+        # memory) still run: the group dies with it, and the next server starts only once
+        # every member has exited.
         _signal_group(pgid, signal.SIGKILL)
         self.proc.wait()
+        deadline = time.monotonic() + self.stop_timeout_s
+        while (left := _running_members(pgid)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return left
 
 
 def _signal_group(pgid: int, sig: int) -> None:
@@ -118,6 +126,22 @@ def _signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _running_members(pgid: int) -> list[int]:
+    """Pids of the group that have not exited (Linux /proc; a zombie has exited)."""
+    members = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+        except OSError:
+            continue
+        state, _ppid, pgrp = stat.rsplit(")", 1)[1].split()[:3]
+        if int(pgrp) == pgid and state != "Z":
+            members.append(int(entry.name))
+    return members
 
 
 def _wait_healthy(url: str, timeout_s: float, check: Callable[[], None]) -> bool:

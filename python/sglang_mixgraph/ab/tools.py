@@ -102,6 +102,8 @@ def bench_argv(config: Config, url: str, concurrency: int, output_file: Path) ->
         str(output_file),
         "--disable-tqdm",
     ]
+    if sw.flush_cache:
+        argv.append("--flush-cache")
     if sw.dataset_path:
         argv += ["--dataset-path", sw.dataset_path]
     return argv + list(sw.extra_args)
