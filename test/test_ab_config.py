@@ -1,10 +1,12 @@
-"""`sglang-mixgraph ab` configuration, arm checks, plan order, cell keys and statistics."""
+"""`sglang-mixgraph ab`: configuration, arm checks, plan order, cell keys, statistics, invoker."""
 
 from __future__ import annotations
 
 import copy
 import math
+import os
 import statistics
+import time
 import tomllib
 from pathlib import Path
 
@@ -20,7 +22,9 @@ from sglang_mixgraph.ab.config import (
     read_toml,
     settings_key,
 )
+from sglang_mixgraph.ab.server import ServerError
 from sglang_mixgraph.ab.stats import estimate, paired_ratio, t975
+from sglang_mixgraph.ab.tools import TIMED_OUT, subprocess_invoker
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "ab_dsv4.toml"
@@ -230,3 +234,28 @@ def test_t_quantiles_and_intervals():
     ratio = paired_ratio({0: 9796.0, 1: 9900.0, 2: 1.0}, {0: 9064.0, 1: 9000.0})
     assert ratio.n == 2
     assert ratio.mean == pytest.approx((9796 / 9064 + 9900 / 9000) / 2)
+
+
+def test_subprocess_invoker_stops_the_tool_on_a_dead_server_and_on_timeout(tmp_path, monkeypatch):
+    (tmp_path / "sleepy_tool.py").write_text(
+        "import os, pathlib, time\n"
+        f"pathlib.Path({str(tmp_path / 'pid')!r}).write_text(str(os.getpid()))\n"
+        "print('started', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    log = tmp_path / "tool.log"
+    started = time.monotonic()
+
+    def dead_server():
+        if time.monotonic() - started > 1.0:
+            raise ServerError("arm 'a': the server exited with code 9 during a cell")
+
+    with pytest.raises(ServerError, match="code 9"):
+        subprocess_invoker("sleepy_tool", [], log, 60.0, dead_server)
+    assert time.monotonic() - started < 20
+    pid = int((tmp_path / "pid").read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # killed and reaped by the invoker
+    assert "started" in log.read_text()
+    assert subprocess_invoker("sleepy_tool", [], log, 1.0, lambda: None) == TIMED_OUT
