@@ -684,6 +684,7 @@ def _parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     plan.add_argument("--json", action="store_true", help="print JSON")
+    sub.add_parser("ab", add_help=False, help="A/B sweeps of serving speed and GSM8K (docs/ab.md)")
     plan.add_argument(
         "--preset",
         choices=list(PRESETS),
@@ -701,6 +702,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["ab"]:  # its own parser: run / report
+        from sglang_mixgraph.ab.cli import main as ab_main
+
+        return ab_main(argv[1:])
     parser = _parser()
     args, rest = parser.parse_known_args(argv)
     if args.command == "doctor":

@@ -1,0 +1,191 @@
+"""`sglang-mixgraph ab run CONFIG` and `sglang-mixgraph ab report RUN_DIR`.
+
+`run` reads the TOML configuration, applies the command-line overrides (attach URLs, GSM8K
+data, repeats, concurrencies), checks every arm's environment against SGLang's and the
+plugin's flags, then runs or resumes the sweep in the run directory and writes the report.
+`--accuracy-only` runs only the GSM8K eval (one arm is enough) for CI jobs that only gate on
+accuracy. `report` rebuilds report.md, results.json and the plots from a run directory.
+
+Exit status: 0 everything measured and every threshold and gate passed; 1 a cell failed or is
+missing, an arm is below its GSM8K threshold, or a gate failed; 2 the configuration or the
+command line is wrong; 130 interrupted (Ctrl-C or SIGTERM; run the same command to resume).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from sglang_mixgraph.ab.config import ConfigError, parse_config, read_toml
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+def _error(message: str) -> None:
+    print(f"sglang-mixgraph ab: {message}", file=sys.stderr)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sglang-mixgraph ab",
+        description=(
+            "A/B sweeps of SGLang serving throughput and latency (sglang.benchmark.serving) and "
+            "GSM8K accuracy (SGLang's eval) between arms that differ in environment variables "
+            "or server arguments. See docs/ab.md."
+        ),
+        allow_abbrev=False,
+    )
+    sub = parser.add_subparsers(dest="action", required=True)
+    run = sub.add_parser(
+        "run", help="run or resume a sweep and write its report", allow_abbrev=False
+    )
+    run.add_argument("config", help="TOML configuration (see examples/ab_dsv4.toml)")
+    run.add_argument(
+        "--run-dir",
+        help="where raw outputs, logs and the report go (default: ab_runs/<config name>); "
+        "reusing it resumes: finished cells are skipped",
+    )
+    run.add_argument(
+        "--url",
+        action="append",
+        default=[],
+        metavar="ARM=URL",
+        help="attach ARM to a server already running at URL instead of launching it (repeatable)",
+    )
+    run.add_argument(
+        "--accuracy-only",
+        action="store_true",
+        help="only the GSM8K eval of each arm (one arm is enough); exit 1 below the threshold",
+    )
+    run.add_argument(
+        "--gsm8k-data", metavar="PATH", help="local GSM8K test.jsonl (offline clusters)"
+    )
+    run.add_argument("--repeats", type=int, help="override [sweep] repeats")
+    run.add_argument("--concurrencies", metavar="C1,C2,...", help="override [sweep] concurrencies")
+    run.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check the configuration and the arms' flags, print the plan, run nothing",
+    )
+    report = sub.add_parser(
+        "report", help="rebuild report.md, results.json and plots from a run directory"
+    )
+    report.add_argument("run_dir")
+    return parser
+
+
+def _apply_overrides(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    raw = copy.deepcopy(raw)
+    arms = raw.get("arm", [])
+    for item in args.url:
+        name, sep, url = item.partition("=")
+        if not sep or not url:
+            raise ConfigError(f"--url {item!r}: expected ARM=URL")
+        matches = [a for a in arms if isinstance(a, dict) and a.get("name") == name]
+        if not matches:
+            raise ConfigError(f"--url {item!r}: no arm named {name!r}")
+        matches[0]["url"] = url
+    if args.gsm8k_data:
+        if not Path(args.gsm8k_data).is_file():
+            raise ConfigError(f"--gsm8k-data {args.gsm8k_data}: no such file")
+        raw.setdefault("gsm8k", {})["data_path"] = str(Path(args.gsm8k_data).resolve())
+    if args.repeats is not None:
+        raw.setdefault("sweep", {})["repeats"] = args.repeats
+    if args.concurrencies is not None:
+        try:
+            values = [int(v) for v in args.concurrencies.split(",") if v.strip()]
+        except ValueError:
+            raise ConfigError(
+                f"--concurrencies {args.concurrencies!r}: integers, comma-separated"
+            ) from None
+        raw.setdefault("sweep", {})["concurrencies"] = values
+    return raw
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # SIGTERM (a cancelled CI job) cleans up like Ctrl-C
+
+
+def cmd_run(args: argparse.Namespace, invoker: Any = None) -> int:
+    from sglang_mixgraph.ab import arms, report, results, runner
+
+    path = Path(args.config)
+    try:
+        raw = _apply_overrides(read_toml(path), args)
+        config = parse_config(raw, accuracy_only=args.accuracy_only)
+    except ConfigError as e:
+        _error(str(e))
+        return EXIT_USAGE
+    problems = arms.env_problems(config)
+    if problems:
+        for problem in problems:
+            _error(problem)
+        return EXIT_USAGE
+    for note in arms.attached_env_note(config):
+        print(f"sglang-mixgraph ab: note: {note}", file=sys.stderr)
+    run_dir = Path(args.run_dir or Path("ab_runs") / path.stem)
+    visits = runner.plan(config, accuracy_only=args.accuracy_only)
+    if args.dry_run:
+        print(f"run directory: {run_dir}")
+        for visit in visits:
+            cells = ", ".join(c.label() for c in visit.cells)
+            done = sum(runner.is_done(run_dir, c) for c in visit.cells)
+            print(f"arm {visit.arm.name}, repeat {visit.repeat + 1}: {cells} ({done} done)")
+        return 0
+    results.write_run_file(run_dir, raw, args.accuracy_only)
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        kwargs = {} if invoker is None else {"invoker": invoker}
+        outcome = runner.run(config, run_dir, visits, **kwargs)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    built, plots = report.build(run_dir)
+    for line in plots:
+        if line == report.PLOTS_SKIPPED:
+            print(f"sglang-mixgraph ab: {line}", file=sys.stderr)
+    print(f"report: {run_dir / 'report.md'}")
+    if outcome.interrupted:
+        _error(f"interrupted; finished cells are kept, run the same command to resume ({run_dir})")
+        return EXIT_INTERRUPTED
+    return _verdict(built)
+
+
+def _verdict(built: Any) -> int:
+    if built.passed:
+        print("PASS")
+        return 0
+    for problem in built.problems:
+        _error(problem.splitlines()[0])
+    print("FAIL")
+    return EXIT_FAILED
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from sglang_mixgraph.ab import report
+    from sglang_mixgraph.ab.results import RunDirError
+
+    run_dir = Path(args.run_dir)
+    try:
+        built, plots = report.build(run_dir)
+    except (RunDirError, ConfigError) as e:
+        _error(str(e))
+        return EXIT_USAGE
+    for line in plots:
+        if line == report.PLOTS_SKIPPED:
+            print(f"sglang-mixgraph ab: {line}", file=sys.stderr)
+    print(f"report: {run_dir / 'report.md'}")
+    return _verdict(built)
+
+
+def main(argv: list[str], *, invoker: Any = None) -> int:
+    """`invoker` replaces the child-process runner of SGLang's tools (tests only)."""
+    args = _parser().parse_args(argv)
+    if args.action == "report":
+        return cmd_report(args)
+    return cmd_run(args, invoker)

@@ -1,0 +1,534 @@
+"""The A/B configuration: one TOML file, read with the standard library (tomllib).
+
+Sections: `[server]` (shared launch: model, SGLang server arguments, environment, GPU count,
+port, health timeout, the launch command), `[[arm]]` (two or more: name, environment, extra
+server arguments, or `url` to attach to a running server), `[sweep]` (concurrencies, the
+`sglang.benchmark.serving` workload, repeats), `[gsm8k]` (SGLang's GSM8K eval and its
+threshold), `[[gate]]` (ratio gates between two arms), and a top-level `note` for the report. Every problem is a `ConfigError`
+with one line naming the key, so the command can print it without a traceback.
+
+`cell_settings` turns one measurement into the exact settings that key it on disk: a run
+directory is resumed by these keys, so anything that changes what is measured is in them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Without `[server] command` a server is `python -m sglang.launch_server` run by the interpreter
+# that runs this tool (the one SGLang is installed in); the key records it by this label, so a
+# run directory resumes from another virtual environment.
+DEFAULT_LAUNCH_LABEL = ("<this python>", "-m", "sglang.launch_server")
+# Metrics a gate may compare; the report shows the same names.
+GATE_METRICS = (
+    "output_throughput_per_gpu",
+    "output_throughput",
+    "median_tpot_ms",
+    "p99_tpot_ms",
+    "median_ttft_ms",
+    "p99_ttft_ms",
+    "median_itl_ms",
+    "p99_itl_ms",
+)
+_ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class ConfigError(ValueError):
+    """A configuration problem, one line, naming the key."""
+
+
+@dataclass(frozen=True)
+class Server:
+    model_path: str | None
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    gpus: int | None = None
+    host: str = "127.0.0.1"
+    port: int = 30000
+    health_timeout_s: float = 3600.0
+    stop_timeout_s: float = 60.0
+    command: tuple[str, ...] = ()  # empty: DEFAULT_LAUNCH_LABEL
+    allow_env: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    env: dict[str, str] = field(default_factory=dict)
+    args: tuple[str, ...] = ()
+    url: str | None = None
+    gpus: int | None = None
+
+
+@dataclass(frozen=True)
+class Sweep:
+    concurrencies: tuple[int, ...]
+    backend: str = "sglang"
+    dataset: str = "random"
+    dataset_path: str = ""
+    input_len: int = 1024
+    output_len: int = 1024
+    range_ratio: float = 1.0
+    prompts_per_concurrency: int = 4
+    min_prompts: int = 64
+    warmup_requests: int = 1
+    # bench_serving --flush-cache: the prefix cache is emptied after the warm-up, so a cell
+    # does not reuse the prompts an earlier cell (same seed) left in the radix cache.
+    flush_cache: bool = True
+    seed: int = 42
+    repeats: int = 2
+    cell_timeout_s: float = 3600.0
+    extra_args: tuple[str, ...] = ()
+
+    def num_prompts(self, concurrency: int) -> int:
+        return max(self.min_prompts, self.prompts_per_concurrency * concurrency)
+
+
+@dataclass(frozen=True)
+class Gsm8k:
+    enabled: bool = True
+    num_examples: int = 200
+    num_shots: int = 5
+    parallel: int = 128
+    max_tokens: int = 512
+    threshold: float | None = None
+    data_path: str | None = None
+    arms: tuple[str, ...] = ()  # empty: every arm
+    timeout_s: float = 3600.0
+
+
+@dataclass(frozen=True)
+class Gate:
+    metric: str
+    candidate: str
+    baseline: str
+    concurrency: int
+    min_ratio: float | None = None
+    max_ratio: float | None = None
+
+    def describe(self) -> str:
+        bounds = []
+        if self.min_ratio is not None:
+            bounds.append(f">= {self.min_ratio:g}x")
+        if self.max_ratio is not None:
+            bounds.append(f"<= {self.max_ratio:g}x")
+        return (
+            f"{self.metric} {self.candidate}/{self.baseline} at concurrency "
+            f"{self.concurrency} {' and '.join(bounds)}"
+        )
+
+
+@dataclass(frozen=True)
+class Config:
+    server: Server
+    arms: tuple[Arm, ...]
+    sweep: Sweep
+    gsm8k: Gsm8k
+    gates: tuple[Gate, ...] = ()
+    note: str | None = None  # shown under the report's title (machine, build, caveats)
+
+    def arm(self, name: str) -> Arm:
+        for arm in self.arms:
+            if arm.name == name:
+                return arm
+        raise KeyError(name)
+
+
+# ---------------------------------------------------------------- reading
+
+
+def _take(table: dict[str, Any], where: str, known: set[str]) -> None:
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown key {unknown[0]!r} (known: {', '.join(sorted(known))})"
+        )
+
+
+def _typed(value: Any, kind: type | tuple[type, ...], where: str) -> Any:
+    # bool is an int in Python; a count of `true` is a mistake, not 1.
+    if isinstance(value, bool) and kind is not bool:
+        raise ConfigError(f"{where}: expected {_kind_name(kind)}, got {value!r}")
+    if not isinstance(value, kind):
+        raise ConfigError(f"{where}: expected {_kind_name(kind)}, got {value!r}")
+    return value
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join(
+        {int: "an integer", float: "a number", str: "a string", bool: "true/false"}.get(
+            k, k.__name__
+        )
+        for k in kinds
+    )
+
+
+def _positive_int(value: Any, where: str) -> int:
+    _typed(value, int, where)
+    if value < 1:
+        raise ConfigError(f"{where}: must be at least 1, got {value}")
+    return value
+
+
+def _number(value: Any, where: str, minimum: float = 0.0) -> float:
+    _typed(value, (int, float), where)
+    if value < minimum:
+        raise ConfigError(f"{where}: must be at least {minimum:g}, got {value}")
+    return float(value)
+
+
+def _str_list(value: Any, where: str) -> tuple[str, ...]:
+    _typed(value, list, where)
+    for i, item in enumerate(value):
+        _typed(item, str, f"{where}[{i}]")
+    return tuple(value)
+
+
+def _env(value: Any, where: str) -> dict[str, str]:
+    _typed(value, dict, where)
+    env = {}
+    for name, item in value.items():
+        # TOML numbers and booleans would reach the server as Python reprs ("True").
+        _typed(item, str, f"{where}.{name} (write environment values as strings)")
+        env[name] = item
+    return env
+
+
+def _server(table: dict[str, Any]) -> Server:
+    where = "[server]"
+    _take(
+        table,
+        where,
+        {
+            "model_path",
+            "args",
+            "env",
+            "gpus",
+            "host",
+            "port",
+            "health_timeout_s",
+            "stop_timeout_s",
+            "command",
+            "allow_env",
+        },
+    )
+    kwargs: dict[str, Any] = {}
+    if "model_path" in table:
+        kwargs["model_path"] = _typed(table["model_path"], str, f"{where} model_path")
+    else:
+        kwargs["model_path"] = None
+    if "args" in table:
+        kwargs["args"] = _str_list(table["args"], f"{where} args")
+        if "--model-path" in kwargs["args"] or "--port" in kwargs["args"]:
+            raise ConfigError(
+                f"{where} args: give the model as model_path and the port as port, "
+                "not as --model-path/--port"
+            )
+    if "env" in table:
+        kwargs["env"] = _env(table["env"], f"{where} env")
+    if "gpus" in table:
+        kwargs["gpus"] = _positive_int(table["gpus"], f"{where} gpus")
+    if "host" in table:
+        kwargs["host"] = _typed(table["host"], str, f"{where} host")
+    if "port" in table:
+        kwargs["port"] = _positive_int(table["port"], f"{where} port")
+    for key in ("health_timeout_s", "stop_timeout_s"):
+        if key in table:
+            kwargs[key] = _number(table[key], f"{where} {key}", minimum=1.0)
+    if "command" in table:
+        kwargs["command"] = _str_list(table["command"], f"{where} command")
+        if not kwargs["command"]:
+            raise ConfigError(f"{where} command: must not be empty")
+    if "allow_env" in table:
+        kwargs["allow_env"] = _str_list(table["allow_env"], f"{where} allow_env")
+    return Server(**kwargs)
+
+
+def _arms(items: Any) -> tuple[Arm, ...]:
+    _typed(items, list, "[[arm]]")
+    arms = []
+    for i, table in enumerate(items):
+        where = f"[[arm]] #{i + 1}"
+        _typed(table, dict, where)
+        _take(table, where, {"name", "env", "args", "url", "gpus"})
+        if "name" not in table:
+            raise ConfigError(f"{where}: missing key 'name'")
+        name = _typed(table["name"], str, f"{where} name")
+        if not _ARM_NAME.match(name):
+            raise ConfigError(
+                f"{where} name {name!r}: use letters, digits, '.', '_' and '-' (it names files)"
+            )
+        where = f"arm {name!r}"
+        arms.append(
+            Arm(
+                name=name,
+                env=_env(table.get("env", {}), f"{where} env"),
+                args=_str_list(table.get("args", []), f"{where} args"),
+                url=_typed(table["url"], str, f"{where} url") if "url" in table else None,
+                gpus=_positive_int(table["gpus"], f"{where} gpus") if "gpus" in table else None,
+            )
+        )
+    names = [a.name for a in arms]
+    for name in names:
+        if names.count(name) > 1:
+            raise ConfigError(f"[[arm]]: the name {name!r} is used twice")
+    return tuple(arms)
+
+
+def _sweep(table: dict[str, Any]) -> Sweep:
+    where = "[sweep]"
+    ints = {
+        "input_len",
+        "output_len",
+        "prompts_per_concurrency",
+        "min_prompts",
+        "repeats",
+    }
+    _take(
+        table,
+        where,
+        ints
+        | {
+            "concurrencies",
+            "backend",
+            "dataset",
+            "dataset_path",
+            "range_ratio",
+            "warmup_requests",
+            "flush_cache",
+            "seed",
+            "cell_timeout_s",
+            "extra_args",
+        },
+    )
+    if "concurrencies" not in table:
+        raise ConfigError(f"{where}: missing key 'concurrencies'")
+    _typed(table["concurrencies"], list, f"{where} concurrencies")
+    concurrencies = tuple(
+        _positive_int(c, f"{where} concurrencies[{i}]")
+        for i, c in enumerate(table["concurrencies"])
+    )
+    if not concurrencies:
+        raise ConfigError(f"{where} concurrencies: give at least one")
+    if len(set(concurrencies)) != len(concurrencies):
+        raise ConfigError(f"{where} concurrencies: a value is listed twice")
+    kwargs: dict[str, Any] = {"concurrencies": tuple(sorted(concurrencies))}
+    for key in ints:
+        if key in table:
+            kwargs[key] = _positive_int(table[key], f"{where} {key}")
+    for key in ("backend", "dataset", "dataset_path"):
+        if key in table:
+            kwargs[key] = _typed(table[key], str, f"{where} {key}")
+    if "range_ratio" in table:
+        kwargs["range_ratio"] = _number(table["range_ratio"], f"{where} range_ratio")
+        if kwargs["range_ratio"] > 1:
+            raise ConfigError(f"{where} range_ratio: must be between 0 and 1")
+    if "warmup_requests" in table:
+        kwargs["warmup_requests"] = _typed(
+            table["warmup_requests"], int, f"{where} warmup_requests"
+        )
+        if kwargs["warmup_requests"] < 0:
+            raise ConfigError(f"{where} warmup_requests: must be 0 or more")
+    if "flush_cache" in table:
+        kwargs["flush_cache"] = _typed(table["flush_cache"], bool, f"{where} flush_cache")
+    if "seed" in table:
+        kwargs["seed"] = _typed(table["seed"], int, f"{where} seed")
+    if "cell_timeout_s" in table:
+        kwargs["cell_timeout_s"] = _number(table["cell_timeout_s"], f"{where} cell_timeout_s", 1.0)
+    if "extra_args" in table:
+        kwargs["extra_args"] = _str_list(table["extra_args"], f"{where} extra_args")
+    return Sweep(**kwargs)
+
+
+def _gsm8k(table: dict[str, Any], arm_names: list[str]) -> Gsm8k:
+    where = "[gsm8k]"
+    _take(
+        table,
+        where,
+        {
+            "enabled",
+            "num_examples",
+            "num_shots",
+            "parallel",
+            "max_tokens",
+            "threshold",
+            "data_path",
+            "arms",
+            "timeout_s",
+        },
+    )
+    kwargs: dict[str, Any] = {}
+    if "enabled" in table:
+        kwargs["enabled"] = _typed(table["enabled"], bool, f"{where} enabled")
+    for key in ("num_examples", "parallel", "max_tokens"):
+        if key in table:
+            kwargs[key] = _positive_int(table[key], f"{where} {key}")
+    if "num_shots" in table:
+        kwargs["num_shots"] = _typed(table["num_shots"], int, f"{where} num_shots")
+        if kwargs["num_shots"] < 0:
+            raise ConfigError(f"{where} num_shots: must be 0 or more")
+    if "threshold" in table:
+        kwargs["threshold"] = _number(table["threshold"], f"{where} threshold")
+        if kwargs["threshold"] > 1:
+            raise ConfigError(f"{where} threshold: an accuracy between 0 and 1")
+    if "data_path" in table:
+        kwargs["data_path"] = _typed(table["data_path"], str, f"{where} data_path")
+    if "arms" in table:
+        kwargs["arms"] = _str_list(table["arms"], f"{where} arms")
+        for name in kwargs["arms"]:
+            if name not in arm_names:
+                raise ConfigError(f"{where} arms: no arm named {name!r}")
+    if "timeout_s" in table:
+        kwargs["timeout_s"] = _number(table["timeout_s"], f"{where} timeout_s", 1.0)
+    return Gsm8k(**kwargs)
+
+
+def _gates(items: Any, arm_names: list[str], concurrencies: tuple[int, ...]) -> tuple[Gate, ...]:
+    _typed(items, list, "[[gate]]")
+    gates = []
+    for i, table in enumerate(items):
+        where = f"[[gate]] #{i + 1}"
+        _typed(table, dict, where)
+        _take(
+            table,
+            where,
+            {"metric", "candidate", "baseline", "concurrency", "min_ratio", "max_ratio"},
+        )
+        for key in ("metric", "candidate", "baseline", "concurrency"):
+            if key not in table:
+                raise ConfigError(f"{where}: missing key {key!r}")
+        metric = _typed(table["metric"], str, f"{where} metric")
+        if metric not in GATE_METRICS:
+            raise ConfigError(f"{where} metric {metric!r}: one of {', '.join(GATE_METRICS)}")
+        for key in ("candidate", "baseline"):
+            if table[key] not in arm_names:
+                raise ConfigError(f"{where} {key}: no arm named {table[key]!r}")
+        concurrency = _positive_int(table["concurrency"], f"{where} concurrency")
+        if concurrency not in concurrencies:
+            raise ConfigError(
+                f"{where} concurrency {concurrency}: not in [sweep] concurrencies "
+                f"{list(concurrencies)}"
+            )
+        bounds = {
+            key: _number(table[key], f"{where} {key}")
+            for key in ("min_ratio", "max_ratio")
+            if key in table
+        }
+        if not bounds:
+            raise ConfigError(f"{where}: give min_ratio, max_ratio or both")
+        gates.append(
+            Gate(
+                metric=metric,
+                candidate=table["candidate"],
+                baseline=table["baseline"],
+                concurrency=concurrency,
+                **bounds,
+            )
+        )
+    return tuple(gates)
+
+
+def parse_config(data: dict[str, Any], *, accuracy_only: bool = False) -> Config:
+    _take(data, "config", {"note", "server", "arm", "sweep", "gsm8k", "gate"})
+    note = _typed(data["note"], str, "note") if "note" in data else None
+    arms = _arms(data.get("arm", []))
+    minimum = 1 if accuracy_only else 2
+    if len(arms) < minimum:
+        raise ConfigError(
+            f"[[arm]]: give at least {minimum} arm{'s' if minimum > 1 else ''} "
+            f"(found {len(arms)})" + ("" if accuracy_only else "; one arm: --accuracy-only")
+        )
+    server = _server(_typed(data.get("server", {}), dict, "[server]"))
+    launched = [a.name for a in arms if a.url is None]
+    if launched and server.model_path is None:
+        raise ConfigError(
+            f"[server] model_path: needed to launch arm {launched[0]!r} (or give the arm a url)"
+        )
+    names = [a.name for a in arms]
+    if "sweep" in data:
+        sweep = _sweep(_typed(data["sweep"], dict, "[sweep]"))
+    elif accuracy_only:
+        sweep = Sweep(concurrencies=(1,))
+    else:
+        raise ConfigError("config: missing section [sweep]")
+    gsm8k = _gsm8k(_typed(data.get("gsm8k", {}), dict, "[gsm8k]"), names)
+    if accuracy_only and (not gsm8k.enabled or gsm8k.threshold is None):
+        raise ConfigError("[gsm8k]: --accuracy-only needs enabled = true and a threshold")
+    gates = _gates(data.get("gate", []), names, sweep.concurrencies)
+    return Config(server=server, arms=arms, sweep=sweep, gsm8k=gsm8k, gates=gates, note=note)
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        return tomllib.loads(path.read_text())
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read ({e.strerror})") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML ({e})") from None
+
+
+# ---------------------------------------------------------------- cell keys
+
+
+def arm_settings(config: Config, arm: Arm) -> dict[str, Any]:
+    """What identifies the server an arm measures: its URL, or everything that launches it."""
+    if arm.url is not None:
+        # The server was started elsewhere; the env is the user's label of what it runs.
+        return {"name": arm.name, "url": arm.url, "env": dict(arm.env)}
+    s = config.server
+    return {
+        "name": arm.name,
+        "command": list(s.command or DEFAULT_LAUNCH_LABEL),
+        "model_path": s.model_path,
+        "args": list(s.args) + list(arm.args),
+        "env": {**s.env, **arm.env},
+    }
+
+
+def cell_settings(config: Config, arm: Arm, concurrency: int, repeat: int) -> dict[str, Any]:
+    sw = config.sweep
+    return {
+        "kind": "bench",
+        "arm": arm_settings(config, arm),
+        "concurrency": concurrency,
+        "repeat": repeat,
+        "bench": {
+            "backend": sw.backend,
+            "dataset": sw.dataset,
+            "dataset_path": sw.dataset_path,
+            "input_len": sw.input_len,
+            "output_len": sw.output_len,
+            "range_ratio": sw.range_ratio,
+            "num_prompts": sw.num_prompts(concurrency),
+            "warmup_requests": sw.warmup_requests,
+            "flush_cache": sw.flush_cache,
+            "seed": sw.seed,
+            "extra_args": list(sw.extra_args),
+        },
+    }
+
+
+def gsm8k_settings(config: Config, arm: Arm) -> dict[str, Any]:
+    g = config.gsm8k
+    return {
+        "kind": "gsm8k",
+        "arm": arm_settings(config, arm),
+        "num_examples": g.num_examples,
+        "num_shots": g.num_shots,
+        "parallel": g.parallel,
+        "max_tokens": g.max_tokens,
+        "data_path": g.data_path,
+    }
+
+
+def settings_key(settings: dict[str, Any]) -> str:
+    canonical = json.dumps(settings, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]

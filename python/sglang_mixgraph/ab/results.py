@@ -1,0 +1,237 @@
+"""From a run directory's raw outputs to the numbers of the report and the verdict.
+
+`run.json` holds the configuration the run was started with (after command-line overrides);
+the plan is rebuilt from it, and every planned cell is read back from its `.cell.json` record
+and its raw output: the JSON line `sglang.benchmark.serving` wrote, or the metrics dict of
+SGLang's GSM8K eval. Nothing is taken from memory of the run itself, so `ab report RUN_DIR`
+and the end of `ab run` produce the same results. Output tok/s per GPU divides
+`output_throughput` by the arm's GPU count: `gpus` of the arm or of `[server]`, else the
+server's own `tp_size` x `pp_size` from the `server_info` bench_serving recorded.
+The verdict lists every reason to exit non-zero: a failed or missing cell, an arm below its
+GSM8K threshold, a ratio gate outside its bounds.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sglang_mixgraph.ab import runner
+from sglang_mixgraph.ab.config import Config, Gate, parse_config
+from sglang_mixgraph.ab.stats import Estimate, estimate, paired_ratio
+
+RUN_FILE = "run.json"
+# (key in the results, bench_serving result key, column title); the order of the report.
+METRICS = (
+    ("output_throughput_per_gpu", None, "output tok/s/GPU"),
+    ("median_tpot_ms", "median_tpot_ms", "TPOT p50 ms"),
+    ("p99_tpot_ms", "p99_tpot_ms", "TPOT p99 ms"),
+    ("median_ttft_ms", "median_ttft_ms", "TTFT p50 ms"),
+    ("p99_ttft_ms", "p99_ttft_ms", "TTFT p99 ms"),
+    ("median_itl_ms", "median_itl_ms", "ITL p50 ms"),
+    ("p99_itl_ms", "p99_itl_ms", "ITL p99 ms"),
+    ("output_throughput", "output_throughput", "output tok/s"),
+)
+
+
+class RunDirError(ValueError):
+    """The directory is not a run directory this tool wrote."""
+
+
+def write_run_file(run_dir: Path, raw_config: dict[str, Any], accuracy_only: bool) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / RUN_FILE).write_text(
+        json.dumps({"config": raw_config, "accuracy_only": accuracy_only}, indent=2) + "\n"
+    )
+
+
+def load_run(run_dir: Path) -> tuple[Config, bool]:
+    try:
+        data = json.loads((run_dir / RUN_FILE).read_text())
+    except OSError:
+        raise RunDirError(f"{run_dir}: no {RUN_FILE}; not a run directory of `ab run`") from None
+    except ValueError as e:
+        raise RunDirError(f"{run_dir / RUN_FILE}: not valid JSON ({e})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
+        raise RunDirError(f"{run_dir / RUN_FILE}: no configuration in it")
+    accuracy_only = bool(data.get("accuracy_only", False))
+    return parse_config(data["config"], accuracy_only=accuracy_only), accuracy_only
+
+
+@dataclass
+class Results:
+    config: Config
+    accuracy_only: bool
+    cells: list[dict[str, Any]] = field(default_factory=list)
+    # summary[arm][concurrency][metric] and ratios[candidate][concurrency][metric]
+    summary: dict[str, dict[int, dict[str, Estimate]]] = field(default_factory=dict)
+    ratios: dict[str, dict[int, dict[str, Estimate]]] = field(default_factory=dict)
+    gpus: dict[str, dict[str, Any]] = field(default_factory=dict)
+    gsm8k: dict[str, dict[str, Any]] = field(default_factory=dict)
+    gates: list[dict[str, Any]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def baseline(self) -> str:
+        return self.config.arms[0].name
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems
+
+
+def _gpus(config: Config, arm_name: str, raw: dict[str, Any]) -> tuple[int | None, str]:
+    arm = config.arm(arm_name)
+    if arm.gpus is not None:
+        return arm.gpus, "arm gpus"
+    if config.server.gpus is not None:
+        return config.server.gpus, "[server] gpus"
+    info = raw.get("server_info") or {}
+    if isinstance(info.get("tp_size"), int):
+        return info["tp_size"] * int(info.get("pp_size") or 1), "server_info tp_size x pp_size"
+    return None, "unknown: set [server] gpus"
+
+
+def collect(run_dir: Path) -> Results:
+    config, accuracy_only = load_run(run_dir)
+    results = Results(config=config, accuracy_only=accuracy_only)
+    values: dict[str, dict[int, dict[str, dict[int, float]]]] = {}
+    for visit in runner.plan(config, accuracy_only=accuracy_only):
+        for cell in visit.cells:
+            record = runner.read_record(run_dir, cell) or {}
+            status = record.get("status", "missing")
+            entry: dict[str, Any] = {
+                "kind": cell.kind,
+                "arm": cell.arm,
+                "concurrency": cell.concurrency,
+                "repeat": cell.repeat,
+                "key": cell.key,
+                "status": status,
+                "raw": str(runner.raw_path(run_dir, cell).relative_to(run_dir)),
+            }
+            if status == runner.OK:
+                raw = _read_raw(run_dir, cell)
+                if raw is None:
+                    status = entry["status"] = "missing"
+            if status != runner.OK:
+                entry["error"] = record.get("error", "not run")
+                results.problems.append(f"{cell.label()}: {status}: {entry['error']}")
+                results.cells.append(entry)
+                continue
+            if cell.kind == "gsm8k":
+                entry["score"] = float(raw["score"])
+                results.gsm8k[cell.arm] = {"score": entry["score"], "raw": entry["raw"]}
+            else:
+                gpus, source = _gpus(config, cell.arm, raw)
+                results.gpus[cell.arm] = {"gpus": gpus, "source": source}
+                metrics = {key: raw[src] for key, src, _ in METRICS if src is not None}
+                if gpus is not None:
+                    metrics["output_throughput_per_gpu"] = raw["output_throughput"] / gpus
+                entry["metrics"] = metrics
+                per_metric = values.setdefault(cell.arm, {}).setdefault(cell.concurrency, {})
+                for name, value in metrics.items():
+                    per_metric.setdefault(name, {})[cell.repeat] = float(value)
+            results.cells.append(entry)
+    for arm, by_conc in values.items():
+        for conc, by_metric in by_conc.items():
+            results.summary.setdefault(arm, {})[conc] = {
+                name: est
+                for name, reps in by_metric.items()
+                if (est := estimate([reps[r] for r in sorted(reps)])) is not None
+            }
+    base = values.get(results.baseline, {})
+    for arm, by_conc in values.items():
+        if arm == results.baseline:
+            continue
+        for conc, by_metric in by_conc.items():
+            for name, reps in by_metric.items():
+                est = paired_ratio(reps, base.get(conc, {}).get(name, {}))
+                if est is not None:
+                    results.ratios.setdefault(arm, {}).setdefault(conc, {})[name] = est
+    _verdict(results)
+    return results
+
+
+def _read_raw(run_dir: Path, cell: runner.Cell) -> dict[str, Any] | None:
+    try:
+        text = runner.raw_path(run_dir, cell).read_text()
+        # bench_serving appends one line per run; the runner gives each try a fresh file.
+        return json.loads(text if cell.kind == "gsm8k" else text.splitlines()[-1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _verdict(results: Results) -> None:
+    g = results.config.gsm8k
+    if g.enabled and g.threshold is not None:
+        for arm, entry in results.gsm8k.items():
+            entry["threshold"] = g.threshold
+            entry["passed"] = entry["score"] >= g.threshold
+            if not entry["passed"]:
+                results.problems.append(
+                    f"GSM8K arm {arm!r}: accuracy {entry['score']:.3f} is below the "
+                    f"threshold {g.threshold:g}"
+                )
+    if results.accuracy_only:
+        return
+    for gate in results.config.gates:
+        est = _gate_ratio(results, gate)
+        entry: dict[str, Any] = {
+            "gate": gate.describe(),
+            "ratio": None if est is None else est.to_json(),
+        }
+        if est is None:
+            entry["passed"] = False
+            results.problems.append(f"gate {gate.describe()}: no measurement to compare")
+        else:
+            ok = (gate.min_ratio is None or est.mean >= gate.min_ratio) and (
+                gate.max_ratio is None or est.mean <= gate.max_ratio
+            )
+            entry["passed"] = ok
+            if not ok:
+                results.problems.append(f"gate {gate.describe()}: FAILED at {est.mean:.3f}x")
+        results.gates.append(entry)
+
+
+def _gate_ratio(results: Results, gate: Gate) -> Estimate | None:
+    # Any two arms, not only against the baseline: paired per repeat like the report's ratios.
+    def reps(arm: str) -> dict[int, float]:
+        return {
+            c["repeat"]: c["metrics"][gate.metric]
+            for c in results.cells
+            if c["kind"] == "bench"
+            and c["arm"] == arm
+            and c["concurrency"] == gate.concurrency
+            and gate.metric in c.get("metrics", {})
+        }
+
+    return paired_ratio(reps(gate.candidate), reps(gate.baseline))
+
+
+def results_json(results: Results) -> dict[str, Any]:
+    def table(d: dict[str, dict[int, dict[str, Estimate]]]) -> dict[str, Any]:
+        return {
+            arm: {str(c): {m: e.to_json() for m, e in by_m.items()} for c, by_m in by_c.items()}
+            for arm, by_c in d.items()
+        }
+
+    return {
+        "baseline": results.baseline,
+        "arms": [
+            {"name": a.name, "env": a.env, "args": list(a.args), "url": a.url}
+            for a in results.config.arms
+        ],
+        "concurrencies": list(results.config.sweep.concurrencies),
+        "repeats": results.config.sweep.repeats,
+        "accuracy_only": results.accuracy_only,
+        "gpus": results.gpus,
+        "summary": table(results.summary),
+        "ratios_vs_baseline": table(results.ratios),
+        "gsm8k": results.gsm8k,
+        "gates": results.gates,
+        "cells": results.cells,
+        "passed": results.passed,
+        "problems": results.problems,
+    }

@@ -1,0 +1,208 @@
+"""Reaching an arm's server: launch it (and always stop it) or attach to one already running.
+
+Launch runs `python -m sglang.launch_server` (or `[server] command`, e.g. a container or
+`srun` wrapper) with the shared and the arm's environment and arguments, in a session of its
+own so that the whole process group (SGLang's scheduler and detokenizer processes included)
+can be signalled at once, with stdout and stderr appended to a log file. Readiness is polled on
+`/health_generate` as SGLang's own test launcher does (sglang.test.test_utils
+`_wait_for_server_health`): it answers 200 only once the server generates. Stopping sends
+SIGTERM to the group, waits, then SIGKILL to whatever is left of it and waits until every
+member has exited, so no process (nor the GPU memory it holds) outlives a visit, a failure or
+a Ctrl-C. Attach only checks the given URL answers the same probe.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from sglang_mixgraph.ab.config import Arm, Config
+
+HEALTH_PATH = "/health_generate"
+# Poll fast first (a stand-in or an attached server answers at once), then every few seconds.
+POLL_FIRST_S = 0.2
+POLL_MAX_S = 5.0
+
+
+class ServerError(RuntimeError):
+    """A server that could not be reached, started, or kept running; first line says which."""
+
+
+def log_tail(path: Path, lines: int = 20) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    tail = text.splitlines()[-lines:]
+    return "\n".join("    | " + line for line in tail) if tail else "    | (empty log)"
+
+
+def healthy(url: str, timeout_s: float = 5.0) -> bool:
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + HEALTH_PATH, timeout=timeout_s) as r:
+            return r.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def launch_argv(config: Config, arm: Arm) -> list[str]:
+    s = config.server
+    command = list(s.command) or [sys.executable, "-m", "sglang.launch_server"]
+    return [
+        *command,
+        "--model-path",
+        str(s.model_path),
+        "--host",
+        s.host,
+        "--port",
+        str(s.port),
+        *s.args,
+        *arm.args,
+    ]
+
+
+@dataclass
+class Server:
+    """One arm's server for one visit; `proc` is None when attached."""
+
+    arm: str
+    url: str
+    proc: subprocess.Popen | None = None
+    log_path: Path | None = None
+    stop_timeout_s: float = 60.0
+
+    def check_process(self, during: str) -> None:
+        """Cheap, while a tool runs: has the launched server exited? (Attached: unknowable.)"""
+        if self.proc is not None:
+            self.check_alive(during)
+
+    def check_alive(self, during: str) -> None:
+        if self.proc is None:
+            if not healthy(self.url):
+                raise ServerError(
+                    f"arm {self.arm!r}: the attached server at {self.url} stopped answering "
+                    f"{HEALTH_PATH} during {during}"
+                )
+            return
+        code = self.proc.poll()
+        if code is not None:
+            raise ServerError(
+                f"arm {self.arm!r}: the server exited with code {code} during {during}; "
+                f"log {self.log_path}, last lines:\n{log_tail(self.log_path)}"
+            )
+
+    def stop(self) -> list[int]:
+        """Stop the whole process group; returns the pids still running after SIGKILL."""
+        if self.proc is None:
+            return []
+        pgid = self.proc.pid  # start_new_session: the leader's pid is the group id
+        if self.proc.poll() is None:
+            _signal_group(pgid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=self.stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+        # The leader may be gone while its children (SGLang's scheduler processes, holding GPU
+        # memory) still run: the group dies with it, and the next server starts only once
+        # every member has exited.
+        _signal_group(pgid, signal.SIGKILL)
+        self.proc.wait()
+        deadline = time.monotonic() + self.stop_timeout_s
+        while (left := _running_members(pgid)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return left
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _running_members(pgid: int) -> list[int]:
+    """Pids of the group that have not exited (Linux /proc; a zombie has exited)."""
+    members = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+        except OSError:
+            continue
+        state, _ppid, pgrp = stat.rsplit(")", 1)[1].split()[:3]
+        if int(pgrp) == pgid and state != "Z":
+            members.append(int(entry.name))
+    return members
+
+
+def _wait_healthy(url: str, timeout_s: float, check: Callable[[], None]) -> bool:
+    deadline = time.monotonic() + timeout_s
+    pause = POLL_FIRST_S
+    while not healthy(url):
+        check()
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(pause)
+        pause = min(2 * pause, POLL_MAX_S)
+    return True
+
+
+def launch(config: Config, arm: Arm, log_path: Path) -> Server:
+    s = config.server
+    url = f"http://{s.host}:{s.port}"
+    if healthy(url, timeout_s=2.0):
+        # Another server on the port would be measured in place of this arm's.
+        raise ServerError(
+            f"arm {arm.name!r}: something already answers on {url}; stop it or change [server] port"
+        )
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    argv = launch_argv(config, arm)
+    with open(log_path, "ab") as log:
+        log.write(f"\n=== sglang-mixgraph ab: {' '.join(argv)}\n".encode())
+        log.flush()
+        try:
+            proc = subprocess.Popen(
+                argv,
+                env={**os.environ, **s.env, **arm.env},
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except OSError as e:
+            raise ServerError(
+                f"arm {arm.name!r}: cannot start {argv[0]!r} ({e.strerror})"
+            ) from None
+    server = Server(
+        arm=arm.name, url=url, proc=proc, log_path=log_path, stop_timeout_s=s.stop_timeout_s
+    )
+    try:
+        if not _wait_healthy(url, s.health_timeout_s, lambda: server.check_alive("startup")):
+            raise ServerError(
+                f"arm {arm.name!r}: the server did not become healthy within "
+                f"{s.health_timeout_s:g} s ([server] health_timeout_s); log {log_path}, "
+                f"last lines:\n{log_tail(log_path)}"
+            )
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+def attach(arm: Arm, timeout_s: float = 60.0) -> Server:
+    assert arm.url is not None
+    if not _wait_healthy(arm.url, timeout_s, lambda: None):
+        raise ServerError(
+            f"arm {arm.name!r}: no healthy server at {arm.url} ({HEALTH_PATH} did not answer "
+            f"200 within {timeout_s:g} s)"
+        )
+    return Server(arm=arm.name, url=arm.url.rstrip("/"))

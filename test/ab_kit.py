@@ -1,0 +1,136 @@
+"""Shared pieces of the `sglang-mixgraph ab` tests: the stand-in's model and data, a config
+that launches the stand-in through the tool's own launch path, and an in-process invoker.
+
+The in-process invoker runs the same modules the tool runs as children
+(`sglang.benchmark.serving`, `sglang_mixgraph.ab.gsm8k_eval`) with `runpy`, as
+`python -m module` would, so SGLang's real client and eval run against the stand-in while
+their heavy imports are paid once per test session instead of once per cell.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import runpy
+import sys
+import traceback
+import warnings
+from pathlib import Path
+
+STANDIN = Path(__file__).resolve().parent / "ab_standin.py"
+FLAG = "SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN"
+
+
+def write_model_dir(path: Path) -> Path:
+    """A directory bench_serving can load a tokenizer from: a word-level vocabulary."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"[UNK]": 0, "tok": 1, **{f"w{i}": i + 2 for i in range(98)}}
+    tokenizer = Tokenizer(WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]").save_pretrained(path)
+    return path
+
+
+def write_gsm8k(path: Path, n: int = 40) -> Path:
+    """GSM8K-shaped lines (question, answer ending in `#### <number>`)."""
+    with open(path, "w") as f:
+        for i in range(n):
+            line = {
+                "question": f"Q{i}: what is {i} plus {i}?",
+                "answer": f"{i}+{i}={2 * i}\n#### {2 * i}",
+            }
+            f.write(json.dumps(line) + "\n")
+    return path
+
+
+def expected_accuracy(num_shots: int, num_examples: int, wrong_every: int) -> float:
+    # sglang's GSM8KEval asks the lines after the few-shot examples; the stand-in answers line
+    # i wrongly when i is a multiple of wrong_every.
+    asked = range(num_shots, num_shots + num_examples)
+    return sum(i % wrong_every != 0 for i in asked) / num_examples
+
+
+def standin_config(
+    tmp: Path,
+    *,
+    port: int,
+    arms: str,
+    sweep: str,
+    gsm8k: str = "enabled = false",
+    extra: str = "",
+) -> Path:
+    model = tmp / "model"
+    if not model.exists():
+        write_model_dir(model)
+    data = tmp / "gsm8k.jsonl"
+    if not data.exists():
+        write_gsm8k(data)
+    path = tmp / "ab.toml"
+    path.write_text(
+        f"""
+[server]
+model_path = "{model}"
+command = ["{sys.executable}", "{STANDIN}"]
+args = ["--gsm8k-data", "{data}", "--ttft-ms", "30"]
+port = {port}
+health_timeout_s = 60
+stop_timeout_s = 10
+
+{arms}
+
+[sweep]
+{sweep}
+
+[gsm8k]
+data_path = "{data}"
+{gsm8k}
+
+{extra}
+"""
+    )
+    return path
+
+
+def inprocess_invoker(module, argv, log_path, timeout_s, watch):
+    """Run `python -m module *argv` in this process, output to log_path."""
+    saved_argv = sys.argv
+    sys.argv = [module, *argv]
+    try:
+        with (
+            open(log_path, "a") as log,
+            contextlib.redirect_stdout(log),
+            contextlib.redirect_stderr(log),
+        ):
+            try:
+                with warnings.catch_warnings():
+                    # runpy notes the module is already imported (by the previous cell): fine,
+                    # it runs the module's code again as __main__, like a fresh `python -m`.
+                    warnings.simplefilter("ignore", RuntimeWarning)
+                    runpy.run_module(module, run_name="__main__", alter_sys=False)
+            except SystemExit as e:
+                return e.code if isinstance(e.code, int) else 1
+            except Exception:
+                traceback.print_exc()
+                return 1
+        return 0
+    finally:
+        sys.argv = saved_argv
+
+
+def pids_alive(pid_file: Path) -> list[int]:
+    if not pid_file.exists():
+        return []
+    alive = []
+    for pid in map(int, pid_file.read_text().split()):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        # A zombie has exited and waits for its (re)parent to reap it: not running.
+        if stat.rsplit(")", 1)[1].split()[0] != "Z":
+            alive.append(pid)
+    return alive

@@ -1,0 +1,183 @@
+"""A stand-in for `python -m sglang.launch_server`, for the CPU tests of `sglang-mixgraph ab`.
+
+It takes the launch arguments the tool passes (`--model-path`, `--host`, `--port`, the rest
+ignored) and speaks the endpoints SGLang's own clients use: `/health_generate`, `/v1/models`,
+`/model_info`, `/server_info`, `/flush_cache`, streamed `/generate` (sglang.benchmark.serving
+with `--backend sglang`) and `/v1/completions` (sglang.test.run_eval's GSM8K). Latency is a
+model, not a measurement: the first token after `--ttft-ms`, each further one after
+`--tpot-ms` plus `--tpot-per-running-ms` per request in flight. GSM8K answers are right for every question of `--gsm8k-data` whose line index is
+not a multiple of `--wrong-every`, so the expected accuracy is known. The model path must be a
+directory with a tokenizer (bench_serving loads it). Test hooks come from the environment
+(inherited, not part of an arm): STANDIN_DIE_AFTER=N exits hard at the N-th `/generate`,
+STANDIN_PID_FILE receives the pids of the server and of a child it starts in its process group.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+FLAG = "SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN"
+
+
+def _answer_of(line: dict) -> str:
+    return line["answer"].split("####")[-1].strip().replace(",", "")
+
+
+class Standin:
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.generate_count = 0
+        self.running = 0
+        self.lock = threading.Lock()
+        self.answers: dict[str, tuple[int, str]] = {}
+        if args.gsm8k_data:
+            with open(args.gsm8k_data) as f:
+                for index, text in enumerate(f):
+                    line = json.loads(text)
+                    self.answers[line["question"].strip()] = (index, _answer_of(line))
+
+    def gsm8k_answer(self, prompt: str) -> str:
+        question = prompt.rsplit("Question:", 1)[-1].rsplit("Answer:", 1)[0].strip()
+        index, answer = self.answers.get(question, (0, "0"))
+        if index % self.args.wrong_every == 0:
+            answer = str(int(answer) + 1)
+        return f" Some reasoning. The answer is {answer}.\n\n"
+
+
+def make_handler(standin: Standin):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.0"  # a streamed body ends when the connection closes
+
+        def log_message(self, *args):  # keep the server log to what the tests read
+            pass
+
+        def _json(self, body: dict, status: int = 200) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _body(self) -> dict:
+            length = int(self.headers.get("Content-Length") or 0)
+            return json.loads(self.rfile.read(length) or b"{}")
+
+        def do_GET(self):
+            a = standin.args
+            self.path = self.path.split("?", 1)[0]
+            if self.path in ("/health", "/health_generate", "/flush_cache"):
+                self._json({})
+            elif self.path == "/v1/models":
+                self._json({"object": "list", "data": [{"id": a.model_path, "object": "model"}]})
+            elif self.path == "/model_info":
+                self._json({"model_path": a.model_path, "tokenizer_path": a.model_path})
+            elif self.path == "/server_info":
+                self._json(
+                    {
+                        "tp_size": a.tp_size,
+                        "pp_size": 1,
+                        "internal_states": [{}],
+                        "standin": {
+                            "ttft_ms": a.ttft_ms,
+                            "tpot_ms": a.tpot_ms,
+                            FLAG: os.environ.get(FLAG),
+                        },
+                    }
+                )
+            else:
+                self._json({"error": self.path}, 404)
+
+        def do_POST(self):
+            self.path = self.path.split("?", 1)[0]  # bench_serving's /flush_cache?timeout=...
+            if self.path == "/flush_cache":
+                self._json({})
+            elif self.path == "/generate":
+                self._generate(self._body())
+            elif self.path == "/v1/completions":
+                self._completion(self._body())
+            else:
+                self._json({"error": self.path}, 404)
+
+        def _generate(self, body: dict) -> None:
+            with standin.lock:
+                standin.generate_count += 1
+                if standin.generate_count == int(os.environ.get("STANDIN_DIE_AFTER", "0") or 0):
+                    os._exit(3)
+            a = standin.args
+            n = int(body["sampling_params"]["max_new_tokens"])
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            with standin.lock:
+                standin.running += 1
+            try:
+                due = time.perf_counter() + a.ttft_ms / 1000
+                for i in range(1, n + 1):
+                    time.sleep(max(0.0, due - time.perf_counter()))
+                    chunk = {
+                        "text": "tok " * i,
+                        "meta_info": {"completion_tokens": i, "prompt_tokens": 8},
+                    }
+                    self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                    self.wfile.flush()
+                    # A decode step slows down with the batch, like a real server's.
+                    due += (a.tpot_ms + a.tpot_per_running_ms * standin.running) / 1000
+                self.wfile.write(b"data: [DONE]\n\n")
+            finally:
+                with standin.lock:
+                    standin.running -= 1
+
+        def _completion(self, body: dict) -> None:
+            text = standin.gsm8k_answer(body["prompt"])
+            self._json(
+                {
+                    "id": "cmpl-standin",
+                    "object": "text_completion",
+                    "created": int(time.time()),
+                    "model": standin.args.model_path,
+                    "choices": [
+                        {"index": 0, "text": text, "finish_reason": "stop", "logprobs": None}
+                    ],
+                    "usage": {"prompt_tokens": 8, "completion_tokens": 6, "total_tokens": 14},
+                }
+            )
+
+    return Handler
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model-path", required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--ttft-ms", type=float, default=50.0)
+    parser.add_argument("--tpot-ms", type=float, default=10.0)
+    parser.add_argument("--tpot-per-running-ms", type=float, default=0.0)
+    parser.add_argument("--tp-size", type=int, default=1)
+    parser.add_argument("--gsm8k-data")
+    parser.add_argument("--wrong-every", type=int, default=4)
+    args, _ = parser.parse_known_args()  # SGLang server arguments of the config are ignored
+    pid_file = os.environ.get("STANDIN_PID_FILE")
+    if pid_file:
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        with open(pid_file, "a") as f:
+            f.write(f"{os.getpid()} {child.pid}\n")
+    # The default listen backlog (5) would make the 6th simultaneous connection wait for a
+    # SYN retry (about a second), which is no part of the latency model.
+    ThreadingHTTPServer.request_queue_size = 1024
+    server = ThreadingHTTPServer((args.host, args.port), make_handler(Standin(args)))
+    server.daemon_threads = True
+    print(f"stand-in serving on {args.host}:{args.port}", flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

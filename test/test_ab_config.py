@@ -1,0 +1,261 @@
+"""`sglang-mixgraph ab`: configuration, arm checks, plan order, cell keys, statistics, invoker."""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import statistics
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from sglang_mixgraph.ab import arms, runner
+from sglang_mixgraph.ab import cli as ab_cli
+from sglang_mixgraph.ab.config import (
+    ConfigError,
+    cell_settings,
+    gsm8k_settings,
+    parse_config,
+    read_toml,
+    settings_key,
+)
+from sglang_mixgraph.ab.server import ServerError
+from sglang_mixgraph.ab.stats import estimate, paired_ratio, t975
+from sglang_mixgraph.ab.tools import TIMED_OUT, subprocess_invoker
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "ab_dsv4.toml"
+RAW = tomllib.loads(EXAMPLE.read_text())
+
+
+def raw_with(**changes) -> dict:
+    """The example configuration with some sections changed (None removes one)."""
+    raw = copy.deepcopy(RAW)
+    for key, value in changes.items():
+        if value is None:
+            raw.pop(key, None)
+        else:
+            raw[key] = value
+    return raw
+
+
+def test_example_config_is_the_dsv4_split_experiment():
+    config = parse_config(read_toml(EXAMPLE))
+    assert [a.name for a in config.arms] == ["baseline", "split"]
+    assert config.arm("split").env == {"SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN": "1"}
+    assert config.sweep.concurrencies[-1] == 2048
+    assert config.gsm8k.threshold == 0.93
+    assert config.gates[0].candidate == "split" and config.gates[0].min_ratio == 1.0
+    assert arms.env_problems(config) == []
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"arm": [{"name": "only"}]}, "give at least 2 arms (found 1); one arm: --accuracy-only"),
+        ({"arm": [{"name": "a"}, {"name": "a"}]}, "the name 'a' is used twice"),
+        ({"arm": [{"name": "a b"}, {"name": "c"}]}, "use letters, digits"),
+        ({"arm": [{"name": "a", "colour": 1}, {"name": "b"}]}, "unknown key 'colour'"),
+        (
+            {"arm": [{"name": "a", "env": {"SGLANG_X": 1}}, {"name": "b"}]},
+            "write environment values as strings",
+        ),
+        ({"sweep": None}, "missing section [sweep]"),
+        ({"sweep": {"concurrencies": [8, 8]}}, "a value is listed twice"),
+        ({"sweep": {"concurrencies": [0]}}, "concurrencies[0]: must be at least 1"),
+        ({"sweep": {"concurrencies": [1], "repeats": True}}, "repeats: expected an integer"),
+        ({"server": {"args": ["--model-path", "x"]}}, "give the model as model_path"),
+        ({"server": {}}, "model_path: needed to launch arm 'baseline'"),
+        ({"gsm8k": {"threshold": 93}}, "an accuracy between 0 and 1"),
+        ({"gsm8k": {"arms": ["nope"]}}, "no arm named 'nope'"),
+        (
+            {"gate": [{"metric": "tok", "candidate": "split", "baseline": "baseline"}]},
+            "missing key 'concurrency'",
+        ),
+        (
+            {
+                "gate": [
+                    {
+                        "metric": "median_tpot_ms",
+                        "candidate": "split",
+                        "baseline": "baseline",
+                        "concurrency": 3,
+                        "max_ratio": 1.0,
+                    }
+                ]
+            },
+            "not in [sweep] concurrencies",
+        ),
+        (
+            {
+                "gate": [
+                    {
+                        "metric": "median_tpot_ms",
+                        "candidate": "split",
+                        "baseline": "baseline",
+                        "concurrency": 64,
+                    }
+                ]
+            },
+            "give min_ratio, max_ratio or both",
+        ),
+    ],
+)
+def test_bad_configs_are_one_line_errors(change, message):
+    with pytest.raises(ConfigError) as e:
+        parse_config(raw_with(**change))
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_accuracy_only_takes_one_arm_and_needs_a_threshold():
+    one_arm = {"arm": [{"name": "candidate", "url": "http://h:1"}], "gsm8k": {"threshold": 0.9}}
+    config = parse_config(one_arm, accuracy_only=True)
+    visits = runner.plan(config, accuracy_only=True)
+    assert [(v.arm.name, [c.kind for c in v.cells]) for v in visits] == [("candidate", ["gsm8k"])]
+    with pytest.raises(ConfigError, match="needs enabled = true and a threshold"):
+        parse_config({"arm": one_arm["arm"]}, accuracy_only=True)
+
+
+def test_arms_interleave_a_b_b_a_and_gsm8k_runs_on_first_visits():
+    config = parse_config(
+        raw_with(
+            arm=[{"name": "a"}, {"name": "b"}, {"name": "c"}],
+            sweep={"concurrencies": [4, 1], "repeats": 3},
+            gate=[],
+        )
+    )
+    visits = runner.plan(config)
+    assert [(v.arm.name, v.repeat) for v in visits] == [
+        ("a", 0), ("b", 0), ("c", 0), ("c", 1), ("b", 1), ("a", 1), ("a", 2), ("b", 2), ("c", 2),
+    ]  # fmt: skip
+    assert [c.kind for c in visits[0].cells] == ["gsm8k", "bench", "bench"]
+    assert [c.concurrency for c in visits[3].cells] == [1, 4]  # ascending, GSM8K done already
+
+
+def test_cell_keys_follow_what_is_measured():
+    config = parse_config(read_toml(EXAMPLE))
+    arm = config.arm("split")
+    key = settings_key(cell_settings(config, arm, 64, 0))
+    assert key == settings_key(cell_settings(parse_config(read_toml(EXAMPLE)), arm, 64, 0))
+    assert key != settings_key(cell_settings(config, arm, 64, 1))
+    assert key != settings_key(cell_settings(config, config.arm("baseline"), 64, 0))
+    longer = parse_config(raw_with(sweep={**RAW["sweep"], "output_len": 2048}))
+    assert key != settings_key(cell_settings(longer, longer.arm("split"), 64, 0))
+    # A threshold or a gate decides pass/fail; it measures nothing.
+    stricter = parse_config(raw_with(gsm8k={**RAW["gsm8k"], "threshold": 0.99}, gate=[]))
+    assert key == settings_key(cell_settings(stricter, stricter.arm("split"), 64, 0))
+    assert settings_key(gsm8k_settings(config, arm)) == settings_key(
+        gsm8k_settings(stricter, stricter.arm("split"))
+    )
+
+
+def test_arm_flags_are_checked_against_sglang_and_the_plugin():
+    env = {
+        "SGLANG_OPT_MIXED_SPLT_DECODE_ATTN": "1",  # typo
+        "SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN": "maybe",  # plugin flag, bad value
+        "SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK": "abc",  # upstream, bad value
+        "SGLANG_SOMETHING_READ_ELSEWHERE": "1",  # allowed below
+        "NCCL_DEBUG": "INFO",  # not an SGLang name
+    }
+    raw = raw_with(arm=[{"name": "baseline"}, {"name": "split", "env": env}], gate=[])
+    raw["server"]["allow_env"] = ["SGLANG_SOMETHING_READ_ELSEWHERE"]
+    problems = arms.env_problems(parse_config(raw))
+    assert len(problems) == 3, problems
+    assert all(p.startswith("arm 'split': ") for p in problems)
+    expected = (
+        "SGLANG_OPT_MIXED_SPLT_DECODE_ATTN is neither an SGLang flag",
+        "SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN='maybe' is not a valid value",
+        "SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK='abc' is not a valid value",
+    )
+    for text in expected:
+        assert sum(text in p for p in problems) == 1, (text, problems)
+    assert "did you mean SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN?" in "".join(problems)
+
+
+def test_cli_rejects_unknown_flags_before_launching(tmp_path, capsys):
+    config = tmp_path / "ab.toml"
+    config.write_text(EXAMPLE.read_text().replace("MIXED_SPLIT_DECODE", "MIXED_SPLT_DECODE"))
+    assert ab_cli.main(["run", str(config), "--run-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "SGLANG_OPT_MIXED_SPLT_DECODE_ATTN is neither an SGLang flag" in err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--url", "nobody=http://h:1"], "no arm named 'nobody'"),
+        (["--url", "split"], "expected ARM=URL"),
+        (["--concurrencies", "1,x"], "integers, comma-separated"),
+        (["--repeats", "0"], "repeats: must be at least 1"),
+        (["--gsm8k-data", "/no/such/test.jsonl"], "no such file"),
+    ],
+)
+def test_cli_overrides_are_checked(tmp_path, capsys, argv, message):
+    assert ab_cli.main(["run", str(EXAMPLE), "--dry-run", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_dry_run_prints_the_plan_with_attached_arms(tmp_path, capsys):
+    argv = ["run", str(EXAMPLE), "--dry-run", "--run-dir", str(tmp_path / "r")]
+    assert ab_cli.main([*argv, "--url", "split=http://h:1", "--repeats", "2"]) == 0
+    captured = capsys.readouterr()
+    lines = captured.out.splitlines()
+    assert lines[1].startswith("arm baseline, repeat 1: gsm8k arm=baseline, arm=baseline")
+    assert [line.split(":")[0] for line in lines[1:]] == [
+        "arm baseline, repeat 1",
+        "arm split, repeat 1",
+        "arm split, repeat 2",
+        "arm baseline, repeat 2",
+    ]
+    assert "arm 'split' is attached (http://h:1); its env is not applied" in captured.err
+
+
+def test_report_of_a_directory_that_is_no_run(tmp_path, capsys):
+    assert ab_cli.main(["report", str(tmp_path)]) == 2
+    assert "no run.json; not a run directory" in capsys.readouterr().err
+
+
+def test_t_quantiles_and_intervals():
+    scipy_stats = pytest.importorskip("scipy.stats")
+    for df in range(1, 40):
+        expected = scipy_stats.t.ppf(0.975, df) if df <= 30 else 1.96
+        assert t975(df) == pytest.approx(expected, abs=2e-3)
+    values = [9064.0, 9300.0, 8900.0, 9100.0]
+    est = estimate(values)
+    half = t975(3) * statistics.stdev(values) / math.sqrt(4)
+    assert (est.mean, est.ci95, est.n) == (pytest.approx(statistics.fmean(values)), half, 4)
+    assert estimate([5.0]).ci95 is None and estimate([]) is None
+    # Paired by repeat; a repeat only one arm finished is left out.
+    ratio = paired_ratio({0: 9796.0, 1: 9900.0, 2: 1.0}, {0: 9064.0, 1: 9000.0})
+    assert ratio.n == 2
+    assert ratio.mean == pytest.approx((9796 / 9064 + 9900 / 9000) / 2)
+
+
+def test_subprocess_invoker_stops_the_tool_on_a_dead_server_and_on_timeout(tmp_path, monkeypatch):
+    (tmp_path / "sleepy_tool.py").write_text(
+        "import os, pathlib, time\n"
+        f"pathlib.Path({str(tmp_path / 'pid')!r}).write_text(str(os.getpid()))\n"
+        "print('started', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    log = tmp_path / "tool.log"
+    started = time.monotonic()
+
+    def dead_server():
+        if time.monotonic() - started > 1.0:
+            raise ServerError("arm 'a': the server exited with code 9 during a cell")
+
+    with pytest.raises(ServerError, match="code 9"):
+        subprocess_invoker("sleepy_tool", [], log, 60.0, dead_server)
+    assert time.monotonic() - started < 20
+    pid = int((tmp_path / "pid").read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # killed and reaped by the invoker
+    assert "started" in log.read_text()
+    assert subprocess_invoker("sleepy_tool", [], log, 1.0, lambda: None) == TIMED_OUT

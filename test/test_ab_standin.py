@@ -1,0 +1,299 @@
+"""`sglang-mixgraph ab` end to end against the stand-in server, on a CPU.
+
+The tool launches the stand-in (test/ab_standin.py) through its own launch path, and SGLang's
+real `sglang.benchmark.serving` and GSM8K eval (`sglang.test.run_eval`) drive it. The checks:
+the report's numbers are what the stand-in was set to produce, accuracy is the known fraction,
+arms are interleaved A B B A, a second run skips every finished cell, a server that dies gives
+a clear error and keeps what was measured, Ctrl-C and startup failures leave no process
+behind, and the accuracy-only CI mode exits 1 below its threshold.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from ab_kit import (
+    FLAG,
+    STANDIN,
+    expected_accuracy,
+    inprocess_invoker,
+    pids_alive,
+    standin_config,
+    write_gsm8k,
+    write_model_dir,
+)
+
+from sglang_mixgraph.ab import cli as ab_cli
+from sglang_mixgraph.ab.tools import BENCH_MODULE, GSM8K_MODULE
+
+TTFT_MS = 30.0
+TWO_ARMS = """
+[[arm]]
+name = "base"
+args = ["--tpot-ms", "10"]
+
+[[arm]]
+name = "split"
+env = { SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN = "1" }
+args = ["--tpot-ms", "5"]
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(autouse=True)
+def _offline_and_pids(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("STANDIN_PID_FILE", str(tmp_path / "pids"))
+    monkeypatch.delenv("STANDIN_DIE_AFTER", raising=False)
+    yield
+    assert pids_alive(tmp_path / "pids") == [], "a server process outlived the run"
+
+
+class Recorder:
+    """The in-process invoker, recording which tool ran for which server."""
+
+    def __init__(self, interrupt_at: int | None = None):
+        self.calls: list[tuple[str, list[str]]] = []
+        self.interrupt_at = interrupt_at
+
+    def __call__(self, module, argv, log_path, timeout_s, watch):
+        self.calls.append((module, argv))
+        if self.interrupt_at is not None and len(self.calls) == self.interrupt_at:
+            raise KeyboardInterrupt
+        return inprocess_invoker(module, argv, log_path, timeout_s, watch)
+
+    def bench_servers(self) -> list[str]:
+        return [
+            json.loads(Path(argv[argv.index("--output-file") + 1]).read_text())["server_info"][
+                "standin"
+            ]["tpot_ms"]
+            for module, argv in self.calls
+            if module == BENCH_MODULE
+        ]
+
+
+def _run(config: Path, run_dir: Path, invoker, *extra: str) -> int:
+    return ab_cli.main(["run", str(config), "--run-dir", str(run_dir), *extra], invoker=invoker)
+
+
+def test_sweep_numbers_accuracy_order_and_resume(tmp_path, capsys):
+    config = standin_config(
+        tmp_path,
+        port=free_port(),
+        arms=TWO_ARMS,
+        sweep="""concurrencies = [2]
+dataset = "random-ids"
+input_len = 16
+output_len = 8
+min_prompts = 6
+warmup_requests = 1
+repeats = 2""",
+        gsm8k="num_examples = 12\nnum_shots = 2\nparallel = 4\nthreshold = 0.5",
+        extra="""[[gate]]
+metric = "median_tpot_ms"
+candidate = "split"
+baseline = "base"
+concurrency = 2
+max_ratio = 0.75""",
+    )
+    run_dir = tmp_path / "run"
+    recorder = Recorder()
+    assert _run(config, run_dir, recorder) == 0, capsys.readouterr().err
+
+    # Interleaved: base, split (repeat 1), then split, base (repeat 2); GSM8K on first visits.
+    assert [m for m, _ in recorder.calls] == [GSM8K_MODULE, BENCH_MODULE] * 2 + [BENCH_MODULE] * 2
+    assert recorder.bench_servers() == [10.0, 5.0, 5.0, 10.0]
+
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["passed"] and results["problems"] == []
+    for arm, tpot in (("base", 10.0), ("split", 5.0)):
+        s = results["summary"][arm]["2"]
+        assert s["median_tpot_ms"]["n"] == 2
+        assert s["median_tpot_ms"]["mean"] == pytest.approx(tpot, rel=0.3)
+        assert s["median_ttft_ms"]["mean"] == pytest.approx(TTFT_MS, rel=0.6)
+        assert s["median_itl_ms"]["mean"] == pytest.approx(tpot, rel=0.3)
+        # Two requests at a time, each TTFT + 7 TPOT long; one GPU (the stand-in's tp_size).
+        expected = 2 * 8 / ((TTFT_MS + 7 * tpot) / 1000)
+        assert s["output_throughput_per_gpu"]["mean"] == pytest.approx(expected, rel=0.35)
+        assert results["gsm8k"][arm]["score"] == pytest.approx(expected_accuracy(2, 12, 4))
+    ratio = results["ratios_vs_baseline"]["split"]["2"]["median_tpot_ms"]
+    assert ratio["mean"] == pytest.approx(0.5, rel=0.2) and ratio["n"] == 2
+    assert results["gates"][0]["passed"] is True
+
+    # The arm's environment reached its server, the baseline's did not set it.
+    raw = {c["arm"]: c["raw"] for c in results["cells"] if c["kind"] == "bench"}
+    for arm, value in (("base", None), ("split", "1")):
+        line = json.loads((run_dir / raw[arm]).read_text().splitlines()[-1])
+        assert line["server_info"]["standin"][FLAG] == value
+
+    report = (run_dir / "report.md").read_text()
+    assert "**Result: PASS**" in report and "| `split` / `base` |" in report
+
+    # Resume: every cell is done, so nothing runs and no server starts.
+    pids_before = (tmp_path / "pids").read_text()
+    again = Recorder()
+    assert _run(config, run_dir, again) == 0
+    assert again.calls == []
+    assert (tmp_path / "pids").read_text() == pids_before
+
+    # One more concurrency: only its cells run, the others are kept.
+    more = Recorder()
+    assert _run(config, run_dir, more, "--concurrencies", "2,3") == 0
+    conc = [argv[argv.index("--max-concurrency") + 1] for m, argv in more.calls]
+    assert conc == ["3"] * 4
+
+
+def test_dead_server_fails_its_cell_keeps_the_rest_and_resumes(tmp_path, monkeypatch, capsys):
+    config = standin_config(
+        tmp_path,
+        port=free_port(),
+        arms=TWO_ARMS,
+        sweep="""concurrencies = [1, 2]
+dataset = "random-ids"
+input_len = 8
+output_len = 4
+min_prompts = 4
+warmup_requests = 1
+repeats = 1""",
+    )
+    run_dir = tmp_path / "run"
+    # Concurrency 1 sends 1 warm-up + 4 requests; the server dies inside concurrency 2.
+    monkeypatch.setenv("STANDIN_DIE_AFTER", "7")
+    assert _run(config, run_dir, Recorder()) == 1
+    err = capsys.readouterr().err
+    assert "arm 'base': the server exited with code 3 during arm=base concurrency=2" in err
+    assert "arm 'split': the server exited with code 3 during arm=split concurrency=2" in err
+    results = json.loads((run_dir / "results.json").read_text())
+    status = {(c["arm"], c["concurrency"]): c["status"] for c in results["cells"]}
+    assert status == {
+        ("base", 1): "ok",
+        ("base", 2): "failed",
+        ("split", 1): "ok",
+        ("split", 2): "failed",
+    }
+    assert "**Result: FAIL**" in (run_dir / "report.md").read_text()
+
+    monkeypatch.delenv("STANDIN_DIE_AFTER")
+    resumed = Recorder()
+    assert _run(config, run_dir, resumed) == 0
+    assert [argv[argv.index("--max-concurrency") + 1] for _, argv in resumed.calls] == ["2", "2"]
+
+
+def test_ctrl_c_stops_the_server_and_keeps_finished_cells(tmp_path, capsys):
+    config = standin_config(
+        tmp_path,
+        port=free_port(),
+        arms=TWO_ARMS,
+        sweep="""concurrencies = [1, 2]
+dataset = "random-ids"
+input_len = 8
+output_len = 2
+min_prompts = 2
+repeats = 1""",
+    )
+    run_dir = tmp_path / "run"
+    assert _run(config, run_dir, Recorder(interrupt_at=2)) == ab_cli.EXIT_INTERRUPTED
+    assert "run the same command to resume" in capsys.readouterr().err
+    results = json.loads((run_dir / "results.json").read_text())
+    assert [c["status"] for c in results["cells"]] == ["ok", "missing", "missing", "missing"]
+    # the autouse fixture checks that the server and its child are gone
+
+
+@pytest.mark.parametrize(
+    ("command", "message"),
+    [
+        (
+            [sys.executable, "-c", "import sys; print('no GPU here'); sys.exit(7)"],
+            "the server exited with code 7 during startup",
+        ),
+        (
+            [
+                sys.executable,
+                "-c",
+                "import os, time; open(os.environ['STANDIN_PID_FILE'], 'a')"
+                ".write(f'{os.getpid()} '); time.sleep(600)",
+            ],
+            "did not become healthy within 1 s",
+        ),
+    ],
+)
+def test_server_that_never_becomes_healthy(tmp_path, capsys, command, message):
+    config = standin_config(
+        tmp_path,
+        port=free_port(),
+        arms=TWO_ARMS,
+        sweep="concurrencies = [1]\nrepeats = 1",
+    )
+    text = config.read_text().replace(
+        f'command = ["{sys.executable}", "{STANDIN}"]', f"command = {json.dumps(command)}"
+    )
+    config.write_text(text.replace("health_timeout_s = 60", "health_timeout_s = 1"))
+    start = time.monotonic()
+    assert _run(config, tmp_path / "run", Recorder()) == 1
+    assert time.monotonic() - start < 30
+    err = capsys.readouterr().err
+    assert message in err
+    if "sys.exit(7)" in command[-1]:
+        assert "no GPU here" in err  # the server log's tail is shown
+
+
+def test_accuracy_only_ci_mode_attached_exits_1_below_threshold(tmp_path):
+    """The CI use: one arm, attached, `python -m` the real CLI and the real child processes."""
+    port = free_port()
+    model = write_model_dir(tmp_path / "model")
+    data = write_gsm8k(tmp_path / "gsm8k.jsonl")
+    server = subprocess.Popen(
+        [sys.executable, str(STANDIN), "--model-path", str(model), "--port", str(port)]
+        + ["--gsm8k-data", str(data), "--wrong-every", "2"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # the stand-in starts a child; both go with the group
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(url + "/health_generate", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.1)
+        config = tmp_path / "ci.toml"
+        config.write_text(
+            '[[arm]]\nname = "candidate"\n[gsm8k]\nnum_examples = 10\nnum_shots = 3\n'
+            "parallel = 4\nthreshold = 0.9\n"
+        )
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_")}
+        result = subprocess.run(
+            [sys.executable, "-m", "sglang_mixgraph.cli", "ab", "run", str(config)]
+            + ["--accuracy-only", "--url", f"candidate={url}", "--gsm8k-data", str(data)]
+            + ["--run-dir", str(tmp_path / "run")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+    accuracy = expected_accuracy(3, 10, 2)
+    assert accuracy < 0.9
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert f"accuracy {accuracy:.3f} is below the threshold 0.9" in result.stderr
+    assert "Traceback" not in result.stderr
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["gsm8k"]["candidate"]["score"] == pytest.approx(accuracy)
+    assert results["gsm8k"]["candidate"]["passed"] is False
