@@ -89,9 +89,10 @@ def world():
             attn_metadata_buffers={key: capture},
         )
 
-        def replay(step, mode, rows=None):
+        def replay(step, mode, rows=None, barrier=True):
             w.step = step
-            model_runner.shared_read_done_event = None  # the scheduler's barrier took it
+            if barrier:
+                model_runner.shared_read_done_event = None  # the scheduler's barrier took it
             model_runner.forward_pass_id += 1
             live = w.forward_batch(mode=mode)
             static = K.replay_static_batch(live, step.num_rows, live_rows=rows)
@@ -269,9 +270,9 @@ def test_lazy_build_after_publish_is_caught_before_it_reads(world):
     with installed(PATCHES, env(SGLANG_DEBUG_WAR_SNAPSHOT="1")):
         static, ends = replay(MIXED, ForwardMode.MIXED)
         assert ends is SharedReadEnds.UNKNOWN
-        runner.model_runner.shared_read_done_event = _Event()  # as if published
+        # As if this forward had published read-done (upstream's publisher, PRE_REPLAY).
         shared_read_event.maybe_publish_prefill_shared_read_done(
-            runner.model_runner, SharedReadEnds.UNKNOWN, SimpleNamespace(Event=_Event)
+            runner.model_runner, SharedReadEnds.PRE_REPLAY, SimpleNamespace(Event=_Event)
         )
         with pytest.raises(wc.WarSnapshotViolation) as e:
             w.run_layer(static, 0)
@@ -297,3 +298,24 @@ def test_the_next_forward_ends_the_mark(world):
             w.backend.token_to_kv_pool.translate_loc_from_full_to_swa(static.out_cache_loc)
         runner.model_runner.forward_pass_id += 1
         w.backend.token_to_kv_pool.translate_loc_from_full_to_swa(static.out_cache_loc)
+
+
+def test_a_stale_event_is_neither_counted_nor_marked(world):
+    """Without the scheduler's WAR barrier (its non-overlap loop) the mailbox keeps the last
+    event; a replay whose publish upstream declines must not be taken as published."""
+    w, capture, runner, replay = world
+    runner.model_runner.spec_algorithm = _Spec(publishes=False)
+    stale = _Event()
+    published = _events(rd.PATCH_ID).get("replays_published.mixed", 0)
+    marked = _events(wc.PATCH_ID).get("forwards_marked", 0)
+    with installed(
+        PATCHES, env(SGLANG_OPT_DSV4_REPLAY_READ_DONE="1", SGLANG_DEBUG_WAR_SNAPSHOT="1")
+    ):
+        runner.model_runner.shared_read_done_event = stale
+        static, ends = replay(MIXED, ForwardMode.MIXED, barrier=False)
+        assert ends is SharedReadEnds.PRE_REPLAY
+        assert runner.model_runner.shared_read_done_event is stale
+        assert wc.PUBLISHED.active() is None
+        w.backend.token_to_kv_pool.translate_loc_from_full_to_swa(static.out_cache_loc)
+    assert _events(rd.PATCH_ID).get("replays_published.mixed", 0) == published
+    assert _events(wc.PATCH_ID).get("forwards_marked", 0) == marked

@@ -38,7 +38,8 @@ FLAG = bool_flag(
 # The split's plan attribute on the metadata (patches/mixed_split/state.py): a planned replay
 # has built its chunk caches already.
 _SPLIT_PLAN_ATTR = "mixgraph_split"
-# Set on the model runner between our PRE_REPLAY and upstream's publisher.
+# Set on the model runner between our PRE_REPLAY and upstream's publisher: the replay's label
+# and the event the mailbox held before (a loop without the WAR barrier never clears it).
 _PENDING_ATTR = "_mixgraph_replay_read_done"
 
 FALLBACK_REASONS = {
@@ -129,7 +130,10 @@ def snapshot_replay(runner, forward_batch, static_forward_batch):
         )
         _count("caches_prebuilt")
     _count(f"replays_snapshot.{label}")
-    setattr(runner.model_runner, _PENDING_ATTR, label)
+    model_runner = runner.model_runner
+    setattr(
+        model_runner, _PENDING_ATTR, (label, getattr(model_runner, "shared_read_done_event", None))
+    )
     return SharedReadEnds.PRE_REPLAY
 
 
@@ -154,11 +158,13 @@ def around_prepare_replay(original, runner, forward_batch, static_forward_batch,
 def after_publish(result, model_runner, shared_read_ends, device_module):
     """AFTER ``maybe_publish_prefill_shared_read_done``: count the replays whose event upstream
     really recorded (its publish gates may still say no)."""
-    label = getattr(model_runner, _PENDING_ATTR, None)
-    if label is None:
+    pending = getattr(model_runner, _PENDING_ATTR, None)
+    if pending is None:
         return result
     setattr(model_runner, _PENDING_ATTR, None)
-    if getattr(model_runner, "shared_read_done_event", None) is not None:
+    label, before = pending
+    event = getattr(model_runner, "shared_read_done_event", None)
+    if event is not None and event is not before:
         _count(f"replays_published.{label}")
     else:
         _fallback("not_published")

@@ -69,10 +69,14 @@ class _Published:
 PUBLISHED = _Published()
 
 
-def after_publish(result, model_runner, shared_read_ends, device_module):
-    """AFTER ``maybe_publish_prefill_shared_read_done``: the event was recorded (upstream's
-    gates may have kept it back, then nothing is marked)."""
-    if getattr(model_runner, "shared_read_done_event", None) is not None:
+def around_publish(original, model_runner, shared_read_ends, device_module):
+    """AROUND ``maybe_publish_prefill_shared_read_done``: mark the forward when this call
+    recorded a new event (upstream's gates may keep it back; a loop without the WAR barrier
+    leaves the previous event in the mailbox)."""
+    before = getattr(model_runner, "shared_read_done_event", None)
+    result = original(model_runner, shared_read_ends, device_module)
+    event = getattr(model_runner, "shared_read_done_event", None)
+    if event is not None and event is not before:
         PUBLISHED.mark(model_runner)
         counters.count(PATCH_ID, "forwards_marked")
     return result
@@ -134,8 +138,8 @@ HOOKS = (
         PUBLISHER,
         "function",
         "model_runner, shared_read_ends, device_module",
-        HookType.AFTER,
-        after_publish,
+        HookType.AROUND,
+        around_publish,
     ),
     Hook(
         "sglang.srt.managers.scheduler.Scheduler._apply_war_barrier",
