@@ -6,7 +6,7 @@ with the layer count of the embedded GLM-5 config: per layer RMSNorm + q_a proje
 indexer eager break, nothing (RoPE fused into attention: one empty segment), the bmm+attention
 eager break, o_proj and one rank's expert GEMMs (gate/up + down) at ``--tokens`` rows. Upstream's
 graph is captured and replayed by upstream's own code; the other is captured and replayed with
-the patch installed through the plugin registry (test/patch_kit.py). Replays alternate A B B A,
+the patch installed through the plugin registry (test/install_kit.py). Replays alternate A B B A,
 each timed by CUDA events from an idle GPU (the GPU waits for the host as in a server step).
 Also: N back-to-back ``break_graph`` breaks (every segment empty), per-empty-segment launch cost.
 
@@ -133,8 +133,8 @@ def summary(samples: list) -> dict:
 
 
 def measure(args) -> dict:
-    import patch_kit
     import torch
+    from install_kit import installed
     from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph import (
         breakable_cuda_graph as bcg,
     )
@@ -161,7 +161,7 @@ def measure(args) -> dict:
     up_stack, up_out = capture(stack.run, None)
     up_empty, _ = capture(all_empty, None)
     counters.reset()
-    with patch_kit.installed(des.PATCH, {des.DROP_FLAG.name: "1"}) as status:
+    with installed((des.PATCH,), {des.DROP_FLAG.name: "1"}) as (status,):
         assert status.enabled, status
         ours_stack, ours_out = capture(stack.run, None)
         ours_empty, _ = capture(all_empty, None)

@@ -1,4 +1,5 @@
-"""Install patches through our registry and SGLang's ``HookRegistry``, and take them out again.
+"""Install patches the way the plugin does (our registry + SGLang's ``HookRegistry``), and take
+them out again.
 
 ``installed(patches, env)`` sets the environment, runs ``registry.install`` +
 ``HookRegistry.apply_hooks`` and, on exit, restores every binding the hooks replaced: the
@@ -9,27 +10,17 @@ class attributes, the defining module's function and the ``from X import f`` cop
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
 import sys
 from typing import Dict, Iterable, List, Optional, Tuple
 
 
-def _owner_and_raw(target: str):
-    owner_path, attr = target.rsplit(".", 1)
-    try:
-        owner = importlib.import_module(owner_path)
-    except ImportError:
-        mod_path, cls_name = owner_path.rsplit(".", 1)
-        owner = getattr(importlib.import_module(mod_path), cls_name)
-    raw = owner.__dict__[attr] if isinstance(owner, type) else getattr(owner, attr)
-    return owner, attr, raw
-
-
 def _bindings(targets: Iterable[str]) -> List[Tuple[object, str, object]]:
+    from sglang_mixgraph.registry import _resolve
+
     saved = []
     for target in targets:
-        owner, attr, raw = _owner_and_raw(target)
+        owner, attr, raw = _resolve(target)
         saved.append((owner, attr, raw))
         if isinstance(owner, type):
             continue

@@ -7,9 +7,9 @@ from __future__ import annotations
 import logging
 import types
 
-import patch_kit
 import pytest
 import torch
+from install_kit import installed
 from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph import (
     breakable_cuda_graph as bcg,
 )
@@ -134,7 +134,7 @@ def test_replay_is_upstream_minus_empty_launches(world, name, dedup, caplog):
     empty = [i for i, part in enumerate(body) if part != "k"]
     upstream = capture(world, body, dedup).replay()
     assert upstream.count((GRAPH, 0)) == 1 and len(upstream) == 2 * len(body) - 1
-    with patch_kit.installed(des.PATCH, {FLAG: "1"}) as status:
+    with installed((des.PATCH,), {FLAG: "1"}) as (status,):
         assert status.enabled
         with caplog.at_level(logging.INFO, logger="sglang_mixgraph"):
             ours = capture(world, body, dedup)
@@ -165,7 +165,7 @@ def test_segments_whose_nodes_cannot_be_counted_are_launched(world, monkeypatch)
     monkeypatch.setattr(des, "capture_node_count", lambda capture: None)
     body = BODIES["glm5_layers"]
     upstream = capture(world, body, dedup=False).replay()
-    with patch_kit.installed(des.PATCH, {FLAG: "1"}):
+    with installed((des.PATCH,), {FLAG: "1"}):
         ours = capture(world, body, dedup=False)
         assert ours.replay() == upstream
     assert des.PLAN_ATTR not in vars(ours.graph)
@@ -183,7 +183,7 @@ def test_node_count_without_a_driver_falls_back_with_the_reason(monkeypatch):
 
 
 def test_a_failed_capture_leaves_no_plan(world):
-    with patch_kit.installed(des.PATCH, {FLAG: "1"}):
+    with installed((des.PATCH,), {FLAG: "1"}):
         graph = bcg.BreakableCUDAGraph()
         with pytest.raises(RuntimeError, match="boom"):
             with bcg.BreakableCUDAGraphCapture(graph):
@@ -193,7 +193,7 @@ def test_a_failed_capture_leaves_no_plan(world):
 
 def test_segments_changed_after_capture_replay_as_upstream(world):
     body = BODIES["first_empty"]
-    with patch_kit.installed(des.PATCH, {FLAG: "1"}):
+    with installed((des.PATCH,), {FLAG: "1"}):
         ours = capture(world, body, dedup=False)
         ours.graph._break_fns.append(lambda: world.log.append((BREAK, 99)))
         ours.graph._segments.append(world.Graph())
@@ -214,7 +214,7 @@ def test_segments_changed_after_capture_replay_as_upstream(world):
 
 def test_flag_off_installs_nothing():
     before = {h.target: _raw(h.target) for h in des.HOOKS}
-    with patch_kit.installed(des.PATCH, {FLAG: "0"}) as status:
+    with installed((des.PATCH,), {FLAG: "0"}) as (status,):
         assert status.state == "off" and status.checks == []
         assert {h.target: _raw(h.target) for h in des.HOOKS} == before
         assert not any(h.target in HookRegistry._hooks for h in des.HOOKS)

@@ -239,12 +239,12 @@ def test_unpublished_read_done_is_reported(world):
 
 def test_flags_off_leave_upstream_untouched():
     targets = {h.target for p in (rd.PATCH, wc.PATCH) for h in p.hooks}
-    from install_kit import _owner_and_raw
+    from sglang_mixgraph.registry import _resolve
 
-    raw = {t: _owner_and_raw(t)[2] for t in targets}
+    raw = {t: _resolve(t)[2] for t in targets}
     with installed((rd.PATCH, wc.PATCH), env()) as statuses:
         assert [s.enabled for s in statuses] == [False, False]
-        assert {t: _owner_and_raw(t)[2] for t in targets} == raw
+        assert {t: _resolve(t)[2] for t in targets} == raw
 
 
 @pytest.mark.parametrize("name", ["SGLANG_OPT_DSV4_REPLAY_READ_DONE", "SGLANG_DEBUG_WAR_SNAPSHOT"])

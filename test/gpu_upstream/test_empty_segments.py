@@ -13,9 +13,9 @@ break, MoE-sized GEMMs: one dropped segment per layer.
 
 from __future__ import annotations
 
-import patch_kit
 import pytest
 import torch
+from install_kit import installed
 
 pytest.importorskip(
     "cuda.bindings.runtime",
@@ -158,7 +158,7 @@ def test_replay_equals_eager_and_launches_only_segments_with_kernels(name, dedup
 
     upstream, up_out = capture(run, dedup_registry(dedup, monkeypatch))
     counters.reset()
-    with patch_kit.installed(des.PATCH, {FLAG: "1"}) as status:
+    with installed((des.PATCH,), {FLAG: "1"}) as (status,):
         assert status.enabled
         ours, our_out = capture(run, dedup_registry(dedup, monkeypatch))
         assert counters.get(des.PATCH_ID, "segments_dropped") == len(parts) - len(with_kernels)
@@ -249,7 +249,7 @@ def test_glm5_shaped_stack_drops_one_segment_per_layer(dedup, monkeypatch):
     launches = Launches(monkeypatch)
     upstream, up_out = capture(stack.run, dedup_registry(dedup, monkeypatch))
     counters.reset()
-    with patch_kit.installed(des.PATCH, {FLAG: "1"}):
+    with installed((des.PATCH,), {FLAG: "1"}):
         ours, our_out = capture(stack.run, dedup_registry(dedup, monkeypatch))
         segments = 2 * LAYERS + 1
         assert len(ours._segments) == segments and len(ours._break_fns) == 2 * LAYERS
