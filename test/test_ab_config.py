@@ -259,3 +259,88 @@ def test_subprocess_invoker_stops_the_tool_on_a_dead_server_and_on_timeout(tmp_p
         os.kill(pid, 0)  # killed and reaped by the invoker
     assert "started" in log.read_text()
     assert subprocess_invoker("sleepy_tool", [], log, 1.0, lambda: None) == TIMED_OUT
+
+
+FLAGS_ONLY = [
+    "run",
+    "--model-path",
+    "/models/dsv4",
+    "--server-args",
+    "--tp 8 --enable-mixed-chunk --chunked-prefill-size '22528'",
+    "--arm",
+    "baseline:SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN=0",
+    "--arm",
+    "split:SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN=1,SGLANG_MIXGRAPH_SPLIT_POLICY=always",
+    "--concurrencies",
+    "64,256",
+    "--input-len",
+    "1024",
+    "--output-len",
+    "128",
+    "--gsm8k-threshold",
+    "0.9",
+]
+
+
+def test_a_run_described_by_flags_alone(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert ab_cli.main([*FLAGS_ONLY, "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "run directory: ab_runs/baseline-vs-split"
+    assert lines[1].startswith("arm baseline, repeat 1: gsm8k arm=baseline")
+    args = ab_cli._parser().parse_args(FLAGS_ONLY)
+    config = parse_config(ab_cli._apply_overrides({}, args))
+    assert config.server.model_path == "/models/dsv4"
+    assert config.server.args == (
+        "--tp",
+        "8",
+        "--enable-mixed-chunk",
+        "--chunked-prefill-size",
+        "22528",
+    )
+    assert [(a.name, dict(a.env)) for a in config.arms] == [
+        ("baseline", {"SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN": "0"}),
+        (
+            "split",
+            {"SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN": "1", "SGLANG_MIXGRAPH_SPLIT_POLICY": "always"},
+        ),
+    ]
+    sweep = config.sweep
+    assert (sweep.concurrencies, sweep.input_len, sweep.output_len) == ((64, 256), 1024, 128)
+    assert config.gsm8k.threshold == 0.9
+
+
+def test_flags_add_to_a_configuration():
+    args = ab_cli._parser().parse_args(
+        ["run", str(EXAMPLE), "--arm", "adaptive:SGLANG_MIXGRAPH_SPLIT_POLICY=adaptive"]
+        + ["--input-len", "512"]
+    )
+    config = parse_config(ab_cli._apply_overrides(read_toml(EXAMPLE), args))
+    assert [a.name for a in config.arms] == ["baseline", "split", "adaptive"]
+    assert config.sweep.input_len == 512
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["run", "--arm", "a", "--arm", "b"], "--concurrencies: needed without a configuration"),
+        (["run", "--arm", "a:X", "--concurrencies", "1"], "expected NAME[:ENV=VALUE,...]"),
+        (
+            [*FLAGS_ONLY[:3], "--server-args", "--tp '8", *FLAGS_ONLY[5:]],
+            "--server-args: No closing quotation",
+        ),
+        (
+            [
+                *FLAGS_ONLY[:7],
+                "--arm",
+                "split:SGLANG_OPT_MIXED_SPLT_DECODE_ATTN=1",
+                *FLAGS_ONLY[9:],
+            ],
+            "SGLANG_OPT_MIXED_SPLT_DECODE_ATTN is neither an SGLang flag",
+        ),
+    ],
+)
+def test_flags_only_mistakes_are_one_line_errors(argv, message, capsys):
+    assert ab_cli.main([*argv, "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1

@@ -1,7 +1,8 @@
-"""`sglang-mixgraph ab run CONFIG` and `sglang-mixgraph ab report RUN_DIR`.
+"""`sglang-mixgraph ab run [CONFIG]` and `sglang-mixgraph ab report RUN_DIR`.
 
-`run` reads the TOML configuration, applies the command-line overrides (attach URLs, GSM8K
-data, repeats, concurrencies), checks every arm's environment against SGLang's and the
+`run` reads the TOML configuration (or builds one from flags alone: --model-path,
+--server-args, --arm, --concurrencies, ...), applies the command-line overrides (attach URLs,
+GSM8K data, repeats, concurrencies, lengths), checks every arm's environment against SGLang's and the
 plugin's flags, then runs or resumes the sweep in the run directory and writes the report.
 `--accuracy-only` runs only the GSM8K eval (one arm is enough) for CI jobs that only gate on
 accuracy. `report` rebuilds report.md, results.json and the plots from a run directory.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import shlex
 import signal
 import sys
 from pathlib import Path
@@ -45,7 +47,31 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser(
         "run", help="run or resume a sweep and write its report", allow_abbrev=False
     )
-    run.add_argument("config", help="TOML configuration (see examples/ab_dsv4.toml)")
+    run.add_argument(
+        "config",
+        nargs="?",
+        help="TOML configuration (see examples/ab_dsv4.toml); without it, the flags below "
+        "describe the whole run",
+    )
+    run.add_argument("--model-path", help="the model to launch (sets [server] model_path)")
+    run.add_argument(
+        "--server-args",
+        metavar="'ARGS'",
+        help="launch_server arguments of every arm, one quoted string (sets [server] args)",
+    )
+    run.add_argument(
+        "--arm",
+        action="append",
+        default=[],
+        metavar="NAME[:ENV=VALUE,...]",
+        help="an arm with its environment (repeatable; the first is the baseline); added to "
+        "the configuration's arms",
+    )
+    run.add_argument("--input-len", type=int, help="sets [sweep] input_len")
+    run.add_argument("--output-len", type=int, help="sets [sweep] output_len")
+    run.add_argument(
+        "--gsm8k-threshold", type=float, help="sets [gsm8k] threshold (the accuracy gate)"
+    )
     run.add_argument(
         "--run-dir",
         help="where raw outputs, logs and the report go (default: ab_runs/<config name>); "
@@ -80,8 +106,34 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _arm_from_flag(spec: str) -> dict[str, Any]:
+    name, _, env_text = spec.partition(":")
+    env = {}
+    for item in filter(None, (x.strip() for x in env_text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--arm {spec!r}: expected NAME[:ENV=VALUE,...]")
+        env[key] = value
+    return {"name": name, "env": env}
+
+
 def _apply_overrides(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     raw = copy.deepcopy(raw)
+    server = raw.setdefault("server", {}) if (args.model_path or args.server_args) else None
+    if args.model_path:
+        server["model_path"] = args.model_path
+    if args.server_args:
+        try:
+            server["args"] = shlex.split(args.server_args)
+        except ValueError as e:
+            raise ConfigError(f"--server-args: {e}") from None
+    if args.arm:
+        raw.setdefault("arm", []).extend(_arm_from_flag(spec) for spec in args.arm)
+    for flag, key in (("input_len", "input_len"), ("output_len", "output_len")):
+        if getattr(args, flag) is not None:
+            raw.setdefault("sweep", {})[key] = getattr(args, flag)
+    if args.gsm8k_threshold is not None:
+        raw.setdefault("gsm8k", {})["threshold"] = args.gsm8k_threshold
     arms = raw.get("arm", [])
     for item in args.url:
         name, sep, url = item.partition("=")
@@ -115,9 +167,11 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
 def cmd_run(args: argparse.Namespace, invoker: Any = None) -> int:
     from sglang_mixgraph.ab import arms, report, results, runner
 
-    path = Path(args.config)
+    path = Path(args.config) if args.config else None
     try:
-        raw = _apply_overrides(read_toml(path), args)
+        if path is None and not args.accuracy_only and not args.concurrencies:
+            raise ConfigError("--concurrencies: needed without a configuration file")
+        raw = _apply_overrides(read_toml(path) if path else {}, args)
         config = parse_config(raw, accuracy_only=args.accuracy_only)
     except ConfigError as e:
         _error(str(e))
@@ -129,7 +183,8 @@ def cmd_run(args: argparse.Namespace, invoker: Any = None) -> int:
         return EXIT_USAGE
     for note in arms.attached_env_note(config):
         print(f"sglang-mixgraph ab: note: {note}", file=sys.stderr)
-    run_dir = Path(args.run_dir or Path("ab_runs") / path.stem)
+    stem = path.stem if path else "-vs-".join(a.name for a in config.arms)
+    run_dir = Path(args.run_dir or Path("ab_runs") / stem)
     visits = runner.plan(config, accuracy_only=args.accuracy_only)
     if args.dry_run:
         print(f"run directory: {run_dir}")
