@@ -32,6 +32,9 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, _HERE)
 
 import mixed_split_inserver as ins  # noqa: E402  (also puts python/ and test/ on the path)
+
+sys.path.insert(0, os.path.join(ins._ROOT, "test", "gpu_upstream"))
+import gpu_kit  # noqa: E402  (the breakable-graph replay contexts, shared with the GPU tests)
 import torch  # noqa: E402
 
 DEV = "cuda"
@@ -74,28 +77,7 @@ class Step:
         self.metadata = None
 
     def contexts(self, static_fb):
-        import contextlib
-
-        from sglang.srt.environ import envs
-        from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
-        from sglang.srt.model_executor.runner_backend_utils.tc_piecewise_cuda_graph.context_manager import (
-            set_tc_piecewise_forward_context,
-        )
-
-        stack = contextlib.ExitStack()
-        stack.enter_context(torch.no_grad())
-        stack.enter_context(forward_context(ForwardContext(attn_backend=self.dep.backend)))
-        stack.enter_context(envs.SGLANG_OPT_FLASHMLA_SPARSE_PREFILL.override(True))
-        stack.enter_context(
-            set_tc_piecewise_forward_context(
-                static_fb,
-                attention_layers=self.layer_objs,
-                quant_config=None,
-                moe_layers=[],
-                moe_fusions=[],
-            )
-        )
-        return stack
+        return gpu_kit.bcg_replay_contexts(self.dep.backend, static_fb, self.layer_objs)
 
     def body(self):
         from sglang.srt.models.deepseek_v4 import bcg_deepseek_v4_attention_with_output

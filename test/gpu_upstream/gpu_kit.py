@@ -175,6 +175,35 @@ def compare_metadata(real, standin, rows: int) -> List[str]:
     return bad
 
 
+def bcg_replay_contexts(backend, static_fb, attention_layers):
+    """What a breakable prefill graph's body runs under, as upstream's runner sets it up: no
+    grad, the forward context with ``backend``, the sparse-prefill path on, and the
+    piecewise-graph context through which the model's attention break finds the static batch
+    and its layers. An ExitStack to enter."""
+    import contextlib
+
+    from sglang.srt.environ import envs
+    from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+    from sglang.srt.model_executor.runner_backend_utils.tc_piecewise_cuda_graph.context_manager import (
+        set_tc_piecewise_forward_context,
+    )
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch.no_grad())
+    stack.enter_context(forward_context(ForwardContext(attn_backend=backend)))
+    stack.enter_context(envs.SGLANG_OPT_FLASHMLA_SPARSE_PREFILL.override(True))
+    stack.enter_context(
+        set_tc_piecewise_forward_context(
+            static_fb,
+            attention_layers=attention_layers,
+            quant_config=None,
+            moe_layers=[],
+            moe_fusions=[],
+        )
+    )
+    return stack
+
+
 class BreakableBucket:
     """One prefill-graph bucket of ``size`` tokens, as upstream's breakable prefill runner
     drives it for a captured-metadata backend: a static padded EXTEND batch, the backend's
@@ -199,28 +228,7 @@ class BreakableBucket:
         return K.replay_static_batch(live, self.size)
 
     def _contexts(self, static_fb):
-        import contextlib
-
-        from sglang.srt.environ import envs
-        from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
-        from sglang.srt.model_executor.runner_backend_utils.tc_piecewise_cuda_graph.context_manager import (
-            set_tc_piecewise_forward_context,
-        )
-
-        stack = contextlib.ExitStack()
-        stack.enter_context(torch.no_grad())
-        stack.enter_context(forward_context(ForwardContext(attn_backend=self.world.backend)))
-        stack.enter_context(envs.SGLANG_OPT_FLASHMLA_SPARSE_PREFILL.override(True))
-        stack.enter_context(
-            set_tc_piecewise_forward_context(
-                static_fb,
-                attention_layers=self.layer_objs,
-                quant_config=None,
-                moe_layers=[],
-                moe_fusions=[],
-            )
-        )
-        return stack
+        return bcg_replay_contexts(self.world.backend, static_fb, self.layer_objs)
 
     def _body(self):
         from sglang.srt.models.deepseek_v4 import bcg_deepseek_v4_attention_with_output
