@@ -35,7 +35,10 @@ DES_SUFFIX = "-des"
 DEFAULT_RD = ("bcg-off", "bcg-always")  # the <graph>-<split> phases run also as -rd by default
 RADIX_CORE_ENV = "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"
 
-CHUNK = 256  # chunked prefill: every prompt longer than this is split into MIXED steps
+# Chunked prefill: every prompt longer than this is split into MIXED steps. With the radix cache
+# on, upstream's PrefillAdder floors a chunk to whole 256-token pages after the decode rows, so a
+# 256-token chunk admits nothing while anything decodes; 512 leaves one page for the chunk.
+CHUNK = 512
 MAX_RUNNING = 24
 MAX_TOTAL_TOKENS = 327680  # the long segment's 16 x 16k prompts and their decoding, with room
 

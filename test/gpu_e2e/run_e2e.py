@@ -253,7 +253,13 @@ def main() -> int:
     ap.add_argument("phases", nargs="*", help="e.g. eager-off bcg-always-rd (default: the eleven)")
     ap.add_argument("--out", default=os.environ.get("OUT") or "/tmp/mixgraph_e2e_out")
     ap.add_argument("--work", default="/tmp/mixgraph_e2e")
-    ap.add_argument("--radix", choices=("auto", "on", "off"), default="auto")
+    ap.add_argument(
+        "--radix",
+        choices=("on", "auto", "off"),
+        default="on",
+        help="on: the radix cache (Python tree core) in every phase; auto: on unless the baselines "
+        "fail or make no MIXED step with it",
+    )
     ap.add_argument("--parallel", type=int, default=6, help="phases run side by side")
     ap.add_argument("--budget-s", type=float, default=520, help="the whole run's deadline")
     ap.add_argument("--label", default="", help="recorded in the log (e.g. the commit)")

@@ -1,0 +1,265 @@
+"""Probe the one-rank slice on the GPU: per-step host and wall time by step kind, capture memory
+per prefill bucket, a kernel profile of chosen MIXED steps, and token equality between arms.
+
+Run on the GPU machine through the kit, from the repository root:
+
+    bash tools/gpu-upstream/device.sh python3 tools/rank-slice/run_slice_probe.py \\
+        upstream bcg-auto bcg-auto-ctx --requests 64 --input-len 2048 --output-len 32
+
+Arms (slice_arms.py) run one after another, each ``sglang.Engine`` in a fresh process
+(slice_arm.py) with the kit's Engine stand-ins and the step probe (slice_probe.py). The model
+directory is generated (make_slice_model.py) unless ``--model-dir`` names one. Steps are timed
+with the GPU synchronized on both sides: this serializes the scheduler, so these are per-step
+costs, not serving throughput (``sglang-mixgraph ab`` measures that). Writes
+``rank_slice_probe.log``, ``rank_slice_probe.json`` and ``arm_logs.tgz`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tarfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+ENGINE_DIR = os.path.join(ROOT, "tools", "gpu-upstream", "engine")
+E2E_DIR = os.path.join(ROOT, "test", "gpu_e2e")  # the kit's upstream kernel selection
+sys.path[:0] = [HERE, os.path.join(ROOT, "python"), ENGINE_DIR, E2E_DIR]
+
+import slice_arms as A  # noqa: E402
+from e2e_phases import RADIX_CORE_ENV, UPSTREAM_ENV  # noqa: E402
+
+
+def log_to(path):
+    f = open(path, "w")
+
+    def log(*parts):
+        line = " ".join(str(p) for p in parts)
+        print(line, flush=True)
+        f.write(line + "\n")
+        f.flush()
+
+    return log
+
+
+def arm_env(arm: A.Arm, probe_dir: str, profile: str, radix: bool) -> dict:
+    env = dict(os.environ)
+    env.update(UPSTREAM_ENV)
+    if radix:
+        env[RADIX_CORE_ENV] = "python"  # the Rust radix core is built for another torch
+    env.update(arm.env)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.join(ROOT, "python"), ENGINE_DIR, HERE, env.get("PYTHONPATH", "")]
+    )
+    env["MIXGRAPH_E2E_STARTUP"] = "slice_probe"
+    env["SLICE_PROBE_DIR"] = probe_dir
+    env["SLICE_PROFILE_MIXED"] = profile
+    env["SGLANG_MIXGRAPH_COUNTERS_LOG_INTERVAL"] = "0"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def run_arm(arm, d, kwargs, workload, env, deadline, log_path) -> dict:
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(env["SLICE_PROBE_DIR"])
+    with open(os.path.join(d, "arm.json"), "w") as f:
+        json.dump({"engine": kwargs, "workload": workload}, f)
+    t0 = time.time()
+    with open(log_path, "w") as logf:
+        proc = subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "slice_arm.py"), d],
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            cwd=ROOT,
+        )
+        while proc.poll() is None and time.time() < deadline:
+            time.sleep(1)
+        timed_out = proc.poll() is None
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # the Engine's children too
+        except (ProcessLookupError, PermissionError):
+            pass
+        proc.wait()
+    res = {}
+    if os.path.exists(os.path.join(d, "result.json")):
+        with open(os.path.join(d, "result.json")) as f:
+            res = json.load(f)
+    if timed_out:
+        res["error"] = f"killed at the run's deadline after {time.time() - t0:.0f}s"
+    res["wall_s"] = round(time.time() - t0, 1)
+    return res
+
+
+def _jsonl(pattern):
+    rows = []
+    for fn in sorted(glob.glob(pattern)):
+        with open(fn) as f:
+            rows += [json.loads(line) for line in f if line.strip()]
+    return rows
+
+
+def _stats(v):
+    v = sorted(v)
+    return {
+        "n": len(v),
+        "median": round(statistics.median(v), 2),
+        "p90": round(v[int(0.9 * (len(v) - 1))], 2),
+        "sum": round(sum(v), 1),
+    }
+
+
+def step_summary(steps) -> dict:
+    by = {}
+    for s in steps:
+        by.setdefault(f"{s['mode']}/{'graph' if s['graph'] else 'eager'}", []).append(s)
+    out = {}
+    for k, rows in sorted(by.items()):
+        out[k] = {"host_ms": _stats([r["host_ms"] for r in rows])}
+        out[k]["wall_ms"] = _stats([r["wall_ms"] for r in rows])
+        if k.startswith("MIXED"):
+            out[k]["decode_rows"] = _stats([r["n_dec"] or 0 for r in rows])
+            out[k]["prefill_tokens"] = _stats([r["prefill_tokens"] or 0 for r in rows])
+    return out
+
+
+def counters(log_text: str) -> dict:
+    from sglang_mixgraph.counters import parse_line
+
+    last = {}
+    for line in log_text.splitlines():
+        snap = parse_line(line)
+        if snap is not None:
+            last = snap
+    return last
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("arms", nargs="+", help=f"of {sorted(A.ARMS)}")
+    ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--input-len", type=int, default=2048)
+    ap.add_argument("--output-len", type=int, default=32)
+    ap.add_argument("--context-length", type=int, default=8192)
+    ap.add_argument("--radix", choices=("on", "off"), default="on")
+    ap.add_argument("--profile-mixed", default="8", help="MIXED step ordinals to profile")
+    ap.add_argument("--model-dir", default="")
+    ap.add_argument("--out", default=os.environ.get("OUT") or "/tmp/rank_slice_out")
+    ap.add_argument("--work", default="/tmp/rank_slice")
+    ap.add_argument("--budget-s", type=float, default=540)
+    args = ap.parse_args()
+    deadline = time.time() + args.budget_s
+    arms = A.parse(args.arms)
+    os.makedirs(args.out, exist_ok=True)
+    shutil.rmtree(args.work, ignore_errors=True)
+    os.makedirs(os.path.join(args.work, "logs"))
+    log = log_to(os.path.join(args.out, "rank_slice_probe.log"))
+    model = args.model_dir or os.path.join(args.work, "model")
+    if not args.model_dir:
+        subprocess.run(
+            [sys.executable, os.path.join(HERE, "make_slice_model.py"), model], check=True
+        )
+    with open(os.path.join(model, "config.json")) as f:
+        vocab = json.load(f)["vocab_size"]
+    workload = {
+        "requests": args.requests,
+        "input_len": args.input_len,
+        "output_len": args.output_len,
+        "seed": 7,
+        "vocab": vocab,
+    }
+    import torch
+
+    log(
+        f"rank-slice probe {time.strftime('%Y-%m-%d %H:%M:%S %Z')} on {torch.cuda.get_device_name()}"
+    )
+    log(f"torch {torch.__version__}; workload {json.dumps(workload)}; radix {args.radix}")
+    log(f"kernel selection: {json.dumps(UPSTREAM_ENV)}")
+    report = {"workload": workload, "arms": {}, "torch": torch.__version__}
+    for arm in arms:
+        d = os.path.join(args.work, arm.name)
+        kwargs = A.engine_kwargs(
+            model,
+            arm,
+            requests=args.requests,
+            input_len=args.input_len,
+            output_len=args.output_len,
+            radix=args.radix == "on",
+            context_length=args.context_length,
+        )
+        env = arm_env(arm, os.path.join(d, "probe"), args.profile_mixed, args.radix == "on")
+        log(f"== {arm.name}: {arm.what}; env {json.dumps(arm.env)}; engine {json.dumps(kwargs)}")
+        log_path = os.path.join(args.work, "logs", f"{arm.name}.log")
+        res = run_arm(arm, d, kwargs, workload, env, deadline, log_path)
+        with open(log_path, errors="replace") as f:
+            text = f.read()
+        probe = os.path.join(d, "probe")
+        steps = _jsonl(os.path.join(probe, "steps_*.jsonl"))
+        entry = {
+            "what": arm.what,
+            "env": arm.env,
+            "engine": kwargs,
+            "ok": bool(res.get("ok")),
+            "error": res.get("error", ""),
+            "engine_start_s": res.get("engine_start_s"),
+            "burst_s": res.get("burst_s"),
+            "output_tokens": res.get("output_tokens"),
+            "steps": step_summary(steps),
+            "capture": _jsonl(os.path.join(probe, "capture_*.jsonl")),
+            "profiles": [json.load(open(p)) for p in sorted(glob.glob(probe + "/profile_*.json"))],
+            "counters": counters(text),
+            "fallback_lines": sorted(
+                {
+                    ln.split("sglang-mixgraph: ", 1)[-1][:240]
+                    for ln in text.splitlines()
+                    if "falls back" in ln
+                }
+            ),
+            "outputs": res.get("outputs", []),
+            "log_tail": "" if res.get("ok") else text[-4000:],
+        }
+        report["arms"][arm.name] = entry
+        log(
+            f"   ok {entry['ok']} start {entry['engine_start_s']}s burst {entry['burst_s']}s "
+            f"{entry['error'][:300]}"
+        )
+        log(f"   steps {json.dumps(entry['steps'])}")
+        if entry["capture"]:
+            total = sum(c["device_mib"] for c in entry["capture"])
+            log(
+                f"   capture {total:.0f} MiB over {len(entry['capture'])} shapes: {json.dumps(entry['capture'])}"
+            )
+        for p in entry["profiles"]:
+            top = ", ".join(f"{k['name'][:60]} {k['ms']}" for k in p["kernels"][:12])
+            log(
+                f"   profile step {json.dumps(p['step'])}: kernels {p['kernel_ms_total']} ms; {top}"
+            )
+        if entry["counters"]:
+            log(f"   counters {json.dumps(entry['counters'])}")
+        if not entry["ok"]:
+            log(f"   log tail: {entry['log_tail'][-2500:]}")
+    ok = {n: a for n, a in report["arms"].items() if a["ok"]}
+    if "upstream" in ok:
+        for n, a in ok.items():
+            same = sum(
+                x == y for x, y in zip(a["outputs"], ok["upstream"]["outputs"], strict=False)
+            )
+            log(f"tokens equal to upstream: {n}: {same}/{len(a['outputs'])} requests")
+    with open(os.path.join(args.out, "rank_slice_probe.json"), "w") as f:
+        json.dump(report, f)
+    with tarfile.open(os.path.join(args.out, "arm_logs.tgz"), "w:gz") as tar:
+        tar.add(os.path.join(args.work, "logs"), arcname="logs")
+    return 0 if len(ok) == len(arms) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

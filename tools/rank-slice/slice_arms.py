@@ -1,0 +1,139 @@
+"""The arms of the rank-slice runs and the Engine arguments of the reference per-rank shape.
+
+One attention-DP rank of the reference deployment (DeepSeek-V4-Pro, 8 GPUs, attention DP 8,
+chunked prefill 22528 and 2048 running requests in all) serves a 2816-token chunk and 256 running
+requests: ``engine_kwargs`` is that rank on one GPU (tp 1), mixed chunked prefill on, the radix
+cache on (Python tree core; random prompts only miss). An arm is a name, environment variables
+and Engine arguments on top; arms differ in nothing else. No sglang import: the CPU tests read
+this module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List
+
+CHUNK = 2816  # chunked prefill per rank: 2560 prefill tokens + 256 decode rows when steady
+RUNNING = 256  # running requests per rank
+PAGE = 256  # the DeepSeek-V4 backend's page size
+SWA_WINDOW = 128
+# Decode graph buckets: a short list keeps 61-layer decode capture quick; the same in every arm.
+DECODE_BUCKETS = [16, 32, 64, 128, 192, 256]
+
+SPLIT = "SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN"
+POLICY = "SGLANG_MIXGRAPH_SPLIT_POLICY"
+READ_DONE = "SGLANG_OPT_DSV4_REPLAY_READ_DONE"
+BUCKETS = "SGLANG_MIXGRAPH_PREFILL_BUCKETS"
+FORCE_BCG = "SGLANG_EXPERIMENTAL_FORCE_BCG"
+# An allowlist that names no installed plugin: SGLang loads none, so the arm is SGLang alone.
+NO_PLUGIN = {"SGLANG_PLUGINS": "none"}
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    what: str
+    env: Dict[str, str] = field(default_factory=dict)
+    engine: Dict[str, object] = field(default_factory=dict)
+
+
+def _bcg(**extra) -> Dict[str, object]:
+    return {"cuda_graph_backend_prefill": "breakable", **extra}
+
+
+ARMS = {
+    a.name: a
+    for a in [
+        Arm("upstream", "SGLang alone (the allowlist leaves the plugin out)", NO_PLUGIN),
+        Arm("installed", "the plugin installed, no flag set"),
+        Arm(
+            "split-eager",
+            "the split (always), prefill graph off",
+            {SPLIT: "1", POLICY: "always"},
+            {"cuda_graph_backend_prefill": "disabled"},
+        ),
+        Arm("forced-bcg", "SGLANG_EXPERIMENTAL_FORCE_BCG=1, nothing else", {FORCE_BCG: "1"}),
+        Arm(
+            "bcg-auto",
+            "derived buckets + the capture estimate in place of the DeepSeek-V4 rule",
+            {BUCKETS: "auto"},
+        ),
+        Arm(
+            "bcg-auto-ctx",
+            "bcg-auto with the capture context width cut to the workload's longest context",
+            {BUCKETS: "auto"},
+            {"cuda_graph_prefill_max_context": "workload"},
+        ),
+        Arm(
+            "bcg-split-rd-always",
+            "breakable prefill graph + split (always) + replay read-done",
+            {BUCKETS: "auto", SPLIT: "1", POLICY: "always", READ_DONE: "1"},
+            _bcg(),
+        ),
+        Arm(
+            "bcg-split-rd-adaptive",
+            "breakable prefill graph + split (adaptive) + replay read-done",
+            {BUCKETS: "auto", SPLIT: "1", POLICY: "adaptive", READ_DONE: "1"},
+            _bcg(),
+        ),
+    ]
+}
+
+
+def ceil_page(n: int) -> int:
+    return -(-n // PAGE) * PAGE
+
+
+def pool_sizes(requests: int, input_len: int, output_len: int) -> Dict[str, object]:
+    """KV pool and SWA ratio so that every request of the burst fits and the SWA pool holds the
+    running requests' windows (each up to two pages) plus two chunks in flight. Upstream's
+    DeepSeek-V4 default ratio (0.1) ran out at 173 decode rows of a 700k-token pool."""
+    running = min(requests, RUNNING)
+    full = max(ceil_page(requests * (ceil_page(input_len + output_len) + PAGE)), 4 * CHUNK)
+    swa = running * 2 * PAGE + 2 * ceil_page(CHUNK)
+    return {
+        "max_total_tokens": full,
+        "swa_full_tokens_ratio": round(min(1.0, swa / full + 0.02), 3),
+    }
+
+
+def engine_kwargs(
+    model_dir: str,
+    arm: Arm,
+    *,
+    requests: int,
+    input_len: int,
+    output_len: int,
+    radix: bool,
+    context_length: int,
+) -> Dict[str, object]:
+    """``context_length`` is also the width breakable-graph metadata is built at (upstream's
+    ``DeepseekV4AttnBackend._prefill_graph_context_width``) unless an arm cuts it."""
+    kwargs: Dict[str, object] = dict(
+        model_path=model_dir,
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        tp_size=1,
+        enable_mixed_chunk=True,
+        chunked_prefill_size=CHUNK,
+        max_running_requests=RUNNING,
+        context_length=context_length,
+        dsa_topk_backend="torch",
+        moe_runner_backend="triton",
+        cuda_graph_bs_decode=DECODE_BUCKETS,
+        mem_fraction_static=0.85,
+        disable_radix_cache=not radix,
+        random_seed=1,
+        log_level="info",
+        **pool_sizes(requests, input_len, output_len),
+    )
+    for k, v in arm.engine.items():
+        kwargs[k] = ceil_page(input_len + output_len) if v == "workload" else v
+    return kwargs
+
+
+def parse(names: List[str]) -> List[Arm]:
+    unknown = [n for n in names if n not in ARMS]
+    if unknown:
+        raise ValueError(f"unknown arm(s) {unknown}; known: {sorted(ARMS)}")
+    return [ARMS[n] for n in names]

@@ -1,0 +1,160 @@
+"""Start-up hook of a rank-slice arm (``MIXGRAPH_E2E_STARTUP=slice_probe``): per-step timings,
+capture memory per prefill bucket, and a torch-profiler kernel table of chosen steps.
+
+Installed in every process of the arm by tools/gpu-upstream/engine/sitecustomize.py; only the
+scheduler process runs forwards. Writes to ``$SLICE_PROBE_DIR``:
+
+* ``steps_<pid>.jsonl``: one line per ``ModelRunner.forward``: the mode at entry (the eager runner
+  relabels MIXED to EXTEND inside), rows, batch size, decode rows (trailing 1-token extends),
+  prefill tokens, the longest context, whether a graph ran, host ms (entry to return: what the
+  host spends preparing and launching) and wall ms (the GPU synchronized on both sides, so the
+  step's own time; this serializes steps, so it is a probe, not a serving number);
+* ``capture_<pid>.jsonl``: one line per captured prefill shape, free device memory before/after
+  (``PrefillCudaGraphRunner.capture_one_shape``);
+* ``profile_<pid>_<k>.json``: for the k-th MIXED step of ``$SLICE_PROFILE_MIXED`` (comma list),
+  CUDA kernel time by kernel name from ``torch.profiler`` over that one forward.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+
+def _out(name: str) -> str:
+    return os.path.join(os.environ["SLICE_PROBE_DIR"], f"{name}_{os.getpid()}")
+
+
+def _append(path: str, rec: dict) -> None:
+    try:
+        with open(path, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+    except OSError as e:  # a probe line must never break a step
+        sys.stderr.write(f"[slice probe] {e!r}\n")
+
+
+def step_shape(forward_batch) -> dict:
+    """Rows, decode rows and prefill tokens of a batch, from the host copies it already holds."""
+    ext = list(forward_batch.extend_seq_lens_cpu or ())
+    ndec = 0
+    for n in reversed(ext):
+        if int(n) != 1:
+            break
+        ndec += 1
+    seq = forward_batch.seq_lens_cpu
+    return {
+        "bs": int(forward_batch.batch_size),
+        "rows": int(forward_batch.input_ids.shape[0]) if forward_batch.input_ids is not None else 0,
+        "n_dec": ndec if ext else None,
+        "prefill_tokens": int(sum(int(n) for n in ext)) - ndec if ext else None,
+        "seq_max": int(seq.max()) if seq is not None and len(seq) else None,
+    }
+
+
+def kernel_table(prof, limit: int = 60) -> dict:
+    """CUDA kernel time by name over a profiled region (ms), the largest first."""
+    by = {}
+    for ev in prof.events():
+        if getattr(ev, "device_type", None) is None or "CUDA" not in str(ev.device_type):
+            continue
+        t = ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total
+        n, c = by.get(ev.name, (0.0, 0))
+        by[ev.name] = (n + t / 1e3, c + 1)
+    rows = sorted(by.items(), key=lambda kv: -kv[1][0])
+    return {
+        "kernel_ms_total": round(sum(v[0] for v in by.values()), 3),
+        "kernels": [
+            {"name": k[:160], "ms": round(v[0], 3), "count": v[1]} for k, v in rows[:limit]
+        ],
+    }
+
+
+def _wrap_forward(model_runner_module) -> None:
+    import torch
+
+    cls = model_runner_module.ModelRunner
+    forward = cls.forward
+    steps = _out("steps") + ".jsonl"
+    wanted = {int(k) for k in os.environ.get("SLICE_PROFILE_MIXED", "").split(",") if k.strip()}
+    state = {"mixed": 0}
+
+    def probed_forward(self, forward_batch, *args, **kwargs):
+        mode = getattr(forward_batch.forward_mode, "name", str(forward_batch.forward_mode))
+        try:
+            shape = step_shape(forward_batch)
+        except Exception as e:  # noqa: BLE001
+            shape = {"shape_error": repr(e)}
+        prof = None
+        if mode == "MIXED":
+            state["mixed"] += 1
+            if state["mixed"] in wanted:
+                prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+        torch.cuda.synchronize()
+        if prof is not None:
+            prof.__enter__()
+        t0 = time.perf_counter()
+        out = forward(self, forward_batch, *args, **kwargs)
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        rec = {
+            "mode": mode,
+            **shape,
+            "graph": bool(getattr(out, "can_run_graph", False)),
+            "host_ms": round((t1 - t0) * 1e3, 3),
+            "wall_ms": round((t2 - t0) * 1e3, 3),
+        }
+        if prof is not None:
+            prof.__exit__(None, None, None)
+            rec["profiled"] = state["mixed"]
+            table = {"step": rec, **kernel_table(prof)}
+            with open(f"{_out('profile')}_{state['mixed']}.json", "w") as f:
+                json.dump(table, f)
+        _append(steps, rec)
+        return out
+
+    cls.forward = probed_forward
+
+
+def _wrap_capture(runner_module) -> None:
+    import torch
+
+    cls = runner_module.PrefillCudaGraphRunner
+    capture_one_shape = cls.capture_one_shape
+    path = _out("capture") + ".jsonl"
+
+    def measured_capture_one_shape(self, size, *args, **kwargs):
+        torch.cuda.synchronize()
+        free0, _ = torch.cuda.mem_get_info()
+        reserved0 = torch.cuda.memory_reserved()
+        t0 = time.perf_counter()
+        capture_one_shape(self, size, *args, **kwargs)
+        torch.cuda.synchronize()
+        free1, _ = torch.cuda.mem_get_info()
+        _append(
+            path,
+            {
+                "size": int(size),
+                "variant": kwargs.get("prefix_num_chunks", 0),
+                "device_mib": round((free0 - free1) / 2**20, 1),
+                "torch_reserved_mib": round((torch.cuda.memory_reserved() - reserved0) / 2**20, 1),
+                "free_after_gib": round(free1 / 2**30, 2),
+                "seconds": round(time.perf_counter() - t0, 2),
+            },
+        )
+
+    cls.capture_one_shape = measured_capture_one_shape
+
+
+def install() -> None:
+    if not os.environ.get("SLICE_PROBE_DIR"):
+        return
+    from engine_standins import AfterImport  # tools/gpu-upstream/engine, first on PYTHONPATH
+
+    sys.meta_path.insert(0, AfterImport("sglang.srt.model_executor.model_runner", _wrap_forward))
+    sys.meta_path.insert(
+        0,
+        AfterImport("sglang.srt.model_executor.runner.prefill_cuda_graph_runner", _wrap_capture),
+    )
