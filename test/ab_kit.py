@@ -1,5 +1,6 @@
 """Shared pieces of the `sglang-mixgraph ab` tests: the stand-in's model and data, a config
-that launches the stand-in through the tool's own launch path, and an in-process invoker.
+that launches the stand-in through the tool's own launch path, launch-prefix wrappers, and an
+in-process invoker.
 
 The in-process invoker runs the same modules the tool runs as children
 (`sglang.benchmark.serving`, `sglang_mixgraph.ab.gsm8k_eval`) with `runpy`, as
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import runpy
 import sys
 import traceback
@@ -47,6 +49,26 @@ def write_gsm8k(path: Path, n: int = 40) -> Path:
     return path
 
 
+def write_wrapper(path: Path, mark: str, *, executable: bool = False) -> Path:
+    """A launch prefix like tools/gpu-upstream/device.sh: prepares, then runs "$@" as its child.
+
+    It appends its own pid to STANDIN_PID_FILE (so the tests see it stopped too) and exports
+    STANDIN_WRAPPER=mark, which the stand-in reports: the server shows it went through it.
+    Not `exec "$@"`: the server is the wrapper's child, the wrapper leads the process group.
+    """
+    path.write_text(
+        "#!/bin/sh\n"
+        'if [ -n "$STANDIN_PID_FILE" ]; then echo "$$" >> "$STANDIN_PID_FILE"; fi\n'
+        f"export STANDIN_WRAPPER={mark}\n"
+        '"$@"\n'
+        "rc=$?\n"
+        "exit $rc\n"
+    )
+    if executable:
+        os.chmod(path, 0o755)
+    return path
+
+
 def expected_accuracy(num_shots: int, num_examples: int, wrong_every: int) -> float:
     # sglang's GSM8KEval asks the lines after the few-shot examples; the stand-in answers line
     # i wrongly when i is a multiple of wrong_every.
@@ -62,6 +84,7 @@ def standin_config(
     sweep: str,
     gsm8k: str = "enabled = false",
     extra: str = "",
+    server: str = "",
 ) -> Path:
     model = tmp / "model"
     if not model.exists():
@@ -79,6 +102,7 @@ args = ["--gsm8k-data", "{data}", "--ttft-ms", "30"]
 port = {port}
 health_timeout_s = 60
 stop_timeout_s = 10
+{server}
 
 {arms}
 

@@ -9,7 +9,9 @@ model, not a measurement: the first token after `--ttft-ms`, each further one af
 not a multiple of `--wrong-every`, so the expected accuracy is known. The model path must be a
 directory with a tokenizer (bench_serving loads it). Test hooks come from the environment
 (inherited, not part of an arm): STANDIN_DIE_AFTER=N exits hard at the N-th `/generate`,
-STANDIN_PID_FILE receives the pids of the server and of a child it starts in its process group.
+STANDIN_PID_FILE receives the pids of the server and of a child it starts in its process group,
+STANDIN_WRAPPER (set by the tests' launch-prefix wrappers) is reported, when set, in
+`/server_info` and in the log, so a test sees which wrapper started this server.
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ def make_handler(standin: Standin):
             elif self.path == "/model_info":
                 self._json({"model_path": a.model_path, "tokenizer_path": a.model_path})
             elif self.path == "/server_info":
+                wrapper = os.environ.get("STANDIN_WRAPPER")
                 self._json(
                     {
                         "tp_size": a.tp_size,
@@ -89,6 +92,7 @@ def make_handler(standin: Standin):
                             "ttft_ms": a.ttft_ms,
                             "tpot_ms": a.tpot_ms,
                             FLAG: os.environ.get(FLAG),
+                            **({"wrapper": wrapper} if wrapper else {}),
                         },
                     }
                 )
@@ -175,7 +179,9 @@ def main() -> None:
     ThreadingHTTPServer.request_queue_size = 1024
     server = ThreadingHTTPServer((args.host, args.port), make_handler(Standin(args)))
     server.daemon_threads = True
-    print(f"stand-in serving on {args.host}:{args.port}", flush=True)
+    wrapper = os.environ.get("STANDIN_WRAPPER")
+    through = f" (started through wrapper {wrapper})" if wrapper else ""
+    print(f"stand-in serving on {args.host}:{args.port}{through}", flush=True)
     server.serve_forever()
 
 

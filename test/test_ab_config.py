@@ -5,7 +5,9 @@ from __future__ import annotations
 import copy
 import math
 import os
+import shlex
 import statistics
+import sys
 import time
 import tomllib
 from pathlib import Path
@@ -22,13 +24,18 @@ from sglang_mixgraph.ab.config import (
     read_toml,
     settings_key,
 )
-from sglang_mixgraph.ab.server import ServerError
+from sglang_mixgraph.ab.server import ServerError, launch_argv, launch_problems
 from sglang_mixgraph.ab.stats import estimate, paired_ratio, t975
 from sglang_mixgraph.ab.tools import TIMED_OUT, subprocess_invoker
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "ab_dsv4.toml"
 RAW = tomllib.loads(EXAMPLE.read_text())
+
+
+SHARED_ENV = "SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK=2816"
+OWN_ENV = "SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN"
+DEVICE = "bash tools/gpu-upstream/device.sh"
 
 
 def raw_with(**changes) -> dict:
@@ -192,6 +199,15 @@ def test_cli_rejects_unknown_flags_before_launching(tmp_path, capsys):
         (["--concurrencies", "1,x"], "integers, comma-separated"),
         (["--repeats", "0"], "repeats: must be at least 1"),
         (["--gsm8k-data", "/no/such/test.jsonl"], "no such file"),
+        (["--launch-prefix", "bash 'x"], "--launch-prefix: No closing quotation"),
+        (
+            ["--launch-prefix", "no-such-wrapper-xyz --kit k"],
+            "[server] launch_prefix: 'no-such-wrapper-xyz' is not an executable on PATH",
+        ),
+        (
+            ["--launch-prefix", "/no/such/wrap.sh"],
+            "[server] launch_prefix: '/no/such/wrap.sh': no such file",
+        ),
     ],
 )
 def test_cli_overrides_are_checked(tmp_path, capsys, argv, message):
@@ -205,8 +221,10 @@ def test_dry_run_prints_the_plan_with_attached_arms(tmp_path, capsys):
     assert ab_cli.main([*argv, "--url", "split=http://h:1", "--repeats", "2"]) == 0
     captured = capsys.readouterr()
     lines = captured.out.splitlines()
-    assert lines[1].startswith("arm baseline, repeat 1: gsm8k arm=baseline, arm=baseline")
-    assert [line.split(":")[0] for line in lines[1:]] == [
+    assert lines[1].startswith(f"server baseline: {SHARED_ENV} {OWN_ENV}=0 {sys.executable} -m ")
+    assert lines[2] == "server split: attached at http://h:1"
+    assert lines[3].startswith("arm baseline, repeat 1: gsm8k arm=baseline, arm=baseline")
+    assert [line.split(":")[0] for line in lines[3:]] == [
         "arm baseline, repeat 1",
         "arm split, repeat 1",
         "arm split, repeat 2",
@@ -287,7 +305,12 @@ def test_a_run_described_by_flags_alone(tmp_path, capsys, monkeypatch):
     assert ab_cli.main([*FLAGS_ONLY, "--dry-run"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "run directory: ab_runs/baseline-vs-split"
-    assert lines[1].startswith("arm baseline, repeat 1: gsm8k arm=baseline")
+    assert lines[1] == (
+        f"server baseline: {OWN_ENV}=0 {sys.executable} -m sglang.launch_server "
+        "--model-path /models/dsv4 --host 127.0.0.1 --port 30000 --tp 8 --enable-mixed-chunk "
+        "--chunked-prefill-size 22528"
+    )
+    assert lines[3].startswith("arm baseline, repeat 1: gsm8k arm=baseline")
     args = ab_cli._parser().parse_args(FLAGS_ONLY)
     config = parse_config(ab_cli._apply_overrides({}, args))
     assert config.server.model_path == "/models/dsv4"
@@ -344,3 +367,160 @@ def test_flags_only_mistakes_are_one_line_errors(argv, message, capsys):
     assert ab_cli.main([*argv, "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+# ---------------------------------------------------------------- launch prefix
+
+
+def with_prefix(server_prefix=None, **arm_prefixes) -> dict:
+    """The example, with a [server] launch_prefix and per-arm ones (name=prefix)."""
+    raw = raw_with(gate=[])
+    if server_prefix is not None:
+        raw["server"]["launch_prefix"] = server_prefix
+    for arm in raw["arm"]:
+        if arm["name"] in arm_prefixes:
+            arm["launch_prefix"] = arm_prefixes[arm["name"]]
+    return raw
+
+
+def test_launch_prefix_goes_in_front_of_python3_and_arms_override_it():
+    example = parse_config(read_toml(EXAMPLE))
+    tail = [
+        "-m", "sglang.launch_server", "--model-path", "/models/DeepSeek-V4-Pro",
+        "--host", "127.0.0.1", "--port", "30000", *example.server.args,
+    ]  # fmt: skip
+    # No prefix: this interpreter, exactly as before the prefix existed.
+    assert launch_argv(example, example.arm("split")) == [sys.executable, *tail]
+    # A string is split like a shell; a list is taken as it is; the same prefix either way.
+    for value in (DEVICE, shlex.split(DEVICE)):
+        config = parse_config(with_prefix(value))
+        for arm in config.arms:
+            assert launch_argv(config, arm) == [*shlex.split(DEVICE), "python3", *tail]
+    # An arm's own prefix wins; an empty one means none (this interpreter again).
+    config = parse_config(with_prefix(DEVICE, baseline=["srun", "-N1"], split=[]))
+    assert launch_argv(config, config.arm("baseline")) == ["srun", "-N1", "python3", *tail]
+    assert launch_argv(config, config.arm("split")) == [sys.executable, *tail]
+    # An arm's prefix without a global one; another python after it; a command after it.
+    config = parse_config(with_prefix(None, split="env -u X"))
+    assert launch_argv(config, config.arm("baseline")) == [sys.executable, *tail]
+    assert launch_argv(config, config.arm("split")) == ["env", "-u", "X", "python3", *tail]
+    raw = with_prefix(DEVICE)
+    raw["server"]["launch_python"] = "/opt/py/bin/python3.12"
+    config = parse_config(raw)
+    assert launch_argv(config, config.arm("split")) == [
+        *shlex.split(DEVICE),
+        "/opt/py/bin/python3.12",
+        *tail,
+    ]
+    raw["server"]["command"] = ["docker", "run", "img", "launch"]
+    config = parse_config(raw)
+    assert launch_argv(config, config.arm("split")) == [
+        *shlex.split(DEVICE),
+        "docker",
+        "run",
+        "img",
+        "launch",
+        *tail[2:],
+    ]
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (with_prefix(3), "[server] launch_prefix: expected a list of strings or a string"),
+        (with_prefix(["bash", 1]), "[server] launch_prefix[1]: expected a string"),
+        (with_prefix("bash 'x"), "[server] launch_prefix: No closing quotation"),
+        (with_prefix(None, split={"a": 1}), "arm 'split' launch_prefix: expected a list"),
+        ({**with_prefix(), "server": {**RAW["server"], "launch_python": ""}}, "must not be empty"),
+    ],
+)
+def test_bad_launch_prefixes_are_one_line_errors(raw, message):
+    with pytest.raises(ConfigError) as e:
+        parse_config(raw)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_cell_keys_without_a_prefix_are_unchanged_and_a_prefix_changes_them():
+    config = parse_config(read_toml(EXAMPLE))
+    split = config.arm("split")
+    # The keys of the example as they were before launch prefixes existed: runs without a
+    # prefix resume their finished cells.
+    assert settings_key(cell_settings(config, split, 64, 0)) == "15c7d1530bb135fa"
+    assert settings_key(gsm8k_settings(config, config.arm("baseline"))) == "688927ef406b6d67"
+
+    def keys(raw):
+        c = parse_config(raw)
+        return {a.name: settings_key(cell_settings(c, a, 64, 0)) for a in c.arms}
+
+    plain = keys(with_prefix())
+    assert plain["split"] == "15c7d1530bb135fa"
+    assert keys(with_prefix([])) == plain  # an empty prefix is no prefix
+    device = keys(with_prefix(DEVICE))
+    assert device["baseline"] != plain["baseline"] and device["split"] != plain["split"]
+    assert keys(with_prefix(shlex.split(DEVICE))) == device  # string or list: same prefix
+    assert keys(with_prefix("bash other.sh"))["split"] != device["split"]
+    # An arm that opts out keeps the key it has without any prefix; one that names the same
+    # prefix as the global one has the key of inheriting it.
+    mixed = keys(with_prefix(DEVICE, split=[], baseline=DEVICE))
+    assert mixed == {"baseline": device["baseline"], "split": plain["split"]}
+    # An attached arm is not launched: a prefix changes nothing about it.
+    attached = with_prefix()
+    attached["arm"][1]["url"] = "http://h:1"
+    attached_device = with_prefix(DEVICE)
+    attached_device["arm"][1]["url"] = "http://h:1"
+    assert keys(attached)["split"] == keys(attached_device)["split"]
+
+
+def test_dry_run_prints_each_arms_command_through_the_prefix(tmp_path, capsys):
+    argv = ["run", str(EXAMPLE), "--dry-run", "--run-dir", str(tmp_path / "r")]
+    assert ab_cli.main([*argv, "--launch-prefix", DEVICE]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    args = " ".join(RAW["server"]["args"])
+    launch = (
+        f"{DEVICE} python3 -m sglang.launch_server --model-path /models/DeepSeek-V4-Pro "
+        f"--host 127.0.0.1 --port 30000 {args}"
+    )
+    assert lines[1:3] == [
+        f"server baseline: {SHARED_ENV} {OWN_ENV}=0 {launch}",
+        f"server split: {SHARED_ENV} {OWN_ENV}=1 {launch}",
+    ]
+    # A configuration's per-arm prefix, over the flag's; an empty one: no prefix.
+    config = tmp_path / "ab.toml"
+    text = EXAMPLE.read_text()
+    text = text.replace('name = "split"\n', 'name = "split"\nlaunch_prefix = []\n', 1)
+    config.write_text(text)
+    assert ab_cli.main(["run", str(config), "--dry-run", "--launch-prefix", DEVICE]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == f"server baseline: {SHARED_ENV} {OWN_ENV}=0 {launch}"
+    assert lines[2] == (
+        f"server split: {SHARED_ENV} {OWN_ENV}=1 {sys.executable} "
+        + launch.removeprefix(f"{DEVICE} python3 ")
+    )
+
+
+def test_a_prefix_that_cannot_run_is_a_one_line_error_before_anything(tmp_path, capsys):
+    script = tmp_path / "wrap.sh"
+    script.write_text('#!/bin/sh\nexec "$@"\n')  # not executable
+    raw_text = EXAMPLE.read_text().replace(
+        'name = "split"\n', f'name = "split"\nlaunch_prefix = ["{script}"]\n', 1
+    )
+    config = tmp_path / "ab.toml"
+    config.write_text(raw_text)
+    argv = ["run", str(config), "--run-dir", str(tmp_path / "run")]
+    assert ab_cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"arm 'split' launch_prefix: '{script}' is not executable" in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert not (tmp_path / "run").exists()
+    # The arm's own prefix wins over --launch-prefix; made executable, it can run.
+    assert ab_cli.main([*argv, "--dry-run", "--launch-prefix", f"bash {script}"]) == 2
+    os.chmod(script, 0o755)
+    assert ab_cli.main([*argv, "--dry-run"]) == 0
+    capsys.readouterr()
+    # An attached arm is not launched: its prefix is not checked.
+    bad = parse_config(with_prefix("no-such-wrapper-xyz"))
+    assert len(launch_problems(bad)) == 1  # said once, not per arm
+    attached = with_prefix("no-such-wrapper-xyz")
+    for arm in attached["arm"]:
+        arm["url"] = "http://h:1"
+    assert launch_problems(parse_config(attached)) == []

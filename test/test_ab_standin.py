@@ -5,7 +5,8 @@ real `sglang.benchmark.serving` and GSM8K eval (`sglang.test.run_eval`) drive it
 the report's numbers are what the stand-in was set to produce, accuracy is the known fraction,
 arms are interleaved A B B A, a second run skips every finished cell, a server that dies gives
 a clear error and keeps what was measured, Ctrl-C and startup failures leave no process
-behind, and the accuracy-only CI mode exits 1 below its threshold.
+behind, the accuracy-only CI mode exits 1 below its threshold, and a launch prefix (a wrapper
+in front of the server, global or per arm) really runs and is stopped with its server.
 """
 
 from __future__ import annotations
@@ -30,9 +31,12 @@ from ab_kit import (
     standin_config,
     write_gsm8k,
     write_model_dir,
+    write_wrapper,
 )
 
 from sglang_mixgraph.ab import cli as ab_cli
+from sglang_mixgraph.ab import server as servers
+from sglang_mixgraph.ab.config import parse_config, read_toml
 from sglang_mixgraph.ab.tools import BENCH_MODULE, GSM8K_MODULE
 
 TTFT_MS = 30.0
@@ -297,3 +301,84 @@ def test_accuracy_only_ci_mode_attached_exits_1_below_threshold(tmp_path):
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["gsm8k"]["candidate"]["score"] == pytest.approx(accuracy)
     assert results["gsm8k"]["candidate"]["passed"] is False
+
+
+def _ppid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def test_launch_prefix_global_per_arm_and_none(tmp_path, monkeypatch, capsys):
+    """Each arm's server goes through the wrapper it is given, and saw it (STANDIN_WRAPPER)."""
+    monkeypatch.delenv("STANDIN_WRAPPER", raising=False)
+    shared = write_wrapper(tmp_path / "wrap_shared.sh", "shared")  # run through bash
+    own = write_wrapper(tmp_path / "wrap_own.sh", "own", executable=True)  # run directly
+    config = standin_config(
+        tmp_path,
+        port=free_port(),
+        server=f'launch_prefix = ["bash", "{shared}"]',
+        arms=f"""
+[[arm]]
+name = "base"
+
+[[arm]]
+name = "own"
+launch_prefix = ["{own}"]
+
+[[arm]]
+name = "plain"
+launch_prefix = []
+""",
+        sweep="""concurrencies = [1]
+dataset = "random-ids"
+input_len = 8
+output_len = 2
+min_prompts = 2
+repeats = 1""",
+    )
+    run_dir = tmp_path / "run"
+    assert _run(config, run_dir, Recorder()) == 0, capsys.readouterr().err
+
+    results = json.loads((run_dir / "results.json").read_text())
+    raw = {c["arm"]: c["raw"] for c in results["cells"] if c["kind"] == "bench"}
+    seen = {}
+    for arm in ("base", "own", "plain"):
+        line = json.loads((run_dir / raw[arm]).read_text().splitlines()[-1])
+        seen[arm] = line["server_info"]["standin"].get("wrapper")
+    assert seen == {"base": "shared", "own": "own", "plain": None}
+
+    standin = f"{sys.executable} {STANDIN}"
+    headers = {
+        arm: (run_dir / "servers" / f"{arm}_1.log").read_text().splitlines()[1] for arm in seen
+    }
+    assert headers["base"].startswith(f"=== sglang-mixgraph ab: bash {shared} {standin} ")
+    assert headers["own"].startswith(f"=== sglang-mixgraph ab: {own} {standin} ")
+    assert headers["plain"].startswith(f"=== sglang-mixgraph ab: {standin} ")
+    log = (run_dir / "servers" / "base_1.log").read_text()
+    assert "stand-in serving on 127.0.0.1:" in log and "through wrapper shared" in log
+    # Two wrappers (their pid each) and three stand-ins (pid and child each) started; the
+    # autouse fixture checks every one of them is gone.
+    assert len((tmp_path / "pids").read_text().split()) == 2 + 3 * 2
+
+
+def test_stop_kills_the_wrapper_and_the_server_it_started(tmp_path, monkeypatch):
+    """With a prefix the server is the wrapper's child: stopping signals the whole group."""
+    monkeypatch.delenv("STANDIN_WRAPPER", raising=False)
+    wrapper = write_wrapper(tmp_path / "wrap.sh", "shared")
+    path = standin_config(
+        tmp_path,
+        port=free_port(),
+        server=f'launch_prefix = "bash {wrapper}"',  # a string is split like a shell
+        arms=TWO_ARMS,
+        sweep="concurrencies = [1]",
+    )
+    config = parse_config(read_toml(path))
+    server = servers.launch(config, config.arm("base"), tmp_path / "server.log")
+    try:
+        wrapper_pid, standin_pid, child_pid = map(int, (tmp_path / "pids").read_text().split())
+        assert wrapper_pid == server.proc.pid  # the wrapper leads the group ...
+        assert _ppid(standin_pid) == wrapper_pid  # ... the server is its child, not exec'd
+        assert _ppid(child_pid) == standin_pid  # ... and the server's own child a grandchild
+    finally:
+        left = server.stop()
+    assert left == []
+    assert pids_alive(tmp_path / "pids") == []

@@ -1,9 +1,10 @@
 """`sglang-mixgraph ab run [CONFIG]` and `sglang-mixgraph ab report RUN_DIR`.
 
 `run` reads the TOML configuration (or builds one from flags alone: --model-path,
---server-args, --arm, --concurrencies, ...), applies the command-line overrides (attach URLs,
-GSM8K data, repeats, concurrencies, lengths), checks every arm's environment against SGLang's and the
-plugin's flags, then runs or resumes the sweep in the run directory and writes the report.
+--server-args, --launch-prefix, --arm, --concurrencies, ...), applies the command-line
+overrides (attach URLs, GSM8K data, repeats, concurrencies, lengths), checks that every launch
+prefix can run and every arm's environment against SGLang's and the plugin's flags, then runs
+or resumes the sweep in the run directory and writes the report.
 `--accuracy-only` runs only the GSM8K eval (one arm is enough) for CI jobs that only gate on
 accuracy. `report` rebuilds report.md, results.json and the plots from a run directory.
 
@@ -58,6 +59,13 @@ def _parser() -> argparse.ArgumentParser:
         "--server-args",
         metavar="'ARGS'",
         help="launch_server arguments of every arm, one quoted string (sets [server] args)",
+    )
+    run.add_argument(
+        "--launch-prefix",
+        metavar="'WRAPPER ARGS'",
+        help="a wrapper put in front of every arm's server launch, one quoted string (sets "
+        "[server] launch_prefix; after it, `python3 -m sglang.launch_server` unless [server] "
+        "command or launch_python say otherwise; an arm's own launch_prefix wins)",
     )
     run.add_argument(
         "--arm",
@@ -119,7 +127,8 @@ def _arm_from_flag(spec: str) -> dict[str, Any]:
 
 def _apply_overrides(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     raw = copy.deepcopy(raw)
-    server = raw.setdefault("server", {}) if (args.model_path or args.server_args) else None
+    sets_server = args.model_path or args.server_args or args.launch_prefix is not None
+    server = raw.setdefault("server", {}) if sets_server else None
     if args.model_path:
         server["model_path"] = args.model_path
     if args.server_args:
@@ -127,6 +136,11 @@ def _apply_overrides(raw: dict[str, Any], args: argparse.Namespace) -> dict[str,
             server["args"] = shlex.split(args.server_args)
         except ValueError as e:
             raise ConfigError(f"--server-args: {e}") from None
+    if args.launch_prefix is not None:  # "" sets no prefix (over the configuration's)
+        try:
+            server["launch_prefix"] = shlex.split(args.launch_prefix)
+        except ValueError as e:
+            raise ConfigError(f"--launch-prefix: {e}") from None
     if args.arm:
         raw.setdefault("arm", []).extend(_arm_from_flag(spec) for spec in args.arm)
     for flag, key in (("input_len", "input_len"), ("output_len", "output_len")):
@@ -165,7 +179,7 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
 
 
 def cmd_run(args: argparse.Namespace, invoker: Any = None) -> int:
-    from sglang_mixgraph.ab import arms, report, results, runner
+    from sglang_mixgraph.ab import arms, report, results, runner, server
 
     path = Path(args.config) if args.config else None
     try:
@@ -176,7 +190,7 @@ def cmd_run(args: argparse.Namespace, invoker: Any = None) -> int:
     except ConfigError as e:
         _error(str(e))
         return EXIT_USAGE
-    problems = arms.env_problems(config)
+    problems = server.launch_problems(config) + arms.env_problems(config)
     if problems:
         for problem in problems:
             _error(problem)
@@ -188,6 +202,11 @@ def cmd_run(args: argparse.Namespace, invoker: Any = None) -> int:
     visits = runner.plan(config, accuracy_only=args.accuracy_only)
     if args.dry_run:
         print(f"run directory: {run_dir}")
+        for arm in config.arms:
+            if arm.url is None:
+                print(f"server {arm.name}: {server.launch_line(config, arm)}")
+            else:
+                print(f"server {arm.name}: attached at {arm.url}")
         for visit in visits:
             cells = ", ".join(c.label() for c in visit.cells)
             done = sum(runner.is_done(run_dir, c) for c in visit.cells)

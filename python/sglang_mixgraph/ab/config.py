@@ -1,11 +1,12 @@
 """The A/B configuration: one TOML file, read with the standard library (tomllib).
 
 Sections: `[server]` (shared launch: model, SGLang server arguments, environment, GPU count,
-port, health timeout, the launch command), `[[arm]]` (two or more: name, environment, extra
-server arguments, or `url` to attach to a running server), `[sweep]` (concurrencies, the
-`sglang.benchmark.serving` workload, repeats), `[gsm8k]` (SGLang's GSM8K eval and its
-threshold), `[[gate]]` (ratio gates between two arms), and a top-level `note` for the report. Every problem is a `ConfigError`
-with one line naming the key, so the command can print it without a traceback.
+port, health timeout, the launch command and a launch prefix: a wrapper put in front of it),
+`[[arm]]` (two or more: name, environment, extra server arguments, its own launch prefix, or
+`url` to attach to a running server), `[sweep]` (concurrencies, the `sglang.benchmark.serving`
+workload, repeats), `[gsm8k]` (SGLang's GSM8K eval and its threshold), `[[gate]]` (ratio gates
+between two arms), and a top-level `note` for the report. Every problem is a `ConfigError` with
+one line naming the key, so the command can print it without a traceback.
 
 `cell_settings` turns one measurement into the exact settings that key it on disk: a run
 directory is resumed by these keys, so anything that changes what is measured is in them.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shlex
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +26,13 @@ from typing import Any
 # Without `[server] command` a server is `python -m sglang.launch_server` run by the interpreter
 # that runs this tool (the one SGLang is installed in); the key records it by this label, so a
 # run directory resumes from another virtual environment.
-DEFAULT_LAUNCH_LABEL = ("<this python>", "-m", "sglang.launch_server")
+LAUNCH_MODULE = ("-m", "sglang.launch_server")
+DEFAULT_LAUNCH_LABEL = ("<this python>", *LAUNCH_MODULE)
+# After a launch prefix (a wrapper such as `bash tools/gpu-upstream/device.sh` that prepares a
+# machine, then runs "$@") the interpreter is named, not this one: the wrapper may install or
+# select its own Python, so it resolves `python3` on its own PATH ([server] launch_python
+# names another one).
+PREFIXED_PYTHON = "python3"
 # Metrics a gate may compare; the report shows the same names.
 GATE_METRICS = (
     "output_throughput_per_gpu",
@@ -55,6 +63,8 @@ class Server:
     stop_timeout_s: float = 60.0
     command: tuple[str, ...] = ()  # empty: DEFAULT_LAUNCH_LABEL
     allow_env: tuple[str, ...] = ()
+    launch_prefix: tuple[str, ...] = ()  # put in front of the launch command
+    launch_python: str | None = None  # None: this python, or PREFIXED_PYTHON after a prefix
 
 
 @dataclass(frozen=True)
@@ -64,6 +74,7 @@ class Arm:
     args: tuple[str, ...] = ()
     url: str | None = None
     gpus: int | None = None
+    launch_prefix: tuple[str, ...] | None = None  # None: [server] launch_prefix; (): none
 
 
 @dataclass(frozen=True)
@@ -191,6 +202,18 @@ def _str_list(value: Any, where: str) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _prefix(value: Any, where: str) -> tuple[str, ...]:
+    """A launch prefix: a list of words, or one string split like a shell would."""
+    if isinstance(value, str):
+        try:
+            return tuple(shlex.split(value))
+        except ValueError as e:
+            raise ConfigError(f"{where}: {e}") from None
+    if not isinstance(value, list):
+        raise ConfigError(f"{where}: expected a list of strings or a string, got {value!r}")
+    return _str_list(value, where)
+
+
 def _env(value: Any, where: str) -> dict[str, str]:
     _typed(value, dict, where)
     env = {}
@@ -217,6 +240,8 @@ def _server(table: dict[str, Any]) -> Server:
             "stop_timeout_s",
             "command",
             "allow_env",
+            "launch_prefix",
+            "launch_python",
         },
     )
     kwargs: dict[str, Any] = {}
@@ -248,6 +273,12 @@ def _server(table: dict[str, Any]) -> Server:
             raise ConfigError(f"{where} command: must not be empty")
     if "allow_env" in table:
         kwargs["allow_env"] = _str_list(table["allow_env"], f"{where} allow_env")
+    if "launch_prefix" in table:
+        kwargs["launch_prefix"] = _prefix(table["launch_prefix"], f"{where} launch_prefix")
+    if "launch_python" in table:
+        kwargs["launch_python"] = _typed(table["launch_python"], str, f"{where} launch_python")
+        if not kwargs["launch_python"]:
+            raise ConfigError(f"{where} launch_python: must not be empty")
     return Server(**kwargs)
 
 
@@ -257,7 +288,7 @@ def _arms(items: Any) -> tuple[Arm, ...]:
     for i, table in enumerate(items):
         where = f"[[arm]] #{i + 1}"
         _typed(table, dict, where)
-        _take(table, where, {"name", "env", "args", "url", "gpus"})
+        _take(table, where, {"name", "env", "args", "url", "gpus", "launch_prefix"})
         if "name" not in table:
             raise ConfigError(f"{where}: missing key 'name'")
         name = _typed(table["name"], str, f"{where} name")
@@ -273,6 +304,11 @@ def _arms(items: Any) -> tuple[Arm, ...]:
                 args=_str_list(table.get("args", []), f"{where} args"),
                 url=_typed(table["url"], str, f"{where} url") if "url" in table else None,
                 gpus=_positive_int(table["gpus"], f"{where} gpus") if "gpus" in table else None,
+                launch_prefix=(
+                    _prefix(table["launch_prefix"], f"{where} launch_prefix")
+                    if "launch_prefix" in table
+                    else None
+                ),
             )
         )
     names = [a.name for a in arms]
@@ -478,19 +514,41 @@ def read_toml(path: str | Path) -> dict[str, Any]:
 # ---------------------------------------------------------------- cell keys
 
 
+def launch_prefix(config: Config, arm: Arm) -> tuple[str, ...]:
+    """The wrapper in front of an arm's launch: its own, else `[server] launch_prefix`."""
+    return config.server.launch_prefix if arm.launch_prefix is None else arm.launch_prefix
+
+
+def launch_command(server: Server, prefixed: bool) -> tuple[str, ...] | None:
+    """The command that follows the prefix; None: this tool's python -m sglang.launch_server."""
+    if server.command:
+        return server.command
+    if server.launch_python is not None:
+        return (server.launch_python, *LAUNCH_MODULE)
+    if prefixed:
+        return (PREFIXED_PYTHON, *LAUNCH_MODULE)
+    return None
+
+
 def arm_settings(config: Config, arm: Arm) -> dict[str, Any]:
     """What identifies the server an arm measures: its URL, or everything that launches it."""
     if arm.url is not None:
         # The server was started elsewhere; the env is the user's label of what it runs.
         return {"name": arm.name, "url": arm.url, "env": dict(arm.env)}
     s = config.server
-    return {
+    prefix = launch_prefix(config, arm)
+    settings = {
         "name": arm.name,
-        "command": list(s.command or DEFAULT_LAUNCH_LABEL),
+        "command": list(launch_command(s, bool(prefix)) or DEFAULT_LAUNCH_LABEL),
         "model_path": s.model_path,
         "args": list(s.args) + list(arm.args),
         "env": {**s.env, **arm.env},
     }
+    if prefix:
+        # A wrapper changes what runs (what it installs, which python): part of the key. Only
+        # then is the field present, so the cells of runs without a prefix keep their keys.
+        settings["launch_prefix"] = list(prefix)
+    return settings
 
 
 def cell_settings(config: Config, arm: Arm, concurrency: int, repeat: int) -> dict[str, Any]:

@@ -1,11 +1,14 @@
 """Reaching an arm's server: launch it (and always stop it) or attach to one already running.
 
 Launch runs `python -m sglang.launch_server` (or `[server] command`, e.g. a container or
-`srun` wrapper) with the shared and the arm's environment and arguments, in a session of its
-own so that the whole process group (SGLang's scheduler and detokenizer processes included)
-can be signalled at once, with stdout and stderr appended to a log file. Readiness is polled on
-`/health_generate` as SGLang's own test launcher does (sglang.test.test_utils
-`_wait_for_server_health`): it answers 200 only once the server generates. Stopping sends
+`srun` wrapper), after the arm's launch prefix if it has one (a wrapper that prepares the
+machine and then runs "$@", e.g. `bash tools/gpu-upstream/device.sh`), with the shared and the
+arm's environment and arguments, in a session of its own so that the whole process group
+(SGLang's scheduler and detokenizer processes included; with a prefix, the wrapper leads the
+group and the server is its child) can be signalled at once, with stdout and stderr appended
+to a log file. Readiness is polled on `/health_generate` as SGLang's own test launcher does
+(sglang.test.test_utils `_wait_for_server_health`): it answers 200 only once the server
+generates. Stopping sends
 SIGTERM to the group, waits, then SIGKILL to whatever is left of it and waits until every
 member has exited, so no process (nor the GPU memory it holds) outlives a visit, a failure or
 a Ctrl-C. Attach only checks the given URL answers the same probe.
@@ -14,6 +17,8 @@ a Ctrl-C. Attach only checks the given URL answers the same probe.
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sglang_mixgraph.ab.config import Arm, Config
+from sglang_mixgraph.ab.config import LAUNCH_MODULE, Arm, Config, launch_command, launch_prefix
 
 HEALTH_PATH = "/health_generate"
 # Poll fast first (a stand-in or an attached server answers at once), then every few seconds.
@@ -54,9 +59,12 @@ def healthy(url: str, timeout_s: float = 5.0) -> bool:
 
 
 def launch_argv(config: Config, arm: Arm) -> list[str]:
+    """prefix + command + launch arguments; without a prefix, python is this interpreter."""
     s = config.server
-    command = list(s.command) or [sys.executable, "-m", "sglang.launch_server"]
+    prefix = launch_prefix(config, arm)
+    command = launch_command(s, bool(prefix)) or (sys.executable, *LAUNCH_MODULE)
     return [
+        *prefix,
         *command,
         "--model-path",
         str(s.model_path),
@@ -67,6 +75,44 @@ def launch_argv(config: Config, arm: Arm) -> list[str]:
         *s.args,
         *arm.args,
     ]
+
+
+def launch_line(config: Config, arm: Arm) -> str:
+    """The arm's launch as one shell line: its environment (on top of ours), then the argv."""
+    env = {**config.server.env, **arm.env}
+    words = [f"{name}={shlex.quote(value)}" for name, value in env.items()]
+    return " ".join([*words, shlex.join(launch_argv(config, arm))])
+
+
+def _prefix_problem(word: str, env: dict[str, str]) -> str | None:
+    if "/" not in word:  # looked up on the server's PATH, as Popen will
+        path = os.pathsep.join(os.get_exec_path({**os.environ, **env}))
+        return None if shutil.which(word, path=path) else f"{word!r} is not an executable on PATH"
+    path = Path(word)  # relative to the directory the tool runs in, as Popen will
+    if not path.is_file():
+        return f"{word!r}: no such file"
+    if not os.access(path, os.X_OK):
+        return f"{word!r} is not executable (chmod +x it, or run it through bash: 'bash {word}')"
+    return None
+
+
+def launch_problems(config: Config) -> list[str]:
+    """One line per launch prefix (of an arm that launches) whose first word cannot run."""
+    problems = []
+    for arm in config.arms:
+        prefix = launch_prefix(config, arm)
+        if arm.url is not None or not prefix:
+            continue
+        where = (
+            "[server] launch_prefix"
+            if arm.launch_prefix is None
+            else f"arm {arm.name!r} launch_prefix"
+        )
+        problem = _prefix_problem(prefix[0], {**config.server.env, **arm.env})
+        line = f"{where}: {problem}" if problem else None
+        if line and line not in problems:
+            problems.append(line)
+    return problems
 
 
 @dataclass
