@@ -48,7 +48,7 @@ def test_doctor_json_reports_versions_gpu_flags_and_every_patch(monkeypatch):
 
     for name in FLAGS:  # doctor runs with no SGLANG_* variable (see cli())
         monkeypatch.delenv(name, raising=False)
-    # a patch whose flags default to on (graph_config: SGLANG_MIXGRAPH_PREFILL_BUCKETS=auto) is active
+    # every patch is in the state its flag defaults give it
     default_state = {p.id: evaluate(p).state for p in all_patches()}
     report = cli_json("doctor")
     assert report["versions"]["sglang"] == "0.5.23"
@@ -82,7 +82,7 @@ def test_doctor_says_an_empty_flag_is_unset():
     result = cli("doctor", env={"SGLANG_MIXGRAPH_PREFILL_BUCKETS": ""})
     assert result.returncode == 0
     assert (
-        "SGLANG_MIXGRAPH_PREFILL_BUCKETS = 'auto' (set empty: unset, the default applies)"
+        "SGLANG_MIXGRAPH_PREFILL_BUCKETS = 'upstream' (set empty: unset, the default applies)"
         in result.stdout
     )
 
@@ -219,8 +219,9 @@ def test_plan_rejects_unknown_target_gpu():
 
 def test_plan_says_what_the_mixed_split_would_do(tmp_path):
     on = {"SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN": "1"}
-    notes = {p["id"]: p.get("note") for p in cli_json("plan", env=on)["patches"]}
-    # graph_config keeps BCG on for the reference deployment: its replays split in the break.
+    bcg = {**on, "SGLANG_MIXGRAPH_PREFILL_BUCKETS": "auto"}
+    notes = {p["id"]: p.get("note") for p in cli_json("plan", env=bcg)["patches"]}
+    # graph_config (auto) keeps BCG on for the reference deployment: replays split in the break.
     assert notes["mixed_split"].startswith("splits mixed steps")
     assert (
         "steps of up to 2816 tokens replay breakable prefill graphs and split inside the replay's "
@@ -229,9 +230,7 @@ def test_plan_says_what_the_mixed_split_would_do(tmp_path):
 
     eager = {
         p["id"]: p
-        for p in cli_json("plan", env={**on, "SGLANG_MIXGRAPH_PREFILL_BUCKETS": "upstream"})[
-            "patches"
-        ]
+        for p in cli_json("plan", env=on)["patches"]  # the default: upstream's DSV4 rule
     }
     assert eager["mixed_split"]["status"] == "active"
     assert "replay" not in eager["mixed_split"]["note"]

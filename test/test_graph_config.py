@@ -1,7 +1,8 @@
 """Forced BCG and the graph configuration through SGLang's real server-argument resolution, for a table of deployments.
 
-The graph_config patch is always installed and reads SGLANG_MIXGRAPH_PREFILL_BUCKETS when
-its hooks run, so the table runs in this process with the flag set per row. The upstream
+The graph_config patch is always installed here and reads SGLANG_MIXGRAPH_PREFILL_BUCKETS when
+its hooks run, so the table runs in this process with the flag set per row (``auto`` unless a
+test says otherwise: the patch is off by default). The upstream
 baseline (no mixgraph plugin at all) and SGLANG_EXPERIMENTAL_FORCE_BCG (its hook is only
 installed when the flag is on at load) run in subprocesses.
 """
@@ -100,7 +101,7 @@ def models(tmp_path_factory):
 @pytest.fixture
 def flags(monkeypatch):
     monkeypatch.delenv(FORCE_ENV, raising=False)
-    monkeypatch.delenv(BUCKETS_ENV, raising=False)
+    monkeypatch.setenv(BUCKETS_ENV, "auto")
     monkeypatch.setenv(CAP_ENV, "2816")
 
     def set_(**env):
@@ -485,12 +486,13 @@ def test_flags_off_resolve_exactly_like_upstream(flags, models):
     # the described GPU, no mixgraph patches
     baseline, stderr = _run_rows(_BASELINE, "BASELINE", rows, SGLANG_PLUGINS="mixgraph_target")
     assert "sglang-mixgraph" not in stderr  # really no plugin
-    flags(**{BUCKETS_ENV: "upstream"})
-    for name, argv in rows.items():
-        ours = json.loads(json.dumps(resolve(argv).resolved, default=str))
-        assert ours == baseline[name], name
-    # with our defaults, deployments out of the patch's scope still resolve exactly as upstream
-    flags(**{BUCKETS_ENV: None})
+    for value in ("upstream", None):  # off, and unset: the default is off
+        flags(**{BUCKETS_ENV: value})
+        for name, argv in rows.items():
+            ours = json.loads(json.dumps(resolve(argv).resolved, default=str))
+            assert ours == baseline[name], (value, name)
+    # switched on, deployments out of the patch's scope still resolve exactly as upstream
+    flags(**{BUCKETS_ENV: "auto"})
     for name in OUT_OF_SCOPE:
         assert (
             json.loads(json.dumps(resolve(rows[name]).resolved, default=str)) == baseline[name]

@@ -1,7 +1,10 @@
 """`graph_config`: prefill CUDA graphs sized for mixed chunked prefill (DeepSeek-V4, GLM-5).
 
-What: on by default, for mixed chunked prefill of a sparse-MLA model only (anything else
-resolves exactly as upstream). Through the rule hook (`bcg_rules.rules_hook`) it defers
+What: off by default (``SGLANG_MIXGRAPH_PREFILL_BUCKETS=auto`` turns it on), and then for mixed
+chunked prefill of a sparse-MLA model only (anything else resolves exactly as upstream). It is
+off by default because it turns the breakable prefill graph on for DeepSeek-V4, and on a
+DeepSeek-V4-Pro rank slice on the H200 breakable replays of mixed steps were slower than eager
+steps (docs/results/rank_slice_h200.md). Through the rule hook (`bcg_rules.rules_hook`) it defers
 upstream's blanket DeepSeek-V4 BCG rule; AROUND `mega_moe_hook.validate_mega_moe_token_budget_for_model`
 (late in resolution) it applies the planner's derived bucket list, settles the deferred rule
 with the capture-memory estimate and runs the startup validations; AROUND
@@ -33,7 +36,7 @@ LOGITS_TARGET = (
 
 PREFILL_BUCKETS = choice_flag(
     "SGLANG_MIXGRAPH_PREFILL_BUCKETS",
-    "auto",
+    "upstream",
     ("auto", "upstream"),
     "Prefill CUDA-graph buckets: 'auto' derives a short list from the per-rank chunk, the "
     "running requests per DP rank and the MoE cap, and lets the capture-memory estimate "
