@@ -2,7 +2,7 @@
 # Fill .gpu-upstream/ (git-ignored) in the repository root with what a bare torch GPU machine
 # (torch, Triton, nvcc; no sglang, no package index) needs to run SGLang 0.5.23's own Python
 # code: small wheels, sglang's wheel without multimodal_gen and the Rust extensions, and the
-# CUTLASS/CuTe headers of the SM90 Q8KV8 JIT kernel. About 50 MB. Needs pip and an index.
+# CUTLASS/CuTe headers of the SM90 Q8KV8 JIT kernel. About 57 MB. Needs pip and an index.
 #
 #   bash tools/gpu-upstream/prepare.sh
 #   (GPU machine, carry .gpu-upstream)  bash tools/gpu-upstream/device.sh python3 -m pytest test/gpu_upstream -q
@@ -18,11 +18,21 @@ dl() { python3 -m pip download -q --no-deps --only-binary=:all: --python-version
 # The versions a full `pip install sglang==0.5.23` resolves to. sgl-flash-mla uses torch's
 # stable ABI, so it loads on the GPU machine's older torch. cuda-bindings (cuda-python, an sglang
 # dependency): upstream's breakable graph and its dedup registry, and drop_empty_segments' node count.
+# For `python -m sglang.launch_server` (tokenizer on), sglang.benchmark.serving and sglang.test.run_eval:
+SERVE=(uvicorn==0.54.0)           # http_server's HTTP server (imported at module level; click, h11 are there)
+SERVE+=(python-multipart==0.0.34) # FastAPI refuses to build http_server's Form(...) routes without it
+SERVE+=(xgrammar==0.2.7)          # the scheduler builds the default grammar backend when the tokenizer is on (binds via tvm-ffi)
+SERVE+=(deepseek-recipe==0.2.0)   # a DeepSeek-V4 checkpoint's chat encoder, built at server start (12 MB; Rust, no torch)
+SERVE+=(jsonschema==4.26.0)       # /v1/chat/completions checks each request tool's parameters schema with it
+SERVE+=(referencing==0.37.0)      # jsonschema's dependency
+SERVE+=(jsonschema-specifications==2025.9.1) # jsonschema's dependency
+SERVE+=(rpds-py==2026.9.1)        # referencing's dependency (attrs is there)
 for w in msgspec==0.23.0 orjson==3.13.0 pybase64==1.5.1 pydantic==2.14.4 pydantic-core==2.50.5 \
          annotated-types==0.8.0 typing-inspection==0.4.5 typing-extensions==4.16.0 pyzmq==27.3.0 \
          partial-json-parser==0.2.1.1.post7 dill==0.4.1 setproctitle==1.3.8 apache-tvm-ffi==0.1.11 \
          starlette==1.10.0 fastapi==0.165.0 opentelemetry-api==1.45.2 openai==2.8.0 jiter==0.19.0 \
-         distro==1.9.0 sniffio==1.3.1 sgl-flash-mla==1.0.0 cuda-bindings==13.4.4 cuda-pathfinder==1.9.1; do
+         distro==1.9.0 sniffio==1.3.1 sgl-flash-mla==1.0.0 cuda-bindings==13.4.4 cuda-pathfinder==1.9.1 \
+         "${SERVE[@]}"; do
   ls "$U/wheels" | grep -qi "^$(echo "${w%%==*}" | tr '-' '_')-${w##*==}-" || dl "$U/wheels" "$w"
 done
 # Only the CUTLASS/CuTe headers of this wheel are used (device.sh extracts them).

@@ -161,14 +161,15 @@ def write_plots(results: Results, run_dir: Path) -> list[str]:
     if not results.summary:
         return []  # nothing measured yet
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")  # files only; never a display
-        import matplotlib.pyplot as plt
+        # Figures without pyplot: files only, no backend or REPL hooks (pyplot consults IPython
+        # whenever a module of that name is loaded, which broke a run on a GPU machine).
+        import matplotlib  # noqa: F401 -- a missing matplotlib fails here, cached submodules or not
+        from matplotlib.figure import Figure
     except ImportError:
         return [PLOTS_SKIPPED]
     metric = "output_throughput_per_gpu"
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.subplots()
     for arm in results.config.arms:
         points = [
             (by_m["median_tpot_ms"].mean, by_m[metric].mean, conc)
@@ -187,9 +188,9 @@ def write_plots(results: Results, run_dir: Path) -> list[str]:
     ax.legend()
     fig.tight_layout()
     fig.savefig(run_dir / PLOTS[0], dpi=120)
-    plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.subplots()
     for arm in results.config.arms:
         series = [
             (conc, by_m[metric])
@@ -214,7 +215,6 @@ def write_plots(results: Results, run_dir: Path) -> list[str]:
     ax.legend()
     fig.tight_layout()
     fig.savefig(run_dir / PLOTS[1], dpi=120)
-    plt.close(fig)
     return [str(run_dir / name) for name in PLOTS]
 
 
