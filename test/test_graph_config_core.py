@@ -138,6 +138,36 @@ def test_estimate_sums_per_bucket_terms():
     assert estimate_capture_bytes([16, 1408, 2816, 704], DSV4).total > est.total
 
 
+def test_graph_pool_keeps_the_largest_buckets_activations():
+    """The private pool's high-water mark: upstream's per-token activation figure for b_max, and
+    with the torch indexer path its per-head logits; measured on the H200 at 18.2 GB (W=8192) and
+    9.5 GB (W=2304) for the first of ten buckets, about 50 MiB for each of the others."""
+    from sglang_mixgraph.core.capture_memory import (
+        ACTIVATION_BYTES_PER_TOKEN,
+        TORCH_LOGITS_LIVE_COPIES,
+    )
+
+    def shape(width, torch_logits):
+        return ModelShape(
+            hidden_size=7168,
+            hidden_multiplier=4,
+            sparse=SparseIndexerShape(
+                index_topk=1024, context_width=width, index_heads=64, torch_logits=torch_logits
+            ),
+        )
+
+    buckets = [16, 24, 48, 88, 176, 256, 352, 704, 1408, 2816]
+    fused = estimate_capture_bytes(buckets, shape(8192, False)).terms["graph_pool_activations"]
+    assert fused == 2816 * ACTIVATION_BYTES_PER_TOKEN  # the largest bucket alone, not the sum
+    per_head = TORCH_LOGITS_LIVE_COPIES * 64 * (8192 // 4) * 4
+    torch_term = estimate_capture_bytes(buckets, shape(8192, True)).terms
+    assert torch_term["graph_pool_activations"] == 2816 * (ACTIVATION_BYTES_PER_TOKEN + per_head)
+    # within 25% of the two captures on the H200 (device memory taken, all ten buckets)
+    for width, measured_mib in ((8192, 18712), (2304, 10186)):
+        total = estimate_capture_bytes(buckets, shape(width, True)).total / MiB
+        assert 0.75 <= total / measured_mib <= 1.25, (width, total)
+
+
 def test_budget_and_verdict():
     decode = decode_graph_reserve_bytes(
         decode_max_bs=512, decode_graph_on=True, attn_dp_enabled=True, attn_dp_size=8

@@ -220,11 +220,15 @@ def model_shape(server_args, prefill_max_context: int | None = None) -> ModelSha
             width = -(-int(requested) // page) * page
         else:
             width = int(cfg.context_length or mc.context_len)
+        from sglang.srt.environ import envs
+
         sparse = SparseIndexerShape(
             index_topk=int(getattr(text, "index_topk", 512)),
             context_width=width,
             page_size=page,
             swa_window=int(getattr(text, "sliding_window", 128) or 128),
+            index_heads=int(getattr(text, "index_n_heads", 64) or 64),
+            torch_logits=bool(envs.SGLANG_FP8_PAGED_MQA_LOGITS_TORCH.get()),
         )
     return ModelShape(hidden_size=hidden, hidden_multiplier=hc, sparse=sparse)
 

@@ -11,12 +11,17 @@ Needed, for buckets b_1..b_n (tokens per rank), largest b_max:
   (`PrefillCudaGraphRunner.__init__`'s input buffers in
   `model_executor.runner.prefill_cuda_graph_runner`; the shared output buffer of
   `BreakableCudaGraphBackend.capture_one` in `model_executor.runner_backend`);
-- not counted: the activations of the captured segments. Buckets capture largest first
-  into one shared pool (`PrefillCudaGraphRunner._capture_one_stream`,
-  `BreakableCudaGraphBackend.capture_session`), and upstream's reserve assumes that torch
-  memory is reused between capture and eager forwards ("Only non-torch memory is counted",
-  `reserve_for_graph_mb`), so it lives in the eager activation reserve below; we follow
-  upstream there;
+- the activations of the captured segments: buckets capture largest first into one
+  private graph pool (`PrefillCudaGraphRunner._capture_one_stream`,
+  `BreakableCudaGraphBackend.capture_session`), which keeps the largest bucket's high-water
+  mark and which eager forwards cannot reuse (upstream's reserve assumes they can: "Only
+  non-torch memory is counted", `reserve_for_graph_mb`). Counted as upstream's own eager
+  activation figure for b_max tokens (1.5 MiB a token, `handle_gpu_memory_settings`), plus,
+  where the c4 indexer computes its logits in torch (`SGLANG_FP8_PAGED_MQA_LOGITS_TORCH`),
+  its per-head fp32 logits [b_max, index heads, W/4] times the copies alive at the peak.
+  Measured on the H200 (DeepSeek-V4-Pro attention, 2816-token bucket, torch logits): the
+  first bucket took 18.2 GB at W=8192 and 9.5 GB at W=2304, the other nine about 50 MiB each
+  (docs/results/rank_slice_h200.md); the copies factor is the slope between the two;
 - DeepSeek-V4 only, per bucket (sum over buckets):
   * the captured attention metadata, kept per bucket
     (`PrefillCudaGraphRunner._init_forward_metadata_for_capture`) and built at the capture
@@ -63,6 +68,9 @@ LOGITS_ROW_ALIGN = 256
 # Static per-token input slots: input ids, positions, out cache loc, seq/extend
 # bookkeeping; int64 each (`prefill_cuda_graph_runner._PREFILL_STATIC_FIELDS`).
 STATIC_INPUT_BYTES_PER_TOKEN = 8 * 8
+# Per-head c4 indexer logits alive at once at the pool's peak when the indexer computes them in
+# torch: the slope of two captures at W=8192 and W=2304 on the H200 (8.4), rounded down.
+TORCH_LOGITS_LIVE_COPIES = 8
 # Default safety margin: the estimate must fit in this fraction of what is available.
 DEFAULT_MARGIN_FRACTION = 0.10
 
@@ -82,6 +90,8 @@ class SparseIndexerShape:
     c4_ratio: int = 4
     c128_ratio: int = 128
     scalar_ints_per_token: int = 16
+    index_heads: int = 64
+    torch_logits: bool = False  # the indexer's logits in torch (per head), not deep_gemm
 
     def metadata_bytes_per_token(self) -> int:
         ints = (
@@ -97,6 +107,13 @@ class SparseIndexerShape:
         cols = _ceil_div(self.context_width, self.c4_ratio)
         cols = _ceil_div(cols, LOGITS_ROW_ALIGN) * LOGITS_ROW_ALIGN
         return cols * LOGITS_BYTES_PER_ELEM
+
+    def torch_logits_peak_bytes_per_token(self) -> int:
+        """Per-head fp32 logits over W/4 columns, the copies alive at the peak (torch path)."""
+        if not self.torch_logits:
+            return 0
+        cols = _ceil_div(self.context_width, self.c4_ratio)
+        return TORCH_LOGITS_LIVE_COPIES * self.index_heads * cols * LOGITS_BYTES_PER_ELEM
 
 
 @dataclass(frozen=True)
@@ -125,6 +142,11 @@ def _terms(count: int, largest: int, total_tokens: int, model: ModelShape) -> di
         * (
             STATIC_INPUT_BYTES_PER_TOKEN
             + model.hidden_size * model.hidden_multiplier * model.dtype_bytes
+        ),
+        "graph_pool_activations": largest
+        * (
+            ACTIVATION_BYTES_PER_TOKEN
+            + (model.sparse.torch_logits_peak_bytes_per_token() if model.sparse else 0)
         ),
     }
     if model.sparse is not None:
