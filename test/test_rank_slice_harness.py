@@ -1,0 +1,152 @@
+"""The rank-slice harness without a GPU: arms, the reference per-rank shape, pool sizing, the step
+probe's shape and kernel-table readers, and the driver's step summary (tools/rank-slice)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+SLICE = Path(__file__).resolve().parents[1] / "tools" / "rank-slice"
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(f"rank_slice_{name}", SLICE / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+A = _load("slice_arms")
+probe = _load("slice_probe")
+
+
+def kwargs(arm, **kw):
+    base = dict(requests=256, input_len=2048, output_len=128, radix=True, context_length=8192)
+    base.update(kw)
+    return A.engine_kwargs("/m", A.ARMS[arm], **base)
+
+
+def test_arms_differ_only_in_their_own_settings():
+    common = kwargs("upstream")
+    assert common["chunked_prefill_size"] == 2816 and common["max_running_requests"] == 256
+    assert common["enable_mixed_chunk"] and not common["disable_radix_cache"]
+    assert "cuda_graph_backend_prefill" not in common  # resolution decides for upstream/installed
+    assert A.ARMS["upstream"].env == {"SGLANG_PLUGINS": "none"}
+    assert A.ARMS["installed"].env == {} and kwargs("installed") == common
+    for name, arm in A.ARMS.items():
+        extra = {k: v for k, v in kwargs(name).items() if common.get(k) != v}
+        assert set(extra) == set(arm.engine), name
+    assert kwargs("bcg-split-rd-always")["cuda_graph_backend_prefill"] == "breakable"
+    assert kwargs("split-eager")["cuda_graph_backend_prefill"] == "disabled"
+
+
+def test_context_cut_arm_uses_the_workloads_longest_context_page_aligned():
+    assert (
+        kwargs("bcg-auto-ctx", input_len=2048, output_len=24)["cuda_graph_prefill_max_context"]
+        == 2304
+    )
+    assert (
+        kwargs("bcg-auto-ctx", input_len=8192, output_len=256, context_length=16384)[
+            "cuda_graph_prefill_max_context"
+        ]
+        == 8448
+    )
+
+
+def test_pools_hold_every_request_and_the_swa_windows():
+    for requests, inp, out in ((256, 2048, 128), (256, 8192, 256), (48, 2048, 24)):
+        p = A.pool_sizes(requests, inp, out)
+        assert p["max_total_tokens"] >= requests * (inp + out)
+        swa = p["max_total_tokens"] * p["swa_full_tokens_ratio"]
+        # each running request holds up to two SWA pages; two chunks are in flight
+        assert swa >= min(requests, 256) * 2 * 256 + 2 * 2816
+        assert 0 < p["swa_full_tokens_ratio"] <= 1
+    # upstream's default ratio (0.1) of the 700k-token pool of the first run ran out at 173 rows
+    assert 0.1 * 700_000 < 256 * 2 * 256
+
+
+def test_unknown_arm_is_one_clear_error():
+    with pytest.raises(ValueError, match="unknown arm"):
+        A.parse(["upstream", "fast"])
+
+
+def _batch(ext, seqs, rows):
+    cpu = types.SimpleNamespace
+    return cpu(
+        extend_seq_lens_cpu=ext,
+        seq_lens_cpu=_Seq(seqs),
+        batch_size=len(ext),
+        input_ids=cpu(shape=(rows,)),
+    )
+
+
+class _Seq(list):
+    def max(self):
+        return max(self)
+
+
+def test_step_shape_counts_trailing_decode_rows():
+    shape = probe.step_shape(_batch([2560, 1, 1, 1], [2560, 900, 40, 2000], 2563))
+    assert shape == {
+        "bs": 4,
+        "rows": 2563,
+        "n_dec": 3,
+        "prefill_tokens": 2560,
+        "seq_max": 2560,
+    }
+    # a decode row in the middle is not a trailing one (upstream puts decode rows last)
+    assert probe.step_shape(_batch([1, 2560, 1], [9, 2560, 9], 2562))["n_dec"] == 1
+
+
+def test_kernel_table_sums_device_time_by_name():
+    ev = types.SimpleNamespace
+    events = [
+        ev(name="gemm", device_type="DeviceType.CUDA", device_time_total=2000.0),
+        ev(name="gemm", device_type="DeviceType.CUDA", device_time_total=1000.0),
+        ev(name="copy", device_type="DeviceType.CUDA", device_time_total=500.0),
+        ev(name="aten::mm", device_type="DeviceType.CPU", device_time_total=9000.0),
+    ]
+    table = probe.kernel_table(types.SimpleNamespace(events=lambda: events))
+    assert table["kernel_ms_total"] == 3.5
+    assert table["kernels"][0] == {"name": "gemm", "ms": 3.0, "count": 2}
+    assert [k["name"] for k in table["kernels"]] == ["gemm", "copy"]
+
+
+def test_driver_summarizes_steps_by_kind():
+    drv = _load("run_slice_probe")
+    steps = [
+        {
+            "mode": "MIXED",
+            "graph": True,
+            "host_ms": 30,
+            "wall_ms": 900,
+            "n_dec": 20,
+            "prefill_tokens": 2560,
+        },
+        {
+            "mode": "MIXED",
+            "graph": True,
+            "host_ms": 50,
+            "wall_ms": 1000,
+            "n_dec": 30,
+            "prefill_tokens": 2560,
+        },
+        {
+            "mode": "DECODE",
+            "graph": True,
+            "host_ms": 2,
+            "wall_ms": 37,
+            "n_dec": None,
+            "prefill_tokens": None,
+        },
+    ]
+    s = drv.step_summary(steps)
+    assert set(s) == {"MIXED/graph", "DECODE/graph"}
+    assert s["MIXED/graph"]["wall_ms"]["median"] == 950 and s["MIXED/graph"]["wall_ms"]["n"] == 2
+    assert s["MIXED/graph"]["decode_rows"]["sum"] == 50
+    assert "decode_rows" not in s["DECODE/graph"]
