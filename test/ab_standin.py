@@ -11,7 +11,9 @@ directory with a tokenizer (bench_serving loads it). Test hooks come from the en
 (inherited, not part of an arm): STANDIN_DIE_AFTER=N exits hard at the N-th `/generate`,
 STANDIN_PID_FILE receives the pids of the server and of a child it starts in its process group,
 STANDIN_WRAPPER (set by the tests' launch-prefix wrappers) is reported, when set, in
-`/server_info` and in the log, so a test sees which wrapper started this server.
+`/server_info` and in the log, so a test sees which wrapper started this server;
+STANDIN_TRAP_SIGTERM=1 makes the server and its child ignore SIGTERM (the server logs
+"got SIGTERM"), a shutdown that never ends: only SIGKILL stops them.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -169,9 +172,18 @@ def main() -> None:
     parser.add_argument("--gsm8k-data")
     parser.add_argument("--wrong-every", type=int, default=4)
     args, _ = parser.parse_known_args()  # SGLang server arguments of the config are ignored
+    trap = os.environ.get("STANDIN_TRAP_SIGTERM") == "1"
+    if trap:
+        # A server whose shutdown takes long: SIGTERM is noted in the log and changes nothing,
+        # for it and its child; only SIGKILL stops them.
+        def noted(signum, frame):
+            print("stand-in: got SIGTERM, still running", flush=True)
+
+        signal.signal(signal.SIGTERM, noted)
     pid_file = os.environ.get("STANDIN_PID_FILE")
     if pid_file:
-        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        ignore = "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN); " if trap else ""
+        child = subprocess.Popen([sys.executable, "-c", ignore + "import time; time.sleep(600)"])
         with open(pid_file, "a") as f:
             f.write(f"{os.getpid()} {child.pid}\n")
     # The default listen backlog (5) would make the 6th simultaneous connection wait for a

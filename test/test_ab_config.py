@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import math
 import os
 import shlex
@@ -36,6 +37,13 @@ RAW = tomllib.loads(EXAMPLE.read_text())
 SHARED_ENV = "SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK=2816"
 OWN_ENV = "SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN"
 DEVICE = "bash tools/gpu-upstream/device.sh"
+
+
+def local_model(tmp_path: Path) -> str:
+    """A model directory that exists (the example's /models/... is checked before a run)."""
+    model = tmp_path / "models" / "DeepSeek-V4-Pro"
+    model.mkdir(parents=True, exist_ok=True)
+    return str(model)
 
 
 def raw_with(**changes) -> dict:
@@ -211,13 +219,15 @@ def test_cli_rejects_unknown_flags_before_launching(tmp_path, capsys):
     ],
 )
 def test_cli_overrides_are_checked(tmp_path, capsys, argv, message):
-    assert ab_cli.main(["run", str(EXAMPLE), "--dry-run", *argv]) == 2
+    model = ["--model-path", local_model(tmp_path)]
+    assert ab_cli.main(["run", str(EXAMPLE), "--dry-run", *model, *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
 
 
 def test_dry_run_prints_the_plan_with_attached_arms(tmp_path, capsys):
     argv = ["run", str(EXAMPLE), "--dry-run", "--run-dir", str(tmp_path / "r")]
+    argv += ["--model-path", local_model(tmp_path)]
     assert ab_cli.main([*argv, "--url", "split=http://h:1", "--repeats", "2"]) == 0
     captured = capsys.readouterr()
     lines = captured.out.splitlines()
@@ -282,7 +292,7 @@ def test_subprocess_invoker_stops_the_tool_on_a_dead_server_and_on_timeout(tmp_p
 FLAGS_ONLY = [
     "run",
     "--model-path",
-    "/models/dsv4",
+    "deepseek-ai/DeepSeek-V4-Pro",  # a Hugging Face id: not checked on disk
     "--server-args",
     "--tp 8 --enable-mixed-chunk --chunked-prefill-size '22528'",
     "--arm",
@@ -307,13 +317,13 @@ def test_a_run_described_by_flags_alone(tmp_path, capsys, monkeypatch):
     assert lines[0] == "run directory: ab_runs/baseline-vs-split"
     assert lines[1] == (
         f"server baseline: {OWN_ENV}=0 {sys.executable} -m sglang.launch_server "
-        "--model-path /models/dsv4 --host 127.0.0.1 --port 30000 --tp 8 --enable-mixed-chunk "
+        "--model-path deepseek-ai/DeepSeek-V4-Pro --host 127.0.0.1 --port 30000 --tp 8 --enable-mixed-chunk "
         "--chunked-prefill-size 22528"
     )
     assert lines[3].startswith("arm baseline, repeat 1: gsm8k arm=baseline")
     args = ab_cli._parser().parse_args(FLAGS_ONLY)
     config = parse_config(ab_cli._apply_overrides({}, args))
-    assert config.server.model_path == "/models/dsv4"
+    assert config.server.model_path == "deepseek-ai/DeepSeek-V4-Pro"
     assert config.server.args == (
         "--tp",
         "8",
@@ -472,12 +482,13 @@ def test_cell_keys_without_a_prefix_are_unchanged_and_a_prefix_changes_them():
 
 
 def test_dry_run_prints_each_arms_command_through_the_prefix(tmp_path, capsys):
+    model = local_model(tmp_path)
     argv = ["run", str(EXAMPLE), "--dry-run", "--run-dir", str(tmp_path / "r")]
-    assert ab_cli.main([*argv, "--launch-prefix", DEVICE]) == 0
+    assert ab_cli.main([*argv, "--model-path", model, "--launch-prefix", DEVICE]) == 0
     lines = capsys.readouterr().out.splitlines()
     args = " ".join(RAW["server"]["args"])
     launch = (
-        f"{DEVICE} python3 -m sglang.launch_server --model-path /models/DeepSeek-V4-Pro "
+        f"{DEVICE} python3 -m sglang.launch_server --model-path {model} "
         f"--host 127.0.0.1 --port 30000 {args}"
     )
     assert lines[1:3] == [
@@ -489,7 +500,8 @@ def test_dry_run_prints_each_arms_command_through_the_prefix(tmp_path, capsys):
     text = EXAMPLE.read_text()
     text = text.replace('name = "split"\n', 'name = "split"\nlaunch_prefix = []\n', 1)
     config.write_text(text)
-    assert ab_cli.main(["run", str(config), "--dry-run", "--launch-prefix", DEVICE]) == 0
+    argv = ["run", str(config), "--dry-run", "--model-path", model, "--launch-prefix", DEVICE]
+    assert ab_cli.main(argv) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[1] == f"server baseline: {SHARED_ENV} {OWN_ENV}=0 {launch}"
     assert lines[2] == (
@@ -507,6 +519,7 @@ def test_a_prefix_that_cannot_run_is_a_one_line_error_before_anything(tmp_path, 
     config = tmp_path / "ab.toml"
     config.write_text(raw_text)
     argv = ["run", str(config), "--run-dir", str(tmp_path / "run")]
+    argv += ["--model-path", local_model(tmp_path)]
     assert ab_cli.main(argv) == 2
     err = capsys.readouterr().err
     assert f"arm 'split' launch_prefix: '{script}' is not executable" in err
@@ -524,3 +537,104 @@ def test_a_prefix_that_cannot_run_is_a_one_line_error_before_anything(tmp_path, 
     for arm in attached["arm"]:
         arm["url"] = "http://h:1"
     assert launch_problems(parse_config(attached)) == []
+
+
+# ---------------------------------------------------------------- run directory and paths
+
+
+def _one_line_exit_2(argv: list[str], capsys) -> str:
+    assert ab_cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_run_dir_is_checked_before_anything(tmp_path, capsys, dry_run):
+    base = ["run", str(EXAMPLE), "--model-path", local_model(tmp_path)]
+    base += ["--dry-run"] if dry_run else []
+    a_file = tmp_path / "a_file"
+    a_file.write_text("not a directory\n")
+    err = _one_line_exit_2([*base, "--run-dir", str(a_file)], capsys)
+    assert f"run directory {a_file}: exists and is not a directory" in err
+    err = _one_line_exit_2([*base, "--run-dir", str(a_file / "run")], capsys)
+    assert f"cannot be created, {a_file} is not a directory" in err
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("someone's files\n")
+    err = _one_line_exit_2([*base, "--run-dir", str(other)], capsys)
+    assert "holds files but no run.json" in err
+    assert sorted(p.name for p in other.iterdir()) == ["notes.txt"]
+    assert a_file.read_text() == "not a directory\n"
+    if dry_run:  # a new, an empty and an earlier run's directory are fine
+        empty = tmp_path / "empty"
+        empty.mkdir()
+        earlier = tmp_path / "earlier"
+        earlier.mkdir()
+        (earlier / "run.json").write_text("{}")
+        for run_dir in (tmp_path / "new" / "run", empty, earlier):
+            assert ab_cli.main([*base, "--run-dir", str(run_dir)]) == 0
+        assert not (tmp_path / "new").exists()
+
+
+def test_configuration_paths_are_checked_before_anything(tmp_path, capsys):
+    model = local_model(tmp_path)
+
+    def run(raw: dict, *extra: str) -> str:
+        config = tmp_path / "ab.toml"
+        config.write_text(_toml(raw))
+        argv = ["run", str(config), "--dry-run", "--run-dir", str(tmp_path / "r"), *extra]
+        return _one_line_exit_2(argv, capsys)
+
+    raw = raw_with()
+    raw["server"]["model_path"] = model
+    raw["sweep"]["dataset_path"] = str(tmp_path / "sharegpt.json")
+    assert f"[sweep] dataset_path '{tmp_path / 'sharegpt.json'}': no such file" in run(raw)
+    (tmp_path / "sharegpt.json").write_text("[]")
+    raw["gsm8k"]["data_path"] = "missing/test.jsonl"
+    assert "[gsm8k] data_path 'missing/test.jsonl': no such file" in run(raw)
+    del raw["gsm8k"]["data_path"]
+    raw["server"]["model_path"] = "/no/such/model"
+    assert "[server] model_path '/no/such/model': no such directory" in run(raw)
+    raw["server"]["model_path"] = model
+    raw["server"]["command"] = [str(tmp_path / "no-such-launcher"), "--serve"]
+    assert f"[server] command: '{tmp_path / 'no-such-launcher'}': no such file" in run(raw)
+    del raw["server"]["command"]
+    raw["server"]["launch_python"] = "no-such-python-xyz"
+    assert "[server] launch_python: 'no-such-python-xyz' is not an executable on PATH" in run(raw)
+    # After a prefix the wrapper decides what `python` is; a Hugging Face id is not a path;
+    # a command (a container, srun) may see another filesystem.
+    for change in (
+        {"launch_prefix": ["env"]},
+        {"launch_python": sys.executable, "model_path": "deepseek-ai/DeepSeek-V4-Pro"},
+        {"command": ["env", "python3"], "model_path": "/in/the/container"},
+    ):
+        ok = copy.deepcopy(raw)
+        ok["server"].pop("launch_python")
+        ok["server"].update(change)
+        config = tmp_path / "ok.toml"
+        config.write_text(_toml(ok))
+        assert ab_cli.main(["run", str(config), "--dry-run"]) == 0, capsys.readouterr().err
+        capsys.readouterr()
+
+
+def _toml(raw: dict) -> str:
+    """The few TOML shapes of the example configuration (tables, arrays of tables)."""
+
+    def value(v) -> str:
+        if isinstance(v, dict):
+            return "{ " + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + " }"
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        return json.dumps(v)
+
+    lines = []
+    for section, body in raw.items():
+        if isinstance(body, list):
+            for item in body:
+                lines += [f"[[{section}]]"] + [f"{k} = {value(v)}" for k, v in item.items()]
+        elif isinstance(body, dict):
+            lines += [f"[{section}]"] + [f"{k} = {value(v)}" for k, v in body.items()]
+        else:
+            lines.append(f"{section} = {value(body)}")
+    return "\n".join(lines) + "\n"

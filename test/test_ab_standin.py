@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -382,3 +383,97 @@ def test_stop_kills_the_wrapper_and_the_server_it_started(tmp_path, monkeypatch)
         left = server.stop()
     assert left == []
     assert pids_alive(tmp_path / "pids") == []
+
+
+# ---------------------------------------------------------------- stopping cannot be interrupted
+
+
+def _signal_once_sigterm_is_seen(logs: Path, sig: int) -> threading.Thread:
+    """Deliver `sig` to this process once a trapping stand-in logged its SIGTERM: then the
+    tool is inside Server.stop(), waiting out the grace."""
+
+    def deliver():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if any("got SIGTERM" in p.read_text() for p in logs.parent.glob(logs.name)):
+                os.kill(os.getpid(), sig)
+                return
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=deliver, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.fixture
+def sigterm_raises():
+    """SIGTERM as `ab run` handles it (an interrupt), so a test process survives one."""
+    previous = signal.signal(signal.SIGTERM, ab_cli._raise_interrupt)
+    yield
+    signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_stop_still_kills_the_whole_group(
+    tmp_path, monkeypatch, sigterm_raises, sig
+):
+    """The server ignores SIGTERM (a long shutdown); a signal during the 120 s grace must not
+    abort the stop: the group is SIGKILLed at once, and the interrupt comes after."""
+    monkeypatch.setenv("STANDIN_TRAP_SIGTERM", "1")
+    path = standin_config(tmp_path, port=free_port(), arms=TWO_ARMS, sweep="concurrencies = [1]")
+    path.write_text(path.read_text().replace("stop_timeout_s = 10", "stop_timeout_s = 120"))
+    config = parse_config(read_toml(path))
+    log = tmp_path / "server.log"
+    server = servers.launch(config, config.arm("base"), log)
+    assert len(pids_alive(tmp_path / "pids")) == 2  # the stand-in and its child
+    thread = _signal_once_sigterm_is_seen(log, sig)
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        server.stop()
+    assert time.monotonic() - started < 30  # not the 120 s grace
+    thread.join(timeout=5)
+    assert "got SIGTERM" in log.read_text()
+    assert pids_alive(tmp_path / "pids") == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_second_signal_after_ctrl_c_leaves_no_server(tmp_path, monkeypatch, capsys, sig):
+    """Ctrl-C mid-cell, then a second Ctrl-C (or SIGTERM) while the server shuts down."""
+    monkeypatch.setenv("STANDIN_TRAP_SIGTERM", "1")
+    config = standin_config(
+        tmp_path,
+        port=free_port(),
+        arms=TWO_ARMS,
+        sweep="""concurrencies = [1, 2]
+dataset = "random-ids"
+input_len = 8
+output_len = 2
+min_prompts = 2
+repeats = 1""",
+    )
+    config.write_text(config.read_text().replace("stop_timeout_s = 10", "stop_timeout_s = 120"))
+    run_dir = tmp_path / "run"
+
+    class SecondSignal(Recorder):
+        def __call__(self, module, argv, log_path, timeout_s, watch):
+            if len(self.calls) == 1:  # the first Ctrl-C, during the second cell
+                _signal_once_sigterm_is_seen(run_dir / "servers" / "base_*.log", sig)
+            return super().__call__(module, argv, log_path, timeout_s, watch)
+
+    started = time.monotonic()
+    assert _run(config, run_dir, SecondSignal(interrupt_at=2)) == ab_cli.EXIT_INTERRUPTED
+    assert time.monotonic() - started < 60
+    assert "got SIGTERM" in (run_dir / "servers" / "base_1.log").read_text()
+    assert pids_alive(tmp_path / "pids") == []
+    assert "run the same command to resume" in capsys.readouterr().err
+
+
+def test_pids_that_outlive_sigkill_are_printed(monkeypatch, capsys):
+    proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    monkeypatch.setattr(servers, "_running_members", lambda pgid: [4194000, 4194001])
+    server = servers.Server(arm="base", url="http://x", proc=proc, stop_timeout_s=1.0)
+    assert server.stop() == [4194000, 4194001]
+    assert proc.poll() is not None  # the real one was killed and reaped
+    err = capsys.readouterr().err
+    assert f"arm 'base': server processes [4194000, 4194001] (process group {proc.pid})" in err
+    assert "kill -9 4194000 4194001" in err

@@ -2,8 +2,9 @@
 
 `run` reads the TOML configuration (or builds one from flags alone: --model-path,
 --server-args, --launch-prefix, --arm, --concurrencies, ...), applies the command-line
-overrides (attach URLs, GSM8K data, repeats, concurrencies, lengths), checks that every launch
-prefix can run and every arm's environment against SGLang's and the plugin's flags, then runs
+overrides (attach URLs, GSM8K data, repeats, concurrencies, lengths), checks the run
+directory, the configuration's paths (checks.py), that every launch prefix can run and every
+arm's environment against SGLang's and the plugin's flags (one line each, exit 2), then runs
 or resumes the sweep in the run directory and writes the report.
 `--accuracy-only` runs only the GSM8K eval (one arm is enough) for CI jobs that only gate on
 accuracy. `report` rebuilds report.md, results.json and the plots from a run directory.
@@ -179,7 +180,7 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
 
 
 def cmd_run(args: argparse.Namespace, invoker: Any = None) -> int:
-    from sglang_mixgraph.ab import arms, report, results, runner, server
+    from sglang_mixgraph.ab import arms, checks, report, results, runner, server
 
     path = Path(args.config) if args.config else None
     try:
@@ -190,15 +191,20 @@ def cmd_run(args: argparse.Namespace, invoker: Any = None) -> int:
     except ConfigError as e:
         _error(str(e))
         return EXIT_USAGE
-    problems = server.launch_problems(config) + arms.env_problems(config)
+    stem = path.stem if path else "-vs-".join(a.name for a in config.arms)
+    run_dir = Path(args.run_dir or Path("ab_runs") / stem)
+    problems = [
+        *filter(None, [checks.run_dir_problem(run_dir)]),
+        *checks.config_path_problems(config, accuracy_only=args.accuracy_only),
+        *server.launch_problems(config),
+        *arms.env_problems(config),
+    ]
     if problems:
         for problem in problems:
             _error(problem)
         return EXIT_USAGE
     for note in arms.attached_env_note(config):
         print(f"sglang-mixgraph ab: note: {note}", file=sys.stderr)
-    stem = path.stem if path else "-vs-".join(a.name for a in config.arms)
-    run_dir = Path(args.run_dir or Path("ab_runs") / stem)
     visits = runner.plan(config, accuracy_only=args.accuracy_only)
     if args.dry_run:
         print(f"run directory: {run_dir}")
@@ -212,7 +218,11 @@ def cmd_run(args: argparse.Namespace, invoker: Any = None) -> int:
             done = sum(runner.is_done(run_dir, c) for c in visit.cells)
             print(f"arm {visit.arm.name}, repeat {visit.repeat + 1}: {cells} ({done} done)")
         return 0
-    results.write_run_file(run_dir, raw, args.accuracy_only)
+    try:
+        results.write_run_file(run_dir, raw, args.accuracy_only)
+    except OSError as e:  # checked above; a race or a full disk
+        _error(f"run directory {run_dir}: cannot write {results.RUN_FILE} ({e.strerror or e})")
+        return EXIT_USAGE
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         kwargs = {} if invoker is None else {"invoker": invoker}

@@ -310,9 +310,8 @@ def run(
                     )
                     progress.finished(cell, summary)
             finally:
-                left = srv.stop()
-                if left:
-                    out(f"warning: arm {arm.name!r}: server processes {left} outlived SIGKILL")
+                # Uninterruptible; prints any pid left. A signal during it is raised after.
+                srv.stop()
     except KeyboardInterrupt:
         outcome.interrupted = True
     return outcome

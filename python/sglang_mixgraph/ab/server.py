@@ -22,6 +22,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -84,7 +85,8 @@ def launch_line(config: Config, arm: Arm) -> str:
     return " ".join([*words, shlex.join(launch_argv(config, arm))])
 
 
-def _prefix_problem(word: str, env: dict[str, str]) -> str | None:
+def executable_problem(word: str, env: dict[str, str]) -> str | None:
+    """Why `word` cannot be started as a command (None: it can), as Popen would look it up."""
     if "/" not in word:  # looked up on the server's PATH, as Popen will
         path = os.pathsep.join(os.get_exec_path({**os.environ, **env}))
         return None if shutil.which(word, path=path) else f"{word!r} is not an executable on PATH"
@@ -108,7 +110,7 @@ def launch_problems(config: Config) -> list[str]:
             if arm.launch_prefix is None
             else f"arm {arm.name!r} launch_prefix"
         )
-        problem = _prefix_problem(prefix[0], {**config.server.env, **arm.env})
+        problem = executable_problem(prefix[0], {**config.server.env, **arm.env})
         line = f"{where}: {problem}" if problem else None
         if line and line not in problems:
             problems.append(line)
@@ -146,25 +148,96 @@ class Server:
             )
 
     def stop(self) -> list[int]:
-        """Stop the whole process group; returns the pids still running after SIGKILL."""
+        """Stop the whole process group; returns the pids still running after SIGKILL.
+
+        Uninterruptible: while it runs, SIGINT and SIGTERM (a second Ctrl-C, a cancelled CI
+        job) only hurry it, SIGTERM's grace is cut short and the group is SIGKILLed at once,
+        and the interrupt is raised (KeyboardInterrupt) once the group is gone. Pids that
+        outlive SIGKILL are printed on stderr.
+        """
         if self.proc is None:
             return []
+        with _Hurry() as hurry:
+            left = self._stop(hurry)
+        if left:
+            print(
+                f"sglang-mixgraph ab: arm {self.arm!r}: server processes {left} (process group "
+                f"{self.proc.pid}) are still running after SIGKILL; kill them before the next "
+                f"run: kill -9 {' '.join(map(str, left))}",
+                file=sys.stderr,
+                flush=True,
+            )
+        if hurry.signals:
+            raise KeyboardInterrupt
+        return left
+
+    def _stop(self, hurry: _Hurry) -> list[int]:
+        assert self.proc is not None
         pgid = self.proc.pid  # start_new_session: the leader's pid is the group id
         if self.proc.poll() is None:
             _signal_group(pgid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=self.stop_timeout_s)
-            except subprocess.TimeoutExpired:
-                pass
+            # A signal ends SIGTERM's grace at once.
+            _wait_until(lambda: self.proc.poll() is not None, self.stop_timeout_s, hurry, 0.0)
         # The leader may be gone while its children (SGLang's scheduler processes, holding GPU
         # memory) still run: the group dies with it, and the next server starts only once
         # every member has exited.
         _signal_group(pgid, signal.SIGKILL)
-        self.proc.wait()
-        deadline = time.monotonic() + self.stop_timeout_s
-        while (left := _running_members(pgid)) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        # Reaped at once unless it is stuck in the kernel (D state); then it is listed below.
+        _wait_until(
+            lambda: self.proc.poll() is not None, self.stop_timeout_s, hurry, HURRIED_WAIT_S
+        )
+        left: list[int] = []
+
+        def gone() -> bool:
+            left[:] = _running_members(pgid)
+            return not left
+
+        _wait_until(gone, self.stop_timeout_s, hurry, HURRIED_WAIT_S)
         return left
+
+
+# After a signal during stop(): how long to wait for SIGKILLed processes to be gone.
+HURRIED_WAIT_S = 3.0
+
+
+class _Hurry:
+    """SIGINT and SIGTERM, while stopping a server, are counted instead of raised.
+
+    Only the main thread can set signal handlers; elsewhere nothing changes (the signal then
+    reaches the main thread's own handlers, and this stop runs on undisturbed).
+    """
+
+    def __init__(self) -> None:
+        self.signals = 0
+        self.since: float | None = None
+        self._previous: dict[int, object] = {}
+
+    def _handler(self, signum: int, frame: object) -> None:
+        self.signals += 1
+        if self.since is None:
+            self.since = time.monotonic()
+
+    def __enter__(self) -> _Hurry:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handler)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def _wait_until(done: Callable[[], bool], timeout_s: float, hurry: _Hurry, after: float) -> bool:
+    """Poll `done` until it holds or `timeout_s` passes; after a signal, at most `after` more."""
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        if hurry.since is not None:
+            deadline = min(deadline, hurry.since + after)
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def _signal_group(pgid: int, sig: int) -> None:

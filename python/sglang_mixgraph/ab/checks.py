@@ -1,0 +1,88 @@
+"""What `ab run` checks on disk before anything starts (`--dry-run` included): one line each.
+
+The run directory: it either does not exist yet and can be created (the nearest existing
+parent is a writable directory, not a file), or it is a writable directory that is empty or
+one `ab run` wrote (it holds `run.json`); a file, or a directory of other files, is refused
+instead of failing later with a traceback or mixing outputs into it.
+
+The configuration's paths, as the processes this tool starts will see them (relative paths
+are relative to the directory the tool runs in):
+- `[sweep] dataset_path` (read by bench_serving here) and `[gsm8k] data_path` (read by the
+  eval here) must exist, when the sweep or the eval runs;
+- `[server] model_path` must be an existing directory when it is written as a local path
+  (absolute, or starting with `.` or `~`) and an arm launches without `[server] command`: a
+  Hugging Face id (`org/name`) is not checked, and a command (a container, `srun`) may see
+  another filesystem;
+- `[server] command`'s first word, and `launch_python`, when an arm runs them without a launch
+  prefix (after a prefix the wrapper decides what they mean); the prefixes themselves are
+  checked by `server.launch_problems`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from sglang_mixgraph.ab.config import Config, launch_command, launch_prefix
+from sglang_mixgraph.ab.results import RUN_FILE
+from sglang_mixgraph.ab.server import executable_problem
+
+
+def run_dir_problem(run_dir: Path) -> str | None:
+    where = f"run directory {run_dir}"
+    if run_dir.exists() or run_dir.is_symlink():
+        if not run_dir.is_dir():
+            return f"{where}: exists and is not a directory"
+        if not os.access(run_dir, os.W_OK | os.X_OK):
+            return f"{where}: not writable"
+        run_file = run_dir / RUN_FILE
+        if run_file.exists():
+            return None if run_file.is_file() else f"{where}: {RUN_FILE} is not a file"
+        if any(run_dir.iterdir()):
+            return (
+                f"{where}: holds files but no {RUN_FILE}, so `ab run` did not write it; "
+                "give a new or empty directory, or one of an earlier run"
+            )
+        return None
+    parent = run_dir.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{where}: cannot be created, {parent} is not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"{where}: cannot be created, {parent} is not writable"
+    return None
+
+
+def _local_path(text: str) -> bool:
+    return text.startswith(("/", ".", "~"))
+
+
+def config_path_problems(config: Config, *, accuracy_only: bool = False) -> list[str]:
+    problems = []
+    sw, g, s = config.sweep, config.gsm8k, config.server
+    if not accuracy_only and sw.dataset_path:
+        if not Path(sw.dataset_path).expanduser().exists():
+            problems.append(f"[sweep] dataset_path {sw.dataset_path!r}: no such file")
+    if g.enabled and g.data_path and not Path(g.data_path).expanduser().is_file():
+        problems.append(f"[gsm8k] data_path {g.data_path!r}: no such file")
+    launched = [a for a in config.arms if a.url is None]
+    if not launched:
+        return problems
+    model = s.model_path
+    if model and not s.command and _local_path(model):
+        if not Path(model).expanduser().is_dir():
+            problems.append(
+                f"[server] model_path {model!r}: no such directory (a Hugging Face id, "
+                "org/name, is not checked)"
+            )
+    unprefixed = [a for a in launched if not launch_prefix(config, a)]
+    if unprefixed:
+        command = launch_command(s, prefixed=False)
+        if command:
+            key = "command" if s.command else "launch_python"
+            env = {**s.env, **unprefixed[0].env}
+            problem = executable_problem(command[0], env)
+            if problem:
+                problems.append(f"[server] {key}: {problem}")
+    return problems
