@@ -67,11 +67,31 @@ def test_log_line_round_trips_through_any_log_prefix():
     assert counters.parse_line(counters.LOG_PREFIX + "{not json") is None
 
 
-@pytest.mark.parametrize("value", ["abc", "-1", "nan", "inf", "1s"])
+@pytest.mark.parametrize("value", ["abc", "-1", "nan", "inf", "1s", "1e10", "86400.5"])
 def test_interval_flag_is_strict(value, monkeypatch):
     monkeypatch.setenv(INTERVAL, value)
-    with pytest.raises(FlagValueError, match=f"{INTERVAL}=.*<seconds>, a number >= 0"):
+    with pytest.raises(FlagValueError, match=f"{INTERVAL}=.*<seconds>, a number from 0 to 86400"):
         counters.INTERVAL_FLAG.get()
+
+
+def test_interval_above_one_day_stops_startup_and_fails_doctor(monkeypatch):
+    """1e10 s used to pass the flag and `doctor`, then the reporter thread died in
+    threading.Event.wait with OverflowError; now it is refused where every bad value is."""
+    from sglang_mixgraph import plugin
+
+    monkeypatch.setenv(INTERVAL, "86400")
+    assert counters.INTERVAL_FLAG.get() == 86400  # one day is the largest value accepted
+    monkeypatch.setenv(INTERVAL, "1e10")
+    with pytest.raises(SystemExit, match=f"{INTERVAL}='1e10' is not a valid value"):
+        plugin.register()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_")}
+    env[INTERVAL] = "1e10"
+    code = "import sys; from sglang_mixgraph.cli import main; sys.exit(main(['doctor']))"
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 1, result.stdout[-2000:]
+    assert f"{INTERVAL} = ERROR: {INTERVAL}='1e10' is not a valid value" in result.stdout
 
 
 def test_interval_flag_values_and_registration(monkeypatch):

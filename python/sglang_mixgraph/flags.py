@@ -72,15 +72,21 @@ class StrictEnvChoice(_StrictField):
         return lowered
 
 
+# The longest duration a seconds flag accepts: one day. A timer's wait is bounded by the
+# platform (threading.Event.wait(1e10) raises OverflowError inside the thread that waits), and
+# nothing of ours needs to wait longer.
+MAX_SECONDS = 86400
+
+
 class StrictEnvSeconds(_StrictField):
-    """A duration in seconds: a finite number >= 0 (``60``, ``0.5``)."""
+    """A duration in seconds: a number from 0 to MAX_SECONDS (``60``, ``0.5``)."""
 
     accepted = ("<seconds>",)
-    accepted_help = "a number >= 0"
+    accepted_help = f"a number from 0 to {MAX_SECONDS} (one day)"
 
     def parse(self, value: str) -> float:
         seconds = float(value.strip())  # ValueError for anything that is not a number
-        if not math.isfinite(seconds) or seconds < 0:
+        if not math.isfinite(seconds) or not 0 <= seconds <= MAX_SECONDS:
             raise ValueError(value)
         return seconds
 
