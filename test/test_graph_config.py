@@ -504,6 +504,37 @@ def test_flags_off_resolve_exactly_like_upstream(flags, models):
     )
 
 
+@pytest.mark.parametrize("chunk", ["0", "-1"])
+def test_unchunked_dsv4_settles_the_deferred_rule_as_upstream(flags, chunk):
+    """DSV4 with mixed chunk but chunked prefill off (0 or -1) and no MegaMoE: the rule hook
+    defers upstream's DSV4 rule, and no bucket list is left to estimate. The deferral used to
+    stay open, leaving a breakable prefill graph with 0 buckets where SGLang alone turns it
+    off; now upstream's rule stands and the resolution equals SGLang's own."""
+    argv = [
+        "--model-path",
+        DSV4,
+        "--tp",
+        "8",
+        "--enable-mixed-chunk",
+        "--chunked-prefill-size",
+        chunk,
+        "--random-seed",
+        "7",
+    ]
+    baseline, _ = _run_rows(_BASELINE, "BASELINE", {"row": argv}, SGLANG_PLUGINS="mixgraph_target")
+    assert baseline["row"]["cuda_graph_config"]["prefill"]["backend"] == "disabled"
+    r, d = plan_of(argv)
+    assert json.loads(json.dumps(r.resolved, default=str)) == baseline["row"]
+    pg = d["prefill_graph"]
+    assert pg["backend"] == "disabled" and pg["buckets"] == []
+    assert pg["decided_by"] == {
+        "kind": "upstream rule",
+        "rule": DSV4_RULE,
+        "reason": pg["rules"][0]["reason"],
+    }
+    assert pg["rules"][0]["action"] == "disables (no prefill buckets to estimate)"
+
+
 # ---------------------------------------------------------------- FORCE_BCG
 
 _FORCE = textwrap.dedent(

@@ -136,6 +136,31 @@ def _disable_prefill_graph(server_args) -> None:
     )
 
 
+def _upstream_rule_stands(server_args, why: str, action: str) -> None:
+    """Settle a deferred DeepSeek-V4 rule as upstream decides it: the prefill graph off.
+
+    The deferral is only a promise that the estimate decides later; wherever the estimate
+    cannot decide (no memory numbers, no bucket list, the deployment left the patch's scope
+    later in resolution) upstream's rule must hold, or BCG would stay on where SGLang alone
+    turns it off (`cuda_graph_hook.disable_breakable_cudagraph_if_incompatible`)."""
+    from sglang_mixgraph.bcg_rules import Source, decisions_for
+
+    record = decisions_for(server_args)
+    rule = record.rule_matches[0]
+    fallback_once(PATCH_ID, f"capture-memory estimate: {why}; upstream's DSV4 rule applies")
+    record.prefill_backend_source = Source.UPSTREAM_RULE
+    record.deciding_rule = rule.name
+    rule.action = action
+    _disable_prefill_graph(server_args)
+
+
+def deferral_pending(server_args) -> bool:
+    from sglang_mixgraph.bcg_rules import Source, recorded
+
+    record = recorded(server_args)
+    return record is not None and record.prefill_backend_source is Source.ESTIMATE_PENDING
+
+
 def _settle_deferred_dsv4(server_args) -> None:
     from sglang.srt.arg_groups.overrides import resolving_view
     from sglang.srt.model_executor.cuda_graph_config import Backend
@@ -149,13 +174,19 @@ def _settle_deferred_dsv4(server_args) -> None:
         deployment,
     )
 
-    record = decisions_for(server_args)
-    if record.prefill_backend_source is not Source.ESTIMATE_PENDING:
+    if not deferral_pending(server_args):
         return
+    record = decisions_for(server_args)
     cfg = resolving_view(server_args)
     prefill = cfg.cuda_graph_config.prefill
-    if prefill.backend != Backend.BREAKABLE or not prefill.bs:
+    if prefill.backend != Backend.BREAKABLE:
         record.prefill_backend_source = Source.UPSTREAM_LATER
+        return
+    if not prefill.bs:
+        # Nothing to estimate (chunked prefill off gives upstream an empty list).
+        _upstream_rule_stands(
+            server_args, "no prefill buckets", "disables (no prefill buckets to estimate)"
+        )
         return
     report = capture_estimate(
         server_args, prefill.bs, capture_chunk(deployment(server_args), prefill.bs)
@@ -164,13 +195,7 @@ def _settle_deferred_dsv4(server_args) -> None:
     verdict = report.verdict
     if verdict is None:
         # Without memory numbers the estimate cannot decide; upstream's rule stands.
-        fallback_once(
-            PATCH_ID, f"capture-memory estimate: {UNKNOWN_BUDGET}; upstream's DSV4 rule applies"
-        )
-        record.prefill_backend_source = Source.UPSTREAM_RULE
-        record.deciding_rule = rule.name
-        rule.action = "disables (estimate unavailable)"
-        _disable_prefill_graph(server_args)
+        _upstream_rule_stands(server_args, UNKNOWN_BUDGET, "disables (estimate unavailable)")
         return
     record.prefill_backend_source = Source.ESTIMATE
     sizes = (
@@ -226,6 +251,8 @@ def _validate_around(original, server_args, **kwargs):
     why = out_of_scope(server_args)
     if why is not None:
         decisions_for(server_args).bucket_policy = f"upstream ({why})"
+        if deferral_pending(server_args):  # in scope at the rule hook, out of it now
+            _upstream_rule_stands(server_args, why, f"disables ({why} later in resolution)")
         return
     _apply_buckets(server_args)
     _settle_deferred_dsv4(server_args)
