@@ -687,7 +687,7 @@ json.dump({"ok": True, "outputs": {"r0": [1, 2]}, "expected_lens": {"r0": 2}, "t
 """
 
 
-def _run_driver(tmp_path, monkeypatch, acts, radix_serializes=False):
+def _run_driver(tmp_path, monkeypatch, acts, radix_serializes=False, radix=None):
     import run_e2e
 
     fake = tmp_path / "fake_phase.py"
@@ -717,6 +717,7 @@ def _run_driver(tmp_path, monkeypatch, acts, radix_serializes=False):
             str(tmp_path / "work"),
             "--budget-s",
             "120",
+            *(["--radix", radix] if radix else []),
         ],
     )
     rc = run_e2e.main()
@@ -751,11 +752,19 @@ def test_driver_reports_phases_and_exits_zero_when_every_check_holds(tmp_path, m
         "split acted in every replayed MIXED step",
     }
     assert "replay_read_done counters: {'replays_published.mixed': 2}" in log
+    # The default: the radix cache on in every phase, all phases in one wave.
+    assert "radix cache ON (--radix on)" in log
+    assert [c["name"] for c in report["phases"]["bcg-off-rd"]["checks"] if not c["ok"]] == []
+    assert (tmp_path / "out" / "phase_logs.tgz").exists()
+
+
+def test_auto_radix_runs_the_baselines_first(tmp_path, monkeypatch):
+    rc, report, log = _run_driver(tmp_path, monkeypatch, acts=True, radix="auto")
+    assert rc == 0 and report["radix_cache"] is True
+    assert "radix cache ON (SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python) for every phase" in log
     # Read-done phases run after the baselines' wave (whose outcome sets the radix cache).
     assert log.index("== bcg-off: ok") < log.index("== bcg-off-rd: started")
     assert log.index("== bcg-off: ok") < log.index("== bcg-always-rd: started")
-    assert [c["name"] for c in report["phases"]["bcg-off-rd"]["checks"] if not c["ok"]] == []
-    assert (tmp_path / "out" / "phase_logs.tgz").exists()
 
 
 def test_driver_exits_nonzero_when_the_split_never_acted(tmp_path, monkeypatch):
@@ -827,7 +836,9 @@ def test_short_workload_is_the_full_one_without_the_long_segment():
 
 
 def test_driver_turns_the_radix_cache_off_when_it_leaves_no_mixed_step(tmp_path, monkeypatch):
-    rc, report, log = _run_driver(tmp_path, monkeypatch, acts=True, radix_serializes=True)
+    rc, report, log = _run_driver(
+        tmp_path, monkeypatch, acts=True, radix_serializes=True, radix="auto"
+    )
     assert "radix cache (SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python) OFF for this run" in log
     assert "made no MIXED step" in log
     assert rc == 0 and report["radix_cache"] is False
