@@ -6,6 +6,7 @@ import copy
 import json
 import math
 import os
+import random
 import shlex
 import statistics
 import sys
@@ -25,8 +26,9 @@ from sglang_mixgraph.ab.config import (
     read_toml,
     settings_key,
 )
+from sglang_mixgraph.ab.results import judge_bounds
 from sglang_mixgraph.ab.server import ServerError, launch_argv, launch_problems
-from sglang_mixgraph.ab.stats import estimate, paired_ratio, t975
+from sglang_mixgraph.ab.stats import estimate, paired_ratio, t975, t_quantile, wilson
 from sglang_mixgraph.ab.tools import TIMED_OUT, subprocess_invoker
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -248,20 +250,157 @@ def test_report_of_a_directory_that_is_no_run(tmp_path, capsys):
     assert "no run.json; not a run directory" in capsys.readouterr().err
 
 
-def test_t_quantiles_and_intervals():
+# t(0.975, df) to 12+ digits, from scipy.stats.t.ppf(0.975, df) (scipy 1.17.1); the printed
+# tables (e.g. NIST/SEMATECH e-Handbook 1.3.6.7.2) agree to their 3 decimals: 12.706, 4.303,
+# 2.776, 2.045, 2.000.
+T975 = {
+    1: 12.706204736174694,
+    2: 4.302652729749462,
+    4: 2.7764451051977934,
+    29: 2.045229642132703,
+    60: 2.0002978220142604,
+}
+
+
+def test_t_quantiles_are_exact():
+    for df, value in T975.items():
+        assert t975(df) == pytest.approx(value, rel=1e-11), df
+    assert t_quantile(0.5, 7) == pytest.approx(0.0, abs=1e-12)
+    assert t_quantile(0.025, 4) == pytest.approx(-T975[4], rel=1e-11)
     scipy_stats = pytest.importorskip("scipy.stats")
-    for df in range(1, 40):
-        expected = scipy_stats.t.ppf(0.975, df) if df <= 30 else 1.96
-        assert t975(df) == pytest.approx(expected, abs=2e-3)
+    for df in range(1, 150):
+        for p in (0.6, 0.9, 0.95, 0.975, 0.995):
+            assert t_quantile(p, df) == pytest.approx(scipy_stats.t.ppf(p, df), abs=1e-9)
+
+
+def test_mean_intervals_against_scipy():
     values = [9064.0, 9300.0, 8900.0, 9100.0]
     est = estimate(values)
-    half = t975(3) * statistics.stdev(values) / math.sqrt(4)
-    assert (est.mean, est.ci95, est.n) == (pytest.approx(statistics.fmean(values)), half, 4)
+    assert est.mean == pytest.approx(statistics.fmean(values)) and est.n == 4
     assert estimate([5.0]).ci95 is None and estimate([]) is None
-    # Paired by repeat; a repeat only one arm finished is left out.
-    ratio = paired_ratio({0: 9796.0, 1: 9900.0, 2: 1.0}, {0: 9064.0, 1: 9000.0})
+    scipy_stats = pytest.importorskip("scipy.stats")
+    low, high = scipy_stats.t.interval(
+        0.95, 3, loc=statistics.fmean(values), scale=scipy_stats.sem(values)
+    )
+    assert (est.low, est.high) == (pytest.approx(low, rel=1e-12), pytest.approx(high, rel=1e-12))
+
+
+def test_ratio_intervals_are_log_ratio_t_intervals():
+    # Hand-computed, no scipy: ratios 2 and 1/2 have logs +-ln 2, mean 0, s = sqrt(2) ln 2,
+    # so the interval is exp(+-t(0.975, 1) ln 2) = 2 ** +-12.706...: positive, reciprocal.
+    est = paired_ratio({0: 2.0, 1: 1.0}, {0: 1.0, 1: 2.0})
+    assert est.n == 2 and est.mean == pytest.approx(1.0)
+    assert est.low == pytest.approx(2.0 ** -T975[1], rel=1e-9)
+    assert est.high == pytest.approx(2.0 ** T975[1], rel=1e-9)
+    assert est.low > 0  # the linear interval of these ratios was 1.25 +- 9.53
+    # Candidate / baseline and baseline / candidate: reciprocal ratios and intervals.
+    c, b = {0: 9796.0, 1: 9900.0, 2: 9650.0}, {0: 9064.0, 1: 9000.0, 2: 9100.0}
+    forward, backward = paired_ratio(c, b), paired_ratio(b, c)
+    assert forward.mean * backward.mean == pytest.approx(1.0)
+    assert forward.low * backward.high == pytest.approx(1.0)
+    # Paired by repeat; a repeat only one arm finished, or a value <= 0, is left out.
+    ratio = paired_ratio({0: 9796.0, 1: 9900.0, 2: 1.0, 3: 0.0}, {0: 9064.0, 1: 9000.0, 3: 5.0})
     assert ratio.n == 2
-    assert ratio.mean == pytest.approx((9796 / 9064 + 9900 / 9000) / 2)
+    assert ratio.mean == pytest.approx(statistics.geometric_mean([9796 / 9064, 9900 / 9000]))
+    assert paired_ratio({0: 3.0}, {0: 2.0}).low is None
+    scipy_stats = pytest.importorskip("scipy.stats")
+    logs = [math.log(c[r] / b[r]) for r in range(3)]
+    low, high = scipy_stats.t.interval(
+        0.95, 2, loc=statistics.fmean(logs), scale=scipy_stats.sem(logs)
+    )
+    assert forward.mean == pytest.approx(math.exp(statistics.fmean(logs)), rel=1e-12)
+    assert forward.low == pytest.approx(math.exp(low), rel=1e-12)
+    assert forward.high == pytest.approx(math.exp(high), rel=1e-12)
+
+
+# Wilson 95% intervals from scipy.stats.binomtest(k, n).proportion_ci(0.95, "wilson").
+WILSON = {
+    (23, 30): (0.5907167384187784, 0.8820761185551049),
+    (0, 10): (0.0, 0.27753279986288926),
+    (10, 10): (0.7224672001371109, 1.0),
+    (186, 200): (0.8859451911438936, 0.9578478281716571),
+}
+
+
+def test_wilson_intervals_against_scipy():
+    for (k, n), (low, high) in WILSON.items():
+        got = wilson(k / n, n)
+        assert got == (pytest.approx(low, abs=1e-12), pytest.approx(high, abs=1e-12)), (k, n)
+    scipy_stats = pytest.importorskip("scipy.stats")
+    for k, n in ((1, 1400), (1302, 1400), (7, 9), (50, 100)):
+        ci = scipy_stats.binomtest(k, n).proportion_ci(0.95, method="wilson")
+        assert wilson(k / n, n) == (pytest.approx(ci.low), pytest.approx(ci.high))
+
+
+def test_gates_fail_a_clear_regression_and_pass_a_neutral_change():
+    def judged(candidate, baseline, judge, **bounds):
+        est = paired_ratio(dict(enumerate(candidate)), dict(enumerate(baseline)))
+        return judge_bounds(est.mean, est.low, est.high, judge=judge, fmt="{:.3f}x", **bounds)
+
+    regression = ([800.0, 815.0, 790.0], [1000.0, 1010.0, 995.0])  # 0.80x, tight
+    neutral = ([1003.0, 985.0, 1008.0], [1000.0, 1000.0, 1000.0])  # 0.999x [0.969, 1.029]
+    for judge in ("no_regression", "confirmed", "mean"):
+        ok, basis = judged(*regression, judge, minimum=1.0)
+        assert not ok, (judge, basis)
+    ok, basis = judged(*neutral, "no_regression", minimum=1.0)
+    assert ok and basis == "upper bound 1.029x >= 1x"
+    ok, basis = judged(*neutral, "mean", minimum=1.0)  # the old rule: the mean alone
+    assert not ok and basis == "value 0.999x < 1x"
+    ok, basis = judged(*neutral, "confirmed", minimum=1.0)
+    assert not ok and basis == "lower bound 0.969x < 1x"
+    # A maximum (TPOT must not grow) is judged on the lower bound by default.
+    ok, basis = judged(*neutral, "no_regression", maximum=0.99)
+    assert ok and basis == "lower bound 0.969x <= 0.99x"
+    ok, basis = judged(*neutral, "confirmed", minimum=0.95, maximum=1.05)
+    assert ok and basis == "lower bound 0.969x >= 0.95x; upper bound 1.029x <= 1.05x"
+    # One repeat: no interval, the value, said so.
+    ok, basis = judged([990.0], [1000.0], "no_regression", minimum=1.0)
+    assert not ok and basis == "value 0.990x < 1x (no interval: one repeat)"
+
+
+def test_how_often_a_min_ratio_gate_fails_neutral_and_regressed_changes():
+    """3 paired repeats, 2% noise per cell: the default fails a neutral change about 1 time
+    in 40 (the interval's upper tail), the mean alone about 1 in 2; a 10% loss is caught about
+    9 times in 10, a 20% loss all but always."""
+    rng = random.Random(20)
+
+    def failure_rate(true_ratio: float, judge: str, trials: int = 3000) -> float:
+        failed = 0
+        for _ in range(trials):
+            base = {r: 1000.0 * math.exp(rng.gauss(0, 0.02)) for r in range(3)}
+            cand = {r: 1000.0 * true_ratio * math.exp(rng.gauss(0, 0.02)) for r in range(3)}
+            est = paired_ratio(cand, base)
+            failed += not judge_bounds(est.mean, est.low, est.high, judge=judge, minimum=1.0)[0]
+        return failed / trials
+
+    assert 0.01 < failure_rate(1.0, "no_regression") < 0.05
+    assert 0.4 < failure_rate(1.0, "mean") < 0.6
+    assert failure_rate(0.9, "no_regression") > 0.8
+    assert failure_rate(0.8, "no_regression") > 0.98
+
+
+def test_default_repeats_and_judges():
+    config = parse_config(
+        {
+            "arm": [{"name": "a", "url": "http://h:1"}, {"name": "b", "url": "x"}],
+            "sweep": {"concurrencies": [1]},
+            "gate": [
+                {
+                    "metric": "median_tpot_ms",
+                    "candidate": "b",
+                    "baseline": "a",
+                    "concurrency": 1,
+                    "max_ratio": 1.0,
+                }
+            ],
+        }
+    )
+    assert config.sweep.repeats == 3
+    assert config.gates[0].judge == "no_regression" and config.gsm8k.judge == "no_regression"
+    with pytest.raises(ConfigError, match=r"\[gsm8k\] judge 'lower': one of no_regression"):
+        parse_config({**raw_with(), "gsm8k": {"judge": "lower"}})
+    gate = {**RAW["gate"][0], "judge": "confirmed"}
+    assert parse_config(raw_with(gate=[gate])).gates[0].judge == "confirmed"
 
 
 def test_subprocess_invoker_stops_the_tool_on_a_dead_server_and_on_timeout(tmp_path, monkeypatch):

@@ -84,7 +84,10 @@ def test_numbers_are_the_raw_outputs_own(run_dir):
         raw[("split", 32, r)]["p99_itl_ms"] / raw[("baseline", 32, r)]["p99_itl_ms"]
         for r in range(built.config.sweep.repeats)
     ]
-    assert built.ratios["split"][32]["p99_itl_ms"].mean == pytest.approx(statistics.fmean(ratios))
+    # The ratio is the geometric mean of the paired ratios (the exp of their mean log).
+    assert built.ratios["split"][32]["p99_itl_ms"].mean == pytest.approx(
+        statistics.geometric_mean(ratios)
+    )
     for arm in ("baseline", "split"):
         score = json.loads(_gsm8k_raw(run_dir, arm).read_text())["score"]
         assert built.gsm8k[arm]["score"] == score
@@ -127,11 +130,68 @@ def test_accuracy_below_threshold_and_lost_cells_fail_the_report(run_dir, capsys
     assert "GSM8K arm 'split': accuracy 0.500 is below the threshold 0.7" in err
     assert "arm=baseline concurrency=8 repeat=2: missing: not run" in err
     text = (run_dir / "report.md").read_text()
-    assert "**Result: FAIL**" in text and "| `split` | 0.500 | 0.7 | FAIL |" in text
+    assert "**Result: FAIL**" in text
+    assert (
+        "| `split` | 0.500 [0.332, 0.668] | 30 | 0.7 (no_regression) | upper bound 0.668 < 0.7 "
+        "| FAIL |"
+    ) in text
     # The interval of concurrency 8 now rests on two repeats of the baseline.
     results = json.loads((run_dir / "results.json").read_text())
     assert results["summary"]["baseline"]["8"]["median_tpot_ms"]["n"] == 2
     assert results["ratios_vs_baseline"]["split"]["8"]["median_tpot_ms"]["n"] == 2
+
+
+def test_committed_ratio_intervals_are_positive_and_hold_their_ratio():
+    results = json.loads((EXAMPLE_RUN / "results.json").read_text())
+    ratios = [
+        e for by_c in results["ratios_vs_baseline"].values() for by_m in by_c.values()
+        for e in by_m.values()
+    ]  # fmt: skip
+    assert len(ratios) == 3 * 8
+    for e in ratios:
+        assert 0 < e["low"] < e["mean"] < e["high"], e
+    text = (EXAMPLE_RUN / "report.md").read_text()
+    assert "[-" not in text  # no negative bound anywhere in the report
+    gsm8k = results["gsm8k"]["split"]
+    assert (gsm8k["n"], gsm8k["low"], gsm8k["high"]) == (
+        30,
+        pytest.approx(0.5907167384187784),  # scipy's binomtest(23, 30) Wilson interval
+        pytest.approx(0.8820761185551049),
+    )
+
+
+def _set(run_dir: Path, section: str, **values) -> None:
+    data = json.loads((run_dir / "run.json").read_text())
+    target = data["config"][section]
+    (target[0] if isinstance(target, list) else target).update(values)
+    (run_dir / "run.json").write_text(json.dumps(data))
+
+
+def test_gates_and_the_threshold_are_judged_on_the_stated_bound(run_dir, capsys):
+    # split/baseline throughput at 32: 1.169x [1.155, 1.184]; GSM8K 0.767 [0.591, 0.882].
+    _set(run_dir, "gate", min_ratio=1.17)
+    _set(run_dir, "gsm8k", threshold=0.85)
+    assert ab_cli.main(["report", str(run_dir)]) == 0  # within the noise: not a regression
+    text = (run_dir / "report.md").read_text()
+    assert (
+        "| output_throughput_per_gpu split/baseline at concurrency 32 >= 1.17x | "
+        "1.169x [1.155, 1.184] | no_regression | upper bound 1.184x >= 1.17x | pass |"
+    ) in text
+    assert "| 0.85 (no_regression) | upper bound 0.882 >= 0.85 | pass |" in text
+    _set(run_dir, "gate", judge="mean")
+    _set(run_dir, "gsm8k", judge="mean")
+    assert ab_cli.main(["report", str(run_dir)]) == 1
+    err = capsys.readouterr().err
+    assert "FAILED at 1.169x [1.155, 1.184] (value 1.169x < 1.17x)" in err
+    assert "accuracy 0.767 is below the threshold 0.85 (value 0.767 < 0.85;" in err
+    _set(run_dir, "gate", judge="confirmed", min_ratio=1.16)
+    _set(run_dir, "gsm8k", judge="confirmed", threshold=0.6)
+    assert ab_cli.main(["report", str(run_dir)]) == 1
+    err = capsys.readouterr().err
+    assert "(lower bound 1.155x < 1.16x)" in err
+    assert "(lower bound 0.591 < 0.6;" in err
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["gates"][0]["judge"] == "confirmed" and results["gates"][0]["passed"] is False
 
 
 def test_a_failed_gate_fails_the_report(run_dir, capsys):

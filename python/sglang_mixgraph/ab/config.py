@@ -44,6 +44,11 @@ GATE_METRICS = (
     "median_itl_ms",
     "p99_itl_ms",
 )
+# How a gate or the GSM8K threshold is judged against the 95% interval (docs/ab.md,
+# "Gates"): fail only when the whole interval is beyond the bound (the default: the data
+# show a regression), pass only when the whole interval is within it, or the point value.
+JUDGES = ("no_regression", "confirmed", "mean")
+DEFAULT_JUDGE = "no_regression"
 _ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -93,7 +98,7 @@ class Sweep:
     # does not reuse the prompts an earlier cell (same seed) left in the radix cache.
     flush_cache: bool = True
     seed: int = 42
-    repeats: int = 2
+    repeats: int = 3  # A B, B A, A B: the fewest that give an interval worth reading
     cell_timeout_s: float = 3600.0
     extra_args: tuple[str, ...] = ()
 
@@ -112,6 +117,7 @@ class Gsm8k:
     data_path: str | None = None
     arms: tuple[str, ...] = ()  # empty: every arm
     timeout_s: float = 3600.0
+    judge: str = DEFAULT_JUDGE  # the threshold against the Wilson interval (JUDGES)
 
 
 @dataclass(frozen=True)
@@ -122,6 +128,7 @@ class Gate:
     concurrency: int
     min_ratio: float | None = None
     max_ratio: float | None = None
+    judge: str = DEFAULT_JUDGE  # the bounds against the ratio's 95% interval (JUDGES)
 
     def describe(self) -> str:
         bounds = []
@@ -398,6 +405,7 @@ def _gsm8k(table: dict[str, Any], arm_names: list[str]) -> Gsm8k:
             "data_path",
             "arms",
             "timeout_s",
+            "judge",
         },
     )
     kwargs: dict[str, Any] = {}
@@ -423,7 +431,16 @@ def _gsm8k(table: dict[str, Any], arm_names: list[str]) -> Gsm8k:
                 raise ConfigError(f"{where} arms: no arm named {name!r}")
     if "timeout_s" in table:
         kwargs["timeout_s"] = _number(table["timeout_s"], f"{where} timeout_s", 1.0)
+    if "judge" in table:
+        kwargs["judge"] = _judge(table["judge"], f"{where} judge")
     return Gsm8k(**kwargs)
+
+
+def _judge(value: Any, where: str) -> str:
+    _typed(value, str, where)
+    if value not in JUDGES:
+        raise ConfigError(f"{where} {value!r}: one of {', '.join(JUDGES)}")
+    return value
 
 
 def _gates(items: Any, arm_names: list[str], concurrencies: tuple[int, ...]) -> tuple[Gate, ...]:
@@ -435,7 +452,15 @@ def _gates(items: Any, arm_names: list[str], concurrencies: tuple[int, ...]) -> 
         _take(
             table,
             where,
-            {"metric", "candidate", "baseline", "concurrency", "min_ratio", "max_ratio"},
+            {
+                "metric",
+                "candidate",
+                "baseline",
+                "concurrency",
+                "min_ratio",
+                "max_ratio",
+                "judge",
+            },
         )
         for key in ("metric", "candidate", "baseline", "concurrency"):
             if key not in table:
@@ -465,6 +490,9 @@ def _gates(items: Any, arm_names: list[str], concurrencies: tuple[int, ...]) -> 
                 candidate=table["candidate"],
                 baseline=table["baseline"],
                 concurrency=concurrency,
+                judge=_judge(table["judge"], f"{where} judge")
+                if "judge" in table
+                else DEFAULT_JUDGE,
                 **bounds,
             )
         )

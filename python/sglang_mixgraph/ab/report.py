@@ -3,8 +3,10 @@
 `report.md` is meant to be pasted into a pull request or an issue: what was compared (model,
 server arguments, each arm's environment and arguments), the workload, then per concurrency
 each arm's output tok/s per GPU, TPOT, TTFT and ITL (p50 and p99) as mean +/- the 95%
-interval over repeats, with each candidate's ratio to the baseline (the first arm) and its
-interval; GSM8K per arm against its threshold; the gates; every failed or missing cell.
+interval over repeats, with each candidate's ratio to the baseline (the first arm): the
+geometric mean of the paired ratios with the exp of the t interval of their logarithms;
+GSM8K per arm with its Wilson interval against the threshold; the gates with the interval
+and the bound each was judged on; every failed or missing cell.
 Plots need matplotlib (the `ab` extra); without it they are skipped with one line saying so,
 and everything else is written. `pareto.png` is output tok/s per GPU against median TPOT,
 one curve per arm through its concurrencies; `throughput.png` is tok/s per GPU against
@@ -17,7 +19,7 @@ import json
 from pathlib import Path
 
 from sglang_mixgraph.ab.results import METRICS, Results, collect, results_json
-from sglang_mixgraph.ab.stats import Estimate
+from sglang_mixgraph.ab.stats import Estimate, RatioEstimate
 
 PLOTS = ("pareto.png", "throughput.png")
 PLOTS_SKIPPED = "plots skipped: matplotlib is not installed (pip install 'sglang-mixgraph[ab]')"
@@ -39,12 +41,16 @@ def _cell(est: Estimate | None) -> str:
     return f"{_num(est.mean)} ± {_num(est.ci95)}"
 
 
-def _ratio(est: Estimate | None) -> str:
+def _ratio(est: RatioEstimate | dict | None) -> str:
     if est is None:
         return "-"
-    if est.ci95 is None:
-        return f"{est.mean:.3f}x"
-    return f"{est.mean:.3f}x [{est.low:.3f}, {est.high:.3f}]"
+    if isinstance(est, dict):  # from results.json's gates
+        mean, low, high = est["mean"], est["low"], est["high"]
+    else:
+        mean, low, high = est.mean, est.low, est.high
+    if low is None:
+        return f"{mean:.3f}x"
+    return f"{mean:.3f}x [{low:.3f}, {high:.3f}]"
 
 
 def _env_args(env: dict[str, str], args: tuple[str, ...]) -> str:
@@ -91,24 +97,42 @@ def render_markdown(results: Results) -> str:
             lines.append(f"- GPUs of `{arm}`: {info['gpus'] or '?'} ({info['source']})")
         lines.append(
             "- values: mean ± half-width of the 95% t interval over repeats; ratios: "
-            f"candidate / `{results.baseline}`, paired by repeat, with the 95% interval"
+            f"candidate / `{results.baseline}` paired by repeat, the geometric mean of the "
+            "paired ratios [95% interval: exp of the t interval of their logarithms]"
         )
     lines.append("")
     if not results.accuracy_only:
         lines += _throughput_section(results)
     lines += _gsm8k_section(results)
     if results.gates:
-        lines += ["## Gates", "", "| gate | ratio | result |", "|---|---|---|"]
+        lines += [
+            "## Gates",
+            "",
+            _JUDGE_NOTE,
+            "",
+            "| gate | ratio [95% interval] | judge | judged on | result |",
+            "|---|---|---|---|---|",
+        ]
         for gate in results.gates:
-            ratio = gate["ratio"]
-            shown = "-" if ratio is None else f"{ratio['mean']:.3f}x"
-            lines.append(f"| {gate['gate']} | {shown} | {'pass' if gate['passed'] else 'FAIL'} |")
+            verdict = "pass" if gate["passed"] else "FAIL"
+            lines.append(
+                f"| {gate['gate']} | {_ratio(gate['ratio'])} | {gate['judge']} | "
+                f"{gate.get('basis', 'no measurement')} | {verdict} |"
+            )
         lines.append("")
     if results.problems:
         lines += ["## Problems", ""]
         lines += [f"- {p.splitlines()[0]}" for p in results.problems]
         lines.append("")
     return "\n".join(lines)
+
+
+_JUDGE_NOTE = (
+    "Judged on the 95% interval: `no_regression` (the default) fails only when the whole "
+    "interval is beyond the bound (a minimum on its upper bound, a maximum on its lower "
+    "bound: the data show the regression); `confirmed` passes only when the whole interval is "
+    "within the bounds; `mean` compares the value itself."
+)
 
 
 def _throughput_section(results: Results) -> list[str]:
@@ -142,16 +166,19 @@ def _gsm8k_section(results: Results) -> list[str]:
         f"SGLang's eval (`sglang.test.run_eval`, gsm8k, completion API): {g.num_examples} "
         f"questions, {g.num_shots} shots, max {g.max_tokens} tokens.",
         "",
-        "| arm | accuracy | threshold | result |",
-        "|---|---|---|---|",
+        "| arm | accuracy [95% Wilson interval] | questions | threshold | judged on | result |",
+        "|---|---|---|---|---|---|",
     ]
     for arm in results.config.arms:
         entry = results.gsm8k.get(arm.name)
         if entry is None:
             continue
-        threshold = "-" if g.threshold is None else f"{g.threshold:g}"
+        threshold = "-" if g.threshold is None else f"{g.threshold:g} ({g.judge})"
         verdict = "-" if "passed" not in entry else ("pass" if entry["passed"] else "FAIL")
-        lines.append(f"| `{arm.name}` | {entry['score']:.3f} | {threshold} | {verdict} |")
+        lines.append(
+            f"| `{arm.name}` | {entry['score']:.3f} [{entry['low']:.3f}, {entry['high']:.3f}] | "
+            f"{entry['n']} | {threshold} | {entry.get('basis', '-')} | {verdict} |"
+        )
     lines.append("")
     return lines
 

@@ -8,7 +8,9 @@ and the end of `ab run` produce the same results. Output tok/s per GPU divides
 `output_throughput` by the arm's GPU count: `gpus` of the arm or of `[server]`, else the
 server's own `tp_size` x `pp_size` from the `server_info` bench_serving recorded.
 The verdict lists every reason to exit non-zero: a failed or missing cell, an arm below its
-GSM8K threshold, a ratio gate outside its bounds.
+GSM8K threshold, a ratio gate outside its bounds. Thresholds and gates are judged on the 95%
+interval (`judge`, docs/ab.md "Gates"): by default one fails only when the whole interval is
+beyond its bound, i.e. when the data show the regression (`judge_bounds`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 
 from sglang_mixgraph.ab import runner
 from sglang_mixgraph.ab.config import Config, Gate, parse_config
-from sglang_mixgraph.ab.stats import Estimate, estimate, paired_ratio
+from sglang_mixgraph.ab.stats import Estimate, RatioEstimate, estimate, paired_ratio, wilson
 
 RUN_FILE = "run.json"
 # (key in the results, bench_serving result key, column title); the order of the report.
@@ -67,7 +69,7 @@ class Results:
     cells: list[dict[str, Any]] = field(default_factory=list)
     # summary[arm][concurrency][metric] and ratios[candidate][concurrency][metric]
     summary: dict[str, dict[int, dict[str, Estimate]]] = field(default_factory=dict)
-    ratios: dict[str, dict[int, dict[str, Estimate]]] = field(default_factory=dict)
+    ratios: dict[str, dict[int, dict[str, RatioEstimate]]] = field(default_factory=dict)
     gpus: dict[str, dict[str, Any]] = field(default_factory=dict)
     gsm8k: dict[str, dict[str, Any]] = field(default_factory=dict)
     gates: list[dict[str, Any]] = field(default_factory=list)
@@ -122,7 +124,16 @@ def collect(run_dir: Path) -> Results:
                 continue
             if cell.kind == "gsm8k":
                 entry["score"] = float(raw["score"])
-                results.gsm8k[cell.arm] = {"score": entry["score"], "raw": entry["raw"]}
+                n = int(cell.settings["num_examples"])
+                low, high = wilson(min(1.0, max(0.0, entry["score"])), n)
+                results.gsm8k[cell.arm] = {
+                    "score": entry["score"],
+                    "n": n,
+                    "low": low,
+                    "high": high,
+                    "interval": "95% Wilson score interval over n questions",
+                    "raw": entry["raw"],
+                }
             else:
                 gpus, source = _gpus(config, cell.arm, raw)
                 results.gpus[cell.arm] = {"gpus": gpus, "source": source}
@@ -163,16 +174,59 @@ def _read_raw(run_dir: Path, cell: runner.Cell) -> dict[str, Any] | None:
         return None
 
 
+def judge_bounds(
+    value: float,
+    low: float | None,
+    high: float | None,
+    *,
+    judge: str,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    fmt: str = "{:.3f}",
+) -> tuple[bool, str]:
+    """Whether a value with its 95% interval meets `>= minimum` and `<= maximum`, and on what.
+
+    `no_regression` (the default): fails only when the whole interval is beyond the bound, so
+    a minimum is judged on the interval's upper bound and a maximum on its lower bound (the
+    data show, at 97.5% one-sided, that the bound is crossed). `confirmed`: passes only when
+    the whole interval is within the bounds (lower bound >= minimum, upper bound <= maximum).
+    `mean`: the value itself. Without an interval (one repeat) every judge uses the value.
+    """
+    checks = []
+    no_interval = low is None or high is None
+    for bound, is_min in ((minimum, True), (maximum, False)):
+        if bound is None:
+            continue
+        if no_interval or judge == "mean":
+            name, x = "value", value
+        elif (judge == "no_regression") == is_min:
+            name, x = "upper bound", high
+        else:
+            name, x = "lower bound", low
+        ok = x >= bound if is_min else x <= bound
+        sign = (">=" if ok else "<") if is_min else ("<=" if ok else ">")
+        checks.append(
+            (ok, f"{name} {fmt.format(x)} {sign} {fmt.replace('.3f', 'g').format(bound)}")
+        )
+    basis = "; ".join(text for _, text in checks)
+    if no_interval and judge != "mean":
+        basis += " (no interval: one repeat)"
+    return all(ok for ok, _ in checks), basis
+
+
 def _verdict(results: Results) -> None:
     g = results.config.gsm8k
     if g.enabled and g.threshold is not None:
         for arm, entry in results.gsm8k.items():
-            entry["threshold"] = g.threshold
-            entry["passed"] = entry["score"] >= g.threshold
-            if not entry["passed"]:
+            ok, basis = judge_bounds(
+                entry["score"], entry["low"], entry["high"], judge=g.judge, minimum=g.threshold
+            )
+            entry.update(threshold=g.threshold, judge=g.judge, basis=basis, passed=ok)
+            if not ok:
                 results.problems.append(
                     f"GSM8K arm {arm!r}: accuracy {entry['score']:.3f} is below the "
-                    f"threshold {g.threshold:g}"
+                    f"threshold {g.threshold:g} ({basis}; 95% Wilson interval "
+                    f"[{entry['low']:.3f}, {entry['high']:.3f}] over {entry['n']} questions)"
                 )
     if results.accuracy_only:
         return
@@ -180,22 +234,32 @@ def _verdict(results: Results) -> None:
         est = _gate_ratio(results, gate)
         entry: dict[str, Any] = {
             "gate": gate.describe(),
+            "judge": gate.judge,
             "ratio": None if est is None else est.to_json(),
         }
         if est is None:
             entry["passed"] = False
             results.problems.append(f"gate {gate.describe()}: no measurement to compare")
         else:
-            ok = (gate.min_ratio is None or est.mean >= gate.min_ratio) and (
-                gate.max_ratio is None or est.mean <= gate.max_ratio
+            ok, basis = judge_bounds(
+                est.mean,
+                est.low,
+                est.high,
+                judge=gate.judge,
+                minimum=gate.min_ratio,
+                maximum=gate.max_ratio,
+                fmt="{:.3f}x",
             )
-            entry["passed"] = ok
+            entry.update(basis=basis, passed=ok)
             if not ok:
-                results.problems.append(f"gate {gate.describe()}: FAILED at {est.mean:.3f}x")
+                shown = "" if est.low is None else f" [{est.low:.3f}, {est.high:.3f}]"
+                results.problems.append(
+                    f"gate {gate.describe()}: FAILED at {est.mean:.3f}x{shown} ({basis})"
+                )
         results.gates.append(entry)
 
 
-def _gate_ratio(results: Results, gate: Gate) -> Estimate | None:
+def _gate_ratio(results: Results, gate: Gate) -> RatioEstimate | None:
     # Any two arms, not only against the baseline: paired per repeat like the report's ratios.
     def reps(arm: str) -> dict[int, float]:
         return {
@@ -211,7 +275,7 @@ def _gate_ratio(results: Results, gate: Gate) -> Estimate | None:
 
 
 def results_json(results: Results) -> dict[str, Any]:
-    def table(d: dict[str, dict[int, dict[str, Estimate]]]) -> dict[str, Any]:
+    def table(d: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
         return {
             arm: {str(c): {m: e.to_json() for m, e in by_m.items()} for c, by_m in by_c.items()}
             for arm, by_c in d.items()

@@ -1,35 +1,91 @@
-"""Means and 95% confidence intervals over repeats, and paired ratios between two arms.
+"""Means and 95% intervals over repeats, paired ratios between two arms, accuracy intervals.
 
 Each repeat of a cell gives one value per metric (a `bench_serving` run already averages or
 takes percentiles over its requests; repeats are what varies between server starts and over
-time). The interval is the Student t interval of the mean over repeats: mean +/- t(0.975,
-n - 1) * s / sqrt(n). A ratio between a candidate arm and the baseline is taken per repeat
-(repeat r of each arm ran next to each other, A B B A), and the interval is the same t
-interval over those paired ratios, so drift that hits both arms of a pair cancels out.
-With one repeat there is a value and no interval.
+time).
+
+- A metric of one arm: the mean over repeats with the Student t interval of the mean,
+  mean +/- t(0.975, n - 1) * s / sqrt(n).
+- A ratio candidate / baseline: taken per repeat (repeat r of each arm ran next to each other,
+  A B B A, so drift that hits both arms of a pair cancels in its ratio), then on the log
+  scale: the mean m and the t interval m +/- t(0.975, n - 1) * s / sqrt(n) of log(c_r / b_r),
+  mapped back with exp. The ratio shown is exp(m), the geometric mean of the paired ratios,
+  and the interval [exp(m - h), exp(m + h)] is always positive and symmetric in the sense
+  that matters for a ratio (c/b and b/c get reciprocal intervals). A pair in which either
+  value is not positive has no logarithm and is left out.
+- An accuracy (a fraction of n questions): the Wilson score interval, which stays inside
+  [0, 1] and is sound near 0 and 1 where the normal interval is not.
+
+With one repeat there is a value and no interval. The t quantiles are exact (the closed-form
+Student t distribution function for integer degrees of freedom, inverted by bisection), not a
+table that stops at 30 degrees of freedom.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from dataclasses import dataclass
 
-# Two-sided 95% quantiles of Student's t for 1..30 degrees of freedom; the normal 1.96 above.
-_T975 = (
-    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
-    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
-)  # fmt: skip
+LEVEL = 0.95
+# Phi^-1(0.975), the two-sided 95% normal quantile of the Wilson interval.
+Z975 = statistics.NormalDist().inv_cdf(0.975)
 
 
-def t975(df: int) -> float:
+def t_cdf(x: float, df: int) -> float:
+    """P(T <= x) for Student's t with `df` (an integer >= 1) degrees of freedom.
+
+    The finite series of Abramowitz and Stegun 26.7.3 (odd df) and 26.7.4 (even df) for
+    A(x | df) = P(|T| <= |x|), with theta = atan(x / sqrt(df)).
+    """
     assert df >= 1, df
-    return _T975[df - 1] if df <= len(_T975) else 1.96
+    theta = math.atan(abs(x) / math.sqrt(df))
+    c2 = math.cos(theta) ** 2
+    if df % 2:  # odd: 2/pi (theta + sin cos (1 + 2/3 cos^2 + 2*4/(3*5) cos^4 + ...))
+        term, total = 1.0, 1.0 if df > 1 else 0.0
+        for k in range(1, (df - 1) // 2):
+            term *= (2 * k) / (2 * k + 1) * c2
+            total += term
+        a = 2 / math.pi * (theta + math.sin(theta) * math.cos(theta) * total)
+    else:  # even: sin (1 + 1/2 cos^2 + 1*3/(2*4) cos^4 + ...)
+        term, total = 1.0, 1.0
+        for k in range(1, df // 2):
+            term *= (2 * k - 1) / (2 * k) * c2
+            total += term
+        a = math.sin(theta) * total
+    return 0.5 + a / 2 if x >= 0 else 0.5 - a / 2
+
+
+def t_quantile(p: float, df: int) -> float:
+    """The p-quantile of Student's t with `df` degrees of freedom (0 < p < 1)."""
+    assert 0.0 < p < 1.0, p
+    if p < 0.5:
+        return -t_quantile(1.0 - p, df)
+    low, high = 0.0, 1.0
+    while t_cdf(high, df) < p:
+        low, high = high, 2 * high
+    for _ in range(200):
+        mid = (low + high) / 2
+        if mid in (low, high):
+            break
+        if t_cdf(mid, df) < p:
+            low = mid
+        else:
+            high = mid
+    return (low + high) / 2
+
+
+@functools.lru_cache(maxsize=None)
+def t975(df: int) -> float:
+    """The two-sided 95% quantile t(0.975, df)."""
+    return t_quantile(0.975, df)
 
 
 @dataclass(frozen=True)
 class Estimate:
+    """A mean over repeats and its t interval (mean +/- ci95)."""
+
     mean: float
     ci95: float | None  # half-width; None with fewer than two values
     n: int
@@ -52,6 +108,39 @@ class Estimate:
         }
 
 
+@dataclass(frozen=True)
+class RatioEstimate:
+    """A paired ratio: exp of the mean log-ratio, with exp of its t interval."""
+
+    log_mean: float
+    log_ci95: float | None  # half-width on the log scale; None with one pair
+    n: int
+
+    @property
+    def mean(self) -> float:
+        """The geometric mean of the paired ratios."""
+        return math.exp(self.log_mean)
+
+    @property
+    def low(self) -> float | None:
+        return None if self.log_ci95 is None else math.exp(self.log_mean - self.log_ci95)
+
+    @property
+    def high(self) -> float | None:
+        return None if self.log_ci95 is None else math.exp(self.log_mean + self.log_ci95)
+
+    def to_json(self) -> dict[str, float | int | str | None]:
+        return {
+            "mean": self.mean,
+            "low": self.low,
+            "high": self.high,
+            "n": self.n,
+            "log_mean": self.log_mean,
+            "log_ci95": self.log_ci95,
+            "method": "geometric mean of paired ratios, exp of the 95% t interval of log ratios",
+        }
+
+
 def estimate(values: list[float]) -> Estimate | None:
     if not values:
         return None
@@ -62,11 +151,23 @@ def estimate(values: list[float]) -> Estimate | None:
     return Estimate(mean, half, len(values))
 
 
-def paired_ratio(candidate: dict[int, float], baseline: dict[int, float]) -> Estimate | None:
+def paired_ratio(candidate: dict[int, float], baseline: dict[int, float]) -> RatioEstimate | None:
     """Ratio estimate over the repeats both arms finished; values keyed by repeat."""
-    ratios = [
-        candidate[r] / baseline[r]
+    logs = [
+        math.log(candidate[r] / baseline[r])
         for r in sorted(set(candidate) & set(baseline))
-        if baseline[r] != 0
+        if candidate[r] > 0 and baseline[r] > 0
     ]
-    return estimate(ratios)
+    est = estimate(logs)
+    if est is None:
+        return None
+    return RatioEstimate(est.mean, est.ci95, est.n)
+
+
+def wilson(score: float, n: int, z: float = Z975) -> tuple[float, float]:
+    """The Wilson score interval of a fraction `score` of `n` trials (95% by default)."""
+    assert n >= 1 and 0.0 <= score <= 1.0, (score, n)
+    z2n = z * z / n
+    center = (score + z2n / 2) / (1 + z2n)
+    half = z / (1 + z2n) * math.sqrt(score * (1 - score) / n + z2n / (4 * n))
+    return max(0.0, center - half), min(1.0, center + half)
