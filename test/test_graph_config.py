@@ -89,12 +89,77 @@ GLM5_CONFIG = {
 }
 
 
+# A small Kimi-Linear-shaped model (SGLang's own `configs.kimi_linear` config class): KDA
+# hybrid linear attention, so upstream's KDA rule holds.
+KDA_CONFIG = {
+    "architectures": ["KimiLinearForCausalLM"],
+    "model_type": "kimi_linear",
+    "hidden_size": 2048,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 16,
+    "head_dim": 128,
+    "intermediate_size": 4096,
+    "vocab_size": 32000,
+    "torch_dtype": "bfloat16",
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "mla_use_nope": True,
+    "num_experts": 16,
+    "num_experts_per_token": 2,
+    "moe_intermediate_size": 512,
+    "num_shared_experts": 1,
+    "first_k_dense_replace": 1,
+    "linear_attn_config": {
+        "kda_layers": [1, 2, 3],
+        "full_attn_layers": [4],
+        "head_dim": 128,
+        "num_heads": 16,
+        "short_conv_kernel_size": 4,
+    },
+    "max_position_embeddings": 8192,
+}
+
+# A small Qwen2-VL-shaped model: multimodal and not on upstream's BCG allowlist.
+QWEN2VL_CONFIG = {
+    "architectures": ["Qwen2VLForConditionalGeneration"],
+    "model_type": "qwen2_vl",
+    "hidden_size": 1536,
+    "intermediate_size": 8960,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 2,
+    "vocab_size": 151936,
+    "max_position_embeddings": 32768,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "torch_dtype": "bfloat16",
+    "vision_config": {
+        "depth": 2,
+        "embed_dim": 256,
+        "hidden_size": 1536,
+        "num_heads": 4,
+        "in_chans": 3,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+    },
+    "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
+    "image_token_id": 151655,
+    "video_token_id": 151656,
+}
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
     return {
         "glm5": str(write_model(root / "glm5", GLM5_CONFIG)),
         "dense": str(write_model(root / "dense", max_position_embeddings=8192)),
+        "kda": str(write_model(root / "kda", KDA_CONFIG)),
+        "qwen2vl": str(write_model(root / "qwen2vl", QWEN2VL_CONFIG)),
     }
 
 
@@ -542,41 +607,179 @@ _FORCE = textwrap.dedent(
     import json, sys
     from sglang_mixgraph.resolve import select_described_platform, resolve
     select_described_platform()
-    from sglang_mixgraph.cli import graph_plan_json
+    from sglang_mixgraph.cli import format_graph_plan, graph_plan_json
     from sglang_mixgraph.graph_plan import graph_plan
     out = {}
     for name, (argv, gpu) in json.loads(sys.argv[1]).items():
         r = resolve(argv, gpu=gpu)
         plan = graph_plan_json(graph_plan(r))
-        out[name] = {"plan": plan, "messages": r.messages("sglang_mixgraph")}
+        out[name] = {
+            "plan": plan,
+            "text": format_graph_plan(graph_plan(r)),
+            "messages": r.messages("sglang_mixgraph"),
+            "resolved": json.loads(json.dumps(r.resolved, default=str)),
+        }
     print("FORCE" + json.dumps(out))
     """
 )
 
 
-def test_force_bcg(tmp_path):
-    rows = {
-        "dsv4-upstream-buckets": (reference(), "B300"),
-        "two-rules": (TWO_RULES, "B300"),
-        "estimate-would-disable": (reference(extra=("--mem-fraction-static", "0.9")), "H200"),
+A2A_RULE = "unvalidated a2a backend"
+GLM5_MORI = ["--tp", "8", "--moe-a2a-backend", "mori", "--chunked-prefill-size", "4096"]
+
+# Deployments for SGLANG_EXPERIMENTAL_FORCE_BCG, one or more per upstream rule (all seven):
+# name -> (argv, GPU, the rules that hold). FORCE overrides the DSV4 and a2a rules only.
+FORCE_OVERRIDDEN = {
+    "dsv4": (reference(), "B300", [DSV4_RULE]),  # the upstream PR's deployment
+    "dsv4+a2a": (TWO_RULES, "B300", [DSV4_RULE, A2A_RULE]),
+    "a2a": (["--model-path", "{glm5}", *GLM5_MORI], "B200", [A2A_RULE]),
+    "estimate-would-disable": (
+        reference(extra=("--mem-fraction-static", "0.9")),
+        "H200",
+        [DSV4_RULE],
+    ),
+}
+FORCE_KEPT = {
+    "kda": (["--model-path", "{kda}", "--tp", "1"], "H100", ["KDA hybrid linear attention"]),
+    "attn-cp": (
+        ["--model-path", "{dense}", "--tp", "2", "--attn-cp-size", "2"],
+        "H100",
+        ["attention context parallel without CP-BCG support"],
+    ),
+    "dcp": (
+        ["--model-path", "{dense}", "--tp", "2", "--dcp-size", "2"],
+        "H100",
+        ["decode context parallel (dcp_size > 1)"],
+    ),
+    "tbo": (
+        [
+            "--model-path",
+            "{glm5}",
+            "--tp",
+            "8",
+            "--moe-a2a-backend",
+            "deepep",
+            "--enable-two-batch-overlap",
+        ],
+        "B200",
+        ["two-batch overlap"],
+    ),
+    "multimodal": (["--model-path", "{qwen2vl}", "--tp", "1"], "H100", ["multimodal model"]),
+    # an overridable rule together with a kept one: the kept one decides
+    "dsv4+dcp": (
+        [*dsv4_dp(), "--dcp-size", "2"],
+        "B300",
+        [DSV4_RULE, "decode context parallel (dcp_size > 1)"],
+    ),
+    "dsv4+tbo": (
+        [
+            "--model-path",
+            DSV4,
+            "--tp",
+            "8",
+            "--moe-a2a-backend",
+            "deepep",
+            "--enable-two-batch-overlap",
+        ],
+        "B300",
+        [DSV4_RULE, "two-batch overlap"],
+    ),
+}
+
+_BASELINE_ON_GPU = textwrap.dedent(
+    """
+    import json, sys
+    from sglang_mixgraph.resolve import select_described_platform, resolve
+    select_described_platform()
+    rows = json.loads(sys.argv[1])
+    out = {k: json.loads(json.dumps(resolve(v, gpu=g).resolved, default=str)) for k, (v, g) in rows.items()}
+    print("BASELINE" + json.dumps(out))
+    """
+)
+
+
+def test_force_bcg_rule_table_covers_every_rule():
+    """Rule-evaluation level: FORCE overrides exactly the two DSV4-deployment rules, and the
+    action on each rule follows from which rules hold."""
+    from sglang_mixgraph.bcg_rules import FORCEABLE_RULES, forced_actions, rules
+
+    table = {r.name: r for r in rules()}
+    assert len(table) == 7
+    assert FORCEABLE_RULES == {DSV4_RULE, A2A_RULE} and FORCEABLE_RULES <= set(table)
+    covered = {
+        n for rows in (FORCE_OVERRIDDEN, FORCE_KEPT) for *_, names in rows.values() for n in names
     }
+    assert covered == set(table)  # every rule has a deployment below
+    dsv4, a2a, dcp = (
+        table[DSV4_RULE],
+        table[A2A_RULE],
+        table["decode context parallel (dcp_size > 1)"],
+    )
+    assert forced_actions([dsv4, a2a]) == (["overridden by FORCE_BCG"] * 2, None)
+    actions, kept = forced_actions([dsv4, dcp])
+    assert kept is dcp
+    assert actions == [
+        f"overridable by FORCE_BCG, but rule {dcp.name!r} is kept",
+        f"kept: {dcp.reason}",
+    ]
+    assert forced_actions([]) == ([], None)
+
+
+def test_force_bcg(models):
+    def fill(rows):
+        return {
+            k: ([a.format(**models) for a in v] + ["--random-seed", "7"], g)
+            for k, (v, g, _) in rows.items()
+        }
+
+    rows = {**fill(FORCE_OVERRIDDEN), **fill(FORCE_KEPT)}
     env = {FORCE_ENV: "1", BUCKETS_ENV: "upstream", CAP_ENV: "2816"}
     out, _ = _run_rows(_FORCE, "FORCE", rows, **env)
-    for name, row in out.items():
-        pg = row["plan"]["prefill_graph"]
+    # SGLang alone, no mixgraph plugin: what "upstream's decision" is
+    kept_rows = {k: rows[k] for k in FORCE_KEPT}
+    baseline, _ = _run_rows(
+        _BASELINE_ON_GPU, "BASELINE", kept_rows, SGLANG_PLUGINS="mixgraph_target", CAP_ENV="2816"
+    )
+    for name, (_, _, names) in FORCE_OVERRIDDEN.items():
+        pg = out[name]["plan"]["prefill_graph"]
+        assert [m["name"] for m in pg["rules"]] == names, name
         assert pg["backend"] == "breakable", name
         assert pg["decided_by"]["kind"] == "force", name
-        assert all(m["action"] == "overridden by FORCE_BCG" for m in pg["rules"])
-    two = out["two-rules"]
-    assert [m["name"] for m in two["plan"]["prefill_graph"]["rules"]] == [
-        DSV4_RULE,
-        "unvalidated a2a backend",
-    ]
-    logged = [m for m in two["messages"] if "SGLANG_EXPERIMENTAL_FORCE_BCG=1 keeps" in m]
-    assert len(logged) == 2 and DSV4_RULE in logged[0] and "unvalidated a2a backend" in logged[1]
+        assert all(m["action"] == "overridden by FORCE_BCG" for m in pg["rules"]), name
+        logged = [
+            m for m in out[name]["messages"] if "SGLANG_EXPERIMENTAL_FORCE_BCG=1 keeps the" in m
+        ]
+        assert len(logged) == len(names) and all(
+            n in m for n, m in zip(names, logged, strict=True)
+        ), name
+    for name, (_, _, names) in FORCE_KEPT.items():
+        row = out[name]
+        pg = row["plan"]["prefill_graph"]
+        assert [m["name"] for m in pg["rules"]] == names, name
+        assert pg["backend"] == "disabled", name
+        assert row["resolved"] == baseline[name], name  # exactly SGLang's own resolution
+        kept = next(m for m in pg["rules"] if m["name"] not in (DSV4_RULE, A2A_RULE))
+        assert pg["decided_by"] == {
+            "kind": "upstream rule",
+            "rule": kept["name"],
+            "reason": kept["reason"],
+        }, name
+        for m in pg["rules"]:
+            if m is kept:
+                assert m["action"] == f"kept: {m['reason']}", name
+            else:
+                assert m["action"] == f"overridable by FORCE_BCG, but rule {kept['name']!r} is kept"
+        said = [
+            m for m in row["messages"] if "SGLANG_EXPERIMENTAL_FORCE_BCG=1 keeps upstream rule" in m
+        ]
+        assert len(said) == 1 and repr(kept["name"]) in said[0] and kept["reason"] in said[0], name
+        assert not [m for m in row["messages"] if "SGLANG_EXPERIMENTAL_FORCE_BCG=1 keeps the" in m]
     # upstream buckets (policy upstream), clamped per DP rank by upstream
-    ref = out["dsv4-upstream-buckets"]["plan"]
+    ref = out["dsv4"]["plan"]
     assert ref["prefill_graph"]["buckets"] == ref["bucket_lists"]["upstream"]["buckets"]
+    # what `plan` prints per rule
+    assert f"rule {DSV4_RULE!r}: overridden by FORCE_BCG" in out["dsv4"]["text"]
+    assert "rule 'two-batch overlap': kept: TBO capture is unsupported" in out["dsv4+tbo"]["text"]
 
 
 def test_force_bcg_wrong_value_is_rejected():

@@ -2,8 +2,9 @@
 
 What: the one hook on `sglang.srt.arg_groups.cuda_graph_hook.disable_breakable_cudagraph_if_incompatible`
 (`rules_hook`, shared by `force_bcg` and `graph_config`, registered once), run in one of three
-modes: upstream's, forced (every rule that holds is logged and overridden), or estimate (the
-DeepSeek-V4 rule alone is deferred to the capture-memory estimate). Decisions are kept per
+modes: upstream's, forced (the DeepSeek-V4 and unvalidated-a2a rules are overridden; any other
+rule that holds keeps upstream's decision, each logged once), or estimate (the DeepSeek-V4 rule
+alone is deferred to the capture-memory estimate). Decisions are kept per
 ServerArgs (a msgspec Struct with slots: nothing can be attached to it) for `graph_plan`.
 Why: upstream keeps its rules in a function-local list and stops at the first match, so nobody
 outside can tell which rules hold; we evaluate the same predicates with the same upstream
@@ -24,6 +25,13 @@ logger = logging.getLogger("sglang_mixgraph")
 RULES_TARGET = "sglang.srt.arg_groups.cuda_graph_hook.disable_breakable_cudagraph_if_incompatible"
 
 DSV4_RULE = "DeepSeek-V4 (heavy capture-pool memory pressure)"
+A2A_RULE = "unvalidated a2a backend"
+# What SGLANG_EXPERIMENTAL_FORCE_BCG overrides: the two rules that block the DeepSeek-V4
+# deployment the upstream PR forces BCG for (DSV4 + MegaMoE + DP attention, also with an a2a
+# backend upstream has not validated). Every other rule names a configuration upstream knows
+# to fail under BCG (wrong output, a capture that cannot be built, a replay fault), so forcing
+# it would not be an experiment but a broken server: those keep upstream's decision.
+FORCEABLE_RULES = frozenset({DSV4_RULE, A2A_RULE})
 
 
 @dataclass(frozen=True)
@@ -77,8 +85,8 @@ def _rules() -> tuple[Rule, ...]:
             lambda sa: bool(resolving_view(sa).enable_two_batch_overlap),
         ),
         Rule(
-            "unvalidated a2a backend",
-            "unvalidated a2a backend",
+            A2A_RULE,
+            A2A_RULE,
             "MoE all-to-all backends other than none/deepep/megamoe/flashinfer are not validated "
             "under BCG",
             lambda sa: resolved_view(sa).moe_a2a_backend
@@ -114,7 +122,9 @@ class RuleMode(enum.Enum):
     """How the rule hook runs upstream's rule function for one resolution."""
 
     UPSTREAM = "upstream"  # call it: the first matching rule decides
-    FORCED = "forced"  # SGLANG_EXPERIMENTAL_FORCE_BCG: log every rule that holds, call nothing
+    # SGLANG_EXPERIMENTAL_FORCE_BCG: override the FORCEABLE_RULES that hold; any other rule
+    # that holds keeps upstream's decision (call the function)
+    FORCED = "forced"
     ESTIMATE = "estimate"  # defer the DeepSeek-V4 rule, alone, to the capture-memory estimate
 
 
@@ -145,6 +155,9 @@ class GraphDecisions:
     prefill_backend_source: Source | None = None
     deciding_rule: str | None = None  # with Source.UPSTREAM_RULE
     bucket_policy: str | None = None  # "auto", "upstream", "user", "upstream (<why>)"
+    # Forced-mode lines already logged for this ServerArgs: once each, although the rule
+    # function runs more than once in one resolution (`apply_prefill_cp_cuda_graph_default`).
+    said: set[str] = field(default_factory=set)
     upstream_max_bs: int | None = None  # upstream's prefill max_bs before the derivation
 
 
@@ -184,6 +197,55 @@ def _upstream_decides(record: GraphDecisions, matches: list[Rule]) -> None:
         m.action = "holds (not reached: an earlier rule decided)"
 
 
+def _say_once(record: GraphDecisions, line: str) -> None:
+    if line not in record.said:
+        record.said.add(line)
+        logger.warning("%s", line)
+
+
+def forced_actions(matches: list[Rule]) -> tuple[list[str], Rule | None]:
+    """Under SGLANG_EXPERIMENTAL_FORCE_BCG: the action on each matching rule, and the rule that
+    keeps BCG off (the first matching rule FORCE does not override), or None when FORCE
+    overrides every rule that holds."""
+    kept = next((r for r in matches if r.name not in FORCEABLE_RULES), None)
+    actions = []
+    for r in matches:
+        if r.name not in FORCEABLE_RULES:
+            actions.append(f"kept: {r.reason}")
+        elif kept is None:
+            actions.append("overridden by FORCE_BCG")
+        else:
+            actions.append(f"overridable by FORCE_BCG, but rule {kept.name!r} is kept")
+    return actions, kept
+
+
+def _forced(original, server_args, record: GraphDecisions, matches: list[Rule], kwargs):
+    actions, kept = forced_actions(matches)
+    for rule, m, action in zip(matches, record.rule_matches, actions, strict=True):
+        m.action = action
+        if rule.name not in FORCEABLE_RULES:
+            _say_once(
+                record,
+                f"sglang-mixgraph: SGLANG_EXPERIMENTAL_FORCE_BCG=1 keeps upstream rule "
+                f"{rule.name!r} ({rule.reason}): the breakable prefill CUDA graph stays off as "
+                f"upstream decides; FORCE_BCG overrides only the rules {DSV4_RULE!r} and "
+                f"{A2A_RULE!r}.",
+            )
+        elif kept is None:
+            _say_once(
+                record,
+                f"sglang-mixgraph: SGLANG_EXPERIMENTAL_FORCE_BCG=1 keeps the breakable prefill "
+                f"CUDA graph on although upstream rule {rule.name!r} would disable it "
+                f"({rule.reason}).",
+            )
+    if kept is None:
+        record.prefill_backend_source = Source.FORCED if matches else None
+        return None
+    record.prefill_backend_source = Source.UPSTREAM_RULE
+    record.deciding_rule = kept.name
+    return original(server_args, **kwargs)  # upstream's decision: BCG off
+
+
 def rules_hook(original, server_args, **kwargs):
     """AROUND upstream's rule function (`RULES_TARGET`), in the mode of `rule_mode`."""
     mode = rule_mode(server_args)
@@ -192,16 +254,7 @@ def rules_hook(original, server_args, **kwargs):
     record.rule_matches = [RuleMatch(r.name, r.reason, "disables (upstream)") for r in matches]
     record.prefill_backend_source = record.deciding_rule = None
     if mode is RuleMode.FORCED:
-        for rule, m in zip(matches, record.rule_matches, strict=True):
-            logger.warning(
-                "sglang-mixgraph: SGLANG_EXPERIMENTAL_FORCE_BCG=1 keeps the breakable prefill CUDA "
-                "graph on although upstream rule %r would disable it (%s).",
-                rule.name,
-                rule.reason,
-            )
-            m.action = "overridden by FORCE_BCG"
-        record.prefill_backend_source = Source.FORCED if matches else None
-        return None
+        return _forced(original, server_args, record, matches, kwargs)
     if matches and mode is RuleMode.ESTIMATE and [r.name for r in matches] == [DSV4_RULE]:
         record.rule_matches[0].action = "deferred to the capture-memory estimate"
         record.prefill_backend_source = Source.ESTIMATE_PENDING

@@ -2,8 +2,12 @@
 
 What: the rule hook (`bcg_rules.rules_hook`, AROUND
 `sglang.srt.arg_groups.cuda_graph_hook.disable_breakable_cudagraph_if_incompatible`) runs in
-forced mode: it logs every incompatibility rule that holds, by name and with upstream's
-reason, and does not call upstream's function. Other places that turn prefill graphs off
+forced mode: it overrides the two rules that block the DeepSeek-V4 deployment the upstream PR
+forces BCG for (`bcg_rules.FORCEABLE_RULES`: the DeepSeek-V4 capture-pool rule and the
+unvalidated a2a backend rule) and does not call upstream's function; when any other rule holds
+(KDA, attention CP without CP-BCG, DCP, TBO, multimodal: configurations upstream knows to fail
+under BCG) it calls upstream's function, which turns BCG off. Each rule is logged once, by name
+and with upstream's reason, as overridden or kept. Other places that turn prefill graphs off
 (the pipeline-parallel default in `apply_cuda_graph_compatibility`,
 `disable_prefill_cuda_graph_for_deepseek_trtllm_mla`, DeepEP normal mode, runtime checks)
 are not rules of that function and stay in force.
@@ -28,14 +32,18 @@ RULES_HOOK = Hook(RULES_TARGET, "function", "server_args", HookType.AROUND, rule
 FORCE_BCG = bool_flag(
     "SGLANG_EXPERIMENTAL_FORCE_BCG",
     False,
-    "Keep the breakable prefill CUDA graph on where an upstream incompatibility rule would "
-    "turn it off; every overridden rule is logged by name.",
+    "Keep the breakable prefill CUDA graph on where upstream's DeepSeek-V4 capture-pool rule or "
+    "its unvalidated a2a backend rule would turn it off; any other rule keeps upstream's "
+    "decision. Each rule is logged by name, as overridden or kept.",
 )
 
 
 PATCH = Patch(
     id=PATCH_ID,
-    summary="SGLANG_EXPERIMENTAL_FORCE_BCG=1 skips upstream's BCG incompatibility rules, logging each",
+    summary=(
+        "SGLANG_EXPERIMENTAL_FORCE_BCG=1 overrides upstream's DSV4 and unvalidated-a2a BCG rules; "
+        "other rules are kept, each logged"
+    ),
     flags=(FORCE_BCG,),
     hooks=(RULES_HOOK,),
     is_enabled=lambda: bool(FORCE_BCG.get()),
