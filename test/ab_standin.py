@@ -90,6 +90,7 @@ def make_handler(standin: Standin):
                     {
                         "tp_size": a.tp_size,
                         "pp_size": 1,
+                        "version": "0.0.0+standin",  # SGLang's /server_info has its __version__
                         "internal_states": [{}],
                         "standin": {
                             "ttft_ms": a.ttft_ms,

@@ -236,7 +236,8 @@ def test_dry_run_prints_the_plan_with_attached_arms(tmp_path, capsys):
     assert lines[1].startswith(f"server baseline: {SHARED_ENV} {OWN_ENV}=0 {sys.executable} -m ")
     assert lines[2] == "server split: attached at http://h:1"
     assert lines[3].startswith("arm baseline, repeat 1: gsm8k arm=baseline, arm=baseline")
-    assert [line.split(":")[0] for line in lines[3:]] == [
+    assert lines[-1].startswith("versions: sglang ")
+    assert [line.split(":")[0] for line in lines[3:-1]] == [
         "arm baseline, repeat 1",
         "arm split, repeat 1",
         "arm split, repeat 2",
@@ -777,3 +778,22 @@ def _toml(raw: dict) -> str:
         else:
             lines.append(f"{section} = {value(body)}")
     return "\n".join(lines) + "\n"
+
+
+def test_versions_of_this_environment():
+    from importlib.metadata import version
+
+    from sglang_mixgraph.ab import versions
+
+    env = versions.environment()
+    assert env["sglang"] == version("sglang") and env["torch"] == version("torch")
+    assert env["sglang_mixgraph"] == version("sglang-mixgraph")
+    assert env["git_commit"] is None or len(env["git_commit"]) == 40  # a checkout: its HEAD
+    assert isinstance(env["gpus"]["names"], list)
+    line = versions.describe(env)
+    assert line.startswith(f"sglang {env['sglang']}, sglang-mixgraph ") and "GPUs: " in line
+    changed = {**env, "gpus": {"count": 2, "names": ["NVIDIA H200", "NVIDIA H200"]}}
+    assert versions.differences(env, changed) == [
+        f"gpus {versions.describe_field('gpus', env['gpus'])} -> 2 x NVIDIA H200"
+    ]
+    assert versions.differences(None, env) == ["versions not recorded"]

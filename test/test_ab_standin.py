@@ -37,6 +37,7 @@ from ab_kit import (
 
 from sglang_mixgraph.ab import cli as ab_cli
 from sglang_mixgraph.ab import server as servers
+from sglang_mixgraph.ab import versions as ab_versions
 from sglang_mixgraph.ab.config import parse_config, read_toml
 from sglang_mixgraph.ab.tools import BENCH_MODULE, GSM8K_MODULE
 
@@ -477,3 +478,77 @@ def test_pids_that_outlive_sigkill_are_printed(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert f"arm 'base': server processes [4194000, 4194001] (process group {proc.pid})" in err
     assert "kill -9 4194000 4194001" in err
+
+
+# ---------------------------------------------------------------- versions in every cell
+
+
+def test_a_changed_version_measures_finished_cells_again(tmp_path, monkeypatch, capsys):
+    config = standin_config(
+        tmp_path,
+        port=free_port(),
+        arms=TWO_ARMS,
+        sweep="""concurrencies = [1]
+dataset = "random-ids"
+input_len = 8
+output_len = 2
+min_prompts = 2
+repeats = 1""",
+    )
+    run_dir = tmp_path / "run"
+    env = {
+        "sglang": "0.5.23",
+        "sglang_mixgraph": "0.1.0",
+        "torch": "2.9.1",
+        "git_commit": "0123456789abcdef0123",
+        "dirty": False,
+        "gpus": {"count": 8, "names": ["NVIDIA H200"] * 8},
+    }
+    monkeypatch.setattr(ab_versions, "environment", lambda: dict(env))
+    assert _run(config, run_dir, Recorder()) == 0, capsys.readouterr().err
+    results = json.loads((run_dir / "results.json").read_text())
+    assert all(c["versions"] == env for c in results["cells"])
+    report = (run_dir / "report.md").read_text()
+    assert (
+        "- measured with: sglang 0.5.23, sglang-mixgraph 0.1.0, torch 2.9.1, commit "
+        "0123456789ab, GPUs: 8 x NVIDIA H200 (2 cells)"
+    ) in report
+    assert "- SGLang of `base`'s server (its /server_info): 0.0.0+standin" in report
+
+    again = Recorder()  # same versions: nothing runs
+    assert _run(config, run_dir, again) == 0 and again.calls == []
+    env["dirty"] = True  # noted, not compared
+    assert _run(config, run_dir, again) == 0 and again.calls == []
+    capsys.readouterr()
+
+    env["sglang"] = "0.5.24"  # an upgrade: every finished cell is measured again
+    argv = ["run", str(config), "--run-dir", str(run_dir), "--dry-run"]
+    assert ab_cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "(0 done)" in out and "(1 done)" not in out
+    assert "measured again for other versions: sglang 0.5.23 -> 0.5.24" in out
+    assert ab_cli.main([*argv, "--reuse-cells"]) == 0
+    assert "(0 done)" not in capsys.readouterr().out
+    kept = Recorder()
+    assert _run(config, run_dir, kept, "--reuse-cells") == 0 and kept.calls == []
+    upgraded = Recorder()
+    assert _run(config, run_dir, upgraded) == 0
+    assert [m for m, _ in upgraded.calls] == [BENCH_MODULE, BENCH_MODULE]
+    assert "2 finished cells were measured with other versions (sglang 0.5.23 -> 0.5.24)" in (
+        capsys.readouterr().err
+    )
+    results = json.loads((run_dir / "results.json").read_text())
+    assert {c["versions"]["sglang"] for c in results["cells"]} == {"0.5.24"}
+
+    # A record from before versions existed: measured again, kept with --reuse-cells.
+    record = next((run_dir / "cells" / "split").glob("*.cell.json"))
+    data = json.loads(record.read_text())
+    del data["versions"]
+    record.write_text(json.dumps(data))
+    assert _run(config, run_dir, Recorder(), "--reuse-cells") == 0
+    assert "versions not recorded" not in capsys.readouterr().err
+    assert "- measured with: not recorded" in (run_dir / "report.md").read_text()
+    old = Recorder()
+    assert _run(config, run_dir, old) == 0
+    assert len(old.calls) == 1
+    assert "(versions not recorded)" in capsys.readouterr().err

@@ -6,7 +6,8 @@ overrides (attach URLs, GSM8K data, repeats, concurrencies, lengths), checks the
 directory, the configuration's paths (checks.py), that every launch prefix can run and every
 arm's environment against SGLang's and the plugin's flags (one line each, exit 2), then runs
 or resumes the sweep in the run directory and writes the report.
-`--accuracy-only` runs only the GSM8K eval (one arm is enough) for CI jobs that only gate on
+Finished cells measured with other versions (versions.py) are measured again unless
+`--reuse-cells`. `--accuracy-only` runs only the GSM8K eval (one arm is enough) for CI jobs that only gate on
 accuracy. `report` rebuilds report.md, results.json and the plots from a run directory.
 
 Exit status: 0 everything measured and every threshold and gate passed; 1 a cell failed or is
@@ -104,6 +105,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--repeats", type=int, help="override [sweep] repeats")
     run.add_argument("--concurrencies", metavar="C1,C2,...", help="override [sweep] concurrencies")
     run.add_argument(
+        "--reuse-cells",
+        action="store_true",
+        help="keep finished cells measured with other versions (SGLang, sglang-mixgraph, torch, "
+        "git commit, GPUs); by default they are measured again",
+    )
+    run.add_argument(
         "--dry-run",
         action="store_true",
         help="check the configuration and the arms' flags, print the plan, run nothing",
@@ -180,7 +187,7 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
 
 
 def cmd_run(args: argparse.Namespace, invoker: Any = None) -> int:
-    from sglang_mixgraph.ab import arms, checks, report, results, runner, server
+    from sglang_mixgraph.ab import arms, checks, report, results, runner, server, versions
 
     path = Path(args.config) if args.config else None
     try:
@@ -206,6 +213,8 @@ def cmd_run(args: argparse.Namespace, invoker: Any = None) -> int:
     for note in arms.attached_env_note(config):
         print(f"sglang-mixgraph ab: note: {note}", file=sys.stderr)
     visits = runner.plan(config, accuracy_only=args.accuracy_only)
+    env = versions.environment()
+    current = None if args.reuse_cells else env
     if args.dry_run:
         print(f"run directory: {run_dir}")
         for arm in config.arms:
@@ -215,8 +224,13 @@ def cmd_run(args: argparse.Namespace, invoker: Any = None) -> int:
                 print(f"server {arm.name}: attached at {arm.url}")
         for visit in visits:
             cells = ", ".join(c.label() for c in visit.cells)
-            done = sum(runner.is_done(run_dir, c) for c in visit.cells)
+            done = sum(runner.is_done(run_dir, c, current) for c in visit.cells)
             print(f"arm {visit.arm.name}, repeat {visit.repeat + 1}: {cells} ({done} done)")
+        print(f"versions: {versions.describe(env)}")
+        if current is not None:
+            changed = runner.stale(run_dir, [c for v in visits for c in v.cells], env)
+            if changed:
+                print(f"measured again for other versions: {'; '.join(changed)}")
         return 0
     try:
         results.write_run_file(run_dir, raw, args.accuracy_only)
@@ -225,7 +239,9 @@ def cmd_run(args: argparse.Namespace, invoker: Any = None) -> int:
         return EXIT_USAGE
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        kwargs = {} if invoker is None else {"invoker": invoker}
+        kwargs: dict[str, Any] = {"reuse_cells": args.reuse_cells}
+        if invoker is not None:
+            kwargs["invoker"] = invoker
         outcome = runner.run(config, run_dir, visits, **kwargs)
     finally:
         signal.signal(signal.SIGTERM, previous)

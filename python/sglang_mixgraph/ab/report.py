@@ -95,11 +95,15 @@ def render_markdown(results: Results) -> str:
         )
         for arm, info in results.gpus.items():
             lines.append(f"- GPUs of `{arm}`: {info['gpus'] or '?'} ({info['source']})")
+        for arm, seen in results.server_versions.items():
+            lines.append(f"- SGLang of `{arm}`'s server (its /server_info): {', '.join(seen)}")
         lines.append(
             "- values: mean ± half-width of the 95% t interval over repeats; ratios: "
             f"candidate / `{results.baseline}` paired by repeat, the geometric mean of the "
             "paired ratios [95% interval: exp of the t interval of their logarithms]"
         )
+    for line, count in results.versions.items():
+        lines.append(f"- measured with: {line} ({count} cells)")
     lines.append("")
     if not results.accuracy_only:
         lines += _throughput_section(results)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sglang_mixgraph.ab import runner
+from sglang_mixgraph.ab import runner, versions
 from sglang_mixgraph.ab.config import Config, Gate, parse_config
 from sglang_mixgraph.ab.stats import Estimate, RatioEstimate, estimate, paired_ratio, wilson
 
@@ -74,6 +74,10 @@ class Results:
     gsm8k: dict[str, dict[str, Any]] = field(default_factory=dict)
     gates: list[dict[str, Any]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    # Distinct versions of the measured cells (versions.describe line -> cells), and the SGLang
+    # version each arm's server reported in /server_info (bench_serving records it).
+    versions: dict[str, int] = field(default_factory=dict)
+    server_versions: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def baseline(self) -> str:
@@ -117,6 +121,10 @@ def collect(run_dir: Path) -> Results:
                 raw = _read_raw(run_dir, cell)
                 if raw is None:
                     status = entry["status"] = "missing"
+            if status == runner.OK:
+                entry["versions"] = record.get("versions")
+                line = versions.describe(record.get("versions"))
+                results.versions[line] = results.versions.get(line, 0) + 1
             if status != runner.OK:
                 entry["error"] = record.get("error", "not run")
                 results.problems.append(f"{cell.label()}: {status}: {entry['error']}")
@@ -135,6 +143,11 @@ def collect(run_dir: Path) -> Results:
                     "raw": entry["raw"],
                 }
             else:
+                server_version = (raw.get("server_info") or {}).get("version")
+                if server_version is not None:
+                    seen = results.server_versions.setdefault(cell.arm, [])
+                    if str(server_version) not in seen:
+                        seen.append(str(server_version))
                 gpus, source = _gpus(config, cell.arm, raw)
                 results.gpus[cell.arm] = {"gpus": gpus, "source": source}
                 metrics = {key: raw[src] for key, src, _ in METRICS if src is not None}
@@ -291,6 +304,8 @@ def results_json(results: Results) -> dict[str, Any]:
         "repeats": results.config.sweep.repeats,
         "accuracy_only": results.accuracy_only,
         "gpus": results.gpus,
+        "versions": results.versions,
+        "server_versions": results.server_versions,
         "summary": table(results.summary),
         "ratios_vs_baseline": table(results.ratios),
         "gsm8k": results.gsm8k,

@@ -9,6 +9,9 @@ the run directory is reused, so an interrupted or partly failed run is resumed b
 same command again, and a changed setting measures anew instead of mixing results.
 A failed cell is recorded with its reason and retried on the next run; a server that dies
 fails the cell it was serving and the visit moves on (the next visit starts a fresh server).
+Every record also holds the versions it was measured with (versions.py: SGLang,
+sglang-mixgraph, torch, the git commit, the GPUs); a finished cell whose versions differ from
+this environment's is measured again, unless the run reuses cells (`--reuse-cells`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from sglang_mixgraph.ab import server as servers
+from sglang_mixgraph.ab import versions
 from sglang_mixgraph.ab.config import (
     Arm,
     Config,
@@ -126,9 +130,26 @@ def read_record(run_dir: Path, cell: Cell) -> dict[str, Any] | None:
         return None
 
 
-def is_done(run_dir: Path, cell: Cell) -> bool:
+def is_done(run_dir: Path, cell: Cell, current: dict[str, Any] | None = None) -> bool:
+    """Finished and kept; with `current` versions, only when measured with the same ones."""
     record = read_record(run_dir, cell)
-    return bool(record) and record.get("status") == OK and raw_path(run_dir, cell).exists()
+    if not record or record.get("status") != OK or not raw_path(run_dir, cell).exists():
+        return False
+    return current is None or versions.comparable(record.get("versions")) == versions.comparable(
+        current
+    )
+
+
+def stale(run_dir: Path, cells: list[Cell], current: dict[str, Any]) -> list[str]:
+    """How the versions of finished cells differ from `current` (one entry per difference)."""
+    found: list[str] = []
+    for cell in cells:
+        if is_done(run_dir, cell) and not is_done(run_dir, cell, current):
+            record = read_record(run_dir, cell) or {}
+            for change in versions.differences(record.get("versions"), current):
+                if change not in found:
+                    found.append(change)
+    return found
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -249,9 +270,19 @@ def run(
     *,
     invoker: Invoker = subprocess_invoker,
     out: Callable[[str], None] = _stderr,
+    reuse_cells: bool = False,
 ) -> RunOutcome:
+    env = versions.environment()
+    current = None if reuse_cells else env
     cells = [c for v in visits for c in v.cells]
-    progress = Progress(len(cells), sum(is_done(run_dir, c) for c in cells), out)
+    progress = Progress(len(cells), sum(is_done(run_dir, c, current) for c in cells), out)
+    changed = [] if reuse_cells else stale(run_dir, cells, env)
+    if changed:
+        kept = sum(is_done(run_dir, c) for c in cells) - progress.done
+        progress.line(
+            f"{kept} finished cells were measured with other versions ({'; '.join(changed)}): "
+            "measuring them again (--reuse-cells keeps them)"
+        )
     if progress.done:
         progress.line(f"resuming: {progress.done} finished cells are kept and skipped")
     outcome = RunOutcome()
@@ -261,7 +292,7 @@ def run(
         for visit in visits:
             arm = visit.arm
             visit_counts[arm.name] = visit_counts.get(arm.name, 0) + 1
-            todo = [c for c in visit.cells if not is_done(run_dir, c)]
+            todo = [c for c in visit.cells if not is_done(run_dir, c, current)]
             if not todo:
                 continue
             if arm.name in broken_arms:
@@ -306,6 +337,7 @@ def run(
                             "started": started,
                             "wall_s": time.time() - started,
                             "server_url": srv.url,
+                            "versions": env,
                         },
                     )
                     progress.finished(cell, summary)

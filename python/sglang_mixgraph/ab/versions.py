@@ -1,0 +1,114 @@
+"""What software and hardware a cell was measured with, recorded in every cell's record.
+
+`environment()` is this tool's side of the run: the installed SGLang, sglang-mixgraph and
+torch versions (package metadata, nothing imported), the git commit of the sglang-mixgraph
+checkout when it is installed from one (with `dirty` when it has uncommitted changes, noted,
+not compared), and this machine's GPUs (name and count, from `nvidia-smi`; none when it is
+missing). A finished cell is reused on resume only when its record holds the same versions
+(`comparable`): after an upgrade, a rebuilt kit or a new commit, the cells are measured again
+unless `--reuse-cells` says otherwise. Records written before versions existed have none and
+are measured again too. The server's own SGLang version, which a launch prefix or an attached
+server can make differ from this environment's, is what bench_serving recorded from
+`/server_info` (`server_version`).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+PACKAGES = (("sglang", "sglang"), ("sglang_mixgraph", "sglang-mixgraph"), ("torch", "torch"))
+# The fields compared on resume (not `dirty`: editing a file should not void a whole run).
+COMPARED = ("sglang", "sglang_mixgraph", "torch", "git_commit", "gpus")
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _git(*args: str) -> str | None:
+    here = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(here), *args], capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def _gpus() -> dict[str, Any]:
+    if shutil.which("nvidia-smi") is None:
+        return {"count": 0, "names": []}
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return {"count": None, "names": [], "error": "nvidia-smi did not answer"}
+    if out.returncode != 0:
+        return {"count": None, "names": [], "error": f"nvidia-smi exited {out.returncode}"}
+    names = [line.strip() for line in out.stdout.splitlines() if line.strip()]
+    return {"count": len(names), "names": names}
+
+
+@functools.lru_cache(maxsize=1)
+def environment() -> dict[str, Any]:
+    env: dict[str, Any] = {key: _version(dist) for key, dist in PACKAGES}
+    commit = _git("rev-parse", "HEAD")
+    env["git_commit"] = commit
+    if commit is not None:
+        env["dirty"] = bool(_git("status", "--porcelain", "--untracked-files=no"))
+    env["gpus"] = _gpus()
+    return env
+
+
+def comparable(versions: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not isinstance(versions, dict):
+        return None
+    return {key: versions.get(key) for key in COMPARED}
+
+
+def differences(old: dict[str, Any] | None, new: dict[str, Any]) -> list[str]:
+    """`name old -> new` for each compared field that differs (old None: not recorded)."""
+    if comparable(old) is None:
+        return ["versions not recorded"]
+    a, b = comparable(old), comparable(new)
+    return [
+        f"{k} {describe_field(k, a[k])} -> {describe_field(k, b[k])}"
+        for k in COMPARED
+        if a[k] != b[k]
+    ]
+
+
+def describe_field(key: str, value: Any) -> str:
+    if key == "gpus":
+        if not isinstance(value, dict) or not value.get("count"):
+            return "no GPU"
+        names = sorted(set(value.get("names") or []))
+        return f"{value['count']} x {', '.join(names) or '?'}"
+    if key == "git_commit":
+        return "no git" if value is None else str(value)[:12]
+    return "?" if value is None else str(value)
+
+
+def describe(versions: dict[str, Any] | None) -> str:
+    """One line: `sglang 0.5.23, sglang-mixgraph 0.1.0, torch 2.9.1, commit abc, 8 x H200`."""
+    if not isinstance(versions, dict):
+        return "not recorded (cells written before versions were recorded)"
+    parts = [f"{dist} {describe_field(key, versions.get(key))}" for key, dist in PACKAGES]
+    commit = versions.get("git_commit")
+    if commit is not None:
+        parts.append(f"commit {str(commit)[:12]}" + (" (dirty)" if versions.get("dirty") else ""))
+    parts.append(f"GPUs: {describe_field('gpus', versions.get('gpus'))}")
+    return ", ".join(parts)
