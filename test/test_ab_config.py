@@ -397,7 +397,8 @@ def test_default_repeats_and_judges():
         }
     )
     assert config.sweep.repeats == 3
-    assert config.gates[0].judge == "no_regression" and config.gsm8k.judge == "no_regression"
+    # gates: no_regression; GSM8K: the score itself, as SGLang's CI
+    assert config.gates[0].judge == "no_regression" and config.gsm8k.judge == "mean"
     with pytest.raises(ConfigError, match=r"\[gsm8k\] judge 'lower': one of no_regression"):
         parse_config({**raw_with(), "gsm8k": {"judge": "lower"}})
     gate = {**RAW["gate"][0], "judge": "confirmed"}
