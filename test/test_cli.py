@@ -113,6 +113,40 @@ def test_doctor_exits_1_when_an_enabled_patch_cannot_apply():
     assert patch["targets"][0]["ok"] is False
 
 
+@pytest.mark.parametrize("value, code", [("1", 1), (None, 0), ("0", 0)])
+def test_doctor_shows_a_patch_deferred_to_an_upstream_flag(value, code):
+    """SGLang defines SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN itself: doctor shows mixed_split as
+    deferred with the reason, and fails only when the user switched this plugin's patch on."""
+    flag = "SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN"
+    program = (
+        "import sys\n"
+        "from sglang.srt.environ import EnvBool, Envs\n"
+        "upstream = EnvBool(False)\n"
+        f"upstream.name = {flag!r}\n"
+        "setattr(Envs, upstream.name, upstream)\n"
+        "from sglang_mixgraph.cli import main\n"
+        "sys.exit(main(['doctor', '--json']))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_")}
+    if value is not None:
+        env[flag] = value
+    result = subprocess.run(
+        [sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == code, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    split = next(p for p in report["patches"] if p["id"] == "mixed_split")
+    assert split["status"] == "deferred to upstream"
+    assert f"defines {flag} itself" in split["reason"]
+    assert f"Set {flag} as SGLang documents it" in split["reason"]
+    assert split["requested_but_deferred"] is (code == 1)
+    entry = next(f for f in report["flags"] if f["name"] == flag)
+    assert entry["owner"] == "sglang" and "error" not in entry
+    others = [p for p in report["patches"] if p["id"] != "mixed_split"]
+    assert all(p["status"] != "deferred to upstream" for p in others)
+    assert report["ok"] is (code == 0)
+
+
 # ---------------------------------------------------------------- plan
 
 

@@ -429,6 +429,108 @@ def test_bad_flag_value_raises_naming_variable_and_accepted_values(
     assert all(v in str(err.value) for v in FLAGS[name].accepted)
 
 
-def test_our_flags_cannot_shadow_upstream_flags():
-    with pytest.raises(RuntimeError, match="already an upstream SGLang flag"):
-        bool_flag("SGLANG_OPT_FLASHMLA_SPARSE_PREFILL", False, "clash")
+def test_our_flags_never_shadow_upstream_flags():
+    """A name upstream's envs defines stays upstream's: our field is not put on Envs, and the
+    flag reads as its default whatever the variable holds (it is SGLang's variable)."""
+    from sglang.srt.environ import Envs
+
+    name = "SGLANG_OPT_FLASHMLA_SPARSE_PREFILL"
+    upstream = Envs.__dict__[name]
+    try:
+        flag = bool_flag(name, False, "clash")
+        assert Envs.__dict__[name] is upstream
+        assert flag.deferred and flag.upstream_field is upstream
+        os.environ[name] = "1"
+        assert flag.get() is False and flag.requests_on()
+    finally:
+        os.environ.pop(name, None)
+        FLAGS.pop(name)
+
+
+def test_patch_owning_an_upstream_flag_defers_and_touches_nothing(monkeypatch, clean_hook_registry):
+    from sglang_mixgraph.registry import DEFERRED, evaluate
+
+    name = "SGLANG_OPT_FLASHMLA_SPARSE_PREFILL"  # an upstream flag, standing in for a clash
+    flag = bool_flag(name, False, "clash")
+    try:
+        # its one target does not exist: a deferred patch must never resolve it
+        hook = Hook(
+            "sglang.srt.server_args.ServerArgs.no_such", "method", "self", HookType.AROUND, print
+        )
+        patch = Patch("clashing", "test", (flag,), (hook,), flag.get)
+        for value, requested in (("1", True), ("0", False), (None, False)):
+            if value is None:
+                monkeypatch.delenv(name, raising=False)
+            else:
+                monkeypatch.setenv(name, value)
+            status = evaluate(patch)
+            assert status.state == DEFERRED and not status.enabled and status.checks == []
+            assert status.requested is requested
+            assert "patch 'clashing' defers to upstream" in status.deferred
+            assert f"defines {name} itself" in status.deferred
+            assert f"Set {name} as SGLang documents it" in status.deferred
+            assert ("to turn this plugin's patch on" in status.deferred) is requested
+            assert "\n" not in status.deferred  # one line
+            before = {k: list(v) for k, v in HookRegistry._hooks.items()}
+            install([patch])  # no error, nothing registered
+            assert {k: list(v) for k, v in HookRegistry._hooks.items()} == before
+    finally:
+        FLAGS.pop(name)
+
+
+# SGLang ships SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN (as the upstream PR of the split would)
+# before the plugin loads: registered the way SGLang's own flags are read, on its Envs class.
+UPSTREAM_SHIPS_SPLIT_FLAG = """
+    import inspect, json, logging, sys
+    logging.basicConfig(level=logging.INFO)
+    from sglang.srt.environ import EnvBool, Envs, envs
+    upstream = EnvBool(False)
+    upstream.name = "SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN"
+    setattr(Envs, upstream.name, upstream)
+    from sglang_mixgraph.registry import _resolve
+    from sglang_mixgraph.patches.mixed_split import PATCH as SPLIT
+
+    def identities():
+        return {h.target: id(inspect.getattr_static(*_resolve(h.target)[:2])) for h in SPLIT.hooks}
+
+    before = identities()
+    from sglang.srt.plugins import load_plugins
+    load_plugins()
+    from sglang_mixgraph.patches import all_patches
+    from sglang_mixgraph.registry import evaluate
+    print("OUT" + json.dumps({
+        "loaded": "sglang_mixgraph.plugin" in sys.modules,
+        "upstream_field_kept": Envs.__dict__[upstream.name] is upstream,
+        "upstream_reads": envs.SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN.get(),
+        "split_targets_untouched": identities() == before,
+        "states": {p.id: evaluate(p).state for p in all_patches()},
+    }))
+"""
+
+
+def test_upstream_flag_of_the_same_name_defers_the_patch_and_the_rest_loads():
+    """Used to: RuntimeError in the plugin's import, swallowed by SGLang's loader, server
+    unpatched without a word."""
+    flag = "SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN"
+    result = run_python(
+        UPSTREAM_SHIPS_SPLIT_FLAG,
+        env={flag: "1", "SGLANG_MIXGRAPH_PREFILL_BUCKETS": "auto"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.split("OUT", 1)[1])
+    assert out["loaded"] and out["upstream_field_kept"] and out["split_targets_untouched"]
+    assert out["upstream_reads"] is True  # SGLang's own flag gets the user's value
+    assert out["states"]["mixed_split"] == "deferred to upstream"
+    assert out["states"]["graph_config"] == "active"  # the rest of the plugin loads
+    assert "Failed to execute general plugin: mixgraph" not in result.stderr
+    assert "Executed general plugin: mixgraph" in result.stderr
+    warnings = [
+        line
+        for line in result.stderr.splitlines()
+        if line.startswith("WARNING") and "defers to upstream" in line
+    ]
+    assert len(warnings) == 1, result.stderr[-3000:]
+    (line,) = warnings
+    assert "patch 'mixed_split'" in line and f"defines {flag} itself" in line
+    assert f"You set {flag}='1'" in line and f"Set {flag} as SGLang documents it" in line
+    assert "active patches: graph_config" in result.stderr

@@ -105,7 +105,9 @@ def doctor_report() -> dict[str, Any]:
                 # Whatever the flags say, nothing applies when SGLang does not load the plugin.
                 "status": status.state if plugin.loaded else NOT_LOADED,
                 "status_if_loaded": status.state,
-                "reason": status.error or getattr(status, "drift", None),
+                "reason": status.reason,
+                # deferred to upstream although the user switched this plugin's patch on
+                "requested_but_deferred": status.deferred is not None and status.requested,
                 "targets": [
                     {"target": c.target, "expected": c.expected, "found": c.found, "ok": c.ok}
                     for c in checks
@@ -120,10 +122,15 @@ def doctor_report() -> dict[str, Any]:
             "accepted": list(flag.accepted),
             "set": os.environ.get(flag.name),
         }
-        try:
-            entry["value"] = flag.get()
-        except FlagValueError as e:
-            entry["error"] = str(e)
+        if flag.deferred:
+            # SGLang's own flag of the same name: show what SGLang reads, never ours.
+            entry["owner"] = "sglang"
+            entry["value"] = os.environ.get(flag.name, flag.upstream_field.default)
+        else:
+            try:
+                entry["value"] = flag.get()
+            except FlagValueError as e:
+                entry["error"] = str(e)
         flags.append(entry)
     return {
         "versions": {
@@ -138,7 +145,11 @@ def doctor_report() -> dict[str, Any]:
         "flags": flags,
         "patches": patches,
         "guards": guards,
+        # A patch deferred to upstream fails doctor only when the user switched it on: they
+        # asked for this plugin's patch and get SGLang's feature of the same name instead.
+        # Unset or off, SGLang's flag is simply SGLang's, and nothing the user asked for is lost.
         "ok": all(p["status"] != "cannot apply" for p in patches)
+        and not any(p["requested_but_deferred"] and plugin.loaded for p in patches)
         and all("error" not in f for f in flags)
         and all(g["ok"] for g in guards),
     }
@@ -167,6 +178,8 @@ def _print_doctor(report: dict[str, Any]) -> None:
     print("Flags:")
     for f in report["flags"]:
         shown = f"ERROR: {f['error']}" if "error" in f else repr(f["value"])
+        if f.get("owner") == "sglang":
+            shown += " (SGLang's own flag: the patch owning it defers to upstream)"
         if f["set"] == "":  # as README's flag section says: empty means unset
             shown += " (set empty: unset, the default applies)"
         print(f"  {f['name']} = {shown}")
@@ -192,7 +205,8 @@ def _print_doctor(report: dict[str, Any]) -> None:
     print(
         "OK"
         if report["ok"]
-        else "PROBLEMS: an enabled patch cannot apply, a flag is invalid or an upstream guard fails"
+        else "PROBLEMS: an enabled patch cannot apply or is switched on but deferred to upstream, "
+        "a flag is invalid or an upstream guard fails"
     )
 
 
@@ -245,7 +259,7 @@ def plan_report(
             "id": patch.id,
             "status": status.state if loaded else NOT_LOADED,
             "status_if_loaded": status.state,
-            "reason": status.error or getattr(status, "drift", None),
+            "reason": status.reason,
         }
         if loaded and status.enabled and status.error is None and patch.explain is not None:
             entry["note"] = patch.explain(resolution)

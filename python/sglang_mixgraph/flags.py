@@ -9,6 +9,11 @@ Fields are added to the `Envs` class after it was created: `EnvField.__set_name_
 only runs at class creation and asserts afterwards (`EnvField._allow_set_name`), so we
 set `name` ourselves and `setattr` the field on `Envs`; `envs.<NAME>.get()` and
 `exportable_env_vars()` then see it like any upstream flag.
+
+A name that upstream's `Envs` already defines (SGLang shipped a flag of the same name, as the
+upstream PR of the mixed split would) stays upstream's: our field is not put on `Envs`, the
+`Flag` records upstream's field (`upstream_field`), reads as its default, and the patch that
+owns it defers to upstream (`registry.evaluate`, state "deferred to upstream").
 """
 
 from __future__ import annotations
@@ -99,9 +104,34 @@ class Flag:
     field: _StrictField
     doc: str
     off_value: str  # the value that leaves upstream behaviour in place
+    # SGLang's own field of this name when upstream's envs already defines it: the variable is
+    # then SGLang's, and we never read it as ours.
+    upstream_field: EnvField | None = None
+
+    @property
+    def deferred(self) -> bool:
+        return self.upstream_field is not None
 
     def get(self) -> Any:
+        if self.upstream_field is not None:
+            return self.field._resolve_default()
         return self.field.get()
+
+    def requested_value(self) -> Any:
+        """The variable as our parser reads it, deferred or not; None when unset or not one of
+        our values (for a deferred flag: what a user who meant this plugin asked for)."""
+        value = os.getenv(self.name)
+        if value is None or value == "":
+            return None
+        try:
+            return self.field.parse(value)
+        except ValueError:
+            return None
+
+    def requests_on(self) -> bool:
+        """Whether the variable asks for something other than the off value, in our terms."""
+        value = self.requested_value()
+        return value is not None and value != self.field.parse(self.off_value)
 
     @property
     def accepted(self) -> tuple[str, ...]:
@@ -117,9 +147,12 @@ FLAGS: dict[str, Flag] = {}
 
 def _register(name: str, field: _StrictField, doc: str, off_value: str) -> Flag:
     existing = getattr(Envs, name, None)
-    if isinstance(existing, EnvField) and not isinstance(existing, _StrictField):
-        raise RuntimeError(f"{name} is already an upstream SGLang flag; pick another name")
     field.name = name
+    if isinstance(existing, EnvField) and not isinstance(existing, _StrictField):
+        # Upstream ships this name: leave its field in place (nothing of upstream is touched).
+        flag = Flag(name=name, field=field, doc=doc, off_value=off_value, upstream_field=existing)
+        FLAGS[name] = flag
+        return flag
     setattr(Envs, name, field)
     flag = Flag(name=name, field=field, doc=doc, off_value=off_value)
     FLAGS[name] = flag

@@ -7,7 +7,9 @@ checked: the needed parameters must be there, in place, and any other parameter 
 optional and accepted by the hook (`**kwargs`), so an added optional keyword is compatible.
 A patch the user switched on explicitly that cannot apply stops the whole install (never
 half-applied); a patch that is only on by default warns once, loudly, and stays off.
-Disabled patches are never resolved at all.
+Disabled patches are never resolved at all. A patch one of whose flags upstream's envs already
+defines defers to upstream: it stays off, its targets are never resolved, and one warning line
+per process says which patch, which flag and what to set (`deferral_message`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ logger = logging.getLogger(__name__)
 
 PINNED_SGLANG = "0.5.23"
 KINDS = ("function", "method", "classmethod", "staticmethod")
+DEFERRED = "deferred to upstream"
 
 
 class PatchCheckError(RuntimeError):
@@ -93,14 +96,25 @@ class PatchStatus:
     error: str | None = None
     # Set when a default-on patch met upstream drift: it stays off and says why.
     drift: str | None = None
+    # Set when upstream's envs already defines one of the patch's flags: the patch stays off,
+    # touches nothing, and says why (one line).
+    deferred: str | None = None
+    # With `deferred`: the user set the patch's switch to turn this plugin's patch on.
+    requested: bool = False
 
     @property
     def state(self) -> str:
         if self.error is not None:
             return "cannot apply"
+        if self.deferred is not None:
+            return DEFERRED
         if self.drift is not None:
             return "off (upstream changed)"
         return "active" if self.enabled else "off"
+
+    @property
+    def reason(self) -> str | None:
+        return self.error or self.deferred or self.drift
 
 
 def describe_signature(fn: Callable[..., Any]) -> str:
@@ -284,9 +298,41 @@ def warn_if_not_pinned() -> None:
         )
 
 
+def deferral_message(patch: Patch, requested: bool) -> str:
+    """One line: which patch defers, for which flag(s) SGLang defines itself, what to set."""
+    names = [f.name for f in patch.flags if f.deferred]
+    switch = patch.flags[0]
+    shown = " and ".join(names)
+    line = (
+        f"patch {patch.id!r} defers to upstream: sglang {installed_sglang_version()} defines "
+        f"{shown} itself, so SGLang reads {'them' if len(names) > 1 else 'it'} and the patch stays "
+        f"off (nothing of it is installed)."
+    )
+    if requested:
+        line += (
+            f" You set {switch.name}={os.environ.get(switch.name)!r} to turn this plugin's patch on;"
+            f" SGLang's own {shown} gets that value instead."
+        )
+    return line + (
+        f" Set {shown} as SGLang documents it to use SGLang's own feature, or install "
+        f"sglang=={PINNED_SGLANG} to use this plugin's patch."
+    )
+
+
 def evaluate(patch: Patch) -> PatchStatus:
     """Read a patch's flags and, if it is enabled, check its targets; registers nothing."""
     status = PatchStatus(patch)
+    if any(f.deferred for f in patch.flags):
+        # The variable is SGLang's: never read it as ours, never check or touch a target.
+        for flag in patch.flags:
+            status.flag_values[flag.name] = (
+                "(SGLang's own flag)"
+                if flag.deferred
+                else os.environ.get(flag.name) or str(flag.default)
+            )
+        status.requested = patch.flags[0].requests_on()
+        status.deferred = deferral_message(patch, status.requested)
+        return status
     try:
         for flag in patch.flags:
             status.flag_values[flag.name] = str(flag.get())
@@ -331,6 +377,8 @@ def install(patches: tuple[Patch, ...] | list[Patch]) -> list[PatchStatus]:
     if errors:
         raise PatchCheckError("\n".join(errors))
     for s in statuses:
+        if s.deferred is not None:
+            logger.warning("sglang-mixgraph: %s", s.deferred)
         if s.drift is not None:
             logger.warning("sglang-mixgraph: %s", s.drift)
     registered: set[tuple[str, Any, HookType]] = set()
