@@ -146,6 +146,65 @@ def test_a_directory_without_config_json(plan_env, capsys, tmp_path):
     ]
 
 
+@pytest.mark.parametrize("content", ["[1, 2]", '"a string"', "3", "null", "{not json"])
+def test_a_config_json_that_is_not_an_object(plan_env, capsys, tmp_path, content):
+    config = tmp_path / "config.json"
+    config.write_text(content)
+    got, out, err = _plan_in_process(capsys, "--model-path", str(tmp_path))
+    assert got == 1 and out == ""
+    (line,) = _our_lines(err)
+    assert line.startswith(f"sglang-mixgraph plan: {config} ")
+    assert ("not an object" in line) or ("not valid JSON" in line)
+    assert "AttributeError" not in err and "Traceback" not in err
+
+
+def _dsv4_with_ratios(tmp_path: Path, ratios) -> str:
+    config = json.loads((EMBEDDED_MODEL_DIR / "config.json").read_text())
+    config["compress_ratios"] = ratios(config["compress_ratios"])
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "ratios, expected",
+    [
+        (
+            lambda r: r * 2,
+            "compress_ratios has 124 entries, more than num_hidden_layers=61 plus "
+            "num_nextn_predict_layers=1; SGLang would build 30 indexer layers from the first 61 but "
+            "count 60",
+        ),
+        (
+            lambda r: r[:40],
+            "compress_ratios has 40 entries for num_hidden_layers=61; layers 40..60",
+        ),
+        (lambda r: r[:-1] + [3], None),  # the MTP entry is not a layer SGLang builds: accepted
+        (lambda r: [3] + r[1:], "compress_ratios holds 3; SGLang's DeepSeek-V4 layers accept"),
+        (lambda r: "4,128", "compress_ratios must be a list of integers"),
+    ],
+)
+def test_a_dsv4_compress_ratios_that_matches_no_layer_count(
+    plan_env, capsys, tmp_path, ratios, expected
+):
+    model = _dsv4_with_ratios(tmp_path, ratios)
+    if expected is None:
+        from sglang_mixgraph.resolve import _check_config_json
+
+        _check_config_json(Path(model) / "config.json")  # no error; the plan itself is slow
+        return
+    got, out, err = _plan_in_process(capsys, "--model-path", model, "--tp", "8")
+    assert got == 1 and out == ""
+    (line,) = _our_lines(err)
+    assert line.startswith(f"sglang-mixgraph plan: {Path(model) / 'config.json'}: ")
+    assert expected in line
+
+
+def test_the_embedded_dsv4_config_passes_the_config_checks():
+    from sglang_mixgraph.resolve import _check_config_json
+
+    _check_config_json(EMBEDDED_MODEL_DIR / "config.json")  # 61 layers + 1 MTP entry
+
+
 def test_arguments_without_model_path_go_on_top_of_the_reference(plan_env, capsys):
     got, out, err = _plan_in_process(capsys, "--chunked-prefill-size", "11264", "--json")
     assert got == 0, err

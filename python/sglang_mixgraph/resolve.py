@@ -12,7 +12,9 @@ gives one line naming it instead of a traceback, a usage screen or a silent defa
 - `prepare_argv`: parses the server arguments with SGLang's own argument definitions first
   (unknown option, bad value), applies them on top of a reference deployment when no
   `--model-path` is given, refuses sizes that would make SGLang build enormous CUDA-graph
-  size lists (`MAX_PLAN_SIZE`, `MAX_PLAN_LIST`) and a `--model-path` that does not exist;
+  size lists (`MAX_PLAN_SIZE`, `MAX_PLAN_LIST`), a `--model-path` that does not exist, a
+  config.json that is not a JSON object and a DeepSeek-V4 `compress_ratios` whose length
+  matches no layer count (`_check_config_json`);
 - `invalid_environment`: SGLang variables whose value SGLang would ignore with a warning;
 - `plugin_load_status`: whether SGLang would load this plugin at all (`SGLANG_PLUGINS`);
 - `model_class_problem`: a model architecture SGLang has no model class for;
@@ -292,6 +294,83 @@ def _check_sizes(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> Non
             raise too_large(what, max(big))
 
 
+# SGLang's DeepSeek-V4 architectures (sglang.srt.configs.model_config `is_deepseek_v4`) and
+# the compress ratios its layers accept (models.deepseek_v4 attention `__init__`,
+# mem_cache.deepseek_v4_memory_pool `collect_sources_by_ratio`).
+_DSV4_ARCHS = ("DeepseekV4ForCausalLM", "DeepseekV4ForCausalLMNextN", "DeepseekV4ForCausalLMDSpark")
+_DSV4_RATIOS = (0, 1, 2, 4, 128)
+
+
+def _check_config_json(config: Path) -> None:
+    """The model's config.json is a JSON object, and a DeepSeek-V4 one is self-consistent.
+
+    Not an object: SGLang's config loading calls `.get` on it and fails with an
+    AttributeError deep inside (sglang.srt.utils.hf_transformers.config).
+
+    DeepSeek-V4 `compress_ratios` (one entry per layer, then one per MTP layer): SGLang never
+    checks its length. Shorter than `num_hidden_layers`, every layer past the list has no ratio
+    (transformers' config validation or the layer's `config.compress_ratios[layer_id]` fails).
+    Longer than `num_hidden_layers + num_nextn_predict_layers`, SGLang builds its layers from
+    the first `num_hidden_layers` entries but counts every ratio-4 entry of the whole list as
+    an indexer layer (`configs.model_config.get_num_indexer_layers`, which sizes the indexer
+    top-k capturer), so the deployment would run with counts that match no model. Both are
+    refused here in one line.
+    """
+    import json
+
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise PlanInputError(f"{config} is not valid JSON: {' '.join(str(e).split())}") from None
+    if not isinstance(data, dict):
+        raise PlanInputError(
+            f"{config} holds a JSON {_json_kind(data)}, not an object: a model config.json is "
+            '{"architectures": [...], ...}'
+        )
+    archs = data.get("architectures")
+    arch = archs[0] if isinstance(archs, list) and archs else None
+    if arch not in _DSV4_ARCHS or "NextN" in str(arch):
+        return
+    layers, nextn = data.get("num_hidden_layers"), data.get("num_nextn_predict_layers", 0)
+    ratios = data.get("compress_ratios")
+    if not isinstance(layers, int) or not isinstance(nextn, int):
+        return  # SGLang's config classes say what is wrong with these
+    if not isinstance(ratios, list) or not all(
+        isinstance(r, int) and not isinstance(r, bool) for r in ratios
+    ):
+        raise PlanInputError(
+            f"{config}: compress_ratios must be a list of integers, one per layer "
+            f"(DeepSeek-V4), got {json.dumps(ratios)[:80]}"
+        )
+    bad = sorted({r for r in ratios[:layers] if r not in _DSV4_RATIOS})
+    if bad:
+        raise PlanInputError(
+            f"{config}: compress_ratios holds {', '.join(map(str, bad))}; SGLang's DeepSeek-V4 "
+            f"layers accept {', '.join(map(str, _DSV4_RATIOS))} and would fail building the model"
+        )
+    if len(ratios) < layers:
+        raise PlanInputError(
+            f"{config}: compress_ratios has {len(ratios)} entries for num_hidden_layers={layers}; "
+            f"layers {len(ratios)}..{layers - 1} have no compress ratio and SGLang fails "
+            "building the model"
+        )
+    if len(ratios) > layers + nextn:
+        counted = sum(1 for r in ratios if r == 4)
+        built = sum(1 for r in ratios[:layers] if r == 4)
+        raise PlanInputError(
+            f"{config}: compress_ratios has {len(ratios)} entries, more than num_hidden_layers="
+            f"{layers} plus num_nextn_predict_layers={nextn}; SGLang would build {built} indexer "
+            f"layers from the first {layers} but count {counted} (get_num_indexer_layers counts "
+            "the whole list)"
+        )
+
+
+def _json_kind(value: Any) -> str:
+    return {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(value), "number"
+    )
+
+
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.\-]*(/[A-Za-z0-9][\w.\-]*)?")
 
 
@@ -303,6 +382,8 @@ def _check_model_path(model_path: str) -> None:
                 raise PlanInputError(
                     f"--model-path {model_path} has no config.json (plan reads the model's config.json)"
                 )
+        if path.is_dir() and (path / "config.json").is_file():
+            _check_config_json(path / "config.json")
         return
     looks_like_repo_id = (
         _REPO_ID.fullmatch(model_path) is not None
