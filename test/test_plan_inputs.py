@@ -369,3 +369,16 @@ def test_a_server_process_never_sees_the_described_gpu(inherited_platform):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "PLATFORM" in proc.stdout and "DescribedGpuPlatform" not in proc.stdout
+
+
+@pytest.mark.parametrize("mrr, per_rank", [("1", 1), ("7", 1), ("2048", 256), ("2050", 256)])
+def test_running_requests_per_dp_rank_is_one_number_as_sglang_resolves_it(
+    plan_env, capsys, mrr, per_rank
+):
+    # SGLang: max(1, max_running_requests // attn_dp_size) (pool_configurator); reference DP 8
+    got, out, err = _plan_in_process(capsys, "--json", "--max-running-requests", mrr)
+    assert got == 0, err
+    p = json.loads(out)
+    assert p["max_running_requests"] == int(mrr)
+    assert p["max_running_requests_per_dp_rank"] == per_rank
+    assert p["graph"]["deployment"]["running_per_rank"] == per_rank

@@ -284,9 +284,9 @@ def plan_report(
         "mixed_chunk": r["enable_mixed_chunk"],
         "chunked_prefill_size_per_dp_rank": r["chunked_prefill_size"],
         "max_running_requests": r["max_running_requests"],
-        "max_running_requests_per_dp_rank": (
-            None if r["max_running_requests"] is None else r["max_running_requests"] // attn_dp
-        ),
+        # as SGLang sizes each DP rank: max(1, max_running_requests // attn_dp_size)
+        # (model_executor.pool_configurator); the graph plan's running_per_rank is the same number
+        "max_running_requests_per_dp_rank": graph.facts.running_per_rank,
         "attention_backend": r["attention_backend"],
         "moe": {
             "a2a_backend": r["moe_a2a_backend"],

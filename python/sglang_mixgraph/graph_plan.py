@@ -110,7 +110,8 @@ def deployment(server_args) -> Deployment:
         mixed_chunk=bool(cfg.enable_mixed_chunk),
         chunk_per_rank=cfg.chunked_prefill_size,
         max_running_requests=mrr,
-        running_per_rank=max(1, mrr // attn_dp) if mrr else None,
+        # SGLang's per-rank count (model_executor.pool_configurator, mem_cache.kv_cache_configurator)
+        running_per_rank=None if mrr is None else max(1, mrr // attn_dp),
         moe_a2a_backend=resolved_view(server_args).moe_a2a_backend,
         mega_moe_cap=mega_moe_cap(server_args),
         mem_fraction_static=cfg.mem_fraction_static,
