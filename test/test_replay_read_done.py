@@ -319,3 +319,178 @@ def test_a_stale_event_is_neither_counted_nor_marked(world):
         w.backend.token_to_kv_pool.translate_loc_from_full_to_swa(static.out_cache_loc)
     assert _events(rd.PATCH_ID).get("replays_published.mixed", 0) == published
     assert _events(wc.PATCH_ID).get("forwards_marked", 0) == marked
+
+
+# --------------------------------------------------------------------------------------------
+# one row count: the split's replay plan and the read-done snapshot size what the break sees
+# --------------------------------------------------------------------------------------------
+
+BUCKET = K.Step(prefill=[(60, 11)], decode=[30, 290], padding=3, seed=5)  # MIXED in 16 rows
+
+
+@pytest.fixture
+def padded_world():
+    """MIXED's 13 live rows replayed in a 16-row bucket: (world, capture, runner,
+    replay(non_padded) -> (static, ends)); ``non_padded`` is the static batch's
+    ``global_num_token_non_padded_cpu`` (None: not set)."""
+    with described_gpu("H200"), K.sglang_context(), K.reference_kernels():
+        w = K.World(BUCKET)  # the bucket's metadata rows (K.World.build_metadata reads w.step)
+        capture = w.build_metadata(w.forward_batch())
+        capture.core_attn_metadata.swa_out_cache_loc = torch.zeros(
+            BUCKET.num_rows, dtype=torch.int32
+        )
+        model_runner = SimpleNamespace(
+            attn_backend=w.backend,
+            spec_algorithm=_Spec(),
+            shared_read_done_event=None,
+            forward_pass_id=0,
+        )
+        key = ShapeKey(size=BUCKET.num_rows)
+        runner = SimpleNamespace(
+            model_runner=model_runner,
+            use_captured_attn_metadata=True,
+            _is_full_backend=False,
+            attn_metadata_buffers={key: capture},
+        )
+
+        def replay(non_padded):
+            model_runner.shared_read_done_event = None
+            model_runner.forward_pass_id += 1
+            w.step = MIXED
+            live = w.forward_batch(mode=ForwardMode.MIXED)  # 13 rows, no padding
+            w.step = BUCKET
+            static = K.replay_static_batch(live, BUCKET.num_rows)
+            static.global_num_token_non_padded_cpu = non_padded
+            ends = PrefillCudaGraphRunner._prepare_forward_metadata_for_replay(
+                runner, live, static, key
+            )
+            shared_read_event.maybe_publish_prefill_shared_read_done(
+                model_runner, ends, SimpleNamespace(Event=_Event)
+            )
+            return static, ends
+
+        wc.PUBLISHED.clear()
+        yield w, capture, runner, replay
+        wc.PUBLISHED.clear()
+
+
+def _breaks(w, static):
+    """Each layer through upstream's own attention break (``deepseek_v4_attention_with_output``,
+    which slices to ``global_num_token_non_padded_cpu``) on the bucket's query rows."""
+    from sglang.srt.environ import envs
+    from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+    from sglang.srt.model_executor.runner_backend_utils.tc_piecewise_cuda_graph import (
+        context_manager as tcp,
+    )
+    from sglang.srt.models.deepseek_v4 import deepseek_v4_attention_with_output
+
+    # The op is registered for CUDA only; its Python body (what the CUDA op runs) is the
+    # wrapped function (``sglang.srt.utils.custom_op._call_directly_in_eager``).
+    attention_break = deepseek_v4_attention_with_output.__wrapped__
+    q, sink = w.q(), w.attn_sink()
+    layers = [
+        SimpleNamespace(layer_id=i, v_head_dim=512, tp_q_head_num=q.shape[1])
+        for i in range(len(K.LAYER_RATIOS))
+    ]
+    out = {}
+    with (
+        torch.no_grad(),
+        forward_context(ForwardContext(attn_backend=w.backend)),
+        tcp.set_tc_piecewise_forward_context(static, layers, None, [], []),
+        envs.SGLANG_OPT_FLASHMLA_SPARSE_PREFILL.override(True),
+    ):
+        for i, ratio in enumerate(K.LAYER_RATIOS):
+            o = torch.full_like(q, float("nan"))
+            attention_break(q, q, o, i, ratio, sink, False)
+            out[i] = o
+    return out
+
+
+@pytest.mark.parametrize("non_padded", [None, MIXED.num_rows], ids=["unset", "set"])
+def test_split_and_read_done_size_the_rows_the_break_sees(padded_world, non_padded):
+    """``global_num_token_non_padded_cpu`` None: the break keeps the whole bucket (16 rows), set:
+    the 13 live rows. The split's replay plan and the read-done patch use that one count, so the
+    plan holds through every layer, nothing is built after read-done is published, and the
+    output equals the unsplit replay's."""
+    w, capture, runner, replay = padded_world
+    expected = BUCKET.num_rows if non_padded is None else MIXED.num_rows
+    with installed(PATCHES, env()):
+        base = _breaks(w, replay(non_padded)[0])  # upstream alone: lazy build in layer 0
+    on = env(
+        SGLANG_OPT_DSV4_REPLAY_READ_DONE="1",
+        SGLANG_DEBUG_WAR_SNAPSHOT="1",
+        SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN="1",
+        SGLANG_MIXGRAPH_SPLIT_POLICY="always",
+    )
+    abandoned = counters.get_fallback(ms.PATCH_ID, "shape")
+    with installed(PATCHES, on):
+        builds = _builds(w)
+        static, ends = replay(non_padded)
+        plan = ms.get_plan(w.backend)
+        assert ends is SharedReadEnds.PRE_REPLAY and plan is not None and plan.matches(static)
+        assert plan.boundary.num_rows == rd.attention_rows(static) == expected
+        assert (plan.boundary.b0, plan.boundary.decode_end) == (11, 13)
+        assert builds == [expected] and capture.sparse_prefill_cache is plan.prefill_cache
+        out = _breaks(w, static)  # a build after the publish would raise (the check is on)
+        assert ms.get_plan(w.backend) is plan and builds == [expected]
+    assert counters.get_fallback(ms.PATCH_ID, "shape") == abandoned
+    assert plan.decode_calls == {0: 1, 4: 1, 128: 1}
+    live = MIXED.num_rows
+    for layer in out:
+        assert not out[layer].isnan().any()
+        torch.testing.assert_close(
+            out[layer][:live].float(), base[layer][:live].float(), atol=ATOL, rtol=RTOL
+        )
+        assert torch.equal(out[layer][:11], base[layer][:11])  # the prefill rows, bit for bit
+        if non_padded is not None:
+            assert torch.equal(out[layer][live:], base[layer][live:])  # zeroed by the break
+
+
+@pytest.mark.parametrize(
+    "non_padded, static_rows, rows",
+    [(None, 16, 16), (13, 16, 13), (16, 16, 16), (0, 16, 0), (20, 16, 16), (None, 0, 0)],
+)
+def test_the_row_rule_is_the_breaks_slice(non_padded, static_rows, rows):
+    """``core.attention_rows`` counts what ``query[:global_num_token_non_padded_cpu]`` keeps of a
+    bucket of ``static_rows`` rows (None keeps all of them)."""
+    from sglang_mixgraph.core.attention_rows import batch_attention_rows, replay_attention_rows
+
+    assert replay_attention_rows(non_padded, static_rows) == rows
+    assert rows == torch.zeros(static_rows)[:non_padded].shape[0]
+    batch = SimpleNamespace(
+        input_ids=torch.zeros(static_rows), global_num_token_non_padded_cpu=non_padded
+    )
+    assert batch_attention_rows(batch) == rd.attention_rows(batch) == rows
+
+
+def test_no_patch_keeps_its_own_row_rule():
+    """Every patch takes the replayed attention's rows from ``core.attention_rows``; none reads
+    ``global_num_token_non_padded_cpu`` itself (a second rule is how the split planned 13 rows
+    while the break saw 16)."""
+    import pathlib
+    import re
+
+    import sglang_mixgraph
+
+    root = pathlib.Path(sglang_mixgraph.__file__).parent
+    reads = re.compile(r"\.global_num_token_non_padded_cpu\b|[\"']global_num_token_non_padded_cpu")
+    found = [
+        p.relative_to(root).as_posix()
+        for p in sorted(root.rglob("*.py"))
+        if reads.search(p.read_text())
+        and p.relative_to(root).as_posix() != "core/attention_rows.py"
+    ]
+    assert found == []
+
+
+def test_the_row_rule_imports_no_sglang():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; import sglang_mixgraph.core.attention_rows; "
+        "print([m for m in sys.modules if m == 'sglang' or m.startswith('sglang.')])"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[]"

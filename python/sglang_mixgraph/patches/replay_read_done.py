@@ -17,6 +17,7 @@ from __future__ import annotations
 from sglang.srt.plugins.hook_registry import HookType
 
 from sglang_mixgraph import counters
+from sglang_mixgraph.core.attention_rows import batch_attention_rows
 from sglang_mixgraph.fallback import fallback_once
 from sglang_mixgraph.flags import bool_flag
 from sglang_mixgraph.registry import Hook, Patch
@@ -64,12 +65,10 @@ def _count(event: str, n: int = 1) -> None:
 
 
 def attention_rows(static_forward_batch) -> int:
-    """The query rows the replayed attention break sees: ``deepseek_v4_attention_with_output``
-    slices to ``global_num_token_non_padded_cpu`` (all of the bucket when that is None)."""
-    rows = getattr(static_forward_batch, "global_num_token_non_padded_cpu", None)
-    if rows is None:
-        return int(static_forward_batch.input_ids.shape[0])
-    return int(rows)
+    """The query rows the replayed attention break sees (``core.attention_rows``, the one rule
+    the mixed split's replay plan uses too): ``global_num_token_non_padded_cpu``, all of the
+    bucket when that is None."""
+    return batch_attention_rows(static_forward_batch)
 
 
 def _decline_reason(backend, forward_batch, static_forward_batch):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Dict, FrozenSet, Optional
 
+from sglang_mixgraph.core.attention_rows import batch_attention_rows
 from sglang_mixgraph.core.decode_tail import DecodeTail
 from sglang_mixgraph.core.mixed_boundary import MixedBoundary, compute_mixed_boundary
 from sglang_mixgraph.patches.mixed_split.boundary import decode_tail_of
@@ -228,18 +229,20 @@ def after_prepare_bcg_replay(
 
     The runner refreshes the captured metadata in place for the live batch, which is still
     labelled MIXED, while the replayed attention break sees the static EXTEND batch and the
-    live rows only (``deepseek_v4_attention_with_output`` slices to
-    ``global_num_token_non_padded_cpu``). The plan is made from the live batch, bound to the
-    static one, and stored on the persistent captured metadata; every replay first clears
-    the previous replay's plan, so a stale boundary never reaches a step that has none.
+    rows ``deepseek_v4_attention_with_output`` slices to (``global_num_token_non_padded_cpu``,
+    the whole bucket when it is None: ``core.attention_rows``). The plan is made from the live
+    batch, bound to the static one, and stored on the persistent captured metadata; every
+    replay first clears the previous replay's plan, so a stale boundary never reaches a step
+    that has none.
     """
     setattr(capture_metadata, PLAN_ATTR, None)
     metadata = getattr(backend, "forward_metadata", None)
     if metadata is not None and metadata is not capture_metadata:
         setattr(metadata, PLAN_ATTR, None)
     target = static_forward_batch if static_forward_batch is not None else forward_batch
-    rows = getattr(target, "global_num_token_non_padded_cpu", None)
-    if rows is None:
-        rows = int(forward_batch.input_ids.shape[0]) if forward_batch.input_ids is not None else 0
-    _plan(backend, capture_metadata, forward_batch, target, int(rows), replay=True)
+    # The rows the break's query really has (``core.attention_rows``, shared with the read-done
+    # patch): the live count, or the whole bucket when ``global_num_token_non_padded_cpu`` is
+    # None; the boundary then carries the bucket's padding rows after the decode rows.
+    rows = batch_attention_rows(target)
+    _plan(backend, capture_metadata, forward_batch, target, rows, replay=True)
     return None
