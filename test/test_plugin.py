@@ -534,3 +534,69 @@ def test_upstream_flag_of_the_same_name_defers_the_patch_and_the_rest_loads():
     assert "patch 'mixed_split'" in line and f"defines {flag} itself" in line
     assert f"You set {flag}='1'" in line and f"Set {flag} as SGLang documents it" in line
     assert "active patches: graph_config" in result.stderr
+
+
+# A worker process as SGLang starts one: the module bound `configure_logger` at import (as
+# scheduler.py, detokenizer_manager.py and data_parallel_controller.py do), then
+# load_plugins() with no logging configured yet, then configure_logger (twice here).
+ANNOUNCE_IN_WORKER = """
+    import logging, sys, types
+    from sglang.srt.utils import configure_logger
+    worker = types.ModuleType("a_worker_module")
+    worker.configure_logger = configure_logger
+    sys.modules["a_worker_module"] = worker
+    assert not logging.getLogger().handlers  # nothing configured when the plugin loads
+    from sglang.srt.plugins import load_plugins
+    load_plugins()
+
+    class Args:
+        log_level = "info"
+
+    worker.configure_logger(Args(), prefix=" TP3")
+    logging.getLogger("sglang").info("a later line")
+    worker.configure_logger(Args(), prefix=" TP3")
+"""
+
+# The main process of launch_server: load_plugins(), then prepare_server_args' basicConfig.
+ANNOUNCE_IN_MAIN = """
+    import sys
+    from sglang.srt.plugins import load_plugins
+    load_plugins()
+    from sglang.srt.server_args import prepare_server_args
+    prepare_server_args(["--model-path", sys.argv[1]])
+"""
+
+
+def _announcements(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if "sglang-mixgraph: " in line and "patch" in line]
+
+
+def test_every_process_logs_its_active_patches_once_after_sglang_configures_logging():
+    result = run_python(ANNOUNCE_IN_WORKER, env={"SGLANG_MIXGRAPH_PREFILL_BUCKETS": "auto"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    (line,) = _announcements(result.stderr)
+    # formatted by the handler configure_logger installed, with its prefix
+    assert line.startswith("[") and " TP3] sglang-mixgraph: active patches: graph_config (" in line
+    assert "SGLANG_MIXGRAPH_PREFILL_BUCKETS=auto" in line
+    assert "not active: mixed_split (off)" in line
+    assert "a later line" in result.stderr
+
+
+def test_the_main_process_logs_its_active_patches_after_prepare_server_args():
+    from sglang_mixgraph.cli import EMBEDDED_MODEL_DIR
+
+    code = textwrap.dedent(ANNOUNCE_IN_MAIN)
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_")}
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(EMBEDDED_MODEL_DIR)],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (line,) = _announcements(result.stderr)
+    assert (
+        line.startswith("[") and "] sglang-mixgraph: no patch enabled; upstream untouched" in line
+    )
+    assert "not active: mixed_split (off)" in line and "(sglang " in line

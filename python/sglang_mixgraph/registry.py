@@ -389,11 +389,22 @@ def install(patches: tuple[Patch, ...] | list[Patch]) -> list[PatchStatus]:
                 if (h.target, h.fn, h.hook_type) not in registered:
                     registered.add((h.target, h.fn, h.hook_type))
                     HookRegistry.register(h.target, h.fn, h.hook_type)
-    active = [s.patch.id for s in statuses if s.enabled]
-    logger.info(
-        "sglang-mixgraph: %s",
-        f"active patches: {', '.join(active)}"
-        if active
-        else "no patch enabled; upstream untouched",
-    )
     return statuses
+
+
+def announcement(statuses: list[PatchStatus]) -> str:
+    """The one line a process logs about what the plugin does in it: patches and their flags."""
+
+    def flags(s: PatchStatus) -> str:
+        return ", ".join(f"{k}={v}" for k, v in s.flag_values.items())
+
+    active = [f"{s.patch.id} ({flags(s)})" for s in statuses if s.enabled]
+    rest = [f"{s.patch.id} ({s.state})" for s in statuses if not s.enabled]
+    body = (
+        f"active patches: {'; '.join(active)}" if active else "no patch enabled; upstream untouched"
+    )
+    return (
+        f"sglang-mixgraph: {body}"
+        + (f"; not active: {', '.join(rest)}" if rest else "")
+        + f" (sglang {installed_sglang_version()})"
+    )
