@@ -585,18 +585,31 @@ def test_every_process_logs_its_active_patches_once_after_sglang_configures_logg
 def test_the_main_process_logs_its_active_patches_after_prepare_server_args():
     from sglang_mixgraph.cli import EMBEDDED_MODEL_DIR
 
-    code = textwrap.dedent(ANNOUNCE_IN_MAIN)
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_")}
-    result = subprocess.run(
-        [sys.executable, "-c", code, str(EMBEDDED_MODEL_DIR)],
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    code = textwrap.dedent(ANNOUNCE_IN_MAIN) + textwrap.dedent(
+        """
+        import sglang.srt.server_args as sa
+        print("WRAPPED" if not sa.prepare_server_args.__code__.co_filename.endswith(
+            "server_args.py") else "ORIGINAL")
+        """
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    (line,) = _announcements(result.stderr)
-    assert (
-        line.startswith("[") and "] sglang-mixgraph: no patch enabled; upstream untouched" in line
-    )
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_")}
+
+    def run(**env):
+        result = subprocess.run(
+            [sys.executable, "-c", code, str(EMBEDDED_MODEL_DIR)],
+            env={**base_env, **env},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        return result
+
+    on = run(SGLANG_MIXGRAPH_PREFILL_BUCKETS="auto")
+    (line,) = _announcements(on.stderr)
+    assert line.startswith("[") and "] sglang-mixgraph: active patches: graph_config (" in line
     assert "not active: mixed_split (off)" in line and "(sglang " in line
+    # With no patch enabled nothing of upstream is hooked, not even for this line.
+    off = run()
+    assert "ORIGINAL" in off.stdout and "WRAPPED" in on.stdout
+    assert _announcements(off.stderr) == []

@@ -23,6 +23,8 @@ logger = logging.getLogger("sglang_mixgraph")
 # two functions that configure SGLang's root logger, the first time either returns in this
 # process, or at once when the root logger already has a handler (a host that configured
 # logging before loading plugins). The hooks only log; they change no argument or result.
+# With no patch enabled nothing is hooked, so upstream stays untouched: the line is then logged
+# only where a handler already exists (`doctor` always shows the states).
 LOGGING_SETUP_TARGETS = (
     "sglang.srt.server_args.prepare_server_args",
     "sglang.srt.utils.common.configure_logger",
@@ -49,12 +51,12 @@ def _after_logging_setup(result, *args, **kwargs) -> None:
     return None  # AFTER hook: the result stays upstream's
 
 
-def _announce_after_logging_setup(line: str) -> None:
+def _announce_after_logging_setup(line: str, *, any_enabled: bool) -> None:
     global _announcement, _hooks_registered
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     _announcement = line
-    if not _hooks_registered:
+    if any_enabled and not _hooks_registered:
         _hooks_registered = True
         for target in LOGGING_SETUP_TARGETS:
             HookRegistry.register(target, _after_logging_setup, HookType.AFTER)
@@ -82,4 +84,6 @@ def register() -> None:
     except (PatchCheckError, FlagValueError) as e:
         logger.error("sglang-mixgraph: %s", e)
         raise SystemExit(f"sglang-mixgraph: startup stopped.\n{e}") from None
-    _announce_after_logging_setup(announcement(statuses))
+    _announce_after_logging_setup(
+        announcement(statuses), any_enabled=any(s.enabled for s in statuses)
+    )
