@@ -310,6 +310,10 @@ def test_plan_and_doctor_say_when_sglang_will_not_load_the_plugin():
     assert p["prefill_graph"]["decided_by"]["kind"] == "upstream rule"
     assert max(p["prefill_graph"]["buckets"]) == 22528 and len(p["prefill_graph"]["buckets"]) > 50
     assert p["graph"]["bucket_lists"]["policy"] == "upstream (sglang-mixgraph is not loaded)"
+    # that resolved list (86) is never captured, and says so beside the upstream list (45)
+    lists = p["graph"]["bucket_lists"]
+    assert lists["upstream"]["count"] == 45 and len(lists["final"]) == 86
+    assert "SGLang never captures this list" in lists["final_note"]
     assert "sglang-mixgraph:" not in result.stderr  # none of our hooks ran
 
     doctor = _cli("doctor", "--json", env=env)
@@ -382,3 +386,20 @@ def test_running_requests_per_dp_rank_is_one_number_as_sglang_resolves_it(
     assert p["max_running_requests"] == int(mrr)
     assert p["max_running_requests_per_dp_rank"] == per_rank
     assert p["graph"]["deployment"]["running_per_rank"] == per_rank
+
+
+def test_an_uncaptured_resolved_list_is_labelled_beside_the_upstream_one(plan_env, capsys):
+    # the reference with the prefill graph off (upstream's DSV4 rule): SGLang keeps the list it
+    # generated from the global chunk (86 sizes up to 22528) and never captures it; the upstream
+    # list for the per-rank chunk (45 up to 2816) is what it captures with the graph on
+    got, out, err = _plan_in_process(capsys)
+    assert got == 0, err
+    lines = out.splitlines()
+    final = next(i for i, line in enumerate(lines) if "final list of 86" in line)
+    assert lines[final + 1].startswith("  note: the prefill graph is off, so SGLang never captures")
+    assert "upstream list (45 buckets, largest 2816)" in lines[final + 1]
+    assert lines[final + 2].startswith("  upstream: 45 buckets")
+    assert "a list SGLang never captures: see Buckets" in out
+    got, out, err = _plan_in_process(capsys, "--json")
+    lists = json.loads(out)["graph"]["bucket_lists"]
+    assert len(lists["final"]) == 86 and "never captures" in lists["final_note"]

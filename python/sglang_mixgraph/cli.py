@@ -404,6 +404,27 @@ def _validation_json(v) -> dict[str, Any]:
     return out
 
 
+def uncaptured_final_list(plan) -> str | None:
+    """Why the resolved prefill list differs from the upstream list shown beside it, or None.
+
+    With the prefill graph off SGLang keeps the list it generated from the global chunked
+    prefill size: `parallel_hook.handle_data_parallelism` cuts max_bs and bs to the per-rank
+    chunk only when the prefill backend is not disabled. That list is never captured; with the
+    graph on, SGLang would capture the upstream list (the per-rank chunk's).
+    """
+    if not plan.prefill_off_but_estimated or plan.buckets is None:
+        return None
+    final, upstream = plan.buckets.final, plan.buckets.upstream
+    if upstream is None or tuple(final) == tuple(upstream.buckets):
+        return None
+    return (
+        f"the prefill graph is off, so SGLang never captures this list: it is generated from "
+        f"the size before the per-rank division (up to {max(final)}) and SGLang cuts it to the "
+        f"per-rank chunk only when the graph is on; with the graph on, SGLang alone would "
+        f"capture the upstream list ({len(upstream.buckets)} buckets, largest {max(upstream.buckets)})"
+    )
+
+
 def graph_plan_json(plan) -> dict[str, Any]:
     """`plan --json`'s "graph" part, from the planner's typed result."""
     facts = plan.facts
@@ -426,6 +447,9 @@ def graph_plan_json(plan) -> dict[str, Any]:
             else {"error": lists.derived_error},
             "final": list(lists.final),
         }
+        note = uncaptured_final_list(plan)
+        if note is not None:
+            bucket_lists["final_note"] = note
     return {
         "gpu": plan.gpu,
         "model": list(facts.architectures),
@@ -549,6 +573,11 @@ def format_graph_plan(plan) -> str:
         if plan.prefill_off_but_estimated:
             lines.append(
                 "  note: prefill graph is off; the estimate is what the final list would need"
+                + (
+                    " (a list SGLang never captures: see Buckets)"
+                    if uncaptured_final_list(plan)
+                    else ""
+                )
             )
     bl = plan.buckets
     if bl is None:
@@ -557,6 +586,9 @@ def format_graph_plan(plan) -> str:
         lines.append(
             f"Buckets (policy {bl.policy}), final list of {len(bl.final)}: {_elided(bl.final)}"
         )
+        note = uncaptured_final_list(plan)
+        if note is not None:
+            lines.append(f"  note: {note}")
         lines += _bucket_side_lines("upstream", bl.upstream)
         lines += _bucket_side_lines("derived ", bl.derived, bl.derived_error)
     if plan.plugin_loaded:
