@@ -42,6 +42,18 @@ from sglang_mixgraph.ab.config import parse_config, read_toml
 from sglang_mixgraph.ab.tools import BENCH_MODULE, GSM8K_MODULE
 
 TTFT_MS = 30.0
+
+
+def small_sweep(concurrencies: str) -> str:
+    """One repeat of 2-prompt cells of 8 random ids in, 2 out, at the given concurrencies."""
+    return f"""concurrencies = {concurrencies}
+dataset = "random-ids"
+input_len = 8
+output_len = 2
+min_prompts = 2
+repeats = 1"""
+
+
 TWO_ARMS = """
 [[arm]]
 name = "base"
@@ -204,12 +216,7 @@ def test_ctrl_c_stops_the_server_and_keeps_finished_cells(tmp_path, capsys):
         tmp_path,
         port=free_port(),
         arms=TWO_ARMS,
-        sweep="""concurrencies = [1, 2]
-dataset = "random-ids"
-input_len = 8
-output_len = 2
-min_prompts = 2
-repeats = 1""",
+        sweep=small_sweep("[1, 2]"),
     )
     run_dir = tmp_path / "run"
     assert _run(config, run_dir, Recorder(interrupt_at=2)) == ab_cli.EXIT_INTERRUPTED
@@ -330,12 +337,7 @@ launch_prefix = ["{own}"]
 name = "plain"
 launch_prefix = []
 """,
-        sweep="""concurrencies = [1]
-dataset = "random-ids"
-input_len = 8
-output_len = 2
-min_prompts = 2
-repeats = 1""",
+        sweep=small_sweep("[1]"),
     )
     run_dir = tmp_path / "run"
     assert _run(config, run_dir, Recorder()) == 0, capsys.readouterr().err
@@ -445,12 +447,7 @@ def test_second_signal_after_ctrl_c_leaves_no_server(tmp_path, monkeypatch, caps
         tmp_path,
         port=free_port(),
         arms=TWO_ARMS,
-        sweep="""concurrencies = [1, 2]
-dataset = "random-ids"
-input_len = 8
-output_len = 2
-min_prompts = 2
-repeats = 1""",
+        sweep=small_sweep("[1, 2]"),
     )
     config.write_text(config.read_text().replace("stop_timeout_s = 10", "stop_timeout_s = 120"))
     run_dir = tmp_path / "run"
@@ -488,12 +485,7 @@ def test_a_changed_version_measures_finished_cells_again(tmp_path, monkeypatch, 
         tmp_path,
         port=free_port(),
         arms=TWO_ARMS,
-        sweep="""concurrencies = [1]
-dataset = "random-ids"
-input_len = 8
-output_len = 2
-min_prompts = 2
-repeats = 1""",
+        sweep=small_sweep("[1]"),
     )
     run_dir = tmp_path / "run"
     env = {

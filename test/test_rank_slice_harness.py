@@ -150,3 +150,13 @@ def test_driver_summarizes_steps_by_kind():
     assert s["MIXED/graph"]["wall_ms"]["median"] == 950 and s["MIXED/graph"]["wall_ms"]["n"] == 2
     assert s["MIXED/graph"]["decode_rows"]["sum"] == 50
     assert "decode_rows" not in s["DECODE/graph"]
+
+
+def test_ab_configuration_selects_the_kits_kernels_like_the_probe():
+    """ab_slice.toml spells the kit's kernel selection out in TOML; it must stay the probe's."""
+    import tomllib
+
+    drv = _load("run_slice_probe")
+    server = tomllib.loads((SLICE / "ab_slice.toml").read_text())["server"]
+    assert server["env"] == {**drv.UPSTREAM_ENV, drv.RADIX_CORE_ENV: "python"}
+    assert server["launch_prefix"] == ["bash", "tools/rank-slice/kit_server.sh"]

@@ -66,28 +66,33 @@ class _Spec:
         return self.publishes
 
 
+def _replay_runner(w, step):
+    """Capture metadata of ``step``'s rows and the stand-ins of the model runner and the
+    prefill graph runner a breakable replay reads: (capture, model_runner, runner, bucket key)."""
+    capture = w.build_metadata(w.forward_batch())
+    capture.core_attn_metadata.swa_out_cache_loc = torch.zeros(step.num_rows, dtype=torch.int32)
+    model_runner = SimpleNamespace(
+        attn_backend=w.backend,
+        spec_algorithm=_Spec(),
+        shared_read_done_event=None,
+        forward_pass_id=0,
+    )
+    key = ShapeKey(size=step.num_rows)
+    runner = SimpleNamespace(
+        model_runner=model_runner,
+        use_captured_attn_metadata=True,
+        _is_full_backend=False,
+        attn_metadata_buffers={key: capture},
+    )
+    return capture, model_runner, runner, key
+
+
 @pytest.fixture
 def world():
     """(world, capture metadata, runner stand-in, replay(step, mode, rows) -> (static, ends))."""
     with described_gpu("H200"), K.sglang_context(), K.reference_kernels():
         w = K.World(MIXED)
-        capture = w.build_metadata(w.forward_batch())
-        capture.core_attn_metadata.swa_out_cache_loc = torch.zeros(
-            MIXED.num_rows, dtype=torch.int32
-        )
-        model_runner = SimpleNamespace(
-            attn_backend=w.backend,
-            spec_algorithm=_Spec(),
-            shared_read_done_event=None,
-            forward_pass_id=0,
-        )
-        key = ShapeKey(size=MIXED.num_rows)
-        runner = SimpleNamespace(
-            model_runner=model_runner,
-            use_captured_attn_metadata=True,
-            _is_full_backend=False,
-            attn_metadata_buffers={key: capture},
-        )
+        capture, model_runner, runner, key = _replay_runner(w, MIXED)
 
         def replay(step, mode, rows=None, barrier=True):
             w.step = step
@@ -335,23 +340,7 @@ def padded_world():
     ``global_num_token_non_padded_cpu`` (None: not set)."""
     with described_gpu("H200"), K.sglang_context(), K.reference_kernels():
         w = K.World(BUCKET)  # the bucket's metadata rows (K.World.build_metadata reads w.step)
-        capture = w.build_metadata(w.forward_batch())
-        capture.core_attn_metadata.swa_out_cache_loc = torch.zeros(
-            BUCKET.num_rows, dtype=torch.int32
-        )
-        model_runner = SimpleNamespace(
-            attn_backend=w.backend,
-            spec_algorithm=_Spec(),
-            shared_read_done_event=None,
-            forward_pass_id=0,
-        )
-        key = ShapeKey(size=BUCKET.num_rows)
-        runner = SimpleNamespace(
-            model_runner=model_runner,
-            use_captured_attn_metadata=True,
-            _is_full_backend=False,
-            attn_metadata_buffers={key: capture},
-        )
+        capture, model_runner, runner, key = _replay_runner(w, BUCKET)
 
         def replay(non_padded):
             model_runner.shared_read_done_event = None
