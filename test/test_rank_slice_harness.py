@@ -160,3 +160,37 @@ def test_ab_configuration_selects_the_kits_kernels_like_the_probe():
     server = tomllib.loads((SLICE / "ab_slice.toml").read_text())["server"]
     assert server["env"] == {**drv.UPSTREAM_ENV, drv.RADIX_CORE_ENV: "python"}
     assert server["launch_prefix"] == ["bash", "tools/rank-slice/kit_server.sh"]
+
+
+def test_step_mix_counts_sglangs_scheduler_lines_by_kind_and_graph():
+    mix = _load("step_mix")
+    head = "[2026-12-01 15:00:00] "
+    pre = (
+        "Prefill batch, #new-seq: {s}, #new-token: {t}, #cached-token: 0, token usage: 0.10, "
+        "#running-req: {r}, #queue-req: 3, #pending-token: 0, cuda graph: {g}, "
+        "input throughput (token/s): 1.00"
+    )
+    dec = (
+        "Decode batch, #running-req: {r}, #token: 9, token usage: 0.1, cuda graph: {g}, "
+        "gen throughput (token/s): 2.00, #queue-req: 0"
+    )
+    lines = [
+        head + pre.format(s=2, t=2560, r=0, g=False),
+        head + pre.format(s=1, t=2560, r=7, g=False),
+        head + pre.format(s=1, t=2000, r=12, g=True),
+        head + dec.format(r=12, g=True),
+        head + dec.format(r=3, g=False),
+        head + "an unrelated line with #running-req: 5,",
+    ]
+    s = mix.step_mix(lines)
+    assert s["steps"] == {
+        "DECODE/eager": 1,
+        "DECODE/graph": 1,
+        "EXTEND/eager": 1,
+        "MIXED/eager": 1,
+        "MIXED/graph": 1,
+    }
+    assert s["total"] == 5 and s["mixed_share"] == 0.4
+    assert s["prefill_tokens"] == {"EXTEND": 2560, "MIXED": 4560}
+    assert s["mixed_decode_rows"] == {"median": 12, "max": 12}
+    assert mix.step_mix([])["mixed_share"] is None
