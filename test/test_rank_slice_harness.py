@@ -194,3 +194,18 @@ def test_step_mix_counts_sglangs_scheduler_lines_by_kind_and_graph():
     assert s["prefill_tokens"] == {"EXTEND": 2560, "MIXED": 4560}
     assert s["mixed_decode_rows"] == {"median": 12, "max": 12}
     assert mix.step_mix([])["mixed_share"] is None
+
+
+def test_warm_caches_runs_only_the_first_arms_first_cell(tmp_path, monkeypatch):
+    warm = _load("warm_caches")
+    seen = {}
+
+    def fake_run(config, run_dir, visits):
+        seen["cells"] = [(c.arm, c.concurrency, c.repeat) for v in visits for c in v.cells]
+        seen["run_dir"] = run_dir
+        return warm.runner.RunOutcome()
+
+    monkeypatch.setattr(warm.runner, "run", fake_run)
+    assert warm.main([str(SLICE / "ab_slice.toml"), str(tmp_path / "w")]) == 0
+    assert seen["cells"] == [("upstream", 96, 0)] and seen["run_dir"] == tmp_path / "w"
+    assert warm.main([]) == 2

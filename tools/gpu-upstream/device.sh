@@ -3,8 +3,8 @@
 # .gpu-upstream/ into /tmp/site, then run the given command with sglang 0.5.23 importable:
 #   bash tools/gpu-upstream/device.sh python3 -m pytest test/gpu_upstream -q
 # The import shim (sitecustomize.py + stubs.py beside this file) starts in every Python
-# process. Built JIT kernels are saved to $OUT/jit_cache.tgz when OUT is set; put that file at
-# .gpu-upstream/jit_cache.tgz to skip the nvcc builds (about a minute) next time.
+# process. Built JIT kernels are saved to $OUT/jit_cache.tgz and Triton's kernel cache to
+# $OUT/triton_cache.tgz when OUT is set; put those files in .gpu-upstream/ to skip the builds next time.
 set -uo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
@@ -18,6 +18,8 @@ if [[ ! -f "$SITE/.ready" ]]; then
   tar xzf "$U/sglang_pruned.tgz" -C "$SITE" && touch "$SITE/.ready"
 fi
 [[ -f "$U/jit_cache.tgz" ]] && mkdir -p "$HOME/.cache/sglang" && tar xzf "$U/jit_cache.tgz" -C "$HOME/.cache/sglang"
+# Triton's on-disk kernel cache: without it the first process compiles while it serves.
+[[ -f "$U/triton_cache.tgz" ]] && mkdir -p "$HOME/.triton" && tar xzf "$U/triton_cache.tgz" -C "$HOME/.triton"
 if ls "$U"/hdr/sgl_deep_gemm-*.whl >/dev/null 2>&1 && [[ ! -d /tmp/cutlass_hdr ]]; then
   python3 - "$U"/hdr/sgl_deep_gemm-*.whl <<'PY'
 import sys, zipfile
@@ -34,5 +36,8 @@ echo "gpu-upstream: install $(( $(date +%s) - T0 ))s; $(python3 -c 'import torch
 rc=$?
 if [[ -n "${OUT:-}" && -d "$HOME/.cache/sglang/jit" ]]; then
   tar czf "$OUT/jit_cache.tgz" -C "$HOME/.cache/sglang" jit
+fi
+if [[ -n "${OUT:-}" && -d "$HOME/.triton/cache" ]]; then
+  tar czf "$OUT/triton_cache.tgz" -C "$HOME/.triton" cache
 fi
 exit $rc
