@@ -1,8 +1,10 @@
 """One phase of the end-to-end run, in its own process: start ``sglang.Engine``, run the workload.
 
 Usage (run_e2e.py starts it with the phase's environment): ``e2e_phase.py <kwargs.json> <out.json>``.
-Writes ``{"ok", "error", "outputs": {rid: token ids}, "expected_lens", "timings"}`` to
-``out.json``. Greedy sampling, EOS ignored, token ids in and out (no tokenizer). After the last
+Writes ``{"ok", "error", "outputs": {rid: token ids}, "expected_lens", "abort_targets",
+"finish_reasons", "timings"}`` to ``out.json``; ``finish_reasons`` holds the finish type of each
+request the client aborts (``Engine.tokenizer_manager.abort_request`` once it has streamed its
+``abort_after`` tokens). Greedy sampling, EOS ignored, token ids in and out (no tokenizer). After the last
 request it waits three counter intervals so the scheduler logs its final counters (SGLang's
 ``Engine.shutdown`` may end the scheduler without its exit handlers).
 """
@@ -55,6 +57,52 @@ async def _staggered(engine, seg: W.Segment) -> dict:
     }
 
 
+async def _stream(engine, r: W.Request, started: asyncio.Event):
+    """One streamed request to its end: (its tokens, its finish type). Aborted by the client once
+    it has streamed ``r.abort_after`` tokens; ``started`` is set at its first chunk."""
+    gen = await engine.async_generate(
+        input_ids=list(r.prompt), sampling_params=_params(r.max_new), stream=True, rid=r.rid
+    )
+    tokens, finish, abort_sent = [], None, False
+    try:
+        async for chunk in gen:
+            ids = list(chunk.get("output_ids") or ())
+            tokens = ids if len(ids) >= len(tokens) else tokens  # cumulative chunks
+            reason = (chunk.get("meta_info") or {}).get("finish_reason")
+            finish = reason.get("type") if isinstance(reason, dict) else reason
+            started.set()
+            if r.abort_after is not None and not abort_sent and len(tokens) >= r.abort_after:
+                engine.tokenizer_manager.abort_request(rid=r.rid)
+                abort_sent = True
+    except Exception as e:  # an aborted stream may end in an error: that is its finish
+        finish = f"error: {type(e).__name__}: {e}"[:300]
+    finally:
+        started.set()
+    return tokens, finish
+
+
+async def _with_aborts(engine, seg: W.Segment) -> tuple:
+    """Like ``_staggered``, with every ``first`` request streamed to its end or its abort:
+    (tokens per request, finish type per aborted request)."""
+    started = {r.rid: asyncio.Event() for r in seg.first}
+    streams = [asyncio.ensure_future(_stream(engine, r, started[r.rid])) for r in seg.first]
+    await asyncio.gather(*(e.wait() for e in started.values()))
+    late = [
+        asyncio.ensure_future(
+            engine.async_generate(input_ids=list(r.prompt), sampling_params=_params(r.max_new))
+        )
+        for r in seg.then
+    ]
+    done_first = await asyncio.gather(*streams)
+    done_late = await asyncio.gather(*late)
+    outputs = {r.rid: toks for r, (toks, _) in zip(seg.first, done_first, strict=True)}
+    outputs.update({r.rid: list(o["output_ids"]) for r, o in zip(seg.then, done_late, strict=True)})
+    finishes = {
+        r.rid: fin for r, (_, fin) in zip(seg.first, done_first, strict=True) if r.abort_after
+    }
+    return outputs, finishes
+
+
 def run(engine_kwargs: dict) -> dict:
     import sglang as sgl
 
@@ -64,13 +112,19 @@ def run(engine_kwargs: dict) -> dict:
         workload=os.environ.get("MIXGRAPH_E2E_WORKLOAD", "full"),
     )
     res["expected_lens"] = {r.rid: r.max_new for r in W.all_requests(segments)}
+    res["abort_targets"] = W.abort_targets(segments)
+    finish_reasons = {}
     t0 = time.time()
     engine = sgl.Engine(**engine_kwargs)
     res["timings"]["engine_start_s"] = round(time.time() - t0, 1)
     outputs = {}
     for seg in segments:
         t0 = time.time()
-        if seg.then:
+        if any(r.abort_after is not None for r in seg.first):
+            outs, finishes = engine.loop.run_until_complete(_with_aborts(engine, seg))
+            outputs.update(outs)
+            finish_reasons.update(finishes)
+        elif seg.then:
             outputs.update(engine.loop.run_until_complete(_staggered(engine, seg)))
         else:
             outs = engine.generate(
@@ -82,6 +136,7 @@ def run(engine_kwargs: dict) -> dict:
             )
         res["timings"][f"{seg.name}_s"] = round(time.time() - t0, 2)
     res["outputs"] = outputs
+    res["finish_reasons"] = finish_reasons
     interval = float(os.environ.get("SGLANG_MIXGRAPH_COUNTERS_LOG_INTERVAL") or 0)
     time.sleep(3 * interval)
     res["ok"] = True

@@ -11,6 +11,15 @@
   at 16k: the shape where the H200 cost model has ``adaptive`` split the c4 layers (since its
   refit from in-server timings, 16 rows at 12k stay unsplit).
 
+The ``pressure`` workload instead runs against a KV pool of ``PRESSURE_POOL_TOKENS``
+(``engine_overrides``), far less than it needs, so that the scheduler evicts cached prefixes and
+retracts decoding requests, while the client aborts some requests mid-generation:
+
+* ``warm``: four prompts that finish at once and leave their KV in the radix cache;
+* ``pressure``: twelve streamed requests (three reuse the first 512 tokens of a warm prompt),
+  three of them aborted by the client once they have streamed ``ABORT_AFTER`` tokens; once every
+  one of them has produced a token, two long prompts arrive, whose chunks run as MIXED steps.
+
 Pure Python, no sglang: the CPU tests check the properties above.
 """
 
@@ -18,7 +27,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 VOCAB = 4096
 LONG_PROMPT = 16384
@@ -29,11 +38,18 @@ LATE_PROMPT = 1024
 LATE_MARGIN_STEPS = 96
 
 
+# The pressure workload: a pool of 32 pages of 256 tokens, against about twice that in demand.
+PRESSURE_POOL_TOKENS = 8192
+PRESSURE_MAX_NEW = 512
+ABORT_AFTER = 24  # tokens an aborted request streams before the client aborts it
+
+
 @dataclass(frozen=True)
 class Request:
     rid: str
     prompt: Tuple[int, ...]
     max_new: int
+    abort_after: Optional[int] = None  # the client aborts after this many streamed tokens
 
 
 @dataclass(frozen=True)
@@ -51,13 +67,45 @@ def _prompt(rng: random.Random, n: int) -> Tuple[int, ...]:
     return tuple(rng.randrange(10, VOCAB - 10) for _ in range(n))
 
 
-WORKLOADS = ("full", "short")  # short: without the long segment (a quick run)
+PRESSURE = "pressure"
+WORKLOADS = ("full", "short", PRESSURE)  # short: without the long segment (a quick run)
+
+
+def engine_overrides(workload: str) -> Dict[str, object]:
+    """Engine arguments a workload needs (the pressure workload's small pool)."""
+    return {"max_total_tokens": PRESSURE_POOL_TOKENS} if workload == PRESSURE else {}
+
+
+def _pressure_segments(rng: random.Random) -> List[Segment]:
+    warm = tuple(Request(f"warm{i}", _prompt(rng, 700), 8) for i in range(4))
+    # Three requests reuse a warm prompt's first two pages (radix hits while they last).
+    reused = [warm[i].prompt[:512] + _prompt(rng, n) for i, n in enumerate((200, 320, 260))]
+    fresh = [_prompt(rng, n) for n in (300, 620, 900, 450, 780, 350, 560, 840, 400)]
+    aborted = {1, 5, 9}  # positions in ``first``
+    first = tuple(
+        Request(
+            f"press{i}",
+            prompt,
+            PRESSURE_MAX_NEW,
+            abort_after=ABORT_AFTER if i in aborted else None,
+        )
+        for i, prompt in enumerate(reused + fresh)
+    )
+    then = tuple(Request(f"press_late{i}", _prompt(rng, 1100), 256) for i in range(2))
+    return [Segment("warm", warm), Segment("pressure", first, then)]
+
+
+def abort_targets(segments: List[Segment]) -> Dict[str, int]:
+    """The requests the client aborts, with the tokens each streams first."""
+    return {r.rid: r.abort_after for r in all_requests(segments) if r.abort_after is not None}
 
 
 def build(seed: int = 0, chunk: int = 256, workload: str = "full") -> List[Segment]:
     if workload not in WORKLOADS:
         raise ValueError(f"workload must be one of {WORKLOADS}, got {workload!r}")
     rng = random.Random(seed)
+    if workload == PRESSURE:
+        return _pressure_segments(rng)
 
     def reqs(prefix: str, lens, max_new) -> Tuple[Request, ...]:
         news = max_new if isinstance(max_new, (list, tuple)) else [max_new] * len(lens)

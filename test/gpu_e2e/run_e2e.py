@@ -13,7 +13,9 @@ on (``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python``); if one fails they run ag
 for the whole run, and the log says why. The other phases follow, side by side. The checks are
 in e2e_checks.py; ``adaptive`` is checked against the cost model (sm90 coefficients, the tiny
 model's top-k and compress ratios) at the shapes the step log recorded. The exit status is 1
-when a check fails. Writes ``e2e_tiny_dsv4.log``, ``e2e_results.json`` and ``phase_logs.tgz`` to
+when a check fails. ``--workload pressure`` runs the phases against a small KV pool with client
+aborts (e2e_workload.py); the pool log (e2e_pool_log.py) then has to show retractions and
+evictions. Writes ``e2e_tiny_dsv4.log``, ``e2e_results.json`` and ``phase_logs.tgz`` to
 ``$OUT`` (or ``--out``).
 """
 
@@ -42,6 +44,7 @@ sys.path[:0] = [HERE, ENGINE_DIR, PYTHON_DIR]
 
 import e2e_checks as C  # noqa: E402
 import e2e_phases as P  # noqa: E402
+import e2e_pool_log as PL  # noqa: E402
 import e2e_workload as W  # noqa: E402
 from engine_standins import STANDIN_MARK, STUB_MARK  # noqa: E402
 
@@ -99,7 +102,7 @@ def _phase_env(phase, off_values, radix, steps_dir, workload):
     env["MIXGRAPH_E2E_WORKLOAD"] = workload
     env.update(phase.env(off_values, radix=radix))
     env["PYTHONPATH"] = os.pathsep.join([PYTHON_DIR, ENGINE_DIR, HERE, env.get("PYTHONPATH", "")])
-    env["MIXGRAPH_E2E_STARTUP"] = "e2e_step_log"
+    env["MIXGRAPH_E2E_STARTUP"] = "e2e_step_log,e2e_pool_log"
     env["MIXGRAPH_E2E_STEP_LOG"] = steps_dir
     env["SGLANG_MIXGRAPH_COUNTERS_LOG_INTERVAL"] = COUNTER_INTERVAL_S
     env["PYTHONUNBUFFERED"] = "1"
@@ -158,7 +161,7 @@ def run_wave(
             proc.wait()
             logf.close()
             del running[name]
-            results[name] = collect(phase, work, logs, time.time() - t0, timed_out)
+            results[name] = collect(phase, work, logs, time.time() - t0, timed_out, workload)
             r = results[name]
             log(
                 f"== {name}: {'ok' if r['record'].ran else 'FAILED'} in {time.time() - t0:.0f}s "
@@ -167,7 +170,7 @@ def run_wave(
     return results
 
 
-def collect(phase, work, logs, seconds, timed_out) -> dict:
+def collect(phase, work, logs, seconds, timed_out, workload="full") -> dict:
     from sglang_mixgraph.counters import parse_line
 
     d = os.path.join(work, phase.name)
@@ -175,10 +178,11 @@ def collect(phase, work, logs, seconds, timed_out) -> dict:
     if os.path.exists(os.path.join(d, "out.json")):
         with open(os.path.join(d, "out.json")) as f:
             out = json.load(f)
-    steps = []
+    steps, pool_events = [], []
     for fn in sorted(os.listdir(os.path.join(d, "steps"))):
         with open(os.path.join(d, "steps", fn)) as f:
-            steps += [json.loads(line) for line in f if line.strip()]
+            lines = [json.loads(line) for line in f if line.strip()]
+        (pool_events if fn.startswith(PL.FILE_PREFIX) else steps).extend(lines)
     snapshots, standins, stubs, fallbacks, radix_lines = [], [], [], [], []
     with open(os.path.join(logs, f"{phase.name}.log"), errors="replace") as f:
         text = f.read()
@@ -211,6 +215,10 @@ def collect(phase, work, logs, seconds, timed_out) -> dict:
         steps=steps,
         counters=C.merge_counters(snapshots),
         stub_calls=stubs,
+        abort_targets=out.get("abort_targets", {}),
+        finish_reasons=out.get("finish_reasons", {}),
+        pool=PL.summarize(pool_events),
+        pool_pressure=workload == W.PRESSURE,
     )
     return {
         "record": record,
@@ -264,7 +272,10 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=520, help="the whole run's deadline")
     ap.add_argument("--label", default="", help="recorded in the log (e.g. the commit)")
     ap.add_argument(
-        "--workload", choices=W.WORKLOADS, default="full", help="short: no long segment"
+        "--workload",
+        choices=W.WORKLOADS,
+        default="full",
+        help="short: no long segment; pressure: a small pool, retractions, evictions and aborts",
     )
     ap.add_argument(
         "--engine-override", default="{}", help="JSON merged into every phase's Engine arguments"
@@ -291,7 +302,8 @@ def main() -> int:
     segs = W.build(chunk=P.CHUNK, workload=args.workload)
     with open(os.path.join(HERE, "tiny_dsv4_config.json")) as f:
         policy = C.AdaptivePolicy.for_model(json.load(f))
-    override = json.loads(args.engine_override)
+    # The workload's own arguments (the pressure workload's pool), then the command line's.
+    override = dict(W.engine_overrides(args.workload), **json.loads(args.engine_override))
     log(
         f"phases: {[p.name for p in phases]}; chunk {P.CHUNK}, max running {P.MAX_RUNNING}, "
         f"{len(W.all_requests(segs))} requests in segments "
@@ -373,6 +385,8 @@ def main() -> int:
             "steps_by_mode": C.steps_by_mode(rec.steps),
             "step_times": step_times(rec.steps),
             "counters": rec.counters,
+            "pool": rec.pool,
+            "finish_reasons": rec.finish_reasons,
             "standins": r["standins"],
             "stub_calls": rec.stub_calls,
             "fallback_lines": r["fallback_lines"],

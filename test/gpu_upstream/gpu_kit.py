@@ -267,7 +267,7 @@ class BreakableBucket:
                 self._body()
         torch.cuda.synchronize()
 
-    def _prepare_through_runner(self, model_runner, live, static_fb):
+    def _prepare_through_runner(self, model_runner, live, static_fb, after_publish=None):
         from sglang.srt.model_executor.runner.prefill_cuda_graph_runner import (
             PrefillCudaGraphRunner,
         )
@@ -285,6 +285,8 @@ class BreakableBucket:
             runner, live, static_fb, key
         )
         shared_read_event.maybe_publish_prefill_shared_read_done(model_runner, ends, torch.cuda)
+        if after_publish is not None:
+            after_publish(model_runner)
         return ends
 
     def _load(self, q_live) -> None:
@@ -292,14 +294,18 @@ class BreakableBucket:
         self.q[:rows].copy_(q_live)
         self.q[rows:].zero_()
 
-    def replay(self, world: GpuWorld, live, q_live, model_runner=None) -> Dict[int, torch.Tensor]:
+    def replay(
+        self, world: GpuWorld, live, q_live, model_runner=None, after_publish=None
+    ) -> Dict[int, torch.Tensor]:
         """Refresh the captured metadata for ``live`` and replay; the bucket's outputs (all rows).
 
         With ``model_runner`` (a stand-in holding ``attn_backend``, ``spec_algorithm`` and the
         read-done mailbox) the refresh goes through upstream's runner,
         ``PrefillCudaGraphRunner._prepare_forward_metadata_for_replay``, and its answer through
         upstream's publisher, as ``PrefillCudaGraphRunner.execute`` does before replaying; the
-        answer is kept in ``self.read_ends``."""
+        answer is kept in ``self.read_ends``; ``after_publish(model_runner)``, when given, runs
+        right after the publisher, before the graph replays (where the scheduler's next writes
+        may start)."""
         static_fb = self.static_batch(live)
         backend = self.world.backend
         with self._contexts(static_fb):
@@ -308,7 +314,9 @@ class BreakableBucket:
                     self.metadata, live, static_forward_batch=static_fb
                 )
             else:
-                self.read_ends = self._prepare_through_runner(model_runner, live, static_fb)
+                self.read_ends = self._prepare_through_runner(
+                    model_runner, live, static_fb, after_publish
+                )
             world.write_c4_topk(self.metadata)
             self._load(q_live)
             self.graph.replay()

@@ -45,13 +45,19 @@ def _eager(view, name):
     return view.run_step(fb, q=view.q(), sink=view.attn_sink())
 
 
-@pytest.fixture(scope="module")
-def bucket(sglang_cuda):
+def capture_bucket():
+    """The world and its bucket, captured from the ``capture`` batch (test_read_done_poison
+    replays the same graph)."""
     world = G.GpuWorld(WORLD)
     b = G.BreakableBucket(world, BUCKET)
     view, fb = _live(world, "capture")
     b.capture(view, fb, view.q())
     return world, b
+
+
+@pytest.fixture(scope="module")
+def bucket(sglang_cuda):
+    return capture_bucket()
 
 
 @pytest.mark.parametrize("name", ["mixed_a", "mixed_b", "extend", "mixed_c", "mixed_a"])
