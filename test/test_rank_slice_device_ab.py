@@ -1,0 +1,102 @@
+"""tools/rank-slice/device_ab.sh against the CPU stand-in server: a run split over two "device
+calls" resumes from the packed run directory, and a machine without a Triton cache first serves
+one throwaway visit."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+from ab_kit import standin_config
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "tools" / "rank-slice" / "device_ab.sh"
+ARMS = """[[arm]]
+name = "base"
+
+[[arm]]
+name = "cand"
+"""
+SWEEP = """concurrencies = [2]
+dataset = "random-ids"
+input_len = 16
+output_len = 8
+min_prompts = 4
+warmup_requests = 1
+repeats = 1"""
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _call(tmp: Path, config: Path, resume: Path, *, triton_cache: bool, seconds: int = 300):
+    home, out = tmp / "home", tmp / "out"
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.rmtree(tmp / "runs", ignore_errors=True)  # a fresh machine: nothing but what travels
+    shutil.rmtree(home, ignore_errors=True)
+    (home / ".triton" / "cache").mkdir(parents=True)
+    if triton_cache:
+        (home / ".triton" / "cache" / "kernel.bin").write_text("x")
+    env = dict(
+        os.environ,
+        HOME=str(home),
+        OUT=str(out),
+        TMPDIR=str(tmp / "runs"),
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        PYTHONPATH=f"{ROOT / 'python'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+    )
+    (tmp / "runs").mkdir()
+    p = subprocess.run(
+        ["bash", str(SCRIPT), str(config), str(resume), str(seconds)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    return p, out / f"{resume.stem}.tgz"
+
+
+def _cells(packed: Path, tmp: Path) -> list[tuple[str, str]]:
+    dest = tmp / "unpacked"
+    shutil.rmtree(dest, ignore_errors=True)
+    with tarfile.open(packed) as tar:
+        tar.extractall(dest, filter="data")
+    results = json.loads(next(dest.glob("*/results.json")).read_text())
+    return sorted((c["arm"], c["status"]) for c in results["cells"])
+
+
+def test_a_run_split_over_two_calls_resumes_and_warms_a_cold_machine(tmp_path):
+    config = standin_config(tmp_path, port=_port(), arms=ARMS, sweep=SWEEP)
+    resume = tmp_path / "carried" / "slice.tgz"
+
+    # Call 1 with Triton's cache in place: no throwaway visit, both cells measured and packed.
+    first, packed = _call(tmp_path, config, resume, triton_cache=True)
+    assert first.returncode == 0, first.stderr + first.stdout
+    assert "throwaway" not in first.stdout
+    assert _cells(packed, tmp_path) == [("base", "ok"), ("cand", "ok")]
+
+    # Call 2 on a "fresh machine" with the packed run carried back: the finished cells are kept,
+    # and a machine without Triton's cache serves one throwaway visit first.
+    resume.parent.mkdir()
+    shutil.copy(packed, resume)
+    second, packed2 = _call(tmp_path, config, resume, triton_cache=False)
+    assert second.returncode == 0, second.stderr + second.stdout
+    assert "restored 2 cell files" in second.stdout
+    assert "one throwaway visit first" in second.stdout and "warm-up visit done (rc 0)" in second.stdout
+    assert "2 finished cells are kept" in second.stderr
+    assert _cells(packed2, tmp_path) == [("base", "ok"), ("cand", "ok")]
+
+
+def test_usage_line_and_exit_2_without_arguments():
+    p = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True)
+    assert p.returncode == 2 and "usage: device_ab.sh CONFIG RUN.tgz SECONDS" in p.stderr
