@@ -798,3 +798,31 @@ def test_versions_of_this_environment():
         f"gpus {versions.describe_field('gpus', env['gpus'])} -> 2 x NVIDIA H200"
     ]
     assert versions.differences(None, env) == ["versions not recorded"]
+
+
+def test_without_git_the_package_files_key_the_cells(tmp_path, monkeypatch):
+    """A checkout copied without .git (the GPU machine's) records a digest of the package's
+    files instead of a commit: a changed file is a different version, an unchanged copy is not."""
+    import shutil
+
+    from sglang_mixgraph.ab import versions
+
+    pkg = tmp_path / "sglang_mixgraph"
+    shutil.copytree(versions.PACKAGE_ROOT, pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(versions, "_git", lambda *a: None)
+    monkeypatch.setattr(versions, "PACKAGE_ROOT", pkg)
+    versions.environment.cache_clear()
+    try:
+        before = versions.environment()
+        assert before["git_commit"] is None and len(before["source_digest"]) == 64
+        assert "dirty" not in before
+        assert f"source {before['source_digest'][:12]} (no git)" in versions.describe(before)
+        (pkg / "ab" / "stats.py").write_text((pkg / "ab" / "stats.py").read_text() + "\n# edit\n")
+        versions.environment.cache_clear()
+        after = versions.environment()
+        assert versions.differences(before, after) == [
+            f"source_digest {before['source_digest'][:12]} -> {after['source_digest'][:12]}"
+        ]
+        assert versions.differences(after, dict(after)) == []
+    finally:
+        versions.environment.cache_clear()

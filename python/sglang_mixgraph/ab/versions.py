@@ -3,8 +3,9 @@
 `environment()` is this tool's side of the run: the installed SGLang, sglang-mixgraph and
 torch versions (package metadata, nothing imported), the git commit of the sglang-mixgraph
 checkout when it is installed from one (with `dirty` when it has uncommitted changes, noted,
-not compared), and this machine's GPUs (name and count, from `nvidia-smi`; none when it is
-missing). A finished cell is reused on resume only when its record holds the same versions
+not compared), or, where there is no git (a copy of the checkout sent to a GPU machine), a
+digest of the package's own files, compared like a commit; and this machine's GPUs (name and
+count, from `nvidia-smi`; none when it is missing). A finished cell is reused on resume only when its record holds the same versions
 (`comparable`): after an upgrade, a rebuilt kit or a new commit, the cells are measured again
 unless `--reuse-cells` says otherwise. Records written before versions existed have none and
 are measured again too. The server's own SGLang version, which a launch prefix or an attached
@@ -15,6 +16,7 @@ server can make differ from this environment's, is what bench_serving recorded f
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.metadata
 import shutil
 import subprocess
@@ -23,7 +25,8 @@ from typing import Any
 
 PACKAGES = (("sglang", "sglang"), ("sglang_mixgraph", "sglang-mixgraph"), ("torch", "torch"))
 # The fields compared on resume (not `dirty`: editing a file should not void a whole run).
-COMPARED = ("sglang", "sglang_mixgraph", "torch", "git_commit", "gpus")
+COMPARED = ("sglang", "sglang_mixgraph", "torch", "git_commit", "source_digest", "gpus")
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 
 
 def _version(distribution: str) -> str | None:
@@ -62,6 +65,14 @@ def _gpus() -> dict[str, Any]:
     return {"count": len(names), "names": names}
 
 
+def source_digest(root: Path) -> str:
+    """sha256 over the package's Python and data files (relative paths and contents)."""
+    h = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.suffix in (".py", ".json", ".toml")):
+        h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
 @functools.lru_cache(maxsize=1)
 def environment() -> dict[str, Any]:
     env: dict[str, Any] = {key: _version(dist) for key, dist in PACKAGES}
@@ -69,6 +80,9 @@ def environment() -> dict[str, Any]:
     env["git_commit"] = commit
     if commit is not None:
         env["dirty"] = bool(_git("status", "--porcelain", "--untracked-files=no"))
+    else:
+        # Without git a changed plugin would look the same: its files say what ran.
+        env["source_digest"] = source_digest(PACKAGE_ROOT)
     env["gpus"] = _gpus()
     return env
 
@@ -99,6 +113,8 @@ def describe_field(key: str, value: Any) -> str:
         return f"{value['count']} x {', '.join(names) or '?'}"
     if key == "git_commit":
         return "no git" if value is None else str(value)[:12]
+    if key == "source_digest":
+        return "-" if value is None else str(value)[:12]
     return "?" if value is None else str(value)
 
 
@@ -110,5 +126,7 @@ def describe(versions: dict[str, Any] | None) -> str:
     commit = versions.get("git_commit")
     if commit is not None:
         parts.append(f"commit {str(commit)[:12]}" + (" (dirty)" if versions.get("dirty") else ""))
+    elif versions.get("source_digest"):
+        parts.append(f"source {str(versions['source_digest'])[:12]} (no git)")
     parts.append(f"GPUs: {describe_field('gpus', versions.get('gpus'))}")
     return ", ".join(parts)
