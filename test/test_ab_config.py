@@ -800,29 +800,43 @@ def test_versions_of_this_environment():
     assert versions.differences(None, env) == ["versions not recorded"]
 
 
-def test_without_git_the_package_files_key_the_cells(tmp_path, monkeypatch):
-    """A checkout copied without .git (the GPU machine's) records a digest of the package's
-    files instead of a commit: a changed file is a different version, an unchanged copy is not."""
+def test_the_code_that_ran_keys_the_cells(tmp_path, monkeypatch):
+    """Cells are keyed by a digest of the package's files, with or without git (the GPU
+    machine's copy has none, or a stale one): a changed source file is a different version;
+    an unchanged copy, a docs-only edit or a new commit of the same files is not."""
     import shutil
 
     from sglang_mixgraph.ab import versions
 
     pkg = tmp_path / "sglang_mixgraph"
     shutil.copytree(versions.PACKAGE_ROOT, pkg, ignore=shutil.ignore_patterns("__pycache__"))
-    monkeypatch.setattr(versions, "_git", lambda *a: None)
+    git = {"rev-parse": None, "status": ""}
+    monkeypatch.setattr(versions, "_git", lambda *a: git[a[0]])
     monkeypatch.setattr(versions, "PACKAGE_ROOT", pkg)
-    versions.environment.cache_clear()
-    try:
-        before = versions.environment()
-        assert before["git_commit"] is None and len(before["source_digest"]) == 64
-        assert "dirty" not in before
-        assert f"source {before['source_digest'][:12]} (no git)" in versions.describe(before)
-        (pkg / "ab" / "stats.py").write_text((pkg / "ab" / "stats.py").read_text() + "\n# edit\n")
+
+    def env():
         versions.environment.cache_clear()
-        after = versions.environment()
-        assert versions.differences(before, after) == [
-            f"source_digest {before['source_digest'][:12]} -> {after['source_digest'][:12]}"
+        return versions.environment()
+
+    try:
+        no_git = env()
+        assert no_git["git_commit"] is None and len(no_git["source_digest"]) == 64
+        assert versions.comparable(no_git)["code"] == f"source {no_git['source_digest'][:12]}"
+        assert f"source {no_git['source_digest'][:12]}" in versions.describe(no_git)
+        (pkg / "README.md").write_text("docs only")
+        assert versions.differences(no_git, env()) == []
+        stats = pkg / "ab" / "stats.py"
+        stats.write_text(stats.read_text() + "\n# edit\n")
+        edited = env()
+        assert versions.differences(no_git, edited) == [
+            f"code source {no_git['source_digest'][:12]} -> source {edited['source_digest'][:12]}"
         ]
-        assert versions.differences(after, dict(after)) == []
+        git.update({"rev-parse": "a" * 40, "status": " M python/sglang_mixgraph/ab/stats.py"})
+        dirty = env()
+        assert dirty["dirty"] and versions.differences(edited, dirty) == []  # same files
+        git["rev-parse"] = "b" * 40
+        assert versions.differences(dirty, env()) == []  # another commit of the same files
+        old_record = {**dirty, "source_digest": None}  # written before digests: the commit
+        assert versions.comparable(old_record)["code"] == "commit aaaaaaaaaaaa"
     finally:
         versions.environment.cache_clear()

@@ -2,10 +2,11 @@
 
 `environment()` is this tool's side of the run: the installed SGLang, sglang-mixgraph and
 torch versions (package metadata, nothing imported), the git commit of the sglang-mixgraph
-checkout when it is installed from one (with `dirty` when it has uncommitted changes, noted,
-not compared), or, where there is no git (a copy of the checkout sent to a GPU machine), a
-digest of the package's own files, compared like a commit; and this machine's GPUs (name and
-count, from `nvidia-smi`; none when it is missing). A finished cell is reused on resume only when its record holds the same versions
+checkout when it is installed from one (with `dirty` when it has uncommitted changes), a digest
+of the package's own files, and this machine's GPUs (name and count, from `nvidia-smi`; none
+when it is missing). The code that ran is keyed by the digest, not the commit: a copy without
+git (a checkout sent to a GPU machine) or with uncommitted edits is still told apart, editing
+the plugin's code always voids its cells and a docs-only commit voids nothing. A finished cell is reused on resume only when its record holds the same versions
 (`comparable`): after an upgrade, a rebuilt kit or a new commit, the cells are measured again
 unless `--reuse-cells` says otherwise. Records written before versions existed have none and
 are measured again too. The server's own SGLang version, which a launch prefix or an attached
@@ -24,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 PACKAGES = (("sglang", "sglang"), ("sglang_mixgraph", "sglang-mixgraph"), ("torch", "torch"))
-# The fields compared on resume (not `dirty`: editing a file should not void a whole run).
-COMPARED = ("sglang", "sglang_mixgraph", "torch", "git_commit", "source_digest", "gpus")
+# The fields compared on resume; `code` is derived (`code_identity`).
+COMPARED = ("sglang", "sglang_mixgraph", "torch", "code", "gpus")
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -80,17 +81,23 @@ def environment() -> dict[str, Any]:
     env["git_commit"] = commit
     if commit is not None:
         env["dirty"] = bool(_git("status", "--porcelain", "--untracked-files=no"))
-    else:
-        # Without git a changed plugin would look the same: its files say what ran.
-        env["source_digest"] = source_digest(PACKAGE_ROOT)
+    env["source_digest"] = source_digest(PACKAGE_ROOT)
     env["gpus"] = _gpus()
     return env
+
+
+def code_identity(versions: dict[str, Any]) -> str | None:
+    """The plugin's files (`source D`); the commit for records written before digests."""
+    digest, commit = versions.get("source_digest"), versions.get("git_commit")
+    if digest is not None:
+        return f"source {str(digest)[:12]}"
+    return None if commit is None else f"commit {str(commit)[:12]}"
 
 
 def comparable(versions: dict[str, Any] | None) -> dict[str, Any] | None:
     if not isinstance(versions, dict):
         return None
-    return {key: versions.get(key) for key in COMPARED}
+    return {**{key: versions.get(key) for key in COMPARED}, "code": code_identity(versions)}
 
 
 def differences(old: dict[str, Any] | None, new: dict[str, Any]) -> list[str]:
@@ -111,10 +118,8 @@ def describe_field(key: str, value: Any) -> str:
             return "no GPU"
         names = sorted(set(value.get("names") or []))
         return f"{value['count']} x {', '.join(names) or '?'}"
-    if key == "git_commit":
-        return "no git" if value is None else str(value)[:12]
-    if key == "source_digest":
-        return "-" if value is None else str(value)[:12]
+    if key == "code":
+        return "not recorded" if value is None else str(value)
     return "?" if value is None else str(value)
 
 
@@ -126,7 +131,7 @@ def describe(versions: dict[str, Any] | None) -> str:
     commit = versions.get("git_commit")
     if commit is not None:
         parts.append(f"commit {str(commit)[:12]}" + (" (dirty)" if versions.get("dirty") else ""))
-    elif versions.get("source_digest"):
-        parts.append(f"source {str(versions['source_digest'])[:12]} (no git)")
+    if versions.get("source_digest"):
+        parts.append(f"source {str(versions['source_digest'])[:12]}")
     parts.append(f"GPUs: {describe_field('gpus', versions.get('gpus'))}")
     return ", ".join(parts)
