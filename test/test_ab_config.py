@@ -900,3 +900,69 @@ def test_versions_of_this_environment():
         f"gpus {versions.describe_field('gpus', env['gpus'])} -> 2 x NVIDIA H200"
     ]
     assert versions.differences(None, env) == ["versions not recorded"]
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted((ROOT / "examples").glob("ab_*.toml"))
+    + [ROOT / "tools" / "rank-slice" / "ab_slice.toml"],
+    ids=lambda p: p.name,
+)
+def test_shipped_configurations_dry_run(path, tmp_path, capsys, monkeypatch):
+    """Every example (and the one-rank slice's configuration, written before shapes, rates
+    and multiples existed) checks and prints its plan; the slice's counts stay explicit."""
+    monkeypatch.chdir(ROOT)  # the slice's launch prefix is relative to the repository
+    argv = ["run", str(path), "--dry-run", "--run-dir", str(tmp_path / "run")]
+    assert ab_cli.main([*argv, "--model-path", local_model(tmp_path)]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert out.splitlines()[-2].startswith("estimate: about ")
+    config = parse_config(read_toml(path))
+    for point in config.sweep.points():
+        assert f" --num-prompts {config.sweep.prompts(point)} " in out
+    if path.name == "ab_slice.toml":
+        (point,) = config.sweep.points()
+        assert (config.sweep.prompts(point), config.sweep.warmup(point)) == (48, 2)
+
+
+def test_counts_in_multiples_of_concurrency_or_explicit():
+    def sweep(**keys):
+        return parse_config(raw_with(sweep={"concurrencies": [1, 64], **keys}, gate=[])).sweep
+
+    def counts(s):
+        return [(s.prompts(p), s.warmup(p)) for p in s.points()]
+
+    # The upstream pull requests' runs: 6 x concurrency prompts after a 2 x warm-up.
+    assert counts(sweep()) == [(64, 2), (384, 128)]  # at least min_prompts (64)
+    assert counts(sweep(min_prompts=1, prompts_per_concurrency=3, warmup_per_concurrency=1)) == [
+        (3, 1),
+        (192, 64),
+    ]
+    assert counts(sweep(num_prompts=10, warmup_requests=0)) == [(10, 0), (10, 0)]
+    rates = sweep(request_rates=[2.5], rate_duration_s=10, min_prompts=4)
+    assert counts(rates)[-1] == (25, 6)  # 2.5 req/s for 10 s; 2 x ceil(2.5) warm-up
+    assert [p.describe() for p in rates.points()] == [
+        "concurrency=1",
+        "concurrency=64",
+        "request_rate=2.5",
+    ]
+
+
+def test_rates_shapes_and_slos_change_the_keys_only_when_used():
+    base = parse_config(read_toml(EXAMPLE))
+    key = settings_key(cell_settings(base, base.arm("split"), at(base, 64), 0))
+    # Rates alone add cells; the concurrency cells keep their keys.
+    with_rates = parse_config(raw_with(sweep={**RAW["sweep"], "request_rates": [4.0]}))
+    assert (
+        settings_key(cell_settings(with_rates, with_rates.arm("split"), at(with_rates, 64), 0))
+        == key
+    )
+    assert len(with_rates.sweep.points()) == len(base.sweep.points()) + 1
+    # SLOs change what bench_serving is asked to compute: new keys.
+    slo = parse_config(raw_with(slo={"tpot_ms": 50}))
+    assert settings_key(cell_settings(slo, slo.arm("split"), at(slo, 64), 0)) != key
+    # A [[shape]] of the same lengths is the same measurement.
+    sweep = {k: v for k, v in RAW["sweep"].items() if k not in ("input_len", "output_len")}
+    same = parse_config(
+        raw_with(sweep=sweep, shape=[{"name": "x", "input_len": 2048, "output_len": 1024}])
+    )
+    assert settings_key(cell_settings(same, same.arm("split"), at(same, 64), 0)) == key

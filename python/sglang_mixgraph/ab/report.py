@@ -386,8 +386,9 @@ RATIO_PLOT_METRICS = (
 def _ratio_plot(results: Results, path: Path, figure: type) -> None:
     """Each candidate's ratio to the baseline against concurrency (and request rate)."""
     sw = results.config.sweep
-    kinds = [k for k, values in ((CONCURRENCY, sw.concurrencies), (RATE, sw.request_rates))
-             if values]  # fmt: skip
+    kinds = [
+        k for k, values in ((CONCURRENCY, sw.concurrencies), (RATE, sw.request_rates)) if values
+    ]
     fig = figure(figsize=(6 * len(kinds), 3.2 * len(RATIO_PLOT_METRICS)))
     axes = fig.subplots(len(RATIO_PLOT_METRICS), len(kinds), squeeze=False)
     for row, (metric, title) in enumerate(RATIO_PLOT_METRICS):

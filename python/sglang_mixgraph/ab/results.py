@@ -391,7 +391,7 @@ def results_json(results: Results) -> dict[str, Any]:
                 "range_ratio": s.range_ratio,
             }
             for s in sw.shapes
-        ],  # fmt: skip
+        ],
         "slo_ms": dict(results.config.slo.limits),
         "within_slo": results.within_slo,
         "repeats": sw.repeats,

@@ -337,9 +337,11 @@ def run(
                 else:
                     server_log = run_dir / "servers" / f"{arm.name}_{visit_counts[arm.name]}.log"
                     starting = Heartbeat(
-                        f"arm {arm.name!r}: server starting", server_log, progress.line,
+                        f"arm {arm.name!r}: server starting",
+                        server_log,
+                        progress.line,
                         progress_every_s,
-                    )  # fmt: skip
+                    )
                     srv = servers.launch(config, arm, server_log, on_wait=starting.tick)
             except servers.ServerError as e:
                 # It will not start on the next visit either; its cells fail, the rest run.
@@ -354,9 +356,11 @@ def run(
                 for cell in todo:
                     started = time.time()
                     heartbeat = Heartbeat(
-                        f"{cell.label()}: running", log_path(run_dir, cell), progress.line,
+                        f"{cell.label()}: running",
+                        log_path(run_dir, cell),
+                        progress.line,
                         progress_every_s,
-                    )  # fmt: skip
+                    )
                     try:
                         error, summary = _run_cell(config, run_dir, cell, srv, invoker, heartbeat)
                     except servers.ServerError as e:
