@@ -287,6 +287,9 @@ def test_cli_rejects_unknown_flags_before_launching(tmp_path, capsys):
         (["--concurrencies", "1,x"], "integers, comma-separated"),
         (["--repeats", "0"], "repeats: must be at least 1"),
         (["--gsm8k-data", "/no/such/test.jsonl"], "no such file"),
+        (["--request-rates", "2,x"], "--request-rates '2,x': numbers, comma-separated"),
+        (["--request-rates", "0"], "request_rates[0]: must be a finite number above 0"),
+        (["--progress-every", "0"], "--progress-every 0: must be above 0 and at most 86400 s"),
         (["--launch-prefix", "bash 'x"], "--launch-prefix: No closing quotation"),
         (
             ["--launch-prefix", "no-such-wrapper-xyz --kit k"],

@@ -207,7 +207,9 @@ def _apply_overrides(raw: dict[str, Any], args: argparse.Namespace) -> dict[str,
             ) from None
         raw.setdefault("sweep", {})["request_rates"] = rates
     if not (0 < args.progress_every <= 86400):
-        raise ConfigError(f"--progress-every {args.progress_every:g}: between 0 and 86400 s")
+        raise ConfigError(
+            f"--progress-every {args.progress_every:g}: must be above 0 and at most 86400 s"
+        )
     return raw
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from sglang_mixgraph.ab.config import CONCURRENCY, GOODPUT_METRICS, RATE, Point, Sweep
 from sglang_mixgraph.ab.results import (
@@ -362,8 +363,7 @@ def write_plots(results: Results, run_dir: Path) -> list[str]:
                 capsize=3,
                 label=_curve_label(results, arm.name, shape),
             )
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("concurrency")
+    _concurrency_axis(ax, results.config.sweep.concurrencies)
     ax.set_ylabel("output tok/s per GPU")
     ax.set_title("throughput per GPU (error bars: 95% interval over repeats)")
     ax.grid(True, alpha=0.3)
@@ -374,6 +374,14 @@ def write_plots(results: Results, run_dir: Path) -> list[str]:
 
     _ratio_plot(results, run_dir / PLOTS[2], Figure)
     return [str(run_dir / name) for name in PLOTS]
+
+
+def _concurrency_axis(ax: Any, concurrencies: tuple[int, ...]) -> None:
+    """Log scale (concurrencies double), ticks at the measured ones, written out."""
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(list(concurrencies), [str(c) for c in concurrencies])
+    ax.minorticks_off()
+    ax.set_xlabel("concurrency")
 
 
 # The ratios plotted: what a flag is usually judged on, throughput and the decode latency.
@@ -417,8 +425,9 @@ def _ratio_plot(results: Results, path: Path, figure: type) -> None:
                     )
             ax.axhline(1.0, color="gray", linewidth=1, linestyle="--")
             if kind == CONCURRENCY:
-                ax.set_xscale("log", base=2)
-            ax.set_xlabel("concurrency" if kind == CONCURRENCY else "request rate (req/s)")
+                _concurrency_axis(ax, sw.concurrencies)
+            else:
+                ax.set_xlabel("request rate (req/s)")
             ax.set_ylabel(f"{title} ratio")
             ax.grid(True, alpha=0.3)
             if ax.get_legend_handles_labels()[0]:
