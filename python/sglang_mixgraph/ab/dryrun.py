@@ -10,7 +10,8 @@ load point (shape and concurrency or rate) took in this run directory, over ever
 repeat (their records hold `wall_s`); a server start costs what this arm's starts took there
 (`server_start_s`). With nothing measured yet a cell is modelled: bench_serving sends its
 requests in waves of `concurrency` (warm-up, then prompts), each wave as long as one request,
-TTFT + (output_len - 1) x TPOT; a request-rate cell lasts prompts / rate plus one request;
+TTFT + (output_len - 1) x TPOT; a request-rate cell lasts prompts / rate plus two requests
+(the warm-up burst, the last arrival's request);
 GSM8K sends `num_examples` in waves of `parallel`, each up to `max_tokens` long. TTFT and TPOT
 are the `[slo]` limits when there are some (the server is expected to meet them), else
 ASSUMED_TTFT_MS and ASSUMED_TPOT_MS; the line says which. A server start never measured is
