@@ -679,6 +679,10 @@ max_ratio = 0.75""",
         ("16", "5", "2", None, "12", "4"),
         ("16", "5", None, "40", "4", "80"),
     ]
+    # run.json writes the default counts out: a later default cannot change what it measured.
+    recorded = json.loads((run_dir / "run.json").read_text())["config"]["sweep"]
+    assert (recorded["prompts_per_concurrency"], recorded["warmup_per_concurrency"]) == (6, 2)
+    assert (recorded["min_prompts"], recorded["rate_duration_s"]) == (1, 0.1)
     results = json.loads((run_dir / "results.json").read_text())
     assert set(results["summary"]["base"]) == {"short/2", "short/rate=40", "in16_out5/2",
                                                "in16_out5/rate=40"}  # fmt: skip

@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sglang_mixgraph.ab.config import ConfigError, parse_config, read_toml
+from sglang_mixgraph.ab.config import ConfigError, parse_config, read_toml, with_counts
 from sglang_mixgraph.ab.progress import DEFAULT_EVERY_S
 
 EXIT_FAILED = 1
@@ -265,7 +265,8 @@ def cmd_run(args: argparse.Namespace, invoker: Any = None) -> int:
                 print(f"measured again for other versions: {'; '.join(changed)}")
         return 0
     try:
-        results.write_run_file(run_dir, raw, args.accuracy_only)
+        recorded = raw if args.accuracy_only else with_counts(raw, config.sweep)
+        results.write_run_file(run_dir, recorded, args.accuracy_only)
     except OSError as e:  # checked above; a race or a full disk
         _error(f"run directory {run_dir}: cannot write {results.RUN_FILE} ({e.strerror or e})")
         return EXIT_USAGE

@@ -766,6 +766,23 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: not valid TOML ({e})") from None
 
 
+def with_counts(raw: dict[str, Any], sweep: Sweep) -> dict[str, Any]:
+    """`raw` with the prompt and warm-up counts it left to the defaults written out.
+
+    run.json keeps what a run measured: a later change of a default must not make
+    `ab report` look for cells under other keys (and call them missing).
+    """
+    table = dict(raw.get("sweep", {}))
+    if "num_prompts" not in table:
+        table.setdefault("prompts_per_concurrency", sweep.prompts_per_concurrency)
+        table.setdefault("min_prompts", sweep.min_prompts)
+    if "warmup_requests" not in table:
+        table.setdefault("warmup_per_concurrency", sweep.warmup_per_concurrency)
+    if sweep.request_rates:
+        table.setdefault("rate_duration_s", sweep.rate_duration_s)
+    return {**raw, "sweep": table}
+
+
 # ---------------------------------------------------------------- cell keys
 
 
