@@ -732,10 +732,10 @@ def test_progress_during_server_start_and_during_a_cell(tmp_path, capsys):
     assert _run(config, run_dir, SlowStart(), "--progress-every", "0.4") == 0
     err = capsys.readouterr().err
     server_log = run_dir / "servers" / "base_1.log"
-    starting = [line for line in err.splitlines() if "arm 'base': server starting: " in line]
+    starting = [line for line in err.splitlines() if "arm 'base': server starting, " in line]
     assert starting, err
     assert re.search(
-        rf"\] arm 'base': server starting: 0m0\ds so far, log {re.escape(str(server_log))}: "
+        rf"\] arm 'base': server starting, 0m0\ds so far, log {re.escape(str(server_log))}: "
         r"stand-in: loading weights for 1\.5 s$",
         starting[0],
     ), starting

@@ -49,7 +49,7 @@ def last_line(path: Path | None) -> str:
 
 
 class Heartbeat:
-    """`tick()` prints `<what>: <elapsed>, log <path>: <last line>` every `every_s` seconds."""
+    """`tick()` prints `<what>, <elapsed> so far, log <path>: <last line>` every `every_s` s."""
 
     def __init__(
         self,
@@ -70,7 +70,7 @@ class Heartbeat:
         if now < self.next_at:
             return
         self.next_at = now + self.every_s
-        text = f"{self.what}: {duration(now - self.started)} so far"
+        text = f"{self.what}, {duration(now - self.started)} so far"
         if self.log is not None:
             line = last_line(self.log)
             text += f", log {self.log}: " + (line or "(empty)")
