@@ -29,6 +29,7 @@ from sglang_mixgraph.ab.config import CONCURRENCY, GOODPUT_METRICS, RATE, Point,
 from sglang_mixgraph.ab.results import (
     INCOMPLETE,
     METRICS,
+    NOT_MEASURED,
     PASS,
     Results,
     collect,
@@ -62,16 +63,19 @@ def _cell(est: Estimate | None, fraction: bool = False) -> str:
     return f"{_num(est.mean)} ± {_num(est.ci95)}"
 
 
-def _ratio(est: RatioEstimate | dict | None) -> str:
+def _ratio(est: RatioEstimate | dict | None, pairs: int | None = None) -> str:
+    """The ratio and its interval; `pairs`: the repeats both arms measured, named when the
+    ratio rests on fewer (a pair with a zero, e.g. no goodput left, has no log ratio)."""
     if est is None:
         return "-"
     if isinstance(est, dict):  # from results.json's gates
-        mean, low, high = est["mean"], est["low"], est["high"]
+        mean, low, high, n = est["mean"], est["low"], est["high"], est["n"]
     else:
-        mean, low, high = est.mean, est.low, est.high
-    if low is None:
-        return f"{mean:.3f}x"
-    return f"{mean:.3f}x [{low:.3f}, {high:.3f}]"
+        mean, low, high, n = est.mean, est.low, est.high, est.n
+    text = f"{mean:.3f}x" if low is None else f"{mean:.3f}x [{low:.3f}, {high:.3f}]"
+    if pairs is not None and n < pairs:
+        text += f" ({n} of {pairs} pairs)"
+    return text
 
 
 def _env_args(env: dict[str, str], args: tuple[str, ...]) -> str:
@@ -145,7 +149,7 @@ def render_markdown(results: Results) -> str:
             "|---|---|---|---|---|",
         ]
         for gate in results.gates:
-            verdict = "pass" if gate["passed"] else "FAIL"
+            verdict = {True: "pass", False: "FAIL", None: NOT_MEASURED}[gate["passed"]]
             lines.append(
                 f"| {gate['gate']} | {_ratio(gate['ratio'])} | {gate['judge']} | "
                 f"{gate.get('basis', 'no measurement')} | {verdict} |"
@@ -239,10 +243,18 @@ def _throughput_section(results: Results) -> list[str]:
                 row = [label, f"`{arm.name}`"]
                 row += [_cell(by_metric.get(k), k in FRACTIONS) for k, _ in shown]
                 lines.append("| " + " | ".join(row) + f" | {n} |")
+            base = results.summary.get(results.baseline, {}).get(point, {})
             for arm in c.arms[1:]:
                 by_metric = results.ratios.get(arm.name, {}).get(point, {})
+                own = results.summary.get(arm.name, {}).get(point, {})
                 row = ["", f"`{arm.name}` / `{results.baseline}`"]
-                row += [_ratio(by_metric.get(k)) for k, _ in shown]
+                row += [
+                    _ratio(
+                        by_metric.get(k),
+                        min(own[k].n, base[k].n) if k in own and k in base else None,
+                    )
+                    for k, _ in shown
+                ]
                 lines.append("| " + " | ".join(row) + " | |")
         lines.append("")
     if c.slo.limits and sw.concurrencies:
@@ -324,18 +336,28 @@ def write_plots(results: Results, run_dir: Path) -> list[str]:
     ax = fig.subplots()
     for arm in results.config.arms:
         for shape in shapes:
-            points = [
-                (by_m["median_tpot_ms"].mean, by_m[metric].mean, _point_label(p, True))
-                for kind in (CONCURRENCY, RATE)
-                for p, by_m in _series(results, arm.name, shape, kind)
-                if metric in by_m and "median_tpot_ms" in by_m
-            ]
-            if not points:
-                continue
-            label = _curve_label(results, arm.name, shape)
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
-            for x, y, text in points:
-                ax.annotate(text, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+            color = None
+            # A line through the concurrencies; request rates as squares of the same colour
+            # (another load axis: a line through both would zigzag).
+            for kind, style in ((CONCURRENCY, {"marker": "o"}), (RATE, {"marker": "s", "ls": ""})):
+                points = [
+                    (by_m["median_tpot_ms"].mean, by_m[metric].mean, _point_label(p, True))
+                    for p, by_m in _series(results, arm.name, shape, kind)
+                    if metric in by_m and "median_tpot_ms" in by_m
+                ]
+                if not points:
+                    continue
+                label = _curve_label(results, arm.name, shape) if color is None else None
+                (line,) = ax.plot(
+                    [p[0] for p in points],
+                    [p[1] for p in points],
+                    color=color,
+                    label=label,
+                    **style,
+                )
+                color = line.get_color()
+                for x, y, text in points:
+                    ax.annotate(text, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
     ax.set_xlabel("median TPOT (ms)")
     ax.set_ylabel("output tok/s per GPU")
     ax.set_title("throughput vs TPOT (labels: load point)")

@@ -47,6 +47,7 @@ METRICS = (
     ("slo_attainment", "slo_attainment", "within SLO"),
 )
 PASS, FAIL, INCOMPLETE = "PASS", "FAIL", "INCOMPLETE"
+NOT_MEASURED = "not measured yet"
 
 
 class RunDirError(ValueError):
@@ -311,13 +312,13 @@ def _verdict(results: Results) -> None:
             "judge": gate.judge,
             "ratio": None if est is None else est.to_json(),
         }
-        if est is None:
+        if _gate_cells_missing(results, gate):
+            # Judged once every repeat of both arms is measured, not on part of them.
+            entry.update(basis=NOT_MEASURED, passed=None)
+            results.missing.append(f"gate {gate.describe()}: {NOT_MEASURED}")
+        elif est is None:
             entry["passed"] = False
-            if _gate_cells_missing(results, gate):  # judged once they are measured
-                entry["basis"] = "not measured yet"
-                results.missing.append(f"gate {gate.describe()}: not measured yet")
-            else:
-                results.problems.append(f"gate {gate.describe()}: no measurement to compare")
+            results.problems.append(f"gate {gate.describe()}: no measurement to compare")
         else:
             ok, basis = judge_bounds(
                 est.mean,
