@@ -6,7 +6,8 @@ ignored) and speaks the endpoints SGLang's own clients use: `/health_generate`, 
 with `--backend sglang`) and `/v1/completions` (sglang.test.run_eval's GSM8K). Latency is a
 model, not a measurement: the first token after `--ttft-ms`, each further one after
 `--tpot-ms` plus `--tpot-per-running-ms` per request in flight. GSM8K answers are right for every question of `--gsm8k-data` whose line index is
-not a multiple of `--wrong-every`, so the expected accuracy is known. The model path must be a
+not a multiple of `--wrong-every`, so the expected accuracy is known. `--startup-s` delays
+the start (after logging a line), like a server loading weights. The model path must be a
 directory with a tokenizer (bench_serving loads it). Test hooks come from the environment
 (inherited, not part of an arm): STANDIN_DIE_AFTER=N exits hard at the N-th `/generate`,
 STANDIN_PID_FILE receives the pids of the server and of a child it starts in its process group,
@@ -172,6 +173,7 @@ def main() -> None:
     parser.add_argument("--tp-size", type=int, default=1)
     parser.add_argument("--gsm8k-data")
     parser.add_argument("--wrong-every", type=int, default=4)
+    parser.add_argument("--startup-s", type=float, default=0.0)
     args, _ = parser.parse_known_args()  # SGLang server arguments of the config are ignored
     trap = os.environ.get("STANDIN_TRAP_SIGTERM") == "1"
     if trap:
@@ -187,6 +189,10 @@ def main() -> None:
         child = subprocess.Popen([sys.executable, "-c", ignore + "import time; time.sleep(600)"])
         with open(pid_file, "a") as f:
             f.write(f"{os.getpid()} {child.pid}\n")
+    if args.startup_s:
+        # A slow start (weights, graph capture) before the port opens, with a log line.
+        print(f"stand-in: loading weights for {args.startup_s:g} s", flush=True)
+        time.sleep(args.startup_s)
     # The default listen backlog (5) would make the 6th simultaneous connection wait for a
     # SYN retry (about a second), which is no part of the latency model.
     ThreadingHTTPServer.request_queue_size = 1024

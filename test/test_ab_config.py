@@ -19,7 +19,9 @@ import pytest
 from sglang_mixgraph.ab import arms, runner
 from sglang_mixgraph.ab import cli as ab_cli
 from sglang_mixgraph.ab.config import (
+    CONCURRENCY,
     ConfigError,
+    Point,
     cell_settings,
     gsm8k_settings,
     parse_config,
@@ -46,6 +48,21 @@ def local_model(tmp_path: Path) -> str:
     model = tmp_path / "models" / "DeepSeek-V4-Pro"
     model.mkdir(parents=True, exist_ok=True)
     return str(model)
+
+
+GATE = {
+    "metric": "median_tpot_ms",
+    "candidate": "split",
+    "baseline": "baseline",
+    "concurrency": 64,
+    "max_ratio": 1.0,
+}
+RATES = {"concurrencies": [64], "request_rates": [2.0, 1.5]}
+
+
+def at(config, concurrency: int, shape: int = 0) -> Point:
+    """The load point of `concurrency` in the configuration's `shape`-th shape."""
+    return Point(config.sweep.shapes[shape].name, CONCURRENCY, concurrency)
 
 
 def raw_with(**changes) -> dict:
@@ -89,9 +106,62 @@ def test_example_config_is_the_dsv4_split_experiment():
         ({"gsm8k": {"threshold": 93}}, "an accuracy between 0 and 1"),
         ({"gsm8k": {"arms": ["nope"]}}, "no arm named 'nope'"),
         (
-            {"gate": [{"metric": "tok", "candidate": "split", "baseline": "baseline"}]},
-            "missing key 'concurrency'",
+            {"gate": [{"metric": "median_tpot_ms", "candidate": "split", "baseline": "baseline"}]},
+            "give concurrency or request_rate (one of them)",
         ),
+        (
+            {"gate": [{"metric": "tok", "candidate": "split", "baseline": "baseline"}]},
+            "metric 'tok': one of",
+        ),
+        (
+            {"gate": [{**GATE, "metric": "request_goodput"}]},
+            "metric 'request_goodput': needs the SLOs of an [slo] section",
+        ),
+        ({"gate": [{**GATE, "request_rate": 2.0}]}, "give concurrency or request_rate"),
+        (
+            {"gate": [{**GATE, "concurrency": None, "request_rate": 3}], "sweep": RATES},
+            "request_rate 3: not in [sweep] request_rates [1.5, 2.0]",
+        ),
+        (
+            {
+                "gate": [GATE],
+                "shape": [{"input_len": 8, "output_len": 2}, {"input_len": 9, "output_len": 2}],
+            },
+            "missing key 'shape' (the run has shapes ['in8_out2', 'in9_out2'])",
+        ),
+        (
+            {"gate": [{**GATE, "shape": "long"}]},
+            "shape: no shape named 'long'",
+        ),
+        ({"sweep": {"request_rates": [0]}}, "request_rates[0]: must be a finite number above 0"),
+        ({"sweep": {"repeats": 2}}, "missing key 'concurrencies' (or 'request_rates')"),
+        (
+            {"sweep": {"concurrencies": [1], "num_prompts": 8, "min_prompts": 4}},
+            "give num_prompts (a count) or min_prompts, not both",
+        ),
+        (
+            {"sweep": {"concurrencies": [1], "warmup_requests": 8, "warmup_per_concurrency": 1}},
+            "give warmup_requests (a count) or warmup_per_concurrency, not both",
+        ),
+        (
+            {"sweep": {"concurrencies": [1], "extra_args": ["--goodput", "ttft:1"]}},
+            "--goodput is set by the tool",
+        ),
+        (
+            {
+                "sweep": {"concurrencies": [1], "input_len": 8},
+                "shape": [{"input_len": 8, "output_len": 2}],
+            },
+            "[sweep] input_len: with [[shape]] entries, give the lengths there",
+        ),
+        ({"shape": [{"input_len": 8}]}, "[[shape]] #1: missing key 'output_len'"),
+        (
+            {"shape": [{"input_len": 8, "output_len": 2}, {"input_len": 8, "output_len": 2}]},
+            "[[shape]]: the name 'in8_out2' is used twice",
+        ),
+        ({"slo": {}}, "[slo]: give at least one of ttft_ms, tpot_ms, e2el_ms"),
+        ({"slo": {"itl_ms": 5}}, "[slo]: unknown key 'itl_ms'"),
+        ({"slo": {"tpot_ms": -1}}, "[slo] tpot_ms: must be a finite number above 0"),
         (
             {
                 "gate": [
@@ -122,6 +192,12 @@ def test_example_config_is_the_dsv4_split_experiment():
     ],
 )
 def test_bad_configs_are_one_line_errors(change, message):
+    for gate in change.get("gate", []):
+        for key in [k for k, v in gate.items() if v is None]:
+            del gate[key]
+    if "shape" in change and "sweep" not in change:
+        change = {**change, "sweep": {k: v for k, v in RAW["sweep"].items()
+                                      if k not in ("input_len", "output_len")}}  # fmt: skip
     with pytest.raises(ConfigError) as e:
         parse_config(raw_with(**change))
     assert message in str(e.value) and "\n" not in str(e.value)
@@ -155,15 +231,17 @@ def test_arms_interleave_a_b_b_a_and_gsm8k_runs_on_first_visits():
 def test_cell_keys_follow_what_is_measured():
     config = parse_config(read_toml(EXAMPLE))
     arm = config.arm("split")
-    key = settings_key(cell_settings(config, arm, 64, 0))
-    assert key == settings_key(cell_settings(parse_config(read_toml(EXAMPLE)), arm, 64, 0))
-    assert key != settings_key(cell_settings(config, arm, 64, 1))
-    assert key != settings_key(cell_settings(config, config.arm("baseline"), 64, 0))
+    key = settings_key(cell_settings(config, arm, at(config, 64), 0))
+    assert key == settings_key(
+        cell_settings(parse_config(read_toml(EXAMPLE)), arm, at(config, 64), 0)
+    )
+    assert key != settings_key(cell_settings(config, arm, at(config, 64), 1))
+    assert key != settings_key(cell_settings(config, config.arm("baseline"), at(config, 64), 0))
     longer = parse_config(raw_with(sweep={**RAW["sweep"], "output_len": 2048}))
-    assert key != settings_key(cell_settings(longer, longer.arm("split"), 64, 0))
+    assert key != settings_key(cell_settings(longer, longer.arm("split"), at(longer, 64), 0))
     # A threshold or a gate decides pass/fail; it measures nothing.
     stricter = parse_config(raw_with(gsm8k={**RAW["gsm8k"], "threshold": 0.99}, gate=[]))
-    assert key == settings_key(cell_settings(stricter, stricter.arm("split"), 64, 0))
+    assert key == settings_key(cell_settings(stricter, stricter.arm("split"), at(stricter, 64), 0))
     assert settings_key(gsm8k_settings(config, arm)) == settings_key(
         gsm8k_settings(stricter, stricter.arm("split"))
     )
@@ -209,6 +287,9 @@ def test_cli_rejects_unknown_flags_before_launching(tmp_path, capsys):
         (["--concurrencies", "1,x"], "integers, comma-separated"),
         (["--repeats", "0"], "repeats: must be at least 1"),
         (["--gsm8k-data", "/no/such/test.jsonl"], "no such file"),
+        (["--request-rates", "2,x"], "--request-rates '2,x': numbers, comma-separated"),
+        (["--request-rates", "0"], "request_rates[0]: must be a finite number above 0"),
+        (["--progress-every", "0"], "--progress-every 0: must be above 0 and at most 86400 s"),
         (["--launch-prefix", "bash 'x"], "--launch-prefix: No closing quotation"),
         (
             ["--launch-prefix", "no-such-wrapper-xyz --kit k"],
@@ -228,21 +309,41 @@ def test_cli_overrides_are_checked(tmp_path, capsys, argv, message):
 
 
 def test_dry_run_prints_the_plan_with_attached_arms(tmp_path, capsys):
-    argv = ["run", str(EXAMPLE), "--dry-run", "--run-dir", str(tmp_path / "r")]
+    run_dir = tmp_path / "r"
+    argv = ["run", str(EXAMPLE), "--dry-run", "--run-dir", str(run_dir)]
     argv += ["--model-path", local_model(tmp_path)]
     assert ab_cli.main([*argv, "--url", "split=http://h:1", "--repeats", "2"]) == 0
     captured = capsys.readouterr()
     lines = captured.out.splitlines()
     assert lines[1].startswith(f"server baseline: {SHARED_ENV} {OWN_ENV}=0 {sys.executable} -m ")
     assert lines[2] == "server split: attached at http://h:1"
-    assert lines[3].startswith("arm baseline, repeat 1: gsm8k arm=baseline, arm=baseline")
+    assert lines[3] == "arm baseline, repeat 1: 6 cells (0 done)"
     assert lines[-1].startswith("versions: sglang ")
-    assert [line.split(":")[0] for line in lines[3:-1]] == [
+    assert [line.split(":")[0] for line in lines[3:-2] if not line.startswith(" ")] == [
         "arm baseline, repeat 1",
         "arm split, repeat 1",
         "arm split, repeat 2",
         "arm baseline, repeat 2",
     ]
+    # Every cell's exact command, against the server the visit starts or attaches.
+    raw = read_toml(EXAMPLE)
+    raw["server"]["model_path"] = local_model(tmp_path)
+    raw["arm"][1]["url"] = "http://h:1"
+    raw["sweep"]["repeats"] = 2
+    cell = runner.plan(parse_config(raw))[1].cells[2]  # split, repeat 1, concurrency 256
+    expected = shlex.join([
+        sys.executable, "-m", "sglang.benchmark.serving", "--backend", "sglang", "--base-url",
+        "http://h:1", "--dataset-name", "random", "--random-input-len", "2048",
+        "--random-output-len", "1024", "--random-range-ratio", "1.0", "--num-prompts", "1024",
+        "--max-concurrency", "256", "--warmup-requests", "64", "--seed", "42", "--output-file",
+        str(run_dir / cell.stem) + ".jsonl", "--disable-tqdm", "--flush-cache",
+    ])  # fmt: skip
+    assert f"  arm=split concurrency=256 repeat=1: {expected}" in lines
+    assert "  server: attach http://h:1" in lines
+    gsm8k = [line for line in lines if line.startswith("  gsm8k arm=baseline: ")]
+    assert len(gsm8k) == 1 and "--base-url http://127.0.0.1:30000 --num-examples 200" in gsm8k[0]
+    assert lines[-2].startswith("estimate: about ")
+    assert "and 2 server starts, 2 of them not measured yet and not counted" in lines[-2]
     assert "arm 'split' is attached (http://h:1); its env is not applied" in captured.err
 
 
@@ -461,7 +562,8 @@ def test_a_run_described_by_flags_alone(tmp_path, capsys, monkeypatch):
         "--model-path deepseek-ai/DeepSeek-V4-Pro --host 127.0.0.1 --port 30000 --tp 8 --enable-mixed-chunk "
         "--chunked-prefill-size 22528"
     )
-    assert lines[3].startswith("arm baseline, repeat 1: gsm8k arm=baseline")
+    assert lines[3].startswith("arm baseline, repeat 1: ")
+    assert lines[5].startswith("  gsm8k arm=baseline: ")
     args = ab_cli._parser().parse_args(FLAGS_ONLY)
     config = parse_config(ab_cli._apply_overrides({}, args))
     assert config.server.model_path == "deepseek-ai/DeepSeek-V4-Pro"
@@ -497,7 +599,10 @@ def test_flags_add_to_a_configuration():
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["run", "--arm", "a", "--arm", "b"], "--concurrencies: needed without a configuration"),
+        (
+            ["run", "--arm", "a", "--arm", "b"],
+            "--concurrencies (or --request-rates): needed without a configuration",
+        ),
         (["run", "--arm", "a:X", "--concurrencies", "1"], "expected NAME[:ENV=VALUE,...]"),
         (
             [*FLAGS_ONLY[:3], "--server-args", "--tp '8", *FLAGS_ONLY[5:]],
@@ -596,12 +701,12 @@ def test_cell_keys_without_a_prefix_are_unchanged_and_a_prefix_changes_them():
     split = config.arm("split")
     # The keys of the example as they were before launch prefixes existed: runs without a
     # prefix resume their finished cells.
-    assert settings_key(cell_settings(config, split, 64, 0)) == "15c7d1530bb135fa"
+    assert settings_key(cell_settings(config, split, at(config, 64), 0)) == "15c7d1530bb135fa"
     assert settings_key(gsm8k_settings(config, config.arm("baseline"))) == "688927ef406b6d67"
 
     def keys(raw):
         c = parse_config(raw)
-        return {a.name: settings_key(cell_settings(c, a, 64, 0)) for a in c.arms}
+        return {a.name: settings_key(cell_settings(c, a, at(c, 64), 0)) for a in c.arms}
 
     plain = keys(with_prefix())
     assert plain["split"] == "15c7d1530bb135fa"
@@ -840,3 +945,73 @@ def test_the_code_that_ran_keys_the_cells(tmp_path, monkeypatch):
         assert versions.comparable(old_record)["code"] == "commit aaaaaaaaaaaa"
     finally:
         versions.environment.cache_clear()
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted((ROOT / "examples").glob("ab_*.toml"))
+    + [ROOT / "tools" / "rank-slice" / "ab_slice.toml"],
+    ids=lambda p: p.name,
+)
+def test_shipped_configurations_dry_run(path, tmp_path, capsys, monkeypatch):
+    """Every example (and the one-rank slice's configuration, written before shapes, rates
+    and multiples existed) checks and prints its plan; the slice's counts stay explicit."""
+    monkeypatch.chdir(ROOT)  # the slice's launch prefix is relative to the repository
+    argv = ["run", str(path), "--dry-run", "--run-dir", str(tmp_path / "run")]
+    assert ab_cli.main([*argv, "--model-path", local_model(tmp_path)]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert out.splitlines()[-2].startswith("estimate: about ")
+    config = parse_config(read_toml(path))
+    for point in config.sweep.points():
+        assert f" --num-prompts {config.sweep.prompts(point)} " in out
+    if path.name == "ab_slice.toml":
+        (point,) = config.sweep.points()
+        sweep = read_toml(path)["sweep"]  # its explicit counts, not the new multiples
+        assert (config.sweep.prompts(point), config.sweep.warmup(point)) == (
+            sweep["min_prompts"],
+            sweep["warmup_requests"],
+        ) == (96, 2)
+
+
+def test_counts_in_multiples_of_concurrency_or_explicit():
+    def sweep(**keys):
+        return parse_config(raw_with(sweep={"concurrencies": [1, 64], **keys}, gate=[])).sweep
+
+    def counts(s):
+        return [(s.prompts(p), s.warmup(p)) for p in s.points()]
+
+    # The upstream pull requests' runs: 6 x concurrency prompts after a 2 x warm-up.
+    assert counts(sweep()) == [(64, 2), (384, 128)]  # at least min_prompts (64)
+    assert counts(sweep(min_prompts=1, prompts_per_concurrency=3, warmup_per_concurrency=1)) == [
+        (3, 1),
+        (192, 64),
+    ]
+    assert counts(sweep(num_prompts=10, warmup_requests=0)) == [(10, 0), (10, 0)]
+    rates = sweep(request_rates=[2.5], rate_duration_s=10, min_prompts=4)
+    assert counts(rates)[-1] == (25, 6)  # 2.5 req/s for 10 s; 2 x ceil(2.5) warm-up
+    assert [p.describe() for p in rates.points()] == [
+        "concurrency=1",
+        "concurrency=64",
+        "request_rate=2.5",
+    ]
+
+
+def test_rates_shapes_and_slos_change_the_keys_only_when_used():
+    base = parse_config(read_toml(EXAMPLE))
+    key = settings_key(cell_settings(base, base.arm("split"), at(base, 64), 0))
+    # Rates alone add cells; the concurrency cells keep their keys.
+    with_rates = parse_config(raw_with(sweep={**RAW["sweep"], "request_rates": [4.0]}))
+    assert (
+        settings_key(cell_settings(with_rates, with_rates.arm("split"), at(with_rates, 64), 0))
+        == key
+    )
+    assert len(with_rates.sweep.points()) == len(base.sweep.points()) + 1
+    # SLOs change what bench_serving is asked to compute: new keys.
+    slo = parse_config(raw_with(slo={"tpot_ms": 50}))
+    assert settings_key(cell_settings(slo, slo.arm("split"), at(slo, 64), 0)) != key
+    # A [[shape]] of the same lengths is the same measurement.
+    sweep = {k: v for k, v in RAW["sweep"].items() if k not in ("input_len", "output_len")}
+    same = parse_config(
+        raw_with(sweep=sweep, shape=[{"name": "x", "input_len": 2048, "output_len": 1024}])
+    )
+    assert settings_key(cell_settings(same, same.arm("split"), at(same, 64), 0)) == key

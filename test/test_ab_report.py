@@ -9,6 +9,8 @@ turn the verdict and the exit status.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import shutil
 import statistics
@@ -21,7 +23,8 @@ import pytest
 
 from sglang_mixgraph.ab import cli as ab_cli
 from sglang_mixgraph.ab import report
-from sglang_mixgraph.ab.config import parse_config
+from sglang_mixgraph.ab.config import CONCURRENCY, GOODPUT_METRICS, RATE, parse_config
+from sglang_mixgraph.ab.results import METRICS
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE_RUN = ROOT / "docs" / "results" / "ab_example"
@@ -47,11 +50,12 @@ def _gsm8k_raw(run_dir: Path, arm: str) -> Path:
     return path
 
 
-def _raw_lines(run_dir: Path) -> dict[tuple[str, int, int], dict]:
+def _raw_lines(run_dir: Path) -> dict[tuple[str, str, int], dict]:
+    """(arm, file name part of the load point, repeat) -> bench_serving's line, from the files."""
     lines = {}
     for path in (run_dir / "cells").glob("*/*.jsonl"):
-        conc, rep = path.name.split("_")[:2]
-        lines[(path.parent.name, int(conc[1:]), int(rep[1:]))] = json.loads(
+        shape, load, rep = path.name.split("_")[:3]
+        lines[(path.parent.name, f"{shape}_{load}", int(rep[1:]))] = json.loads(
             path.read_text().splitlines()[-1]
         )
     return lines
@@ -63,29 +67,40 @@ def test_rebuild_reproduces_the_committed_report(run_dir):
     assert json.loads((run_dir / "results.json").read_text()) == json.loads(
         (EXAMPLE_RUN / "results.json").read_text()
     )
+    assert (run_dir / "results.csv").read_text() == (EXAMPLE_RUN / "results.csv").read_text()
+
+
+def _file_part(point) -> str:
+    load = f"c{int(point.value):05d}" if point.kind == CONCURRENCY else f"rate{point.value:g}"
+    return f"{point.shape}_{load}"
 
 
 def test_numbers_are_the_raw_outputs_own(run_dir):
     built, _ = report.build(run_dir)
     raw = _raw_lines(run_dir)
     gpus = built.config.server.gpus
+    points = built.config.sweep.points()
+    assert {p.kind for p in points} == {CONCURRENCY, RATE} and len(built.config.sweep.shapes) == 2
+    reps = range(built.config.sweep.repeats)
     for arm in ("baseline", "split"):
-        for conc in built.config.sweep.concurrencies:
-            reps = range(built.config.sweep.repeats)
-            tpot = [raw[(arm, conc, r)]["median_tpot_ms"] for r in reps]
-            assert built.summary[arm][conc]["median_tpot_ms"].mean == pytest.approx(
-                statistics.fmean(tpot)
+        for point in points:
+            lines = [raw[(arm, _file_part(point), r)] for r in reps]
+            summary = built.summary[arm][point]
+            for metric in ("median_tpot_ms", "request_goodput", "slo_attainment"):
+                assert summary[metric].mean == pytest.approx(
+                    statistics.fmean(line[metric] for line in lines)
+                )
+            assert summary["output_throughput_per_gpu"].mean == pytest.approx(
+                statistics.fmean(line["output_throughput"] / gpus for line in lines)
             )
-            tput = [raw[(arm, conc, r)]["output_throughput"] / gpus for r in reps]
-            assert built.summary[arm][conc]["output_throughput_per_gpu"].mean == pytest.approx(
-                statistics.fmean(tput)
-            )
+    chat32 = next(p for p in points if p.shape == "chat" and p.value == 32)
     ratios = [
-        raw[("split", 32, r)]["p99_itl_ms"] / raw[("baseline", 32, r)]["p99_itl_ms"]
-        for r in range(built.config.sweep.repeats)
+        raw[("split", "chat_c00032", r)]["p99_itl_ms"]
+        / raw[("baseline", "chat_c00032", r)]["p99_itl_ms"]
+        for r in reps
     ]
     # The ratio is the geometric mean of the paired ratios (the exp of their mean log).
-    assert built.ratios["split"][32]["p99_itl_ms"].mean == pytest.approx(
+    assert built.ratios["split"][chat32]["p99_itl_ms"].mean == pytest.approx(
         statistics.geometric_mean(ratios)
     )
     for arm in ("baseline", "split"):
@@ -123,12 +138,12 @@ def test_accuracy_below_threshold_and_lost_cells_fail_the_report(run_dir, capsys
     gsm8k_raw = _gsm8k_raw(run_dir, "split")
     metrics = json.loads(gsm8k_raw.read_text())
     gsm8k_raw.write_text(json.dumps({**metrics, "score": 0.5}))
-    lost = next((run_dir / "cells" / "baseline").glob("c00008_r1_*.cell.json"))
+    lost = next((run_dir / "cells" / "baseline").glob("chat_c00008_r1_*.cell.json"))
     lost.unlink()
     assert ab_cli.main(["report", str(run_dir)]) == 1
     err = capsys.readouterr().err
     assert "GSM8K arm 'split': accuracy 0.500 is below the threshold 0.7" in err
-    assert "arm=baseline concurrency=8 repeat=2: missing: not run" in err
+    assert "arm=baseline shape=chat concurrency=8 repeat=2: missing: not run" in err
     text = (run_dir / "report.md").read_text()
     assert "**Result: FAIL**" in text
     assert (
@@ -137,19 +152,45 @@ def test_accuracy_below_threshold_and_lost_cells_fail_the_report(run_dir, capsys
     ) in text
     # The interval of concurrency 8 now rests on two repeats of the baseline.
     results = json.loads((run_dir / "results.json").read_text())
-    assert results["summary"]["baseline"]["8"]["median_tpot_ms"]["n"] == 2
-    assert results["ratios_vs_baseline"]["split"]["8"]["median_tpot_ms"]["n"] == 2
+    assert results["status"] == "FAIL"  # a failure outweighs what is missing
+    assert results["summary"]["baseline"]["chat/8"]["median_tpot_ms"]["n"] == 2
+    assert results["ratios_vs_baseline"]["split"]["chat/8"]["median_tpot_ms"]["n"] == 2
+
+
+def test_cells_not_measured_yet_make_the_report_incomplete(run_dir, capsys):
+    for path in (run_dir / "cells" / "split").glob("chat_c00008_r2_*"):
+        path.unlink()  # as if the run was stopped before this cell
+    assert ab_cli.main(["report", str(run_dir)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out.splitlines()[-1] == "INCOMPLETE"
+    text = (run_dir / "report.md").read_text()
+    assert "**Result: INCOMPLETE** (2 not measured yet, listed below;" in text
+    assert "- arm=split shape=chat concurrency=8 repeat=3: missing: not run" in text
+    # The goodput gate at concurrency 8 waits for the cell rather than judging two repeats.
+    gate = "request_goodput split/baseline at concurrency 8 of shape chat >= 1x"
+    assert f"- gate {gate}: not measured yet" in text
+    assert f"| {gate} | " in text
+    assert "| no_regression | not measured yet | not measured yet |" in text
+    results = json.loads((run_dir / "results.json").read_text())
+    assert (results["status"], results["problems"], len(results["missing"])) == (
+        "INCOMPLETE",
+        [],
+        2,
+    )
+    assert results["gates"][1]["passed"] is None  # not judged; the other gate is
+    assert results["gates"][0]["passed"] is True
 
 
 def test_committed_ratio_intervals_are_positive_and_hold_their_ratio():
     results = json.loads((EXAMPLE_RUN / "results.json").read_text())
-    ratios = [
-        e for by_c in results["ratios_vs_baseline"].values() for by_m in by_c.values()
-        for e in by_m.values()
-    ]  # fmt: skip
-    assert len(ratios) == 3 * 8
-    for e in ratios:
-        assert 0 < e["low"] < e["mean"] < e["high"], e
+    by_point = results["ratios_vs_baseline"]["split"]
+    assert len(by_point) == 2 * 4  # two shapes, three concurrencies and a rate
+    for point, by_metric in by_point.items():
+        assert {key for key, _, _ in METRICS} - set(GOODPUT_METRICS) <= set(by_metric), point
+        for e in by_metric.values():
+            # Equal values in every pair (everything within the SLOs) give [1, 1].
+            assert 0 < e["low"] <= e["mean"] <= e["high"], (point, e)
+    assert by_point["chat/8"]["output_throughput_per_gpu"]["low"] > 1
     text = (EXAMPLE_RUN / "report.md").read_text()
     assert "[-" not in text  # no negative bound anywhere in the report
     gsm8k = results["gsm8k"]["split"]
@@ -168,27 +209,34 @@ def _set(run_dir: Path, section: str, **values) -> None:
 
 
 def test_gates_and_the_threshold_are_judged_on_the_stated_bound(run_dir, capsys):
-    # split/baseline throughput at 32: 1.156x [1.143, 1.170]; GSM8K 0.767 [0.591, 0.882].
-    _set(run_dir, "gate", min_ratio=1.16)
+    # The committed throughput gate's ratio and GSM8K 0.767 [0.591, 0.882] (23 of 30).
+    ratio = json.loads((EXAMPLE_RUN / "results.json").read_text())["gates"][0]["ratio"]
+    mean, low, high = ratio["mean"], ratio["low"], ratio["high"]
+    assert low < mean < high
+    shown = f"{mean:.3f}x [{low:.3f}, {high:.3f}]"
+    between_mean_and_high = round((mean + high) / 2, 4)
+    _set(run_dir, "gate", min_ratio=between_mean_and_high)
     _set(run_dir, "gsm8k", threshold=0.85)
     assert ab_cli.main(["report", str(run_dir)]) == 0  # within the noise: not a regression
     text = (run_dir / "report.md").read_text()
     assert (
-        "| output_throughput_per_gpu split/baseline at concurrency 32 >= 1.16x | "
-        "1.156x [1.143, 1.170] | no_regression | upper bound 1.170x >= 1.16x | pass |"
+        "| output_throughput_per_gpu split/baseline at concurrency 32 of shape chat >= "
+        f"{between_mean_and_high:g}x | {shown} | no_regression | upper bound {high:.3f}x >= "
+        f"{between_mean_and_high:g}x | pass |"
     ) in text
     assert "| 0.85 (no_regression) | upper bound 0.882 >= 0.85 | pass |" in text
     _set(run_dir, "gate", judge="mean")
     _set(run_dir, "gsm8k", judge="mean")
     assert ab_cli.main(["report", str(run_dir)]) == 1
     err = capsys.readouterr().err
-    assert "FAILED at 1.156x [1.143, 1.170] (value 1.156x < 1.16x)" in err
+    assert f"FAILED at {shown} (value {mean:.3f}x < {between_mean_and_high:g}x)" in err
     assert "accuracy 0.767 is below the threshold 0.85 (value 0.767 < 0.85;" in err
-    _set(run_dir, "gate", judge="confirmed", min_ratio=1.15)
+    between_low_and_mean = round((low + mean) / 2, 4)
+    _set(run_dir, "gate", judge="confirmed", min_ratio=between_low_and_mean)
     _set(run_dir, "gsm8k", judge="confirmed", threshold=0.6)
     assert ab_cli.main(["report", str(run_dir)]) == 1
     err = capsys.readouterr().err
-    assert "(lower bound 1.143x < 1.15x)" in err
+    assert f"(lower bound {low:.3f}x < {between_low_and_mean:g}x)" in err
     assert "(lower bound 0.591 < 0.6;" in err
     results = json.loads((run_dir / "results.json").read_text())
     assert results["gates"][0]["judge"] == "confirmed" and results["gates"][0]["passed"] is False
@@ -199,7 +247,56 @@ def test_a_failed_gate_fails_the_report(run_dir, capsys):
     data["config"]["gate"][0]["min_ratio"] = 5.0  # the stand-in's split is not 5x faster
     (run_dir / "run.json").write_text(json.dumps(data))
     assert ab_cli.main(["report", str(run_dir)]) == 1
-    assert "split/baseline at concurrency 32 >= 5x: FAILED at" in capsys.readouterr().err
+    assert "split/baseline at concurrency 32 of shape chat >= 5x: FAILED at" in (
+        capsys.readouterr().err
+    )
+
+
+def test_committed_csv_rows_are_the_results(run_dir):
+    results = json.loads((EXAMPLE_RUN / "results.json").read_text())
+    rows = list(csv.DictReader(io.StringIO((EXAMPLE_RUN / "results.csv").read_text())))
+    assert len(rows) == 2 * 2 * 4  # arms x shapes x load points
+    for row in rows:
+        load = row["concurrency"] or f"rate={float(row['request_rate']):g}"
+        key = f"{row['shape']}/{load}"
+        summary = results["summary"][row["arm"]][key]
+        assert int(row["repeats"]) == summary["median_tpot_ms"]["n"] == 3
+        for metric in ("output_throughput_per_gpu", "p99_ttft_ms", "request_goodput"):
+            assert float(row[metric]) == pytest.approx(summary[metric]["mean"])
+            assert float(row[f"{metric}_low"]) == pytest.approx(summary[metric]["low"])
+        ratio = results["ratios_vs_baseline"].get(row["arm"], {}).get(key, {})
+        tpot = ratio.get("median_tpot_ms")
+        if tpot is None:
+            assert row["arm"] == "baseline" and row["median_tpot_ms_ratio"] == ""
+        else:
+            assert float(row["median_tpot_ms_ratio_high"]) == pytest.approx(tpot["high"])
+
+
+def test_committed_goodput_follows_the_slo(run_dir):
+    """TPOT limit 18.5 ms: the baseline (12 + 0.25 per request in flight) passes it up to
+    concurrency 8 and not at 32 (20 ms), the split (9 + 0.25 x 32 = 17 ms) at every one."""
+    results = json.loads((EXAMPLE_RUN / "results.json").read_text())
+    assert results["slo_ms"] == {"ttft_ms": 500, "tpot_ms": 18.5}
+    attained = results["summary"]["baseline"]
+    assert attained["chat/8"]["slo_attainment"]["mean"] == 1.0
+    assert attained["chat/32"]["slo_attainment"]["mean"] == 0.0
+    assert results["summary"]["split"]["chat/32"]["slo_attainment"]["mean"] == 1.0
+    assert results["within_slo"]["baseline"]["chat"] == 8
+    assert results["within_slo"]["split"]["chat"] == 32
+    assert "request_goodput" not in results["ratios_vs_baseline"]["split"]["chat/32"]
+    text = (EXAMPLE_RUN / "report.md").read_text()
+    assert "Highest concurrency with at least 99% of requests within the SLOs" in text
+    # A ratio that rests on fewer pairs than repeats (a pair with no goodput has no log
+    # ratio) says so in the table.
+    partial = [
+        e["n"]
+        for by_m in results["ratios_vs_baseline"]["split"].values()
+        for e in by_m.values()
+        if e["n"] < 3
+    ]
+    assert partial and text.count(" of 3 pairs)") == len(partial)
+    for n in partial:
+        assert f" ({n} of 3 pairs)" in text
 
 
 def test_readme_example_is_the_example_config():

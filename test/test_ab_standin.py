@@ -11,8 +11,11 @@ in front of the server, global or per arm) really runs and is stopped with its s
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -45,12 +48,13 @@ TTFT_MS = 30.0
 
 
 def small_sweep(concurrencies: str) -> str:
-    """One repeat of 2-prompt cells of 8 random ids in, 2 out, at the given concurrencies."""
+    """One repeat of 2-prompt cells (one warm-up request) of 8 random ids in, 2 out."""
     return f"""concurrencies = {concurrencies}
 dataset = "random-ids"
 input_len = 8
 output_len = 2
-min_prompts = 2
+num_prompts = 2
+warmup_requests = 1
 repeats = 1"""
 
 
@@ -189,8 +193,8 @@ warmup_requests = 1
 repeats = 1""",
     )
     run_dir = tmp_path / "run"
-    # Concurrency 1 sends 1 warm-up + 4 requests; the server dies inside concurrency 2.
-    monkeypatch.setenv("STANDIN_DIE_AFTER", "7")
+    # Concurrency 1 sends 1 warm-up + 6 (6 x 1) requests; the server dies inside concurrency 2.
+    monkeypatch.setenv("STANDIN_DIE_AFTER", "10")
     assert _run(config, run_dir, Recorder()) == 1
     err = capsys.readouterr().err
     assert "arm 'base': the server exited with code 3 during arm=base concurrency=2" in err
@@ -544,3 +548,238 @@ def test_a_changed_version_measures_finished_cells_again(tmp_path, monkeypatch, 
     assert _run(config, run_dir, old) == 0
     assert len(old.calls) == 1
     assert "(versions not recorded)" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- goodput, rates, shapes, counts
+
+SLO_ARMS = """
+[[arm]]
+name = "base"
+args = ["--tpot-ms", "10", "--tpot-per-running-ms", "2"]
+
+[[arm]]
+name = "split"
+args = ["--tpot-ms", "5", "--tpot-per-running-ms", "2"]
+"""
+
+
+def test_goodput_from_bench_serving_per_arm_and_concurrency_and_in_a_gate(tmp_path, capsys):
+    """SLO TPOT 15 ms: at concurrency 1 both arms meet it (12 and 7 ms), at 4 only `split`
+    (18 against 13 ms). Goodput is bench_serving's own number, and a gate can use it."""
+    config = standin_config(
+        tmp_path,
+        port=free_port(),
+        arms=SLO_ARMS,
+        sweep=small_sweep("[1, 4]")
+        .replace("output_len = 2", "output_len = 6")
+        .replace("num_prompts = 2", "num_prompts = 8"),
+        extra="""[slo]
+tpot_ms = 15
+ttft_ms = 1000
+attainment = 0.9
+
+[[gate]]
+metric = "request_goodput"
+candidate = "split"
+baseline = "base"
+concurrency = 1
+min_ratio = 1.0""",
+    )
+    run_dir = tmp_path / "run"
+    recorder = Recorder()
+    assert _run(config, run_dir, recorder) == 0, capsys.readouterr().err
+    for _, argv in recorder.calls:
+        assert argv[argv.index("--goodput") :][:3] == ["--goodput", "ttft:1000", "tpot:15"]
+    results = json.loads((run_dir / "results.json").read_text())
+    attainment = {
+        (arm, conc): results["summary"][arm][conc]["slo_attainment"]["mean"]
+        for arm in ("base", "split")
+        for conc in ("1", "4")
+    }
+    assert attainment == {("base", "1"): 1.0, ("base", "4"): 0.0, ("split", "1"): 1.0,
+                          ("split", "4"): 1.0}  # fmt: skip
+    # Taken from bench_serving's result line, not recomputed.
+    for cell in results["cells"]:
+        line = json.loads((run_dir / cell["raw"]).read_text().splitlines()[-1])
+        assert cell["metrics"]["request_goodput"] == line["request_goodput"]
+        assert line["goodput_slos_ms"] == {"tpot": 15.0, "ttft": 1000.0}
+    assert results["summary"]["base"]["4"]["request_goodput"]["mean"] == 0.0
+    assert results["summary"]["split"]["4"]["request_goodput"]["mean"] > 0
+    assert results["within_slo"] == {"base": {"in8_out6": 1}, "split": {"in8_out6": 4}}
+    assert results["gates"][0]["passed"] is True
+    assert results["gates"][0]["ratio"]["mean"] > 1.2  # split's requests are shorter
+    report = (run_dir / "report.md").read_text()
+    assert "- SLOs (bench_serving --goodput): TTFT <= 1000 ms, TPOT <= 15 ms;" in report
+    assert "goodput req/s | within SLO |" in report
+    assert "- `base`: 1\n- `split`: 4" in report
+    # The same gate where the baseline has no goodput left: no ratio, a failure, said so.
+    data = json.loads((run_dir / "run.json").read_text())
+    data["config"]["gate"][0]["concurrency"] = 4
+    (run_dir / "run.json").write_text(json.dumps(data))
+    assert ab_cli.main(["report", str(run_dir)]) == 1
+    assert "request_goodput split/base at concurrency 4 >= 1x: no measurement" in (
+        capsys.readouterr().err
+    )
+
+
+def test_slo_names_are_bench_servings():
+    from sglang.benchmark.goodput import GOODPUT_SLO_METRICS
+
+    from sglang_mixgraph.ab.config import SLO_KEYS
+
+    assert tuple(SLO_KEYS.values()) == GOODPUT_SLO_METRICS
+
+
+def test_request_rates_shapes_and_counts_in_multiples_of_concurrency(tmp_path, capsys):
+    config = standin_config(
+        tmp_path,
+        port=free_port(),
+        arms=TWO_ARMS,
+        sweep="""concurrencies = [2]
+request_rates = [40]
+dataset = "random-ids"
+min_prompts = 1
+rate_duration_s = 0.1
+repeats = 1""",
+        extra="""[[shape]]
+name = "short"
+input_len = 8
+output_len = 2
+
+[[shape]]
+input_len = 16
+output_len = 5
+
+[[gate]]
+metric = "median_tpot_ms"
+candidate = "split"
+baseline = "base"
+shape = "in16_out5"
+request_rate = 40
+max_ratio = 0.75""",
+    )
+    run_dir = tmp_path / "run"
+    recorder = Recorder()
+    assert _run(config, run_dir, recorder) == 0, capsys.readouterr().err
+
+    def flag(argv, name):
+        return argv[argv.index(name) + 1] if name in argv else None
+
+    seen = [
+        (flag(a, "--random-input-len"), flag(a, "--random-output-len"),
+         flag(a, "--max-concurrency"), flag(a, "--request-rate"),
+         flag(a, "--num-prompts"), flag(a, "--warmup-requests"))
+        for _, a in recorder.calls[:4]
+    ]  # fmt: skip
+    # Concurrency 2: 6 x 2 prompts after a 2 x 2 warm-up (the defaults); 40 req/s: what
+    # arrives in 0.1 s after 2 x 40 warm-up requests.
+    assert seen == [
+        ("8", "2", "2", None, "12", "4"),
+        ("8", "2", None, "40", "4", "80"),
+        ("16", "5", "2", None, "12", "4"),
+        ("16", "5", None, "40", "4", "80"),
+    ]
+    # run.json writes the default counts out: a later default cannot change what it measured.
+    recorded = json.loads((run_dir / "run.json").read_text())["config"]["sweep"]
+    assert (recorded["prompts_per_concurrency"], recorded["warmup_per_concurrency"]) == (6, 2)
+    assert (recorded["min_prompts"], recorded["rate_duration_s"]) == (1, 0.1)
+    results = json.loads((run_dir / "results.json").read_text())
+    assert set(results["summary"]["base"]) == {"short/2", "short/rate=40", "in16_out5/2",
+                                               "in16_out5/rate=40"}  # fmt: skip
+    for cell in results["cells"]:
+        line = json.loads((run_dir / cell["raw"]).read_text().splitlines()[-1])
+        assert line["completed"] == (12 if cell["concurrency"] else 4)
+        assert line["random_output_len"] == (2 if cell["shape"] == "short" else 5)
+        assert ("_rate40_" in cell["raw"]) == (cell["concurrency"] is None)
+        assert Path(cell["raw"]).name.startswith(cell["shape"] + "_")
+    assert results["gates"][0]["passed"] is True
+    report = (run_dir / "report.md").read_text()
+    assert "### `short`: input 8 / output 2 tokens" in report
+    assert "### `in16_out5`: input 16 / output 5 tokens" in report
+    assert "| 40 req/s | `base` |" in report and "| c=2 | `split` |" in report
+    assert "at request rate 40 of shape in16_out5 <= 0.75x" in report
+    rows = list(csv.DictReader(io.StringIO((run_dir / "results.csv").read_text())))
+    assert len(rows) == 2 * 4
+    row = next(r for r in rows if r["arm"] == "split" and r["shape"] == "in16_out5"
+               and r["request_rate"] == "40.0")  # fmt: skip
+    ratio = results["ratios_vs_baseline"]["split"]["in16_out5/rate=40"]["median_tpot_ms"]
+    assert float(row["median_tpot_ms_ratio"]) == pytest.approx(ratio["mean"])
+    assert row["input_len"] == "16" and row["output_len"] == "5" and row["concurrency"] == ""
+
+
+# ---------------------------------------------------------------- progress and INCOMPLETE
+
+
+def test_progress_during_server_start_and_during_a_cell(tmp_path, capsys):
+    config = standin_config(tmp_path, port=free_port(), arms=TWO_ARMS, sweep=small_sweep("[1]"))
+    config.write_text(
+        config.read_text().replace('"--ttft-ms", "30"', '"--ttft-ms", "30", "--startup-s", "1.5"')
+    )
+    run_dir = tmp_path / "run"
+
+    class SlowStart(Recorder):
+        """Like a long cell: the tool's log has a line, and the invoker waits on watch()."""
+
+        def __call__(self, module, argv, log_path, timeout_s, watch):
+            with open(log_path, "a") as log:
+                log.write("Starting warmup with 1 sequences...\n")
+            deadline = time.monotonic() + 1.0
+            while time.monotonic() < deadline:
+                watch()
+                time.sleep(0.05)
+            return super().__call__(module, argv, log_path, timeout_s, watch)
+
+    assert _run(config, run_dir, SlowStart(), "--progress-every", "0.4") == 0
+    err = capsys.readouterr().err
+    server_log = run_dir / "servers" / "base_1.log"
+    starting = [line for line in err.splitlines() if "arm 'base': server starting, " in line]
+    assert starting, err
+    assert re.search(
+        rf"\] arm 'base': server starting, 0m0\ds so far, log {re.escape(str(server_log))}: "
+        r"stand-in: loading weights for 1\.5 s$",
+        starting[0],
+    ), starting
+    running = [
+        line for line in err.splitlines() if "arm=split concurrency=1 repeat=1: running" in line
+    ]
+    assert running, err
+    cell_log = next((run_dir / "cells" / "split").glob("*.log"))
+    assert running[0].endswith(f"so far, log {cell_log}: Starting warmup with 1 sequences..."), (
+        running
+    )
+    # Nothing every 0.4 s where the default (30 s) applies.
+    assert _run(config, tmp_path / "run2", Recorder()) == 0
+    assert "so far" not in capsys.readouterr().err
+
+
+def test_an_interrupted_run_is_incomplete_not_failed(tmp_path, capsys):
+    config = standin_config(tmp_path, port=free_port(), arms=TWO_ARMS, sweep=small_sweep("[1, 2]"))
+    run_dir = tmp_path / "run"
+    assert _run(config, run_dir, Recorder(interrupt_at=2)) == ab_cli.EXIT_INTERRUPTED
+    captured = capsys.readouterr()
+    assert captured.out.splitlines()[-1] == "INCOMPLETE"
+    report = (run_dir / "report.md").read_text()
+    assert (
+        "**Result: INCOMPLETE** (3 not measured yet, listed below; run the same command" in report
+    )
+    assert "FAIL" not in report
+    assert (
+        "## Not measured yet" in report
+        and "- arm=split concurrency=2 repeat=1: missing: not run" in report
+    )
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["status"] == "INCOMPLETE" and results["problems"] == []
+    assert len(results["missing"]) == 3
+    assert ab_cli.main(["report", str(run_dir)]) == 1  # not a pass either
+    assert capsys.readouterr().out.splitlines()[-1] == "INCOMPLETE"
+    # What is left, with the commands, and its time from what this directory measured.
+    assert _run(config, run_dir, None, "--dry-run") == 0
+    out = capsys.readouterr().out
+    assert "  arm=base concurrency=1 repeat=1 (done): " in out
+    assert "  arm=split concurrency=1 repeat=1: " in out
+    assert (
+        "for 3 cells (1 as measured in this run directory; 2 modelled with an assumed TTFT "
+        "1000 ms and TPOT 50 ms) and 2 server starts, 1 of them not measured yet and not counted"
+    ) in out
+    assert _run(config, run_dir, Recorder()) == 0  # resumed: the rest is measured
+    assert json.loads((run_dir / "results.json").read_text())["status"] == "PASS"

@@ -10,9 +10,13 @@ Finished cells measured with other versions (versions.py) are measured again unl
 `--reuse-cells`. `--accuracy-only` runs only the GSM8K eval (one arm is enough) for CI jobs that only gate on
 accuracy. `report` rebuilds report.md, results.json and the plots from a run directory.
 
-Exit status: 0 everything measured and every threshold and gate passed; 1 a cell failed or is
-missing, an arm is below its GSM8K threshold, or a gate failed; 2 the configuration or the
-command line is wrong; 130 interrupted (Ctrl-C or SIGTERM; run the same command to resume).
+`--dry-run` prints every visit's server and every cell's exact command, and an estimate of
+the time left (dryrun.py).
+
+Exit status: 0 everything measured and every threshold and gate passed (PASS); 1 a cell
+failed, an arm is below its GSM8K threshold, or a gate failed (FAIL), or cells are not
+measured yet (INCOMPLETE, from `report`); 2 the configuration or the command line is wrong;
+130 interrupted (Ctrl-C or SIGTERM; INCOMPLETE, run the same command to resume).
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sglang_mixgraph.ab.config import ConfigError, parse_config, read_toml
+from sglang_mixgraph.ab.config import ConfigError, parse_config, read_toml, with_counts
+from sglang_mixgraph.ab.progress import DEFAULT_EVERY_S
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -105,15 +110,29 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--repeats", type=int, help="override [sweep] repeats")
     run.add_argument("--concurrencies", metavar="C1,C2,...", help="override [sweep] concurrencies")
     run.add_argument(
+        "--request-rates",
+        metavar="R1,R2,...",
+        help="override [sweep] request_rates (requests per second, Poisson arrivals)",
+    )
+    run.add_argument(
         "--reuse-cells",
         action="store_true",
         help="keep finished cells measured with other versions (SGLang, sglang-mixgraph, torch, "
         "git commit, GPUs); by default they are measured again",
     )
     run.add_argument(
+        "--progress-every",
+        type=float,
+        default=DEFAULT_EVERY_S,
+        metavar="SECONDS",
+        help="while a cell runs or a server starts, print its elapsed time and its log's last "
+        f"line this often (default {DEFAULT_EVERY_S:g})",
+    )
+    run.add_argument(
         "--dry-run",
         action="store_true",
-        help="check the configuration and the arms' flags, print the plan, run nothing",
+        help="check the configuration and the arms' flags, print every server's and cell's "
+        "command and an estimate of the time left, run nothing",
     )
     report = sub.add_parser(
         "report", help="rebuild report.md, results.json and plots from a run directory"
@@ -179,6 +198,18 @@ def _apply_overrides(raw: dict[str, Any], args: argparse.Namespace) -> dict[str,
                 f"--concurrencies {args.concurrencies!r}: integers, comma-separated"
             ) from None
         raw.setdefault("sweep", {})["concurrencies"] = values
+    if args.request_rates is not None:
+        try:
+            rates = [float(v) for v in args.request_rates.split(",") if v.strip()]
+        except ValueError:
+            raise ConfigError(
+                f"--request-rates {args.request_rates!r}: numbers, comma-separated"
+            ) from None
+        raw.setdefault("sweep", {})["request_rates"] = rates
+    if not (0 < args.progress_every <= 86400):
+        raise ConfigError(
+            f"--progress-every {args.progress_every:g}: must be above 0 and at most 86400 s"
+        )
     return raw
 
 
@@ -187,12 +218,14 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
 
 
 def cmd_run(args: argparse.Namespace, invoker: Any = None) -> int:
-    from sglang_mixgraph.ab import arms, checks, report, results, runner, server, versions
+    from sglang_mixgraph.ab import arms, checks, dryrun, report, results, runner, server, versions
 
     path = Path(args.config) if args.config else None
     try:
-        if path is None and not args.accuracy_only and not args.concurrencies:
-            raise ConfigError("--concurrencies: needed without a configuration file")
+        if path is None and not (args.accuracy_only or args.concurrencies or args.request_rates):
+            raise ConfigError(
+                "--concurrencies (or --request-rates): needed without a configuration file"
+            )
         raw = _apply_overrides(read_toml(path) if path else {}, args)
         config = parse_config(raw, accuracy_only=args.accuracy_only)
     except ConfigError as e:
@@ -222,10 +255,9 @@ def cmd_run(args: argparse.Namespace, invoker: Any = None) -> int:
                 print(f"server {arm.name}: {server.launch_line(config, arm)}")
             else:
                 print(f"server {arm.name}: attached at {arm.url}")
-        for visit in visits:
-            cells = ", ".join(c.label() for c in visit.cells)
-            done = sum(runner.is_done(run_dir, c, current) for c in visit.cells)
-            print(f"arm {visit.arm.name}, repeat {visit.repeat + 1}: {cells} ({done} done)")
+        for line in dryrun.plan_lines(config, run_dir, visits, current):
+            print(line)
+        print(dryrun.estimate_line(config, run_dir, visits, current))
         print(f"versions: {versions.describe(env)}")
         if current is not None:
             changed = runner.stale(run_dir, [c for v in visits for c in v.cells], env)
@@ -233,13 +265,17 @@ def cmd_run(args: argparse.Namespace, invoker: Any = None) -> int:
                 print(f"measured again for other versions: {'; '.join(changed)}")
         return 0
     try:
-        results.write_run_file(run_dir, raw, args.accuracy_only)
+        recorded = raw if args.accuracy_only else with_counts(raw, config.sweep)
+        results.write_run_file(run_dir, recorded, args.accuracy_only)
     except OSError as e:  # checked above; a race or a full disk
         _error(f"run directory {run_dir}: cannot write {results.RUN_FILE} ({e.strerror or e})")
         return EXIT_USAGE
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        kwargs: dict[str, Any] = {"reuse_cells": args.reuse_cells}
+        kwargs: dict[str, Any] = {
+            "reuse_cells": args.reuse_cells,
+            "progress_every_s": args.progress_every,
+        }
         if invoker is not None:
             kwargs["invoker"] = invoker
         outcome = runner.run(config, run_dir, visits, **kwargs)
@@ -251,18 +287,23 @@ def cmd_run(args: argparse.Namespace, invoker: Any = None) -> int:
             print(f"sglang-mixgraph ab: {line}", file=sys.stderr)
     print(f"report: {run_dir / 'report.md'}")
     if outcome.interrupted:
+        for problem in built.problems:
+            _error(problem.splitlines()[0])
         _error(f"interrupted; finished cells are kept, run the same command to resume ({run_dir})")
+        print(built.status)
         return EXIT_INTERRUPTED
     return _verdict(built)
 
 
 def _verdict(built: Any) -> int:
     if built.passed:
-        print("PASS")
+        print(built.status)
         return 0
     for problem in built.problems:
         _error(problem.splitlines()[0])
-    print("FAIL")
+    if built.missing:
+        _error(f"{len(built.missing)} not measured yet, e.g. {built.missing[0]}")
+    print(built.status)
     return EXIT_FAILED
 
 

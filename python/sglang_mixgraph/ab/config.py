@@ -3,8 +3,10 @@
 Sections: `[server]` (shared launch: model, SGLang server arguments, environment, GPU count,
 port, health timeout, the launch command and a launch prefix: a wrapper put in front of it),
 `[[arm]]` (two or more: name, environment, extra server arguments, its own launch prefix, or
-`url` to attach to a running server), `[sweep]` (concurrencies, the `sglang.benchmark.serving`
-workload, repeats), `[gsm8k]` (SGLang's GSM8K eval and its threshold), `[[gate]]` (ratio gates
+`url` to attach to a running server), `[sweep]` (the load points: concurrencies and request
+rates, the `sglang.benchmark.serving` workload, prompt and warm-up counts, repeats), `[[shape]]`
+(several input/output lengths in one run), `[slo]` (latency SLOs for bench_serving's goodput),
+`[gsm8k]` (SGLang's GSM8K eval and its threshold), `[[gate]]` (ratio gates
 between two arms), and a top-level `note` for the report. Every problem is a `ConfigError` with
 one line naming the key, so the command can print it without a traceback.
 
@@ -16,10 +18,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import shlex
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +46,16 @@ GATE_METRICS = (
     "p99_ttft_ms",
     "median_itl_ms",
     "p99_itl_ms",
+    "request_goodput",
+    "slo_attainment",
 )
+# Goodput needs SLOs: bench_serving reports these only with --goodput ([slo]).
+GOODPUT_METRICS = ("request_goodput", "slo_attainment")
+# [slo] key -> bench_serving's --goodput name: the per-request latencies upstream's goodput
+# judges (sglang.benchmark.goodput.GOODPUT_SLO_METRICS; a test checks they still match).
+SLO_KEYS = {"ttft_ms": "ttft", "tpot_ms": "tpot", "e2el_ms": "e2el"}
+CONCURRENCY = "concurrency"
+RATE = "rate"
 # How a gate or the GSM8K threshold is judged against the 95% interval (docs/ab.md,
 # "Gates"): fail only when the whole interval is beyond the bound (the default: the data
 # show a regression), pass only when the whole interval is within it, or the point value.
@@ -83,17 +95,50 @@ class Arm:
 
 
 @dataclass(frozen=True)
+class Shape:
+    """One input/output length pair (`[[shape]]`, or `[sweep]`'s lengths when there is none)."""
+
+    name: str
+    input_len: int
+    output_len: int
+    range_ratio: float
+
+
+@dataclass(frozen=True)
+class Point:
+    """One load point of one shape: a `--max-concurrency` or a `--request-rate` (req/s)."""
+
+    shape: str
+    kind: str  # CONCURRENCY or RATE
+    value: float  # an int for a concurrency
+
+    def describe(self) -> str:
+        if self.kind == CONCURRENCY:
+            return f"concurrency={int(self.value)}"
+        return f"request_rate={self.value:g}"
+
+
+@dataclass(frozen=True)
 class Sweep:
     concurrencies: tuple[int, ...]
+    request_rates: tuple[float, ...] = ()
     backend: str = "sglang"
     dataset: str = "random"
     dataset_path: str = ""
     input_len: int = 1024
     output_len: int = 1024
     range_ratio: float = 1.0
-    prompts_per_concurrency: int = 4
+    shapes: tuple[Shape, ...] = ()  # filled by parse_config: [[shape]], else the lengths above
+    # Prompts: num_prompts when set, else max(min_prompts, prompts_per_concurrency x
+    # concurrency); the upstream PRs' runs sent 6x concurrency after a 2x warm-up.
+    num_prompts: int | None = None
+    prompts_per_concurrency: int = 6
     min_prompts: int = 64
-    warmup_requests: int = 1
+    warmup_requests: int | None = None  # None: warmup_per_concurrency x concurrency
+    warmup_per_concurrency: int = 2
+    # A request-rate point has no concurrency: it sends what arrives in rate_duration_s
+    # (at least min_prompts), after the arrivals of warmup_per_concurrency seconds.
+    rate_duration_s: float = 60.0
     # bench_serving --flush-cache: the prefix cache is emptied after the warm-up, so a cell
     # does not reuse the prompts an earlier cell (same seed) left in the radix cache.
     flush_cache: bool = True
@@ -102,8 +147,46 @@ class Sweep:
     cell_timeout_s: float = 3600.0
     extra_args: tuple[str, ...] = ()
 
-    def num_prompts(self, concurrency: int) -> int:
-        return max(self.min_prompts, self.prompts_per_concurrency * concurrency)
+    def prompts(self, point: Point) -> int:
+        if self.num_prompts is not None:
+            return self.num_prompts
+        if point.kind == RATE:
+            return max(self.min_prompts, math.ceil(point.value * self.rate_duration_s))
+        return max(self.min_prompts, self.prompts_per_concurrency * int(point.value))
+
+    def warmup(self, point: Point) -> int:
+        if self.warmup_requests is not None:
+            return self.warmup_requests
+        per = math.ceil(point.value) if point.kind == RATE else int(point.value)
+        return self.warmup_per_concurrency * per
+
+    def shape(self, name: str) -> Shape:
+        for shape in self.shapes:
+            if shape.name == name:
+                return shape
+        raise KeyError(name)
+
+    def points(self) -> list[Point]:
+        """Every load point in run order: per shape, the concurrencies, then the rates."""
+        return [
+            Point(shape.name, kind, value)
+            for shape in self.shapes
+            for kind, values in ((CONCURRENCY, self.concurrencies), (RATE, self.request_rates))
+            for value in values
+        ]
+
+
+@dataclass(frozen=True)
+class Slo:
+    """Latency SLOs in ms (bench_serving --goodput); empty: no goodput."""
+
+    limits: dict[str, float] = field(default_factory=dict)  # [slo] key -> ms
+    # The report names, per arm and shape, the highest concurrency whose mean SLO attainment
+    # (the fraction of requests meeting every SLO) is at least this.
+    attainment: float = 0.99
+
+    def goodput_args(self) -> list[str]:
+        return [f"{SLO_KEYS[key]}:{value:g}" for key, value in self.limits.items()]
 
 
 @dataclass(frozen=True)
@@ -126,10 +209,11 @@ class Gate:
     metric: str
     candidate: str
     baseline: str
-    concurrency: int
+    point: Point
     min_ratio: float | None = None
     max_ratio: float | None = None
     judge: str = DEFAULT_JUDGE  # the bounds against the ratio's 95% interval (JUDGES)
+    several_shapes: bool = False  # name the shape in describe()
 
     def describe(self) -> str:
         bounds = []
@@ -137,10 +221,11 @@ class Gate:
             bounds.append(f">= {self.min_ratio:g}x")
         if self.max_ratio is not None:
             bounds.append(f"<= {self.max_ratio:g}x")
-        return (
-            f"{self.metric} {self.candidate}/{self.baseline} at concurrency "
-            f"{self.concurrency} {' and '.join(bounds)}"
-        )
+        p = self.point
+        at = f"concurrency {int(p.value)}" if p.kind == CONCURRENCY else f"request rate {p.value:g}"
+        if self.several_shapes:
+            at += f" of shape {p.shape}"
+        return f"{self.metric} {self.candidate}/{self.baseline} at {at} {' and '.join(bounds)}"
 
 
 @dataclass(frozen=True)
@@ -151,6 +236,7 @@ class Config:
     gsm8k: Gsm8k
     gates: tuple[Gate, ...] = ()
     note: str | None = None  # shown under the report's title (machine, build, caveats)
+    slo: Slo = field(default_factory=Slo)
 
     def arm(self, name: str) -> Arm:
         for arm in self.arms:
@@ -326,13 +412,22 @@ def _arms(items: Any) -> tuple[Arm, ...]:
     return tuple(arms)
 
 
+def _positive_number(value: Any, where: str) -> float:
+    _typed(value, (int, float), where)
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{where}: must be a finite number above 0, got {value}")
+    return float(value)
+
+
 def _sweep(table: dict[str, Any]) -> Sweep:
     where = "[sweep]"
     ints = {
         "input_len",
         "output_len",
+        "num_prompts",
         "prompts_per_concurrency",
         "min_prompts",
+        "warmup_per_concurrency",
         "repeats",
     }
     _take(
@@ -341,32 +436,46 @@ def _sweep(table: dict[str, Any]) -> Sweep:
         ints
         | {
             "concurrencies",
+            "request_rates",
             "backend",
             "dataset",
             "dataset_path",
             "range_ratio",
             "warmup_requests",
+            "rate_duration_s",
             "flush_cache",
             "seed",
             "cell_timeout_s",
             "extra_args",
         },
     )
-    if "concurrencies" not in table:
-        raise ConfigError(f"{where}: missing key 'concurrencies'")
-    _typed(table["concurrencies"], list, f"{where} concurrencies")
+    if "concurrencies" not in table and "request_rates" not in table:
+        raise ConfigError(f"{where}: missing key 'concurrencies' (or 'request_rates')")
+    kwargs: dict[str, Any] = {}
+    _typed(table.get("concurrencies", []), list, f"{where} concurrencies")
     concurrencies = tuple(
         _positive_int(c, f"{where} concurrencies[{i}]")
-        for i, c in enumerate(table["concurrencies"])
+        for i, c in enumerate(table.get("concurrencies", []))
     )
-    if not concurrencies:
-        raise ConfigError(f"{where} concurrencies: give at least one")
-    if len(set(concurrencies)) != len(concurrencies):
-        raise ConfigError(f"{where} concurrencies: a value is listed twice")
-    kwargs: dict[str, Any] = {"concurrencies": tuple(sorted(concurrencies))}
+    _typed(table.get("request_rates", []), list, f"{where} request_rates")
+    rates = tuple(
+        _positive_number(r, f"{where} request_rates[{i}]")
+        for i, r in enumerate(table.get("request_rates", []))
+    )
+    if not concurrencies and not rates:
+        raise ConfigError(f"{where} concurrencies: give at least one (or a request rate)")
+    for key, values in (("concurrencies", concurrencies), ("request_rates", rates)):
+        if len(set(values)) != len(values):
+            raise ConfigError(f"{where} {key}: a value is listed twice")
+    kwargs["concurrencies"] = tuple(sorted(concurrencies))
+    kwargs["request_rates"] = tuple(sorted(rates))
     for key in ints:
         if key in table:
             kwargs[key] = _positive_int(table[key], f"{where} {key}")
+    if "num_prompts" in table:
+        for other in ("prompts_per_concurrency", "min_prompts"):
+            if other in table:
+                raise ConfigError(f"{where}: give num_prompts (a count) or {other}, not both")
     for key in ("backend", "dataset", "dataset_path"):
         if key in table:
             kwargs[key] = _typed(table[key], str, f"{where} {key}")
@@ -375,11 +484,19 @@ def _sweep(table: dict[str, Any]) -> Sweep:
         if kwargs["range_ratio"] > 1:
             raise ConfigError(f"{where} range_ratio: must be between 0 and 1")
     if "warmup_requests" in table:
+        if "warmup_per_concurrency" in table:
+            raise ConfigError(
+                f"{where}: give warmup_requests (a count) or warmup_per_concurrency, not both"
+            )
         kwargs["warmup_requests"] = _typed(
             table["warmup_requests"], int, f"{where} warmup_requests"
         )
         if kwargs["warmup_requests"] < 0:
             raise ConfigError(f"{where} warmup_requests: must be 0 or more")
+    if "rate_duration_s" in table:
+        kwargs["rate_duration_s"] = _positive_number(
+            table["rate_duration_s"], f"{where} rate_duration_s"
+        )
     if "flush_cache" in table:
         kwargs["flush_cache"] = _typed(table["flush_cache"], bool, f"{where} flush_cache")
     if "seed" in table:
@@ -388,7 +505,74 @@ def _sweep(table: dict[str, Any]) -> Sweep:
         kwargs["cell_timeout_s"] = _number(table["cell_timeout_s"], f"{where} cell_timeout_s", 1.0)
     if "extra_args" in table:
         kwargs["extra_args"] = _str_list(table["extra_args"], f"{where} extra_args")
-    return Sweep(**kwargs)
+        for flag in ("--goodput", "--request-rate", "--max-concurrency"):
+            if flag in kwargs["extra_args"]:
+                raise ConfigError(
+                    f"{where} extra_args: {flag} is set by the tool ([slo], request_rates, "
+                    "concurrencies)"
+                )
+    sweep = Sweep(**kwargs)
+    shape = Shape(
+        f"in{sweep.input_len}_out{sweep.output_len}",
+        sweep.input_len,
+        sweep.output_len,
+        sweep.range_ratio,
+    )
+    return replace(sweep, shapes=(shape,))
+
+
+def _shapes(items: Any, sweep_table: dict[str, Any], sweep: Sweep) -> Sweep:
+    """`[[shape]]` entries replace `[sweep]`'s one pair of lengths."""
+    _typed(items, list, "[[shape]]")
+    if not items:
+        raise ConfigError("[[shape]]: give at least one, or leave it out")
+    for key in ("input_len", "output_len"):
+        if key in sweep_table:
+            raise ConfigError(f"[sweep] {key}: with [[shape]] entries, give the lengths there")
+    shapes = []
+    for i, table in enumerate(items):
+        where = f"[[shape]] #{i + 1}"
+        _typed(table, dict, where)
+        _take(table, where, {"name", "input_len", "output_len", "range_ratio"})
+        for key in ("input_len", "output_len"):
+            if key not in table:
+                raise ConfigError(f"{where}: missing key {key!r}")
+        input_len = _positive_int(table["input_len"], f"{where} input_len")
+        output_len = _positive_int(table["output_len"], f"{where} output_len")
+        name = f"in{input_len}_out{output_len}"
+        if "name" in table:
+            name = _typed(table["name"], str, f"{where} name")
+            if not _ARM_NAME.match(name):
+                raise ConfigError(
+                    f"{where} name {name!r}: use letters, digits, '.', '_' and '-' (it names files)"
+                )
+        range_ratio = sweep.range_ratio
+        if "range_ratio" in table:
+            range_ratio = _number(table["range_ratio"], f"{where} range_ratio")
+            if range_ratio > 1:
+                raise ConfigError(f"{where} range_ratio: must be between 0 and 1")
+        shapes.append(Shape(name, input_len, output_len, range_ratio))
+    names = [s.name for s in shapes]
+    for name in names:
+        if names.count(name) > 1:
+            raise ConfigError(f"[[shape]]: the name {name!r} is used twice")
+    return replace(sweep, shapes=tuple(shapes))
+
+
+def _slo(table: dict[str, Any]) -> Slo:
+    where = "[slo]"
+    _take(table, where, {*SLO_KEYS, "attainment"})
+    limits = {
+        key: _positive_number(table[key], f"{where} {key}") for key in SLO_KEYS if key in table
+    }
+    if not limits:
+        raise ConfigError(f"{where}: give at least one of {', '.join(SLO_KEYS)}")
+    kwargs: dict[str, Any] = {"limits": limits}
+    if "attainment" in table:
+        kwargs["attainment"] = _number(table["attainment"], f"{where} attainment")
+        if kwargs["attainment"] > 1:
+            raise ConfigError(f"{where} attainment: a fraction between 0 and 1")
+    return Slo(**kwargs)
 
 
 def _gsm8k(table: dict[str, Any], arm_names: list[str]) -> Gsm8k:
@@ -444,7 +628,37 @@ def _judge(value: Any, where: str) -> str:
     return value
 
 
-def _gates(items: Any, arm_names: list[str], concurrencies: tuple[int, ...]) -> tuple[Gate, ...]:
+def _gate_point(table: dict[str, Any], where: str, sweep: Sweep) -> Point:
+    """The gate's load point: its concurrency or request rate, of its shape."""
+    if ("concurrency" in table) == ("request_rate" in table):
+        raise ConfigError(f"{where}: give concurrency or request_rate (one of them)")
+    names = [s.name for s in sweep.shapes]
+    if "shape" in table:
+        shape = _typed(table["shape"], str, f"{where} shape")
+        if shape not in names:
+            raise ConfigError(f"{where} shape: no shape named {shape!r} (shapes: {names})")
+    elif len(names) > 1:
+        raise ConfigError(f"{where}: missing key 'shape' (the run has shapes {names})")
+    else:
+        shape = names[0]
+    if "concurrency" in table:
+        concurrency = _positive_int(table["concurrency"], f"{where} concurrency")
+        if concurrency not in sweep.concurrencies:
+            raise ConfigError(
+                f"{where} concurrency {concurrency}: not in [sweep] concurrencies "
+                f"{list(sweep.concurrencies)}"
+            )
+        return Point(shape, CONCURRENCY, concurrency)
+    rate = _positive_number(table["request_rate"], f"{where} request_rate")
+    if rate not in sweep.request_rates:
+        raise ConfigError(
+            f"{where} request_rate {rate:g}: not in [sweep] request_rates "
+            f"{list(sweep.request_rates)}"
+        )
+    return Point(shape, RATE, rate)
+
+
+def _gates(items: Any, arm_names: list[str], sweep: Sweep, slo: Slo | None) -> tuple[Gate, ...]:
     _typed(items, list, "[[gate]]")
     gates = []
     for i, table in enumerate(items):
@@ -458,26 +672,25 @@ def _gates(items: Any, arm_names: list[str], concurrencies: tuple[int, ...]) -> 
                 "candidate",
                 "baseline",
                 "concurrency",
+                "request_rate",
+                "shape",
                 "min_ratio",
                 "max_ratio",
                 "judge",
             },
         )
-        for key in ("metric", "candidate", "baseline", "concurrency"):
+        for key in ("metric", "candidate", "baseline"):
             if key not in table:
                 raise ConfigError(f"{where}: missing key {key!r}")
         metric = _typed(table["metric"], str, f"{where} metric")
         if metric not in GATE_METRICS:
             raise ConfigError(f"{where} metric {metric!r}: one of {', '.join(GATE_METRICS)}")
+        if metric in GOODPUT_METRICS and slo is None:
+            raise ConfigError(f"{where} metric {metric!r}: needs the SLOs of an [slo] section")
         for key in ("candidate", "baseline"):
             if table[key] not in arm_names:
                 raise ConfigError(f"{where} {key}: no arm named {table[key]!r}")
-        concurrency = _positive_int(table["concurrency"], f"{where} concurrency")
-        if concurrency not in concurrencies:
-            raise ConfigError(
-                f"{where} concurrency {concurrency}: not in [sweep] concurrencies "
-                f"{list(concurrencies)}"
-            )
+        point = _gate_point(table, where, sweep)
         bounds = {
             key: _number(table[key], f"{where} {key}")
             for key in ("min_ratio", "max_ratio")
@@ -490,10 +703,11 @@ def _gates(items: Any, arm_names: list[str], concurrencies: tuple[int, ...]) -> 
                 metric=metric,
                 candidate=table["candidate"],
                 baseline=table["baseline"],
-                concurrency=concurrency,
+                point=point,
                 judge=_judge(table["judge"], f"{where} judge")
                 if "judge" in table
                 else DEFAULT_JUDGE,
+                several_shapes=len(sweep.shapes) > 1,
                 **bounds,
             )
         )
@@ -501,7 +715,7 @@ def _gates(items: Any, arm_names: list[str], concurrencies: tuple[int, ...]) -> 
 
 
 def parse_config(data: dict[str, Any], *, accuracy_only: bool = False) -> Config:
-    _take(data, "config", {"note", "server", "arm", "sweep", "gsm8k", "gate"})
+    _take(data, "config", {"note", "server", "arm", "sweep", "shape", "slo", "gsm8k", "gate"})
     note = _typed(data["note"], str, "note") if "note" in data else None
     arms = _arms(data.get("arm", []))
     minimum = 1 if accuracy_only else 2
@@ -518,16 +732,28 @@ def parse_config(data: dict[str, Any], *, accuracy_only: bool = False) -> Config
         )
     names = [a.name for a in arms]
     if "sweep" in data:
-        sweep = _sweep(_typed(data["sweep"], dict, "[sweep]"))
+        sweep_table = _typed(data["sweep"], dict, "[sweep]")
+        sweep = _sweep(sweep_table)
+        if "shape" in data:
+            sweep = _shapes(data["shape"], sweep_table, sweep)
     elif accuracy_only:
-        sweep = Sweep(concurrencies=(1,))
+        sweep = _sweep({"concurrencies": [1]})
     else:
         raise ConfigError("config: missing section [sweep]")
+    slo = _slo(_typed(data["slo"], dict, "[slo]")) if "slo" in data else None
     gsm8k = _gsm8k(_typed(data.get("gsm8k", {}), dict, "[gsm8k]"), names)
     if accuracy_only and (not gsm8k.enabled or gsm8k.threshold is None):
         raise ConfigError("[gsm8k]: --accuracy-only needs enabled = true and a threshold")
-    gates = _gates(data.get("gate", []), names, sweep.concurrencies)
-    return Config(server=server, arms=arms, sweep=sweep, gsm8k=gsm8k, gates=gates, note=note)
+    gates = _gates(data.get("gate", []), names, sweep, slo)
+    return Config(
+        server=server,
+        arms=arms,
+        sweep=sweep,
+        gsm8k=gsm8k,
+        gates=gates,
+        note=note,
+        slo=slo or Slo(),
+    )
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:
@@ -538,6 +764,23 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: cannot read ({e.strerror})") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML ({e})") from None
+
+
+def with_counts(raw: dict[str, Any], sweep: Sweep) -> dict[str, Any]:
+    """`raw` with the prompt and warm-up counts it left to the defaults written out.
+
+    run.json keeps what a run measured: a later change of a default must not make
+    `ab report` look for cells under other keys (and call them missing).
+    """
+    table = dict(raw.get("sweep", {}))
+    if "num_prompts" not in table:
+        table.setdefault("prompts_per_concurrency", sweep.prompts_per_concurrency)
+        table.setdefault("min_prompts", sweep.min_prompts)
+    if "warmup_requests" not in table:
+        table.setdefault("warmup_per_concurrency", sweep.warmup_per_concurrency)
+    if sweep.request_rates:
+        table.setdefault("rate_duration_s", sweep.rate_duration_s)
+    return {**raw, "sweep": table}
 
 
 # ---------------------------------------------------------------- cell keys
@@ -580,27 +823,31 @@ def arm_settings(config: Config, arm: Arm) -> dict[str, Any]:
     return settings
 
 
-def cell_settings(config: Config, arm: Arm, concurrency: int, repeat: int) -> dict[str, Any]:
+def cell_settings(config: Config, arm: Arm, point: Point, repeat: int) -> dict[str, Any]:
     sw = config.sweep
-    return {
-        "kind": "bench",
-        "arm": arm_settings(config, arm),
-        "concurrency": concurrency,
-        "repeat": repeat,
-        "bench": {
-            "backend": sw.backend,
-            "dataset": sw.dataset,
-            "dataset_path": sw.dataset_path,
-            "input_len": sw.input_len,
-            "output_len": sw.output_len,
-            "range_ratio": sw.range_ratio,
-            "num_prompts": sw.num_prompts(concurrency),
-            "warmup_requests": sw.warmup_requests,
-            "flush_cache": sw.flush_cache,
-            "seed": sw.seed,
-            "extra_args": list(sw.extra_args),
-        },
+    shape = sw.shape(point.shape)
+    bench: dict[str, Any] = {
+        "backend": sw.backend,
+        "dataset": sw.dataset,
+        "dataset_path": sw.dataset_path,
+        "input_len": shape.input_len,
+        "output_len": shape.output_len,
+        "range_ratio": shape.range_ratio,
+        "num_prompts": sw.prompts(point),
+        "warmup_requests": sw.warmup(point),
+        "flush_cache": sw.flush_cache,
+        "seed": sw.seed,
+        "extra_args": list(sw.extra_args),
     }
+    if config.slo.limits:
+        # Only with SLOs: the keys of runs without them stay what they were.
+        bench["goodput"] = config.slo.goodput_args()
+    settings: dict[str, Any] = {"kind": "bench", "arm": arm_settings(config, arm)}
+    if point.kind == CONCURRENCY:
+        settings["concurrency"] = int(point.value)
+    else:
+        settings["request_rate"] = point.value
+    return {**settings, "repeat": repeat, "bench": bench}
 
 
 def gsm8k_settings(config: Config, arm: Arm) -> dict[str, Any]:

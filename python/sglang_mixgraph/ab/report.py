@@ -1,27 +1,46 @@
 """The report of a run directory: `report.md`, `results.json` and plots, rebuilt from raw outputs.
 
-`report.md` is meant to be pasted into a pull request or an issue: what was compared (model,
-server arguments, each arm's environment and arguments), the workload, then per concurrency
-each arm's output tok/s per GPU, TPOT, TTFT and ITL (p50 and p99) as mean +/- the 95%
-interval over repeats, with each candidate's ratio to the baseline (the first arm): the
-geometric mean of the paired ratios with the exp of the t interval of their logarithms;
-GSM8K per arm with its Wilson interval against the threshold; the gates with the interval
-and the bound each was judged on; every failed or missing cell.
+`report.md` is meant to be pasted into a pull request or an issue: the verdict (PASS, FAIL,
+or INCOMPLETE while cells are still to be measured), what was compared (model, server
+arguments, each arm's environment and arguments), the workload, then per shape and load point
+(concurrency or request rate) each arm's output tok/s per GPU, TPOT, TTFT and ITL (p50 and
+p99), and with SLOs its goodput and SLO attainment, as mean +/- the 95% interval over
+repeats, with each candidate's ratio to the baseline (the first arm): the geometric mean of
+the paired ratios with the exp of the t interval of their logarithms; GSM8K per arm with its
+Wilson interval against the threshold; the gates with the interval and the bound each was
+judged on; every failed or missing cell. `results.csv` holds the table's numbers.
 Plots need matplotlib (the `ab` extra); without it they are skipped with one line saying so,
-and everything else is written. `pareto.png` is output tok/s per GPU against median TPOT,
-one curve per arm through its concurrencies; `throughput.png` is tok/s per GPU against
-concurrency with the intervals as error bars.
+and everything else is written. They are drawn with matplotlib's Figure API, not pyplot
+(pyplot's backend selection consults IPython whenever a module of that name is loaded, which
+broke a run on a GPU machine). `pareto.png` is output tok/s per GPU against median TPOT, one
+curve per arm (and shape) through its load points; `throughput.png` is tok/s per GPU against
+concurrency with the intervals as error bars; `ratio.png` is each candidate's ratio to the
+baseline (output tok/s per GPU, median TPOT) against concurrency, and against request rate
+when the run has rate points, with the ratio's interval as error bars.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
-from sglang_mixgraph.ab.results import METRICS, Results, collect, results_json
+from sglang_mixgraph.ab.config import CONCURRENCY, GOODPUT_METRICS, RATE, Point, Sweep
+from sglang_mixgraph.ab.results import (
+    INCOMPLETE,
+    METRICS,
+    NOT_MEASURED,
+    PASS,
+    Results,
+    collect,
+    results_csv,
+    results_json,
+)
 from sglang_mixgraph.ab.stats import Estimate, RatioEstimate
 
-PLOTS = ("pareto.png", "throughput.png")
+PLOTS = ("pareto.png", "throughput.png", "ratio.png")
+# Percentages in the table: a fraction of requests.
+FRACTIONS = ("slo_attainment",)
 PLOTS_SKIPPED = "plots skipped: matplotlib is not installed (pip install 'sglang-mixgraph[ab]')"
 
 
@@ -33,24 +52,30 @@ def _num(value: float) -> str:
     return f"{value:.2f}"
 
 
-def _cell(est: Estimate | None) -> str:
+def _cell(est: Estimate | None, fraction: bool = False) -> str:
     if est is None:
         return "-"
+    if fraction:
+        text = f"{100 * est.mean:.1f}%"
+        return text if est.ci95 is None else f"{text} ± {100 * est.ci95:.1f}"
     if est.ci95 is None:
         return _num(est.mean)
     return f"{_num(est.mean)} ± {_num(est.ci95)}"
 
 
-def _ratio(est: RatioEstimate | dict | None) -> str:
+def _ratio(est: RatioEstimate | dict | None, pairs: int | None = None) -> str:
+    """The ratio and its interval; `pairs`: the repeats both arms measured, named when the
+    ratio rests on fewer (a pair with a zero, e.g. no goodput left, has no log ratio)."""
     if est is None:
         return "-"
     if isinstance(est, dict):  # from results.json's gates
-        mean, low, high = est["mean"], est["low"], est["high"]
+        mean, low, high, n = est["mean"], est["low"], est["high"], est["n"]
     else:
-        mean, low, high = est.mean, est.low, est.high
-    if low is None:
-        return f"{mean:.3f}x"
-    return f"{mean:.3f}x [{low:.3f}, {high:.3f}]"
+        mean, low, high, n = est.mean, est.low, est.high, est.n
+    text = f"{mean:.3f}x" if low is None else f"{mean:.3f}x [{low:.3f}, {high:.3f}]"
+    if pairs is not None and n < pairs:
+        text += f" ({n} of {pairs} pairs)"
+    return text
 
 
 def _env_args(env: dict[str, str], args: tuple[str, ...]) -> str:
@@ -64,11 +89,15 @@ def render_markdown(results: Results) -> str:
     lines = ["# A/B report", ""]
     if c.note:
         lines += [f"> {line}".rstrip() for line in c.note.strip().splitlines()] + [""]
-    lines.append(
-        "**Result: PASS**"
-        if results.passed
-        else f"**Result: FAIL** ({len(results.problems)} problems, listed below)"
-    )
+    if results.status == PASS:
+        lines.append("**Result: PASS**")
+    elif results.status == INCOMPLETE:
+        lines.append(
+            f"**Result: INCOMPLETE** ({len(results.missing)} not measured yet, listed below; "
+            "run the same command to resume)"
+        )
+    else:
+        lines.append(f"**Result: FAIL** ({len(results.problems)} problems, listed below)")
     lines.append("")
     lines += ["## Setup", ""]
     if any(a.url is None for a in c.arms):
@@ -82,13 +111,15 @@ def render_markdown(results: Results) -> str:
         lines.append(f"- arm `{arm.name}` ({role}, {where}): {_env_args(arm.env, arm.args)}")
     if not results.accuracy_only:
         sw = c.sweep
-        lines.append(
-            f"- load: `sglang.benchmark.serving --backend {sw.backend} --dataset-name {sw.dataset}`, "
-            f"input {sw.input_len} / output {sw.output_len} tokens (range ratio {sw.range_ratio:g}), "
-            f"max(min_prompts {sw.min_prompts}, {sw.prompts_per_concurrency} x concurrency) "
-            f"prompts per cell, warm-up requests: {sw.warmup_requests}"
-            + (", prefix cache flushed after the warm-up" if sw.flush_cache else "")
-        )
+        lines += _load_lines(sw)
+        if c.slo.limits:
+            slos = ", ".join(
+                f"{k.removesuffix('_ms').upper()} <= {v:g} ms" for k, v in c.slo.limits.items()
+            )
+            lines.append(
+                f"- SLOs (bench_serving --goodput): {slos}; goodput = requests per second that "
+                "met every SLO, within SLO = their fraction of the requests sent"
+            )
         lines.append(
             f"- {sw.repeats} repeats, arms interleaved per repeat (A B, then B A, ...); a fresh "
             "server per arm and repeat when launched"
@@ -118,7 +149,7 @@ def render_markdown(results: Results) -> str:
             "|---|---|---|---|---|",
         ]
         for gate in results.gates:
-            verdict = "pass" if gate["passed"] else "FAIL"
+            verdict = {True: "pass", False: "FAIL", None: NOT_MEASURED}[gate["passed"]]
             lines.append(
                 f"| {gate['gate']} | {_ratio(gate['ratio'])} | {gate['judge']} | "
                 f"{gate.get('basis', 'no measurement')} | {verdict} |"
@@ -128,7 +159,48 @@ def render_markdown(results: Results) -> str:
         lines += ["## Problems", ""]
         lines += [f"- {p.splitlines()[0]}" for p in results.problems]
         lines.append("")
+    if results.missing:
+        lines += ["## Not measured yet", ""]
+        lines += [f"- {p.splitlines()[0]}" for p in results.missing]
+        lines.append("")
     return "\n".join(lines)
+
+
+def _load_lines(sw: Sweep) -> list[str]:
+    shapes = "; ".join(
+        f"input {s.input_len} / output {s.output_len} tokens (range ratio {s.range_ratio:g})"
+        + (f" as `{s.name}`" if len(sw.shapes) > 1 else "")
+        for s in sw.shapes
+    )
+    if sw.num_prompts is not None:
+        prompts = f"{sw.num_prompts} prompts per cell"
+    else:
+        prompts = (
+            f"max(min_prompts {sw.min_prompts}, {sw.prompts_per_concurrency} x concurrency) "
+            "prompts per cell"
+        )
+        if sw.request_rates:
+            prompts += f" (a request rate: max(min_prompts, rate x {sw.rate_duration_s:g} s))"
+    if sw.warmup_requests is not None:
+        warmup = f"warm-up requests: {sw.warmup_requests}"
+    else:
+        warmup = f"warm-up requests: {sw.warmup_per_concurrency} x concurrency"
+        if sw.request_rates:
+            warmup += " (a request rate: x the rate, rounded up)"
+    points = []
+    if sw.concurrencies:
+        points.append(f"concurrencies {', '.join(map(str, sw.concurrencies))}")
+    if sw.request_rates:
+        points.append(
+            f"request rates {', '.join(f'{r:g}' for r in sw.request_rates)} req/s "
+            "(Poisson arrivals, no concurrency cap)"
+        )
+    return [
+        f"- load: `sglang.benchmark.serving --backend {sw.backend} --dataset-name {sw.dataset}`, "
+        f"{shapes}, {prompts}, {warmup}"
+        + (", prefix cache flushed after the warm-up" if sw.flush_cache else ""),
+        f"- load points: {'; '.join(points)}",
+    ]
 
 
 _JUDGE_NOTE = (
@@ -139,24 +211,72 @@ _JUDGE_NOTE = (
 )
 
 
+def _point_label(point: Point, rates: bool) -> str:
+    if point.kind == CONCURRENCY:
+        return f"c={int(point.value)}" if rates else str(int(point.value))
+    return f"{point.value:g} req/s"
+
+
 def _throughput_section(results: Results) -> list[str]:
+    c = results.config
+    sw = c.sweep
     lines = ["## Throughput and latency", ""]
-    shown = [(key, title) for key, _, title in METRICS if key != "output_throughput"]
-    header = "| concurrency | arm | " + " | ".join(t for _, t in shown) + " | repeats |"
-    lines += [header, "|" + "---|" * (len(shown) + 3)]
-    for conc in results.config.sweep.concurrencies:
-        for arm in results.config.arms:
-            by_metric = results.summary.get(arm.name, {}).get(conc, {})
-            n = max((e.n for e in by_metric.values()), default=0)
-            row = [str(conc), f"`{arm.name}`"] + [_cell(by_metric.get(k)) for k, _ in shown]
-            lines.append("| " + " | ".join(row) + f" | {n} |")
-        for arm in results.config.arms[1:]:
-            by_metric = results.ratios.get(arm.name, {}).get(conc, {})
-            row = ["", f"`{arm.name}` / `{results.baseline}`"]
-            row += [_ratio(by_metric.get(k)) for k, _ in shown]
-            lines.append("| " + " | ".join(row) + " | |")
-    lines.append("")
-    lines += ["![throughput vs TPOT](pareto.png)", "", "![throughput](throughput.png)", ""]
+    shown = [
+        (key, title)
+        for key, _, title in METRICS
+        if key != "output_throughput" and (key not in GOODPUT_METRICS or c.slo.limits)
+    ]
+    load = "load" if sw.request_rates else "concurrency"
+    for shape in sw.shapes:
+        if len(sw.shapes) > 1:
+            lines += [
+                f"### `{shape.name}`: input {shape.input_len} / output {shape.output_len} tokens",
+                "",
+            ]
+        header = f"| {load} | arm | " + " | ".join(t for _, t in shown) + " | repeats |"
+        lines += [header, "|" + "---|" * (len(shown) + 3)]
+        for point in (p for p in sw.points() if p.shape == shape.name):
+            label = _point_label(point, bool(sw.request_rates))
+            for arm in c.arms:
+                by_metric = results.summary.get(arm.name, {}).get(point, {})
+                n = max((e.n for e in by_metric.values()), default=0)
+                row = [label, f"`{arm.name}`"]
+                row += [_cell(by_metric.get(k), k in FRACTIONS) for k, _ in shown]
+                lines.append("| " + " | ".join(row) + f" | {n} |")
+            base = results.summary.get(results.baseline, {}).get(point, {})
+            for arm in c.arms[1:]:
+                by_metric = results.ratios.get(arm.name, {}).get(point, {})
+                own = results.summary.get(arm.name, {}).get(point, {})
+                row = ["", f"`{arm.name}` / `{results.baseline}`"]
+                row += [
+                    _ratio(
+                        by_metric.get(k),
+                        min(own[k].n, base[k].n) if k in own and k in base else None,
+                    )
+                    for k, _ in shown
+                ]
+                lines.append("| " + " | ".join(row) + " | |")
+        lines.append("")
+    if c.slo.limits and sw.concurrencies:
+        lines.append(
+            f"Highest concurrency with at least {100 * c.slo.attainment:g}% of requests within "
+            "the SLOs (mean over repeats):"
+        )
+        lines.append("")
+        for arm in c.arms:
+            for shape in sw.shapes:
+                best = results.within_slo.get(arm.name, {}).get(shape.name)
+                where = f" (`{shape.name}`)" if len(sw.shapes) > 1 else ""
+                lines.append(f"- `{arm.name}`{where}: " + ("none" if best is None else str(best)))
+        lines.append("")
+    lines += [
+        "![throughput vs TPOT](pareto.png)",
+        "",
+        "![throughput](throughput.png)",
+        "",
+        "![ratio to the baseline](ratio.png)",
+        "",
+    ]
     return lines
 
 
@@ -187,34 +307,60 @@ def _gsm8k_section(results: Results) -> list[str]:
     return lines
 
 
+def _series(results: Results, arm: str, shape: str, kind: str) -> list[tuple[Point, dict]]:
+    """(point, metrics) of one arm and shape at points of one kind, in load order."""
+    by_point = results.summary.get(arm, {})
+    return sorted(
+        ((p, m) for p, m in by_point.items() if p.shape == shape and p.kind == kind),
+        key=lambda item: item[0].value,
+    )
+
+
+def _curve_label(results: Results, arm: str, shape: str) -> str:
+    return f"{arm} {shape}" if len(results.config.sweep.shapes) > 1 else arm
+
+
 def write_plots(results: Results, run_dir: Path) -> list[str]:
     """The plot files written, or PLOTS_SKIPPED's line when matplotlib is missing."""
     if not results.summary:
         return []  # nothing measured yet
     try:
-        # Figures without pyplot: files only, no backend or REPL hooks (pyplot consults IPython
-        # whenever a module of that name is loaded, which broke a run on a GPU machine).
         import matplotlib  # noqa: F401 -- a missing matplotlib fails here, cached submodules or not
         from matplotlib.figure import Figure
     except ImportError:
         return [PLOTS_SKIPPED]
     metric = "output_throughput_per_gpu"
+    shapes = [s.name for s in results.config.sweep.shapes]
+
     fig = Figure(figsize=(7, 4.5))
     ax = fig.subplots()
     for arm in results.config.arms:
-        points = [
-            (by_m["median_tpot_ms"].mean, by_m[metric].mean, conc)
-            for conc, by_m in sorted(results.summary.get(arm.name, {}).items())
-            if metric in by_m and "median_tpot_ms" in by_m
-        ]
-        if not points:
-            continue
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=arm.name)
-        for x, y, conc in points:
-            ax.annotate(str(conc), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        for shape in shapes:
+            color = None
+            # A line through the concurrencies; request rates as squares of the same colour
+            # (another load axis: a line through both would zigzag).
+            for kind, style in ((CONCURRENCY, {"marker": "o"}), (RATE, {"marker": "s", "ls": ""})):
+                points = [
+                    (by_m["median_tpot_ms"].mean, by_m[metric].mean, _point_label(p, True))
+                    for p, by_m in _series(results, arm.name, shape, kind)
+                    if metric in by_m and "median_tpot_ms" in by_m
+                ]
+                if not points:
+                    continue
+                label = _curve_label(results, arm.name, shape) if color is None else None
+                (line,) = ax.plot(
+                    [p[0] for p in points],
+                    [p[1] for p in points],
+                    color=color,
+                    label=label,
+                    **style,
+                )
+                color = line.get_color()
+                for x, y, text in points:
+                    ax.annotate(text, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
     ax.set_xlabel("median TPOT (ms)")
     ax.set_ylabel("output tok/s per GPU")
-    ax.set_title("throughput vs TPOT (labels: concurrency)")
+    ax.set_title("throughput vs TPOT (labels: load point)")
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -223,36 +369,102 @@ def write_plots(results: Results, run_dir: Path) -> list[str]:
     fig = Figure(figsize=(7, 4.5))
     ax = fig.subplots()
     for arm in results.config.arms:
-        series = [
-            (conc, by_m[metric])
-            for conc, by_m in sorted(results.summary.get(arm.name, {}).items())
-            if metric in by_m
-        ]
-        if not series:
-            continue
-        ax.errorbar(
-            [conc for conc, _ in series],
-            [e.mean for _, e in series],
-            yerr=[e.ci95 or 0.0 for _, e in series],
-            marker="o",
-            capsize=3,
-            label=arm.name,
-        )
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("concurrency")
+        for shape in shapes:
+            series = [
+                (p.value, m[metric])
+                for p, m in _series(results, arm.name, shape, CONCURRENCY)
+                if metric in m
+            ]
+            if not series:
+                continue
+            ax.errorbar(
+                [x for x, _ in series],
+                [e.mean for _, e in series],
+                yerr=[e.ci95 or 0.0 for _, e in series],
+                marker="o",
+                capsize=3,
+                label=_curve_label(results, arm.name, shape),
+            )
+    _concurrency_axis(ax, results.config.sweep.concurrencies)
     ax.set_ylabel("output tok/s per GPU")
     ax.set_title("throughput per GPU (error bars: 95% interval over repeats)")
     ax.grid(True, alpha=0.3)
-    ax.legend()
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend()
     fig.tight_layout()
     fig.savefig(run_dir / PLOTS[1], dpi=120)
+
+    _ratio_plot(results, run_dir / PLOTS[2], Figure)
     return [str(run_dir / name) for name in PLOTS]
 
 
+def _concurrency_axis(ax: Any, concurrencies: tuple[int, ...]) -> None:
+    """Log scale (concurrencies double), ticks at the measured ones, written out."""
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(list(concurrencies), [str(c) for c in concurrencies])
+    ax.minorticks_off()
+    ax.set_xlabel("concurrency")
+
+
+# The ratios plotted: what a flag is usually judged on, throughput and the decode latency.
+RATIO_PLOT_METRICS = (
+    ("output_throughput_per_gpu", "output tok/s per GPU"),
+    ("median_tpot_ms", "median TPOT"),
+)
+
+
+def _ratio_plot(results: Results, path: Path, figure: type) -> None:
+    """Each candidate's ratio to the baseline against concurrency (and request rate)."""
+    sw = results.config.sweep
+    kinds = [
+        k for k, values in ((CONCURRENCY, sw.concurrencies), (RATE, sw.request_rates)) if values
+    ]
+    fig = figure(figsize=(6 * len(kinds), 3.2 * len(RATIO_PLOT_METRICS)))
+    axes = fig.subplots(len(RATIO_PLOT_METRICS), len(kinds), squeeze=False)
+    for row, (metric, title) in enumerate(RATIO_PLOT_METRICS):
+        for col, kind in enumerate(kinds):
+            ax = axes[row][col]
+            for arm in results.config.arms[1:]:
+                for shape in sw.shapes:
+                    series = sorted(
+                        (p.value, by_m[metric])
+                        for p, by_m in results.ratios.get(arm.name, {}).items()
+                        if p.shape == shape.name and p.kind == kind and metric in by_m
+                    )
+                    if not series:
+                        continue
+                    means = [e.mean for _, e in series]
+                    # Asymmetric bars: the log-ratio interval mapped back with exp.
+                    below = [e.mean - (e.low if e.low is not None else e.mean) for _, e in series]
+                    above = [(e.high if e.high is not None else e.mean) - e.mean for _, e in series]
+                    ax.errorbar(
+                        [x for x, _ in series],
+                        means,
+                        yerr=[below, above],
+                        marker="o",
+                        capsize=3,
+                        label=f"{_curve_label(results, arm.name, shape.name)} / {results.baseline}",
+                    )
+            ax.axhline(1.0, color="gray", linewidth=1, linestyle="--")
+            if kind == CONCURRENCY:
+                _concurrency_axis(ax, sw.concurrencies)
+            else:
+                ax.set_xlabel("request rate (req/s)")
+            ax.set_ylabel(f"{title} ratio")
+            ax.grid(True, alpha=0.3)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=8)
+    fig.suptitle(f"candidate / {results.baseline} (error bars: 95% interval)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def build(run_dir: Path) -> tuple[Results, list[str]]:
-    """Write report.md, results.json and the plots; return the results and the plot lines."""
+    """Write report.md, results.json, results.csv and the plots; return the results and the
+    plot lines."""
     results = collect(run_dir)
     (run_dir / "report.md").write_text(render_markdown(results))
     (run_dir / "results.json").write_text(json.dumps(results_json(results), indent=2) + "\n")
+    (run_dir / "results.csv").write_text(results_csv(results))
     plots = [] if results.accuracy_only else write_plots(results, run_dir)
     return results, plots

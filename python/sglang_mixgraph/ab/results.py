@@ -7,21 +7,28 @@ SGLang's GSM8K eval. Nothing is taken from memory of the run itself, so `ab repo
 and the end of `ab run` produce the same results. Output tok/s per GPU divides
 `output_throughput` by the arm's GPU count: `gpus` of the arm or of `[server]`, else the
 server's own `tp_size` x `pp_size` from the `server_info` bench_serving recorded.
-The verdict lists every reason to exit non-zero: a failed or missing cell, an arm below its
-GSM8K threshold, a ratio gate outside its bounds. Thresholds and gates are judged on the 95%
+With `[slo]`, bench_serving's own goodput (`request_goodput`, req/s of requests that met every
+SLO, and `slo_attainment`, their fraction) is taken from its result line like any other metric.
+The verdict is PASS, FAIL (a failed cell, an arm below its GSM8K threshold, a ratio gate
+outside its bounds) or INCOMPLETE (nothing failed, but cells are not measured yet: an
+interrupted run, resumed by running it again). Thresholds and gates are judged on the 95%
 interval (`judge`, docs/ab.md "Gates"): by default one fails only when the whole interval is
 beyond its bound, i.e. when the data show the regression (`judge_bounds`).
+`results.csv` has one row per arm and load point: every metric's mean and interval, and each
+candidate's ratio to the baseline with its interval.
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sglang_mixgraph.ab import runner, versions
-from sglang_mixgraph.ab.config import Config, Gate, parse_config
+from sglang_mixgraph.ab.config import CONCURRENCY, Config, Gate, Point, parse_config
 from sglang_mixgraph.ab.stats import Estimate, RatioEstimate, estimate, paired_ratio, wilson
 
 RUN_FILE = "run.json"
@@ -35,7 +42,12 @@ METRICS = (
     ("median_itl_ms", "median_itl_ms", "ITL p50 ms"),
     ("p99_itl_ms", "p99_itl_ms", "ITL p99 ms"),
     ("output_throughput", "output_throughput", "output tok/s"),
+    # Present only when the run has SLOs: bench_serving writes them with --goodput.
+    ("request_goodput", "request_goodput", "goodput req/s"),
+    ("slo_attainment", "slo_attainment", "within SLO"),
 )
+PASS, FAIL, INCOMPLETE = "PASS", "FAIL", "INCOMPLETE"
+NOT_MEASURED = "not measured yet"
 
 
 class RunDirError(ValueError):
@@ -67,13 +79,17 @@ class Results:
     config: Config
     accuracy_only: bool
     cells: list[dict[str, Any]] = field(default_factory=list)
-    # summary[arm][concurrency][metric] and ratios[candidate][concurrency][metric]
-    summary: dict[str, dict[int, dict[str, Estimate]]] = field(default_factory=dict)
-    ratios: dict[str, dict[int, dict[str, RatioEstimate]]] = field(default_factory=dict)
+    # summary[arm][point][metric] and ratios[candidate][point][metric]
+    summary: dict[str, dict[Point, dict[str, Estimate]]] = field(default_factory=dict)
+    ratios: dict[str, dict[Point, dict[str, RatioEstimate]]] = field(default_factory=dict)
     gpus: dict[str, dict[str, Any]] = field(default_factory=dict)
     gsm8k: dict[str, dict[str, Any]] = field(default_factory=dict)
     gates: list[dict[str, Any]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)  # cells not measured (yet)
+    # within_slo[arm][shape]: the highest concurrency whose mean SLO attainment reached
+    # [slo] attainment (None: none did), with SLOs only.
+    within_slo: dict[str, dict[str, int | None]] = field(default_factory=dict)
     # Distinct versions of the measured cells (versions.describe line -> cells), and the SGLang
     # version each arm's server reported in /server_info (bench_serving records it).
     versions: dict[str, int] = field(default_factory=dict)
@@ -84,8 +100,23 @@ class Results:
         return self.config.arms[0].name
 
     @property
+    def status(self) -> str:
+        if self.problems:
+            return FAIL
+        return INCOMPLETE if self.missing else PASS
+
+    @property
     def passed(self) -> bool:
-        return not self.problems
+        return self.status == PASS
+
+    def point_key(self, point: Point) -> str:
+        return point_key(self.config, point)
+
+
+def point_key(config: Config, point: Point) -> str:
+    """A load point as results.json and results.csv name it: `64`, `rate=2.5`, `SHAPE/64`."""
+    load = str(int(point.value)) if point.kind == CONCURRENCY else f"rate={point.value:g}"
+    return f"{point.shape}/{load}" if len(config.sweep.shapes) > 1 else load
 
 
 def _gpus(config: Config, arm_name: str, raw: dict[str, Any]) -> tuple[int | None, str]:
@@ -103,7 +134,7 @@ def _gpus(config: Config, arm_name: str, raw: dict[str, Any]) -> tuple[int | Non
 def collect(run_dir: Path) -> Results:
     config, accuracy_only = load_run(run_dir)
     results = Results(config=config, accuracy_only=accuracy_only)
-    values: dict[str, dict[int, dict[str, dict[int, float]]]] = {}
+    values: dict[str, dict[Point, dict[str, dict[int, float]]]] = {}
     for visit in runner.plan(config, accuracy_only=accuracy_only):
         for cell in visit.cells:
             record = runner.read_record(run_dir, cell) or {}
@@ -113,6 +144,7 @@ def collect(run_dir: Path) -> Results:
                 "arm": cell.arm,
                 "concurrency": cell.concurrency,
                 "repeat": cell.repeat,
+                **_point_fields(config, cell.point),
                 "key": cell.key,
                 "status": status,
                 "raw": str(runner.raw_path(run_dir, cell).relative_to(run_dir)),
@@ -127,7 +159,8 @@ def collect(run_dir: Path) -> Results:
                 results.versions[line] = results.versions.get(line, 0) + 1
             if status != runner.OK:
                 entry["error"] = record.get("error", "not run")
-                results.problems.append(f"{cell.label()}: {status}: {entry['error']}")
+                line = f"{cell.label()}: {status}: {entry['error']}"
+                (results.missing if status == "missing" else results.problems).append(line)
                 results.cells.append(entry)
                 continue
             if cell.kind == "gsm8k":
@@ -150,32 +183,61 @@ def collect(run_dir: Path) -> Results:
                         seen.append(str(server_version))
                 gpus, source = _gpus(config, cell.arm, raw)
                 results.gpus[cell.arm] = {"gpus": gpus, "source": source}
-                metrics = {key: raw[src] for key, src, _ in METRICS if src is not None}
+                metrics = {
+                    key: raw[src] for key, src, _ in METRICS if src is not None and src in raw
+                }
                 if gpus is not None:
                     metrics["output_throughput_per_gpu"] = raw["output_throughput"] / gpus
                 entry["metrics"] = metrics
-                per_metric = values.setdefault(cell.arm, {}).setdefault(cell.concurrency, {})
+                per_metric = values.setdefault(cell.arm, {}).setdefault(cell.point, {})
                 for name, value in metrics.items():
                     per_metric.setdefault(name, {})[cell.repeat] = float(value)
             results.cells.append(entry)
-    for arm, by_conc in values.items():
-        for conc, by_metric in by_conc.items():
-            results.summary.setdefault(arm, {})[conc] = {
+    for arm, by_point in values.items():
+        for point, by_metric in by_point.items():
+            results.summary.setdefault(arm, {})[point] = {
                 name: est
                 for name, reps in by_metric.items()
                 if (est := estimate([reps[r] for r in sorted(reps)])) is not None
             }
     base = values.get(results.baseline, {})
-    for arm, by_conc in values.items():
+    for arm, by_point in values.items():
         if arm == results.baseline:
             continue
-        for conc, by_metric in by_conc.items():
+        for point, by_metric in by_point.items():
             for name, reps in by_metric.items():
-                est = paired_ratio(reps, base.get(conc, {}).get(name, {}))
+                est = paired_ratio(reps, base.get(point, {}).get(name, {}))
                 if est is not None:
-                    results.ratios.setdefault(arm, {}).setdefault(conc, {})[name] = est
+                    results.ratios.setdefault(arm, {}).setdefault(point, {})[name] = est
+    if config.slo.limits:
+        _within_slo(results)
     _verdict(results)
     return results
+
+
+def _point_fields(config: Config, point: Point | None) -> dict[str, Any]:
+    if point is None:
+        return {}
+    fields: dict[str, Any] = {"point": point_key(config, point), "shape": point.shape}
+    if point.kind != CONCURRENCY:
+        fields["request_rate"] = point.value
+    return fields
+
+
+def _within_slo(results: Results) -> None:
+    target = results.config.slo.attainment
+    for arm in results.config.arms:
+        by_point = results.summary.get(arm.name, {})
+        for shape in results.config.sweep.shapes:
+            met = [
+                int(p.value)
+                for p, by_m in by_point.items()
+                if p.shape == shape.name
+                and p.kind == CONCURRENCY
+                and "slo_attainment" in by_m
+                and by_m["slo_attainment"].mean >= target
+            ]
+            results.within_slo.setdefault(arm.name, {})[shape.name] = max(met, default=None)
 
 
 def _read_raw(run_dir: Path, cell: runner.Cell) -> dict[str, Any] | None:
@@ -250,7 +312,11 @@ def _verdict(results: Results) -> None:
             "judge": gate.judge,
             "ratio": None if est is None else est.to_json(),
         }
-        if est is None:
+        if _gate_cells_missing(results, gate):
+            # Judged once every repeat of both arms is measured, not on part of them.
+            entry.update(basis=NOT_MEASURED, passed=None)
+            results.missing.append(f"gate {gate.describe()}: {NOT_MEASURED}")
+        elif est is None:
             entry["passed"] = False
             results.problems.append(f"gate {gate.describe()}: no measurement to compare")
         else:
@@ -272,36 +338,64 @@ def _verdict(results: Results) -> None:
         results.gates.append(entry)
 
 
+def _gate_cells(results: Results, gate: Gate) -> list[dict[str, Any]]:
+    key = results.point_key(gate.point)
+    return [
+        c
+        for c in results.cells
+        if c["kind"] == "bench"
+        and c["arm"] in (gate.candidate, gate.baseline)
+        and c.get("point") == key
+    ]
+
+
+def _gate_cells_missing(results: Results, gate: Gate) -> bool:
+    return any(c["status"] == "missing" for c in _gate_cells(results, gate))
+
+
 def _gate_ratio(results: Results, gate: Gate) -> RatioEstimate | None:
     # Any two arms, not only against the baseline: paired per repeat like the report's ratios.
     def reps(arm: str) -> dict[int, float]:
         return {
             c["repeat"]: c["metrics"][gate.metric]
-            for c in results.cells
-            if c["kind"] == "bench"
-            and c["arm"] == arm
-            and c["concurrency"] == gate.concurrency
-            and gate.metric in c.get("metrics", {})
+            for c in _gate_cells(results, gate)
+            if c["arm"] == arm and gate.metric in c.get("metrics", {})
         }
 
     return paired_ratio(reps(gate.candidate), reps(gate.baseline))
 
 
 def results_json(results: Results) -> dict[str, Any]:
-    def table(d: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
+    def table(d: dict[str, dict[Point, dict[str, Any]]]) -> dict[str, Any]:
         return {
-            arm: {str(c): {m: e.to_json() for m, e in by_m.items()} for c, by_m in by_c.items()}
-            for arm, by_c in d.items()
+            arm: {
+                results.point_key(p): {m: e.to_json() for m, e in by_m.items()}
+                for p, by_m in by_p.items()
+            }
+            for arm, by_p in d.items()
         }
 
+    sw = results.config.sweep
     return {
         "baseline": results.baseline,
         "arms": [
             {"name": a.name, "env": a.env, "args": list(a.args), "url": a.url}
             for a in results.config.arms
         ],
-        "concurrencies": list(results.config.sweep.concurrencies),
-        "repeats": results.config.sweep.repeats,
+        "concurrencies": list(sw.concurrencies),
+        "request_rates": list(sw.request_rates),
+        "shapes": [
+            {
+                "name": s.name,
+                "input_len": s.input_len,
+                "output_len": s.output_len,
+                "range_ratio": s.range_ratio,
+            }
+            for s in sw.shapes
+        ],
+        "slo_ms": dict(results.config.slo.limits),
+        "within_slo": results.within_slo,
+        "repeats": sw.repeats,
         "accuracy_only": results.accuracy_only,
         "gpus": results.gpus,
         "versions": results.versions,
@@ -311,6 +405,51 @@ def results_json(results: Results) -> dict[str, Any]:
         "gsm8k": results.gsm8k,
         "gates": results.gates,
         "cells": results.cells,
+        "status": results.status,
         "passed": results.passed,
         "problems": results.problems,
+        "missing": results.missing,
     }
+
+
+def results_csv(results: Results) -> str:
+    """One row per arm and load point: each metric's mean and 95% interval; for candidates,
+    the ratio to the baseline with its interval (empty where there is none)."""
+    names = [key for key, _, _ in METRICS]
+    sw = results.config.sweep
+    header = ["arm", "shape", "input_len", "output_len", "concurrency", "request_rate", "repeats"]
+    for name in names:
+        header += [name, f"{name}_low", f"{name}_high"]
+    for name in names:
+        header += [f"{name}_ratio", f"{name}_ratio_low", f"{name}_ratio_high"]
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(header)
+
+    def cells(est: Any) -> list[Any]:
+        if est is None:
+            return ["", "", ""]
+        return [est.mean, "" if est.low is None else est.low, "" if est.high is None else est.high]
+
+    for point in sw.points():
+        shape = sw.shape(point.shape)
+        for arm in results.config.arms:
+            by_metric = results.summary.get(arm.name, {}).get(point)
+            if by_metric is None:
+                continue
+            ratios = results.ratios.get(arm.name, {}).get(point, {})
+            row: list[Any] = [
+                arm.name,
+                shape.name,
+                shape.input_len,
+                shape.output_len,
+                int(point.value) if point.kind == CONCURRENCY else "",
+                point.value if point.kind != CONCURRENCY else "",
+                max((e.n for e in by_metric.values()), default=0),
+            ]
+            for name in names:
+                row += cells(by_metric.get(name))
+            for name in names:
+                row += cells(ratios.get(name))
+            writer.writerow(row)
+    return out.getvalue()

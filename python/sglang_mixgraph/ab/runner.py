@@ -1,6 +1,7 @@
 """The sweep: which cells, in which order, on which server; resumable and interruptible.
 
-A cell is one `bench_serving` run (arm, concurrency, repeat) or one GSM8K eval (arm). Arms
+A cell is one `bench_serving` run (arm, load point: a shape's concurrency or request rate,
+repeat) or one GSM8K eval (arm). Arms
 are interleaved per repeat, A B then B A (then A B ...), so slow drift of the machine (clocks,
 thermals, other tenants) falls on both arms alike; each visit of an arm gets its own server
 (launch mode) that is stopped before the next arm starts. Every cell is keyed by the hash of
@@ -12,6 +13,8 @@ fails the cell it was serving and the visit moves on (the next visit starts a fr
 Every record also holds the versions it was measured with (versions.py: SGLang,
 sglang-mixgraph, torch, the git commit, the GPUs); a finished cell whose versions differ from
 this environment's is measured again, unless the run reuses cells (`--reuse-cells`).
+While a cell runs and while a server starts, a line every `--progress-every` seconds says how
+long it has taken and what its log last said (progress.py).
 """
 
 from __future__ import annotations
@@ -28,12 +31,15 @@ from typing import Any
 from sglang_mixgraph.ab import server as servers
 from sglang_mixgraph.ab import versions
 from sglang_mixgraph.ab.config import (
+    CONCURRENCY,
     Arm,
     Config,
+    Point,
     cell_settings,
     gsm8k_settings,
     settings_key,
 )
+from sglang_mixgraph.ab.progress import DEFAULT_EVERY_S, Heartbeat, duration
 from sglang_mixgraph.ab.tools import (
     BENCH_MODULE,
     GSM8K_MODULE,
@@ -52,21 +58,36 @@ FAILED = "failed"
 class Cell:
     kind: str  # "bench" or "gsm8k"
     arm: str
-    concurrency: int | None
+    point: Point | None  # None for GSM8K
     repeat: int
     key: str
     settings: dict[str, Any]
+    several_shapes: bool = False  # the shape's name goes into file names and labels
+
+    @property
+    def concurrency(self) -> int | None:
+        if self.point is None or self.point.kind != CONCURRENCY:
+            return None
+        return int(self.point.value)
 
     @property
     def stem(self) -> str:
         if self.kind == "gsm8k":
             return f"gsm8k/{self.arm}_{self.key}"
-        return f"cells/{self.arm}/c{self.concurrency:05d}_r{self.repeat}_{self.key}"
+        assert self.point is not None
+        shape = f"{self.point.shape}_" if self.several_shapes else ""
+        if self.point.kind == CONCURRENCY:
+            load = f"c{int(self.point.value):05d}"
+        else:
+            load = f"rate{self.point.value:g}"
+        return f"cells/{self.arm}/{shape}{load}_r{self.repeat}_{self.key}"
 
     def label(self) -> str:
         if self.kind == "gsm8k":
             return f"gsm8k arm={self.arm}"
-        return f"arm={self.arm} concurrency={self.concurrency} repeat={self.repeat + 1}"
+        assert self.point is not None
+        shape = f" shape={self.point.shape}" if self.several_shapes else ""
+        return f"arm={self.arm}{shape} {self.point.describe()} repeat={self.repeat + 1}"
 
 
 @dataclass
@@ -99,11 +120,11 @@ def plan(config: Config, *, accuracy_only: bool = False) -> list[Visit]:
             settings = gsm8k_settings(config, arm)
             visit.cells.append(Cell("gsm8k", arm.name, None, 0, settings_key(settings), settings))
         if not accuracy_only:
-            for concurrency in config.sweep.concurrencies:
-                settings = cell_settings(config, arm, concurrency, repeat)
-                visit.cells.append(
-                    Cell("bench", arm.name, concurrency, repeat, settings_key(settings), settings)
-                )
+            several = len(config.sweep.shapes) > 1
+            for point in config.sweep.points():
+                settings = cell_settings(config, arm, point, repeat)
+                key = settings_key(settings)
+                visit.cells.append(Cell("bench", arm.name, point, repeat, key, settings, several))
         visits.append(visit)
     return visits
 
@@ -181,15 +202,8 @@ class Progress:
         self.measured += 1
         per_cell = (time.monotonic() - self.started) / self.measured
         left = self.total - self.done
-        eta = f"; ETA {_duration(per_cell * left)}" if left else ""
+        eta = f"; ETA {duration(per_cell * left)}" if left else ""
         self.line(f"{cell.label()}: {outcome}{eta}")
-
-
-def _duration(seconds: float) -> str:
-    seconds = int(round(seconds))
-    if seconds >= 3600:
-        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-    return f"{seconds // 60}m{seconds % 60:02d}s"
 
 
 @dataclass
@@ -212,10 +226,25 @@ def _bench_summary(raw_file: Path, num_prompts: int) -> tuple[str | None, str]:
     completed = result.get("completed")
     if completed != num_prompts:
         return f"{num_prompts - (completed or 0)} of {num_prompts} requests failed", ""
-    return None, (
+    summary = (
         f"{result['output_throughput']:.1f} tok/s, median TPOT {result['median_tpot_ms']:.1f} ms, "
         f"median TTFT {result['median_ttft_ms']:.1f} ms"
     )
+    if "request_goodput" in result:
+        summary += (
+            f", goodput {result['request_goodput']:.2f} req/s "
+            f"({100 * result['slo_attainment']:.0f}% within the SLOs)"
+        )
+    return None, summary
+
+
+def cell_command(config: Config, run_dir: Path, cell: Cell, url: str) -> tuple[str, list[str]]:
+    """The module and arguments a cell runs (`python -m module *argv`) against `url`."""
+    raw = raw_path(run_dir, cell)
+    if cell.kind == "gsm8k":
+        return GSM8K_MODULE, gsm8k_argv(config, url, raw)
+    assert cell.point is not None
+    return BENCH_MODULE, bench_argv(config, url, cell.point, raw)
 
 
 def _run_cell(
@@ -224,27 +253,24 @@ def _run_cell(
     cell: Cell,
     srv: servers.Server,
     invoker: Invoker,
+    heartbeat: Heartbeat,
 ) -> tuple[str | None, str]:
     raw = raw_path(run_dir, cell)
     raw.parent.mkdir(parents=True, exist_ok=True)
     raw.unlink(missing_ok=True)  # bench_serving appends; a failed try's line is no measurement
-    if cell.kind == "gsm8k":
-        module, argv, timeout = (
-            GSM8K_MODULE,
-            gsm8k_argv(config, srv.url, raw),
-            config.gsm8k.timeout_s,
-        )
-    else:
-        assert cell.concurrency is not None
-        module = BENCH_MODULE
-        argv = bench_argv(config, srv.url, cell.concurrency, raw)
-        timeout = config.sweep.cell_timeout_s
+    module, argv = cell_command(config, run_dir, cell, srv.url)
+    timeout = config.gsm8k.timeout_s if cell.kind == "gsm8k" else config.sweep.cell_timeout_s
     log = log_path(run_dir, cell)
     with open(log, "ab") as f:
         f.write(f"\n=== python -m {module} {' '.join(argv)}\n".encode())
-    # While the tool runs only the process is watched: probing a busy server's health
-    # endpoint would add load to the measurement and can time out under it.
-    code = invoker(module, argv, log, timeout, lambda: srv.check_process(cell.label()))
+
+    def watch() -> None:
+        # While the tool runs only the process is watched: probing a busy server's health
+        # endpoint would add load to the measurement and can time out under it.
+        srv.check_process(cell.label())
+        heartbeat.tick()
+
+    code = invoker(module, argv, log, timeout, watch)
     srv.check_alive(cell.label())
     if code == TIMED_OUT:
         return f"timed out after {timeout:g} s (log {log})", ""
@@ -271,6 +297,7 @@ def run(
     invoker: Invoker = subprocess_invoker,
     out: Callable[[str], None] = _stderr,
     reuse_cells: bool = False,
+    progress_every_s: float = DEFAULT_EVERY_S,
 ) -> RunOutcome:
     env = versions.environment()
     current = None if reuse_cells else env
@@ -303,12 +330,19 @@ def run(
                 f"arm {arm.name!r}, repeat {visit.repeat + 1}: "
                 + (f"attaching to {arm.url}" if arm.url else "launching the server")
             )
+            launch_started = time.monotonic()
             try:
                 if arm.url:
                     srv = servers.attach(arm, timeout_s=min(60.0, config.server.health_timeout_s))
                 else:
                     server_log = run_dir / "servers" / f"{arm.name}_{visit_counts[arm.name]}.log"
-                    srv = servers.launch(config, arm, server_log)
+                    starting = Heartbeat(
+                        f"arm {arm.name!r}: server starting",
+                        server_log,
+                        progress.line,
+                        progress_every_s,
+                    )
+                    srv = servers.launch(config, arm, server_log, on_wait=starting.tick)
             except servers.ServerError as e:
                 # It will not start on the next visit either; its cells fail, the rest run.
                 broken_arms[arm.name] = f"no server: {str(e).splitlines()[0]}"
@@ -317,11 +351,18 @@ def run(
                 for cell in todo:
                     _fail(run_dir, cell, broken_arms[arm.name], progress, outcome, quiet=True)
                 continue
+            server_start_s = time.monotonic() - launch_started
             try:
                 for cell in todo:
                     started = time.time()
+                    heartbeat = Heartbeat(
+                        f"{cell.label()}: running",
+                        log_path(run_dir, cell),
+                        progress.line,
+                        progress_every_s,
+                    )
                     try:
-                        error, summary = _run_cell(config, run_dir, cell, srv, invoker)
+                        error, summary = _run_cell(config, run_dir, cell, srv, invoker, heartbeat)
                     except servers.ServerError as e:
                         _fail(run_dir, cell, str(e), progress, outcome)
                         break  # the visit is over; the next one starts a fresh server
@@ -337,6 +378,8 @@ def run(
                             "started": started,
                             "wall_s": time.time() - started,
                             "server_url": srv.url,
+                            # What starting this visit's server took, for --dry-run's estimate.
+                            "server_start_s": server_start_s,
                             "versions": env,
                         },
                     )

@@ -263,11 +263,14 @@ def _running_members(pgid: int) -> list[int]:
     return members
 
 
-def _wait_healthy(url: str, timeout_s: float, check: Callable[[], None]) -> bool:
+def _wait_healthy(
+    url: str, timeout_s: float, check: Callable[[], None], on_wait: Callable[[], None]
+) -> bool:
     deadline = time.monotonic() + timeout_s
     pause = POLL_FIRST_S
     while not healthy(url):
         check()
+        on_wait()
         if time.monotonic() > deadline:
             return False
         time.sleep(pause)
@@ -275,7 +278,10 @@ def _wait_healthy(url: str, timeout_s: float, check: Callable[[], None]) -> bool
     return True
 
 
-def launch(config: Config, arm: Arm, log_path: Path) -> Server:
+def launch(
+    config: Config, arm: Arm, log_path: Path, on_wait: Callable[[], None] = lambda: None
+) -> Server:
+    """Start the arm's server and wait until it generates; `on_wait` runs at every poll."""
     s = config.server
     url = f"http://{s.host}:{s.port}"
     if healthy(url, timeout_s=2.0):
@@ -305,7 +311,9 @@ def launch(config: Config, arm: Arm, log_path: Path) -> Server:
         arm=arm.name, url=url, proc=proc, log_path=log_path, stop_timeout_s=s.stop_timeout_s
     )
     try:
-        if not _wait_healthy(url, s.health_timeout_s, lambda: server.check_alive("startup")):
+        if not _wait_healthy(
+            url, s.health_timeout_s, lambda: server.check_alive("startup"), on_wait
+        ):
             raise ServerError(
                 f"arm {arm.name!r}: the server did not become healthy within "
                 f"{s.health_timeout_s:g} s ([server] health_timeout_s); log {log_path}, "
@@ -319,7 +327,7 @@ def launch(config: Config, arm: Arm, log_path: Path) -> Server:
 
 def attach(arm: Arm, timeout_s: float = 60.0) -> Server:
     assert arm.url is not None
-    if not _wait_healthy(arm.url, timeout_s, lambda: None):
+    if not _wait_healthy(arm.url, timeout_s, lambda: None, lambda: None):
         raise ServerError(
             f"arm {arm.name!r}: no healthy server at {arm.url} ({HEALTH_PATH} did not answer "
             f"200 within {timeout_s:g} s)"

@@ -1,8 +1,9 @@
 """SGLang's own load generator and GSM8K eval, invoked per cell; nothing here measures anything.
 
 Load: `python -m sglang.benchmark.serving` (the module `sglang.bench_serving` now forwards
-to) with `--max-concurrency` per cell and `--output-file`: it appends one JSON line with its
-metrics (`benchmark`, the `result` dict) that is kept as the cell's raw output.
+to) with `--max-concurrency` (or `--request-rate`) per cell, `--goodput` when the
+configuration has SLOs, and `--output-file`: it appends one JSON line with its metrics
+(`benchmark`, the `result` dict, goodput included) that is kept as the cell's raw output.
 
 Accuracy: the GSM8K eval SGLang's CI runs for DeepSeek-V4 and GLM-5 (`sglang.test.run_eval`
 with `eval_name="gsm8k"`, `api="completion"`, `max_tokens=512`, few-shot): its `__main__`
@@ -22,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from sglang_mixgraph.ab.config import Config
+from sglang_mixgraph.ab.config import CONCURRENCY, Config, Point
 
 BENCH_MODULE = "sglang.benchmark.serving"
 GSM8K_MODULE = "sglang_mixgraph.ab.gsm8k_eval"
@@ -75,8 +76,9 @@ def subprocess_invoker(
                 proc.wait()
 
 
-def bench_argv(config: Config, url: str, concurrency: int, output_file: Path) -> list[str]:
+def bench_argv(config: Config, url: str, point: Point, output_file: Path) -> list[str]:
     sw = config.sweep
+    shape = sw.shape(point.shape)
     argv = [
         "--backend",
         sw.backend,
@@ -85,17 +87,21 @@ def bench_argv(config: Config, url: str, concurrency: int, output_file: Path) ->
         "--dataset-name",
         sw.dataset,
         "--random-input-len",
-        str(sw.input_len),
+        str(shape.input_len),
         "--random-output-len",
-        str(sw.output_len),
+        str(shape.output_len),
         "--random-range-ratio",
-        str(sw.range_ratio),
+        str(shape.range_ratio),
         "--num-prompts",
-        str(sw.num_prompts(concurrency)),
-        "--max-concurrency",
-        str(concurrency),
+        str(sw.prompts(point)),
+    ]
+    if point.kind == CONCURRENCY:
+        argv += ["--max-concurrency", str(int(point.value))]
+    else:  # Poisson arrivals at this rate, no cap on how many are in flight
+        argv += ["--request-rate", f"{point.value:g}"]
+    argv += [
         "--warmup-requests",
-        str(sw.warmup_requests),
+        str(sw.warmup(point)),
         "--seed",
         str(sw.seed),
         "--output-file",
@@ -106,6 +112,10 @@ def bench_argv(config: Config, url: str, concurrency: int, output_file: Path) ->
         argv.append("--flush-cache")
     if sw.dataset_path:
         argv += ["--dataset-path", sw.dataset_path]
+    if config.slo.limits:
+        # bench_serving computes goodput itself (sglang.benchmark.goodput.calculate_goodput)
+        # and writes request_goodput and slo_attainment into its result line.
+        argv += ["--goodput", *config.slo.goodput_args()]
     return argv + list(sw.extra_args)
 
 

@@ -1,0 +1,150 @@
+"""`ab run --dry-run`: every visit's server, every cell's exact command, and how long it takes.
+
+The commands are the ones the run would start: the server launch line of each arm (with its
+environment) and, per cell, `python -m sglang.benchmark.serving ...` or the GSM8K eval with
+the URL and output file the run would give it. Cells that are already done (and would be
+skipped) are marked.
+
+The time estimate is for what is left to do. A cell to measure costs what cells at the same
+load point (shape and concurrency or rate) took in this run directory, over every arm and
+repeat (their records hold `wall_s`); a server start costs what this arm's starts took there
+(`server_start_s`). With nothing measured yet a cell is modelled: bench_serving sends its
+requests in waves of `concurrency` (warm-up, then prompts), each wave as long as one request,
+TTFT + (output_len - 1) x TPOT; a request-rate cell lasts prompts / rate plus two requests
+(the warm-up burst, the last arrival's request);
+GSM8K sends `num_examples` in waves of `parallel`, each up to `max_tokens` long. TTFT and TPOT
+are the `[slo]` limits when there are some (the server is expected to meet them), else
+ASSUMED_TTFT_MS and ASSUMED_TPOT_MS; the line says which. A server start never measured is
+not guessed: the line gives how many there are and their bound, `health_timeout_s` each.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from sglang_mixgraph.ab import runner, server
+from sglang_mixgraph.ab.config import CONCURRENCY, Config
+from sglang_mixgraph.ab.progress import duration
+
+# Without [slo]: a loaded large-model server's order of magnitude, stated in the output.
+ASSUMED_TTFT_MS = 1000.0
+ASSUMED_TPOT_MS = 50.0
+
+
+def _url(config: Config, arm: Any) -> str:
+    return arm.url.rstrip("/") if arm.url else f"http://{config.server.host}:{config.server.port}"
+
+
+def plan_lines(
+    config: Config,
+    run_dir: Path,
+    visits: list[runner.Visit],
+    current: dict[str, Any] | None,
+) -> list[str]:
+    lines = []
+    for visit in visits:
+        done = [runner.is_done(run_dir, c, current) for c in visit.cells]
+        lines.append(
+            f"arm {visit.arm.name}, repeat {visit.repeat + 1}: {len(visit.cells)} cells "
+            f"({sum(done)} done)"
+        )
+        arm = visit.arm
+        if not all(done):
+            where = f"attach {arm.url}" if arm.url else server.launch_line(config, arm)
+            lines.append(f"  server: {where}")
+        for cell, is_done in zip(visit.cells, done, strict=True):
+            module, argv = runner.cell_command(config, run_dir, cell, _url(config, arm))
+            command = shlex.join([sys.executable, "-m", module, *argv])
+            lines.append(f"  {cell.label()}{' (done)' if is_done else ''}: {command}")
+    return lines
+
+
+def _tpot_ttft(config: Config) -> tuple[float, float, str]:
+    limits = config.slo.limits
+    if "tpot_ms" in limits or "ttft_ms" in limits:
+        tpot = limits.get("tpot_ms", ASSUMED_TPOT_MS)
+        ttft = limits.get("ttft_ms", ASSUMED_TTFT_MS)
+        return ttft, tpot, f"TTFT {ttft:g} ms and TPOT {tpot:g} ms ([slo], else assumed)"
+    return (
+        ASSUMED_TTFT_MS,
+        ASSUMED_TPOT_MS,
+        f"an assumed TTFT {ASSUMED_TTFT_MS:g} ms and TPOT {ASSUMED_TPOT_MS:g} ms",
+    )
+
+
+def modelled_cell_s(config: Config, cell: runner.Cell) -> float:
+    ttft, tpot, _ = _tpot_ttft(config)
+    if cell.kind == "gsm8k":
+        g = config.gsm8k
+        return math.ceil(g.num_examples / g.parallel) * (ttft + g.max_tokens * tpot) / 1000
+    assert cell.point is not None
+    bench = cell.settings["bench"]
+    request_s = (ttft + (bench["output_len"] - 1) * tpot) / 1000
+    if cell.point.kind == CONCURRENCY:
+        c = int(cell.point.value)
+        waves = math.ceil(bench["warmup_requests"] / c) + math.ceil(bench["num_prompts"] / c)
+        return waves * request_s
+    return request_s * 2 + bench["num_prompts"] / cell.point.value  # warm-up burst, arrivals
+
+
+def estimate_line(
+    config: Config,
+    run_dir: Path,
+    visits: list[runner.Visit],
+    current: dict[str, Any] | None,
+) -> str:
+    measured: dict[Any, list[float]] = {}  # cell point (None: GSM8K) -> wall seconds
+    starts: dict[str, list[float]] = {}  # arm -> server start seconds
+    for visit in visits:
+        for cell in visit.cells:
+            record = runner.read_record(run_dir, cell) or {}
+            if record.get("status") != runner.OK:
+                continue
+            if isinstance(record.get("wall_s"), (int, float)):
+                measured.setdefault(cell.point, []).append(float(record["wall_s"]))
+            if isinstance(record.get("server_start_s"), (int, float)):
+                starts.setdefault(cell.arm, []).append(float(record["server_start_s"]))
+    total = 0.0
+    from_runs = modelled = 0
+    start_count = 0
+    unknown_starts = 0
+    for visit in visits:
+        todo = [c for c in visit.cells if not runner.is_done(run_dir, c, current)]
+        if not todo:
+            continue
+        if visit.arm.url is None:
+            start_count += 1
+            if visit.arm.name in starts:
+                total += statistics.fmean(starts[visit.arm.name])
+            else:
+                unknown_starts += 1
+        for cell in todo:
+            if cell.point in measured:
+                total += statistics.fmean(measured[cell.point])
+                from_runs += 1
+            else:
+                total += modelled_cell_s(config, cell)
+                modelled += 1
+    cells = from_runs + modelled
+    if not cells:
+        return "estimate: nothing left to measure"
+    parts = []
+    if from_runs:
+        parts.append(f"{from_runs} as measured in this run directory")
+    if modelled:
+        parts.append(f"{modelled} modelled with {_tpot_ttft(config)[2]}")
+    text = (
+        f"estimate: about {duration(total)} for {cells} cells ({'; '.join(parts)}) and "
+        f"{start_count} server starts"
+    )
+    if unknown_starts:
+        text += (
+            f", {unknown_starts} of them not measured yet and not counted (up to "
+            f"{config.server.health_timeout_s:g} s each, [server] health_timeout_s)"
+        )
+    return text
