@@ -40,7 +40,10 @@ def test_pressure_workload_overloads_the_pool_it_runs_against():
     segs = W.build(workload=W.PRESSURE)
     assert segs == W.build(workload=W.PRESSURE) and [s.name for s in segs] == ["warm", "pressure"]
     warm, press = segs
-    assert W.engine_overrides(W.PRESSURE) == {"max_total_tokens": W.PRESSURE_POOL_TOKENS}
+    assert W.engine_overrides(W.PRESSURE) == {
+        "max_total_tokens": W.PRESSURE_POOL_TOKENS,
+        "swa_full_tokens_ratio": W.PRESSURE_SWA_RATIO,
+    }
     assert W.engine_overrides("full") == W.engine_overrides("short") == {}
     pool_pages = W.PRESSURE_POOL_TOKENS // PAGE
     load = press.first + press.then
@@ -54,6 +57,10 @@ def test_pressure_workload_overloads_the_pool_it_runs_against():
     # Prompts longer than the chunk arrive while others decode: MIXED steps.
     assert press.then and all(len(r.prompt) > P.CHUNK for r in press.then)
     assert len(load) <= P.MAX_RUNNING
+    # The window pool holds every request of the load at once (up to two pages each, for a
+    # 128-token window, plus two chunks in flight), so the full pool is the one that runs out.
+    swa_pages = W.PRESSURE_SWA_RATIO * W.PRESSURE_POOL_TOKENS // PAGE
+    assert swa_pages >= 2 * len(press.first) + 2 * _pages(P.CHUNK)
 
 
 def test_pressure_aborts_are_mid_generation_and_only_in_the_streamed_requests():

@@ -41,6 +41,11 @@ LATE_MARGIN_STEPS = 96
 # The pressure workload: a pool of 32 pages of 256 tokens, against about twice that in demand.
 PRESSURE_POOL_TOKENS = 8192
 PRESSURE_MAX_NEW = 512
+# The sliding-window pool as a share of the full one. At DeepSeek-V4's default share the window
+# pool held one request: on the H200 every request ran alone (no MIXED step) and SGLang aborted
+# it for OOM (`retract_decode`: "aborted last request") instead of retracting. With the whole
+# share the full pool is what runs out, and several requests decode when it does.
+PRESSURE_SWA_RATIO = 1.0
 ABORT_AFTER = 24  # tokens an aborted request streams before the client aborts it
 
 
@@ -72,8 +77,10 @@ WORKLOADS = ("full", "short", PRESSURE)  # short: without the long segment (a qu
 
 
 def engine_overrides(workload: str) -> Dict[str, object]:
-    """Engine arguments a workload needs (the pressure workload's small pool)."""
-    return {"max_total_tokens": PRESSURE_POOL_TOKENS} if workload == PRESSURE else {}
+    """Engine arguments a workload needs (the pressure workload's small pools)."""
+    if workload != PRESSURE:
+        return {}
+    return {"max_total_tokens": PRESSURE_POOL_TOKENS, "swa_full_tokens_ratio": PRESSURE_SWA_RATIO}
 
 
 def _pressure_segments(rng: random.Random) -> List[Segment]:
