@@ -967,10 +967,14 @@ def test_shipped_configurations_dry_run(path, tmp_path, capsys, monkeypatch):
     if path.name == "ab_slice.toml":
         (point,) = config.sweep.points()
         sweep = read_toml(path)["sweep"]  # its explicit counts, not the new multiples
-        assert (config.sweep.prompts(point), config.sweep.warmup(point)) == (
-            sweep["min_prompts"],
-            sweep["warmup_requests"],
-        ) == (96, 2)
+        assert (
+            (config.sweep.prompts(point), config.sweep.warmup(point))
+            == (
+                sweep["min_prompts"],
+                sweep["warmup_requests"],
+            )
+            == (96, 2)
+        )
 
 
 def test_counts_in_multiples_of_concurrency_or_explicit():

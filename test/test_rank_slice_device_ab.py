@@ -92,7 +92,10 @@ def test_a_run_split_over_two_calls_resumes_and_warms_a_cold_machine(tmp_path):
     second, packed2 = _call(tmp_path, config, resume, triton_cache=False)
     assert second.returncode == 0, second.stderr + second.stdout
     assert "restored 2 cell files" in second.stdout
-    assert "one throwaway visit first" in second.stdout and "warm-up visit done (rc 0)" in second.stdout
+    assert (
+        "one throwaway visit first" in second.stdout
+        and "warm-up visit done (rc 0)" in second.stdout
+    )
     assert "2 finished cells are kept" in second.stderr
     assert _cells(packed2, tmp_path) == [("base", "ok"), ("cand", "ok")]
 
