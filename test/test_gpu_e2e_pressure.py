@@ -127,6 +127,26 @@ def test_phase_aborts_its_targets_after_their_tokens_and_lets_the_others_finish(
     assert engine.sent[-len(seg.then) :] == [len(r.prompt) for r in seg.then]
 
 
+def test_a_stream_that_fails_to_start_neither_hangs_the_segment_nor_hides():
+    import asyncio
+
+    import e2e_phase
+
+    class Refusing(_Engine):
+        async def async_generate(self, input_ids, sampling_params, stream=False, rid=None):
+            if rid == "press1":  # an abort target whose request is refused outright
+                raise ValueError("refused")
+            return await super().async_generate(input_ids, sampling_params, stream, rid)
+
+    seg = W.build(workload=W.PRESSURE)[1]
+    outputs, finishes = asyncio.run(
+        asyncio.wait_for(e2e_phase._with_aborts(Refusing(), seg), timeout=60)
+    )
+    assert outputs["press1"] == [] and finishes["press1"] == "error: ValueError: refused"
+    rec = _press(outputs={"r0": [1, 2, 3], "r1": [4, 5], "ab": []}, finish=finishes["press1"])
+    assert "aborted requests stopped mid-generation" in H._failed(H._check(rec, _press("bcg-off")))
+
+
 # ---- the pool log --------------------------------------------------------------------------
 
 

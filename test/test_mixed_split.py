@@ -66,9 +66,12 @@ def _check_split_step(world, base, out, plan, step):
         d,
         step.num_rows,
     )
-    # Every ratio splits: no all-requests cache is built, no layer runs unsplit.
+    # Every ratio splits: no layer runs unsplit. The all-requests cache is built anyway, before
+    # upstream's eager snapshot publishes read-done (on by default), for an abandon at the first
+    # layer; no layer read it (no compressed gather in it).
     assert plan.split_ratios == frozenset(ms.ALL_RATIOS)
-    assert plan.full_cache is None and not plan.unsplit_calls
+    assert not plan.unsplit_calls
+    assert plan.full_cache is not None and plan.full_cache.compressed == {}
     # Decode rows reach the decode kernel with exactly their own metadata rows, once per layer.
     core = world.backend.forward_metadata.core_attn_metadata
     assert len(K.CALLS.decode) == len(out)
@@ -516,8 +519,8 @@ def _check_per_ratio_step(world, base, base_cache, base_dequant, out, plan, step
         unsplit_c = {K.LAYER_RATIOS[lay] for lay in unsplit_layers} - {0}
         assert set(plan.full_cache.compressed) == unsplit_c
         _same_chunk_cache(plan.full_cache, base_cache, unsplit_c)
-    else:
-        assert plan.full_cache is None
+    else:  # built only for an abandon (read-done may be published), read by no layer
+        assert plan.full_cache is not None and plan.full_cache.compressed == {}
     # ... and dequantizing exactly what upstream dequantized for those layers.
     for layer in unsplit_layers:
         assert _layer_dequants(world, K.CALLS.dequant_slots, layer) == _layer_dequants(

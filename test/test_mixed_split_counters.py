@@ -136,26 +136,28 @@ class _Model:
 
     shared_experts_config = None
 
-    def __init__(self, world):
-        self.world = world
+    def __init__(self, world, heads=K.HEADS):
+        self.world, self.heads = world, heads
         self.batches = []
 
     def forward(self, input_ids, positions, forward_batch, **kwargs):
         self.batches.append(forward_batch)
+        q = self.world.q(heads=self.heads)
         return {
-            layer: self.world.run_layer(forward_batch, layer)
+            layer: self.world.run_layer(forward_batch, layer, q=q)
             for layer in range(len(K.LAYER_RATIOS))
         }
 
 
-def _eager_runner(world):
-    """Upstream's EagerRunner with the attributes its ``__init__`` sets that ``execute`` reads."""
+def _eager_runner(world, heads=K.HEADS):
+    """Upstream's EagerRunner with the attributes its ``__init__`` sets that ``execute`` reads;
+    the model's queries have ``heads`` heads."""
     from sglang.srt.model_executor.cuda_graph_buffer_registry import build_eager_registry
     from sglang.srt.model_executor.runner.eager_runner import EagerRunner
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     runner = object.__new__(EagerRunner)
-    model = _Model(world)
+    model = _Model(world, heads)
     runner.model_runner = SimpleNamespace(
         attn_backend=world.backend,
         model=model,
@@ -241,11 +243,14 @@ def test_eager_extend_not_built_mixed_with_a_decode_tail_is_not_split(recorded):
     assert not K.CALLS.decode and _events().get("steps_split", 0) == 0
 
 
-def test_eager_mixed_step_publishes_read_done_and_builds_its_cache_once():
+@pytest.mark.parametrize("heads", [K.HEADS, 32], ids=["split", "abandoned"])
+def test_eager_mixed_step_publishes_read_done_and_reads_no_table_after_it(heads):
     """Upstream's eager runner relabels the MIXED step to EXTEND before its WAR snapshot, so it
-    publishes read-done itself; with the split on, the snapshot gets the plan's prefill-only
-    cache instead of a second build, and nothing reads the shared tables after the publish
-    (the snapshot check is on)."""
+    publishes read-done itself. With the split on, the plan builds its caches before that (the
+    all-requests one and the prefill-only one; the snapshot gets the prefill-only one instead of
+    a third build), and nothing reads the shared tables after the publish (the snapshot check
+    is on). A plan abandoned at the first layer (32 heads: not a decode-kernel head count)
+    hands upstream the all-requests cache: no lazy build after the publish, upstream's output."""
     from install_kit import installed
 
     from sglang_mixgraph.patches import war_snapshot_check as wc
@@ -257,7 +262,8 @@ def test_eager_mixed_step_publishes_read_done_and_builds_its_cache_once():
     }
     with _ctx():
         world = K.World(MIXED)
-        runner, _ = _eager_runner(world)
+        runner, _ = _eager_runner(world, heads)
+        base = _execute(runner, world, world.forward_batch())
         runner.model_runner.shared_read_done_event = None
         runner.model_runner.forward_pass_id = 1
         builds = []
@@ -274,13 +280,24 @@ def test_eager_mixed_step_publishes_read_done_and_builds_its_cache_once():
             real_builds = []
             forget = buf.forget_head
             buf.forget_head = lambda: real_builds.append(1) or forget()
+            fb = world.forward_batch()
+
             try:
-                _execute(runner, world, world.forward_batch())
+                out = _execute(runner, world, fb)
                 assert runner.model_runner.shared_read_done_event is not None
                 assert wc.PUBLISHED.active() == "forward #1 (DeepseekV4AttnBackend)"
             finally:
                 wc.PUBLISHED.clear()
+    # Asked three times (the plan's two caches, then upstream's snapshot), built twice, all
+    # before the publish: a build after it would have raised WarSnapshotViolation.
+    assert builds == [MIXED.num_rows] * 3 and len(real_builds) == 2
+    metadata = world.backend.forward_metadata
+    if heads == K.HEADS:
         plan = ms.get_plan(world.backend)
-        # Asked twice (the plan, then upstream's snapshot), built once: the same object.
-        assert builds == [MIXED.num_rows] * 2 and len(real_builds) == 1
-        assert world.backend.forward_metadata.sparse_prefill_cache is plan.prefill_cache
+        assert plan is not None and metadata.sparse_prefill_cache is plan.prefill_cache
+        assert _events().get("steps_split") == 1
+    else:
+        assert ms.get_plan(world.backend) is None and _fallbacks() == {"heads": 1}
+        assert metadata.sparse_prefill_cache is not None
+        for layer in out:
+            assert torch.equal(out[layer], base[layer]), layer

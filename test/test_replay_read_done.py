@@ -193,13 +193,63 @@ def test_split_replay_publishes_with_the_plans_cache(world):
         static, ends = replay(MIXED, ForwardMode.MIXED)
         plan = ms.get_plan(w.backend)
         assert ends is SharedReadEnds.PRE_REPLAY and plan is not None and plan.matches(static)
-        # One build, the plan's prefill-only cache; the read-done patch adds none.
-        assert len(builds) == 1 and capture.sparse_prefill_cache is plan.prefill_cache
+        # The plan's two builds (the all-requests cache, kept for an abandon, and the
+        # prefill-only one it installs); the read-done patch adds none, the layers none.
+        assert len(builds) == 2 and capture.sparse_prefill_cache is plan.prefill_cache
+        assert plan.full_cache is not None
         out = _layers(w, static)
-        assert len(builds) == 1
+        assert len(builds) == 2
     assert plan.decode_calls == {0: 1, 4: 1, 128: 1}
     for layer in out:
         torch.testing.assert_close(out[layer].float(), base[layer].float(), atol=ATOL, rtol=RTOL)
+
+
+def test_a_plan_abandoned_after_the_publish_reads_no_table(world):
+    """A split replay whose attention meets what the plan could not see (queries of 32 heads:
+    not a decode-kernel head count) is abandoned at its first layer, after read-done was
+    published: upstream takes the all-requests cache the plan built before the publish (no lazy
+    build, which the snapshot check would stop) and gives its own output, bit for bit."""
+    w, capture, runner, replay = world
+
+    def layers(static):
+        q = w.q(heads=32)
+        return {layer: w.run_layer(static, layer, q=q) for layer in (0, 1, 2)}
+
+    with installed(PATCHES, env()):
+        base = layers(replay(MIXED, ForwardMode.MIXED)[0])  # upstream: lazy build, no publish
+    on = env(
+        SGLANG_OPT_DSV4_REPLAY_READ_DONE="1",
+        SGLANG_DEBUG_WAR_SNAPSHOT="1",
+        SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN="1",
+        SGLANG_MIXGRAPH_SPLIT_POLICY="always",
+    )
+    with installed(PATCHES, on):
+        static, ends = replay(MIXED, ForwardMode.MIXED)
+        plan = ms.get_plan(w.backend)
+        assert ends is SharedReadEnds.PRE_REPLAY and plan is not None
+        assert wc.PUBLISHED.active() is not None
+        builds = _builds(w)
+        out = layers(static)  # raises WarSnapshotViolation on a build after the publish
+        assert builds == [] and ms.get_plan(w.backend) is None
+        assert capture.sparse_prefill_cache is plan.full_cache
+    for layer in out:
+        assert torch.equal(out[layer], base[layer]), layer
+
+
+def test_without_read_done_an_abandoned_plan_keeps_upstreams_lazy_build(world):
+    """Where nothing can be published (the coarse barrier), the plan builds no all-requests
+    cache for an abandon: upstream's lazy build may still read the tables then."""
+    w, capture, runner, replay = world
+    on = env(
+        SGLANG_OPT_DSV4_REPLAY_READ_DONE="1",
+        SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN="1",
+        SGLANG_MIXGRAPH_SPLIT_POLICY="always",
+        SGLANG_FORCE_COARSE_WAR_BARRIER="1",
+    )
+    with installed(PATCHES, on):
+        static, ends = replay(MIXED, ForwardMode.MIXED)
+        plan = ms.get_plan(w.backend)
+        assert ends is SharedReadEnds.UNKNOWN and plan is not None and plan.full_cache is None
 
 
 def test_idle_rank_publishes_without_building(world):
@@ -419,9 +469,10 @@ def test_split_and_read_done_size_the_rows_the_break_sees(padded_world, non_padd
         assert ends is SharedReadEnds.PRE_REPLAY and plan is not None and plan.matches(static)
         assert plan.boundary.num_rows == rd.attention_rows(static) == expected
         assert (plan.boundary.b0, plan.boundary.decode_end) == (11, 13)
-        assert builds == [expected] and capture.sparse_prefill_cache is plan.prefill_cache
+        # Both of the plan's caches (all requests, prefill only) for the rows the break sees.
+        assert builds == [expected] * 2 and capture.sparse_prefill_cache is plan.prefill_cache
         out = _breaks(w, static)  # a build after the publish would raise (the check is on)
-        assert ms.get_plan(w.backend) is plan and builds == [expected]
+        assert ms.get_plan(w.backend) is plan and builds == [expected] * 2
     assert counters.get_fallback(ms.PATCH_ID, "shape") == abandoned
     assert plan.decode_calls == {0: 1, 4: 1, 128: 1}
     live = MIXED.num_rows

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 import importlib
 
 import pytest
+import torch
 
 from sglang_mixgraph import upstream_guards as ug
 
@@ -52,6 +54,27 @@ def _memory_settings_without_cap(server_args):
     return cfg.chunked_prefill_size
 
 
+def _body_with_a_live_tail(
+    self, forward_batch, static_forward_batch, static_num_tokens, raw_num_tokens, shape_key, **kw
+):
+    # The eager tail on a view of the live batch, as upstream's full-graph branch does.
+    tail = copy.copy(forward_batch)
+    return self.model_runner.model.forward(tail.input_ids, tail.positions, tail, **kw)
+
+
+def _load_batch_with_bucket_counts(self, forward_batch, **kwargs):
+    counts = self.bucket_counts
+    return ForwardBatch(  # noqa: F821
+        input_ids=forward_batch.input_ids,
+        global_num_tokens_for_logprob_gpu=counts,
+        global_num_tokens_for_logprob_cpu=forward_batch.global_num_tokens_for_logprob_cpu,
+    )
+
+
+def _gather_the_padded_rows(self):
+    self.gathered_buffer = torch.empty(self.global_dp_buffer_len, 16)
+
+
 SPLIT = f"{ug.SPLIT_OP_MODULE}.bcg_dsa_indexer_prefill_split"
 DOCTORED = [
     (
@@ -91,6 +114,27 @@ DOCTORED = [
         _memory_settings_without_cap,
         f"{ug.MEMORY_SETTINGS} no longer caps MLA prefill capture at 8192",
     ),
+    (
+        "replay_logits_live_counts",
+        f"{ug.PREFILL_RUNNER}._execute_body_capture",
+        _body_with_a_live_tail,
+        f"{ug.PREFILL_RUNNER}._execute_body_capture no longer runs the logits tail on the "
+        "static batch (it gets the live batch)",
+    ),
+    (
+        "replay_logits_live_counts",
+        f"{ug.PREFILL_RUNNER}.load_batch",
+        _load_batch_with_bucket_counts,
+        f"{ug.PREFILL_RUNNER}.load_batch sets the static batch's "
+        "global_num_tokens_for_logprob_gpu to 'counts', not the live batch's "
+        "(forward_batch.global_num_tokens_for_logprob_gpu)",
+    ),
+    (
+        "replay_logits_live_counts",
+        f"{ug.LOGITS}.LogitsMetadata.compute_dp_attention_metadata",
+        _gather_the_padded_rows,
+        f"{ug.LOGITS}.LogitsMetadata gathers 22528 rows for 1799 live ones (22528 padded)",
+    ),
 ]
 
 
@@ -109,6 +153,23 @@ def test_a_doctored_upstream_fails_its_guard_with_the_place(
     # a new split-op body is no longer the one the eager break wraps
     also = {"dsa_indexer_split_op"} if path.endswith("pcg_dsa_indexer_prefill_split") else set()
     assert failing == {guard} | also
+
+
+def test_the_logits_guard_runs_upstreams_replay_body_and_leaves_upstream_as_it_was():
+    """The tail check runs upstream's own ``_execute_body_capture`` (a rename there is a
+    problem, not an exception), and the gather check restores the DP getters it stands in."""
+    lp = importlib.import_module(ug.LOGITS)
+    getters = {n: getattr(lp, n) for n in ("get_dp_hidden_size", "get_parallel")}
+    assert ug._replay_logits_live_counts() == []
+    assert {n: getattr(lp, n) for n in getters} == getters
+    runner = importlib.import_module(ug.PREFILL_RUNNER.rsplit(".", 1)[0]).PrefillCudaGraphRunner
+    body = runner._execute_body_capture
+    try:
+        del runner._execute_body_capture
+        (problem,) = ug._tail_runs_on_the_static_batch()
+    finally:
+        runner._execute_body_capture = body
+    assert problem.startswith(f"{ug.PREFILL_RUNNER}._execute_body_capture: cannot be read")
 
 
 def test_a_missing_upstream_function_is_reported_not_raised(monkeypatch):

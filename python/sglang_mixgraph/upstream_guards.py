@@ -1,21 +1,28 @@
-"""Guards: what upstream already does for GLM-5 under breakable CUDA graphs, checked, not patched.
+"""Guards: what upstream already does under breakable CUDA graphs that the plugin relies on,
+checked, not patched.
 
-SGLang 0.5.23 runs the DSA indexer's non-CP prefill as one eager split op under breakable graphs
-(taking the k-only decision inside it), stores the indexer's Q/K for the live token count,
-runs the MLA absorb bmm and attention as one eager break, and caps the default prefill capture
-of MLA models at 8192 tokens. The plugin relies on all of it (``drop_empty_segments`` targets
-the empty segments these breaks leave; ``plan --preset glm5`` reports them). Each guard reads
-upstream's code (functions it calls, parameters it takes, decorators it carries), so a release
-that silently undoes one is caught by ``doctor`` and by the CPU tests, with the exact place.
-A guard's check returns its problems; none means upstream still does it.
+For GLM-5, SGLang 0.5.23 runs the DSA indexer's non-CP prefill as one eager split op under
+breakable graphs (taking the k-only decision inside it), stores the indexer's Q/K for the live
+token count, runs the MLA absorb bmm and attention as one eager break, and caps the default
+prefill capture of MLA models at 8192 tokens (``drop_empty_segments`` targets the empty segments
+these breaks leave; ``plan --preset glm5`` reports them). For every model, a replayed prefill or
+mixed step gathers its DP logits for the live rows only (the mixed steady state relies on it).
+Each guard reads upstream's code (functions it calls, parameters it takes, decorators it
+carries) or runs it on stand-ins, so a release that silently undoes one is caught by ``doctor``
+and by the CPU tests, with the exact place. A guard's check returns its problems; none means
+upstream still does it.
 """
 
 from __future__ import annotations
 
+import ast
+import contextlib
 import importlib
 import inspect
+import textwrap
 import types
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, Callable
 
 DSA = "sglang.srt.layers.attention.dsa"
@@ -28,6 +35,9 @@ BCG_MODULE = (
     "sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph.breakable_cuda_graph"
 )
 MLA_PREFILL_CAP = 8192
+PREFILL_RUNNER = "sglang.srt.model_executor.runner.prefill_cuda_graph_runner.PrefillCudaGraphRunner"
+LOGITS = "sglang.srt.layers.logits_processor"
+LOGPROB_FIELDS = ("global_num_tokens_for_logprob_gpu", "global_num_tokens_for_logprob_cpu")
 
 
 @dataclass(frozen=True)
@@ -162,6 +172,132 @@ def _prefill_max_bs_default() -> list[str]:
     return problems
 
 
+def _static_batch_keeps_live_counts() -> list[str]:
+    """``load_batch`` builds the replay's static ForwardBatch with the live batch's per-rank
+    logprob counts (not the bucket's)."""
+    path = f"{PREFILL_RUNNER}.load_batch"
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(_get(path))))
+    except (LookupError, AttributeError, TypeError, OSError, SyntaxError) as e:
+        return [f"{path}: cannot be read ({type(e).__name__}: {e})"]
+    calls = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "ForwardBatch"
+    ]
+    if len(calls) != 1:
+        return [f"{path} builds {len(calls)} ForwardBatch objects, not one static batch"]
+    keywords = {k.arg: ast.unparse(k.value) for k in calls[0].keywords}
+    return [
+        f"{path} sets the static batch's {field} to {keywords.get(field)!r}, not the live "
+        f"batch's (forward_batch.{field})"
+        for field in LOGPROB_FIELDS
+        if keywords.get(field) != f"forward_batch.{field}"
+    ]
+
+
+class _Recorder:
+    """The model of a replay stand-in: records the batch the eager tail runs on."""
+
+    def __init__(self):
+        self.tail_batches = []
+
+    def forward(self, input_ids, positions, forward_batch, **kwargs):
+        self.tail_batches.append(forward_batch)
+        return "logits"
+
+
+def _tail_runs_on_the_static_batch() -> list[str]:
+    """Upstream's ``_execute_body_capture``, run on a breakable-graph runner stand-in (the
+    captured body's replay returns at once): the eager logits tail gets the static batch."""
+    path = f"{PREFILL_RUNNER}._execute_body_capture"
+    try:
+        body = _get(path)
+    except (LookupError, AttributeError) as e:
+        return [f"{path}: cannot be read ({type(e).__name__}: {e})"]
+    model = _Recorder()
+    runner = SimpleNamespace(
+        _is_full_backend=False,
+        is_dsv41_model=False,
+        _use_draft_input_embeds=False,
+        layer_model=SimpleNamespace(forward=None),
+        backend=SimpleNamespace(replay=lambda shape_key, batch, **kw: "hidden"),
+        buffer_registry=SimpleNamespace(has_slot=lambda name: False),
+        model_runner=SimpleNamespace(pp_group=SimpleNamespace(is_first_rank=True), model=model),
+        _restore_qwen_bcg_hc_output=lambda hs: hs,
+        _prefill_forward_context=lambda *a, **kw: contextlib.nullcontext(),
+    )
+    live = SimpleNamespace(mm_input_embeds=None, input_ids="live ids", positions="live pos")
+    static = SimpleNamespace(mm_input_embeds=None, input_ids="static ids", positions="static pos")
+    try:
+        body(runner, live, static, 64, 13, SimpleNamespace(size=64))
+    except Exception as e:  # upstream changed what the body needs: report, never raise
+        return [f"{path} no longer runs on a breakable-graph runner ({type(e).__name__}: {e})"]
+    tail = model.tail_batches
+    if len(tail) != 1 or tail[0] is not static:
+        # A copy of the live batch reads as the live batch (same fields).
+        got = "the live batch" if tail and vars(tail[0]) == vars(live) else "another batch"
+        return [f"{path} no longer runs the logits tail on the static batch (it gets {got})"]
+    return []
+
+
+def _gather_is_the_live_rows() -> list[str]:
+    """``LogitsMetadata`` of such a static batch (a 2816-token bucket on 8 DP ranks, 257 live
+    sampling rows per rank but one idle) gathers the live rows only."""
+    import torch
+
+    path = f"{LOGITS}.LogitsMetadata"
+    live = [257] * 7 + [0]
+    bucket_rows = 2816 * 8
+    try:
+        lp = importlib.import_module(LOGITS)
+        from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+
+        batch = ForwardBatch(
+            forward_mode=ForwardMode.EXTEND,
+            batch_size=257,
+            input_ids=torch.zeros(2816, dtype=torch.int64),
+            req_pool_indices=torch.zeros(257, dtype=torch.int32),
+            seq_lens=torch.ones(257, dtype=torch.int32),
+            out_cache_loc=torch.zeros(2816, dtype=torch.int64),
+            seq_lens_sum=257,
+            global_num_tokens_gpu=torch.tensor([2816] * 8),
+            global_num_tokens_for_logprob_gpu=torch.tensor(live),
+            global_num_tokens_for_logprob_cpu=list(live),
+            global_dp_buffer_len=bucket_rows,
+        )
+        dp = {
+            "get_dp_hidden_size": lambda: 16,
+            "get_dp_dtype": lambda: torch.float32,
+            "get_dp_device": lambda: "cpu",
+            "get_parallel": lambda: SimpleNamespace(attn_dp_rank=2),
+        }
+        saved = {name: getattr(lp, name) for name in dp}
+        try:
+            for name, stand_in in dp.items():
+                setattr(lp, name, stand_in)
+            meta = lp.LogitsMetadata.from_forward_batch(batch)
+            meta.compute_dp_attention_metadata()
+        finally:
+            for name, value in saved.items():
+                setattr(lp, name, value)
+        rows = int(meta.gathered_buffer.shape[0])
+    except Exception as e:  # upstream changed the metadata: report, never raise
+        return [f"{path}: cannot be run on a DP batch stand-in ({type(e).__name__}: {e})"]
+    if rows != sum(live):
+        return [f"{path} gathers {rows} rows for {sum(live)} live ones ({bucket_rows} padded)"]
+    return []
+
+
+def _replay_logits_live_counts() -> list[str]:
+    return (
+        _static_batch_keeps_live_counts()
+        + _uses(f"{PREFILL_RUNNER}.execute", "load_batch", "_execute_body_capture")
+        + _tail_runs_on_the_static_batch()
+        + _gather_is_the_live_rows()
+    )
+
+
 GUARDS = (
     Guard(
         "dsa_indexer_split_op",
@@ -189,6 +325,13 @@ GUARDS = (
         f"--cuda-graph-max-bs-prefill defaults to min({MLA_PREFILL_CAP}, chunked prefill size) "
         "for MLA models",
         _prefill_max_bs_default,
+    ),
+    Guard(
+        "replay_logits_live_counts",
+        "a replayed prefill or mixed step gathers its DP logits for the live rows: load_batch's "
+        "static batch keeps the live counts, _execute_body_capture runs the logits tail on it, "
+        "LogitsMetadata gathers their sum",
+        _replay_logits_live_counts,
     ),
 )
 

@@ -60,11 +60,11 @@ async def _staggered(engine, seg: W.Segment) -> dict:
 async def _stream(engine, r: W.Request, started: asyncio.Event):
     """One streamed request to its end: (its tokens, its finish type). Aborted by the client once
     it has streamed ``r.abort_after`` tokens; ``started`` is set at its first chunk."""
-    gen = await engine.async_generate(
-        input_ids=list(r.prompt), sampling_params=_params(r.max_new), stream=True, rid=r.rid
-    )
     tokens, finish, abort_sent = [], None, False
     try:
+        gen = await engine.async_generate(
+            input_ids=list(r.prompt), sampling_params=_params(r.max_new), stream=True, rid=r.rid
+        )
         async for chunk in gen:
             ids = list(chunk.get("output_ids") or ())
             tokens = ids if len(ids) >= len(tokens) else tokens  # cumulative chunks

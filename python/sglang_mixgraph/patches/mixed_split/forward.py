@@ -115,10 +115,12 @@ def _decode_tail(backend, plan: SplitPlan, q, layer_id, compress_ratio, pool, co
 
 def _abandon_plan(backend, reason_key: str) -> None:
     """A planned step meets something only visible at the first layer: upstream for the rest
-    of the step. The prefill-only cache is replaced by the all-requests one when the plan
-    built it, else dropped so upstream's lazy build (in ``_forward_prefill_sparse``) covers
-    every row again. Not expected in practice: the plan-time checks cover the configurations
-    that lead here (see docs/mixed-split.md)."""
+    of the step. The prefill-only cache is replaced by the all-requests one the plan built
+    before any read-done publish (plan._plan builds it wherever read-done may be published),
+    else dropped so upstream's lazy build (in ``_forward_prefill_sparse``) covers every row
+    again: only where nothing was published, so that build may still read the shared tables.
+    Not expected in practice: the plan-time checks cover the configurations that lead here
+    (see docs/mixed-split.md)."""
     _fallback(reason_key)
     metadata = backend.forward_metadata
     plan = getattr(metadata, PLAN_ATTR, None)

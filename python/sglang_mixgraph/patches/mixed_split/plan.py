@@ -178,12 +178,14 @@ def _plan(backend, metadata, live, target, num_rows: int, *, replay: bool) -> Op
             return None
         logger.debug("mixed split: adaptive splits ratios %s (%s)", sorted(split_ratios), boundary)
     full_cache = None
-    if not _present_ratios(backend) <= split_ratios:
-        # Some layers stay unsplit: they get exactly the chunk cache upstream would build for
-        # this step (all requests, all rows). Built now, before the plan is stored, so the
-        # builder hook passes the call through to upstream unchanged; and before the first
-        # layer, so it reads req_to_token/full_to_swa before the eager WAR snapshot publishes
-        # read-done (``EagerRunner``), as upstream's own snapshot build does.
+    if not _present_ratios(backend) <= split_ratios or _read_done_may_publish(replay):
+        # The chunk cache upstream would build for this step (all requests, all rows), for the
+        # layers left unsplit and, where read-done may be published, for a plan abandoned at the
+        # first layer (forward._abandon_plan): it must not send upstream to a lazy build that
+        # reads req_to_token/full_to_swa after the publish. Built now, before the plan is
+        # stored, so the builder hook passes the call through to upstream unchanged; and
+        # before the first layer, so before the eager WAR snapshot (``EagerRunner``) or the
+        # replay (``replay_read_done``) publishes read-done, as upstream's own snapshot does.
         full_cache = backend._build_sparse_prefill_chunk_cache(target, core, num_qo_tokens=num_rows)
     plan = SplitPlan(
         boundary=boundary,
@@ -206,6 +208,25 @@ def _plan(backend, metadata, live, target, num_rows: int, *, replay: bool) -> Op
     _count("replays_split" if replay else "steps_split")
     _count("decode_rows_split", boundary.num_decode_reqs)
     return plan
+
+
+def _read_done_may_publish(replay: bool) -> bool:
+    """Whether read-done may be published for this step before its first layer: upstream's
+    gates (``AttentionBackend.resolve_prefill_shared_read_ends``) allow it, and the step is
+    eager (``EagerRunner`` publishes after upstream's snapshot) or a replay with the
+    ``replay_read_done`` patch on (upstream publishes none for DSV4 replays)."""
+    from sglang.srt.environ import envs
+
+    if (
+        envs.SGLANG_FORCE_COARSE_WAR_BARRIER.get()
+        or not envs.SGLANG_ENABLE_PREFILL_WAR_READ_DONE.get()
+    ):
+        return False
+    if not replay:
+        return True
+    from sglang_mixgraph.patches import replay_read_done
+
+    return bool(replay_read_done.FLAG.get())
 
 
 def _sched_meta_factory():

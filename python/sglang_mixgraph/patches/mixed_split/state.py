@@ -91,7 +91,8 @@ class SplitPlan:
     # Compress ratios whose layers take the split path this step (``always``: every ratio).
     split_ratios: FrozenSet[int] = frozenset(ALL_RATIOS)
     # The all-requests chunk cache upstream would have built for this step, for the layers of
-    # ratios outside ``split_ratios``; None when every present ratio splits.
+    # ratios outside ``split_ratios`` and for an abandoned plan where read-done may be
+    # published; None when every present ratio splits and nothing can be published.
     full_cache: Any = None
     # The prefill-only chunk cache of the split ratios, once built.
     prefill_cache: Any = None
