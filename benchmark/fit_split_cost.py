@@ -8,16 +8,28 @@ ahead. Output: the per-ratio coefficients of ``sglang_mixgraph.core.split_cost_m
 ``split_cost_fit.fit_coefficients`` (non-negative, relative error), written as the package's
 ``data/split_cost_<arch>.json``, and each point's measured vs predicted times on stdout.
 
+``--eager`` adds the eager regime's terms (``split_cost_fit.fit_eager_terms``) from a second
+results JSON run without ``--queue-ahead-ms`` (the host exposed: each call's wall and host time),
+on top of the GPU coefficients just fitted. ``--report`` writes the re-evaluation page: what
+``adaptive`` picks at every recorded point in its regime, before (GPU model only) and after, and
+its measured time relative to the better of ``off`` and ``always``.
+
     python3 benchmark/fit_split_cost.py docs/results/mixed_split_inserver_fit_h200.json \\
-        --arch sm90 --margin 0.03 --write python/sglang_mixgraph/data/split_cost_sm90.json
+        --eager docs/results/mixed_split_inserver_h200.json --arch sm90 \\
+        --write python/sglang_mixgraph/data/split_cost_sm90.json \\
+        --report docs/results/split_cost_regimes_h200.md
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import datetime
 import json
 import os
+import statistics
 import sys
+import time
 
 sys.path[:0] = [
     os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"),
@@ -29,34 +41,352 @@ import split_cost_fit as fit  # noqa: E402
 from sglang_mixgraph.core import split_cost_model as cm  # noqa: E402
 
 RATIO_OF_LAYER = {"csa_c4_top1024": 4, "hca_c128": 128}
+COMMAND = (
+    "python3 benchmark/fit_split_cost.py docs/results/mixed_split_inserver_fit_h200.json "
+    "--eager docs/results/mixed_split_inserver_h200.json --arch sm90 "
+    "--write python/sglang_mixgraph/data/split_cost_sm90.json "
+    "--report docs/results/split_cost_regimes_h200.md"
+)
+
+
+def shape_of(p) -> cm.StepShape:
+    ratio = RATIO_OF_LAYER[p["layer"]]
+    return cm.StepShape.uniform(ratio, p["context"], p["decode_rows"], p["prefill_rows"])
 
 
 def samples_of(points):
+    return [(shape_of(p), p["off_layer_ms"], p["always_layer_ms"]) for p in points]
+
+
+def eager_samples_of(points):
+    return [
+        (
+            shape_of(p),
+            p["off_layer_host_ms"],
+            p["always_layer_host_ms"],
+            p["off_layer_wall_ms"],
+            p["always_layer_wall_ms"],
+        )
+        for p in points
+    ]
+
+
+def source_of(path: str, data: dict, what: str) -> str:
+    env = data["environment"]
+    return (
+        f"benchmark/mixed_split_inserver.py on {env['gpu']}, {env['date']}, {what}, "
+        f"{len(data['points'])} points ({path}); fitted by benchmark/fit_split_cost.py"
+    )
+
+
+def _load(path: str) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+# --------------------------------------------------------------------------------------------
+# re-evaluation of recorded timings
+# --------------------------------------------------------------------------------------------
+
+
+def regret(point, split: bool, key: str) -> float:
+    """The chosen arm's measured time over the better of off and always (1.0 = the better)."""
+    off, always = point[f"off_{key}"], point[f"always_{key}"]
+    return (always if split else off) / min(off, always)
+
+
+def evaluate(points, decide, key: str):
+    """Per point ``(split?, regret)`` of ``decide(shape)`` against the measured ``key`` times."""
     out = []
     for p in points:
-        ratio = RATIO_OF_LAYER[p["layer"]]
-        shape = cm.StepShape.uniform(ratio, p["context"], p["decode_rows"], p["prefill_rows"])
-        out.append((shape, p["off_layer_ms"], p["always_layer_ms"]))
+        split = decide(shape_of(p))
+        out.append((split, regret(p, split, key)))
     return out
+
+
+def wall_rules(coeffs: cm.Coefficients):
+    """Candidate eager wall models, for the report's comparison: (name, fn(shape) -> times)."""
+
+    def host(shape):
+        e = coeffs.eager_for_ratio(shape.ratio)
+        hs = e["host_split"] if shape.prefill_rows else e["host_split_decode_only"]
+        return e["host_unsplit"], hs
+
+    def combine(f):
+        return lambda s: tuple(f(h, g) for h, g in zip(host(s), cm.predict(s, coeffs), strict=True))
+
+    return [
+        ("GPU model only (today)", lambda s: cm.predict(s, coeffs)),
+        ("max(H, G)", combine(max)),
+        ("H + G", combine(lambda h, g: h + g)),
+        ("max(H, G + kappa H) (shipped)", lambda s: cm.predict_eager(s, coeffs)),
+    ]
+
+
+def leave_one_out(points, coeffs: cm.Coefficients):
+    """Per eager point ``(split?, regret)`` with the eager terms fitted to the other points."""
+    gpu_only = dataclasses.replace(coeffs, eager=None, eager_source="")
+    samples = eager_samples_of(points)
+    out = []
+    for i, p in enumerate(points):
+        held = fit.fit_eager_terms(samples[:i] + samples[i + 1 :], gpu_only)
+        split = cm.should_split(shape_of(p), held, regime=cm.EAGER)
+        out.append((split, regret(p, split, "layer_wall_ms")))
+    return out
+
+
+def worst_recorded(points, coeffs: cm.Coefficients, legacy: cm.Coefficients) -> str:
+    """A sentence on the eager point where the recorded ``adaptive`` arm did worst."""
+    p = max(
+        points,
+        key=lambda x: x["adaptive_layer_wall_ms"]
+        / min(x["off_layer_wall_ms"], x["always_layer_wall_ms"]),
+    )
+    s = shape_of(p)
+    best = min(p["off_layer_wall_ms"], p["always_layer_wall_ms"])
+    gu, gs = cm.predict(s, legacy)
+    eu, es = cm.predict_eager(s, coeffs)
+    return (
+        f"The recorded `adaptive` arm did worst at {p['layer']} {p['context'] // 1024}k D "
+        f"{p['decode_rows']} P {p['prefill_rows']} ({p['adaptive_layer_wall_ms']:.3f} ms, "
+        f"{p['adaptive_layer_wall_ms'] / best:.3f}x the faster arm's wall; "
+        f"{p['off_layer_ms'] / p['adaptive_layer_ms']:.2f}x of `off` by CUDA-event time, as on "
+        "the results page). It split with the coefficients shipped at the time of that run; the "
+        f"GPU model shipped now keeps the layer unsplit there, but by a predicted "
+        f"{100 * (gs / gu - 1):.1f} % ({gu:.3f} vs {gs:.3f} ms), while the eager model predicts "
+        f"the split {100 * (es / eu - 1):.0f} % slower ({eu:.3f} vs {es:.3f} ms)."
+    )
+
+
+def time_calls(coeffs: cm.Coefficients, reps: int = 20000):
+    """CPU cost per call: ``should_split`` in each regime on a prepared shape, and
+    ``StepShape.from_lists`` (the only part that grows with the requests) for a few sizes."""
+    shape = cm.StepShape.uniform(4, 8192, 32, 512)
+    out = {}
+    for regime in cm.REGIMES:
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            cm.should_split(shape, coeffs, regime=regime)
+        out[f"should_split ({regime})"] = (time.perf_counter() - t0) / reps * 1e6
+    for n in (33, 257):
+        seqs, exts = cm.uniform_step_lists(8192, n - 1, 512)
+        k = max(reps // 20, 200)
+        t0 = time.perf_counter()
+        for _ in range(k):
+            cm.StepShape.from_lists(4, seqs, exts, n - 1)
+        out[f"StepShape.from_lists, {n} requests"] = (time.perf_counter() - t0) / k * 1e6
+    return out
+
+
+def _pick(split: bool) -> str:
+    return "split" if split else "off"
+
+
+def _worst(rows):
+    return max(rows, key=lambda r: r[1])
+
+
+def report(eager_data, replay_data, coeffs: cm.Coefficients, paths) -> str:
+    legacy = dataclasses.replace(coeffs, eager=None, eager_source="")
+    E, Q = eager_data["points"], replay_data["points"]
+    before_e = evaluate(E, lambda s: cm.should_split(s, legacy), "layer_wall_ms")
+    after_e = evaluate(E, lambda s: cm.should_split(s, coeffs, regime=cm.EAGER), "layer_wall_ms")
+    before_q = evaluate(Q, lambda s: cm.should_split(s, legacy), "layer_ms")
+    after_q = evaluate(Q, lambda s: cm.should_split(s, coeffs, regime=cm.REPLAY), "layer_ms")
+    # Same code measured twice: the recorded adaptive arm ran the code of the arm it chose.
+    spread = {}
+    for p in E:
+        same = p[f"{_arm(p['adaptive_split'])}_layer_wall_ms"]
+        spread.setdefault(p["layer"], []).append(abs(p["adaptive_layer_wall_ms"] / same - 1))
+    spread_text = "; ".join(
+        f"{layer}: median {100 * statistics.median(v):.1f} %, up to {100 * max(v):.1f} %"
+        for layer, v in spread.items()
+    )
+
+    def label(p):
+        return f"{p['layer']} | {p['context']} | {p['decode_rows']} | {p['prefill_rows']}"
+
+    def name(i, pts):
+        p = pts[i]
+        return f"{p['layer']} {p['context'] // 1024}k D {p['decode_rows']} P {p['prefill_rows']}"
+
+    def worst_line(rows, pts):
+        i = max(range(len(rows)), key=lambda j: rows[j][1])
+        return f"{rows[i][1]:.3f} ({name(i, pts)}, {_pick(rows[i][0])})"
+
+    def over(rows):
+        return sum(r[1] > 1.01 for r in rows)
+
+    ee, eq = eager_data["environment"], replay_data["environment"]
+    lines = [
+        "# Split cost model in both regimes (H200): a re-evaluation of recorded timings",
+        "",
+        f"Generated {datetime.date.today().isoformat()} on the CPU by `{COMMAND}`. **No new GPU "
+        "run**: the decisions of `adaptive` are re-evaluated against timings already recorded, "
+        "and each point's time is the measured time of the arm the decision picks.",
+        "",
+        "Source data:",
+        "",
+        f"- eager (host exposed): `{paths[0]}`, {len(E)} points, {ee['gpu']}, {ee['date']}, "
+        f"`{ee['command']}`; times: `*_layer_wall_ms` (synchronize, call, synchronize).",
+        f"- queue ahead (as in a replay): `{paths[1]}`, {len(Q)} points, {eq['gpu']}, "
+        f"{eq['date']}, `{eq['command']}`; times: `*_layer_ms` (CUDA events: GPU time; the "
+        f"wall there includes the {eq.get('queue_ahead_ms', 0)} ms queued ahead).",
+        "",
+        "`before`: today's call, `should_split(shape, coeffs)` (the GPU model in every step). "
+        "`after`: `should_split(shape, coeffs, regime=...)` in the point's regime, eager for the "
+        "eager points, replay for the queue-ahead points. x = the picked arm's time / the better "
+        "of `off` and `always` at that point (1.000 = the better arm; target: at most 1.010).",
+        "",
+        "## Summary",
+        "",
+        "| regime | points | before: worst x | before: points > 1.01 | after: worst x | after: points > 1.01 |",
+        "|---|---|---|---|---|---|",
+        f"| eager | {len(E)} | {worst_line(before_e, E)} | {over(before_e)} | "
+        f"{worst_line(after_e, E)} | {over(after_e)} |",
+        f"| replay | {len(Q)} | {worst_line(before_q, Q)} | {over(before_q)} | "
+        f"{worst_line(after_q, Q)} | {over(after_q)} |",
+        "",
+        f"Replay decisions changed: {sum(a[0] != b[0] for a, b in zip(after_q, before_q, strict=True))} "
+        f"of {len(Q)}. Resolution of the eager run: the recorded `adaptive` arm ran the same "
+        f"code as the arm it picked, and its wall differs from that arm's by ({spread_text}); "
+        "gaps between `off` and `always` of that size are not resolved by the run.",
+        "",
+        worst_recorded(E, coeffs, legacy),
+        "",
+        "## The eager wall model",
+        "",
+        "Host time per layer call `H` (median per ratio and path of `*_layer_host_ms`; no trend "
+        "with context, D or P in either file, only noise), `G` the GPU model, and the eager run's "
+        "wall. Candidate rules, decisions re-evaluated on the eager points:",
+        "",
+        "| eager wall rule | worst x | points > 1.01 | mean x |",
+        "|---|---|---|---|",
+    ]
+    for rule, fn in wall_rules(coeffs):
+
+        def decide(s, fn=fn):
+            if not s.num_decode:
+                return False
+            u, sp = fn(s)
+            return sp <= (1 - coeffs.margin) * u
+
+        rows = evaluate(E, decide, "layer_wall_ms")
+        lines.append(
+            f"| {rule} | {worst_line(rows, E)} | {over(rows)} | "
+            f"{statistics.mean(r[1] for r in rows):.4f} |"
+        )
+    loo = leave_one_out(E, coeffs)
+    lines.append(
+        f"| the same, each point decided with H and kappa refitted without it | "
+        f"{worst_line(loo, E)} | {over(loo)} | {statistics.mean(r[1] for r in loo):.4f} |"
+    )
+    lines += [
+        "",
+        "`max(H, G)` assumes the call's host work overlaps its GPU work; in the eager run the GPU "
+        "waits for most of it (fitted kappa 0.8: as if the kernels that carry the GPU time were "
+        "launched near the end of "
+        "the call), so it under-counts the split's extra host time where the GPU work is long "
+        "(c4, D 32 with a prefill chunk). `H + G` over-counts it where the split's decode kernel "
+        "runs while the host prepares the prefill (D 256). The fitted share `kappa` sits between. "
+        "Fitted terms:",
+        "",
+        "| ratio | H unsplit ms | H split ms (b0 > 0) | H split ms (decode rows only) | kappa |",
+        "|---|---|---|---|---|",
+    ]
+    for r, e in sorted(coeffs.eager.items()):
+        lines.append(
+            f"| c{r} | {e['host_unsplit']:.3f} | {e['host_split']:.3f} | "
+            f"{e['host_split_decode_only']:.3f} | {e['kappa']:.3f} |"
+        )
+    lines += [
+        "",
+        "SWA-only layers (ratio 0) borrow the c4 terms, as for the GPU model. The eager run's "
+        "calls start with an idle GPU (a synchronize before each): in a real eager step the "
+        "previous layer's GPU work can still be queued and hide part of the host time, so these "
+        "terms are the pessimistic end for the split.",
+        "",
+        "## Eager points (regime `eager`)",
+        "",
+        "ms = measured wall of one layer call. `recorded adaptive` is the `adaptive` arm of that "
+        "run, which used the coefficients shipped at the time (fitted to the kernel sweep), not "
+        "today's.",
+        "",
+        "| layer | context | D | P | off ms | always ms | before pick | before x | after pick | after x | recorded adaptive ms (x) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for p, b, a in zip(E, before_e, after_e, strict=True):
+        best = min(p["off_layer_wall_ms"], p["always_layer_wall_ms"])
+        lines.append(
+            f"| {label(p)} | {p['off_layer_wall_ms']:.3f} | {p['always_layer_wall_ms']:.3f} | "
+            f"{_pick(b[0])} | {b[1]:.3f} | {_pick(a[0])} | {a[1]:.3f} | "
+            f"{p['adaptive_layer_wall_ms']:.3f} ({p['adaptive_layer_wall_ms'] / best:.3f}) |"
+        )
+    lines += [
+        "",
+        "## Queue-ahead points (regime `replay`)",
+        "",
+        "ms = measured GPU time of one layer call with the GPU queue kept ahead of the host.",
+        "",
+        "| layer | context | D | P | off ms | always ms | before pick | before x | after pick | after x |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for p, b, a in zip(Q, before_q, after_q, strict=True):
+        lines.append(
+            f"| {label(p)} | {p['off_layer_ms']:.3f} | {p['always_layer_ms']:.3f} | "
+            f"{_pick(b[0])} | {b[1]:.3f} | {_pick(a[0])} | {a[1]:.3f} |"
+        )
+    lines += [
+        "",
+        "## Cost per decision (this CPU)",
+        "",
+        "`should_split` is a fixed number of multiply-adds on the step's counts in either regime; "
+        "only `StepShape.from_lists` (unchanged) walks the requests.",
+        "",
+        "| call | µs per call |",
+        "|---|---|",
+    ]
+    for k, us in time_calls(coeffs).items():
+        lines.append(f"| {k} | {us:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def _arm(split: bool) -> str:
+    return "always" if split else "off"
+
+
+def _keep_reproduced_digits(coeffs: cm.Coefficients, path: str) -> cm.Coefficients:
+    """The file's GPU coefficients where the refit reproduces them (the solver's last digits
+    vary with the BLAS), so that re-running the fit on the same data leaves them as they are."""
+    try:
+        old = cm.Coefficients.from_json(_load(path))
+    except (OSError, ValueError, KeyError):
+        return coeffs
+    if old.per_ratio.keys() != coeffs.per_ratio.keys():
+        return coeffs
+    for r, new in coeffs.per_ratio.items():
+        for k, v in new.items():
+            if abs(v - old.per_ratio[r][k]) > 1e-9 * max(abs(v), 1e-12):
+                return coeffs
+    return dataclasses.replace(coeffs, per_ratio=old.per_ratio)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("results", help="mixed_split_inserver.py results JSON")
+    ap.add_argument("results", help="mixed_split_inserver.py results JSON (queue ahead)")
+    ap.add_argument("--eager", metavar="PATH", help="mixed_split_inserver.py results JSON (eager)")
     ap.add_argument("--arch", default="sm90")
     ap.add_argument("--margin", type=float, default=cm.KNOWN_ARCH_MARGIN)
     ap.add_argument("--write", metavar="PATH", help="where to write the coefficients JSON")
+    ap.add_argument("--report", metavar="PATH", help="where to write the re-evaluation page")
     args = ap.parse_args()
-    with open(args.results) as f:
-        data = json.load(f)
-    env = data["environment"]
+    data = _load(args.results)
     samples = samples_of(data["points"])
-    source = (
-        f"benchmark/mixed_split_inserver.py on {env['gpu']}, {env['date']}, queue ahead "
-        f"{env.get('queue_ahead_ms', 0)} ms, {len(samples)} points; fitted by "
-        "benchmark/fit_split_cost.py"
-    )
+    queue = f"queue ahead {data['environment'].get('queue_ahead_ms', 0)} ms"
+    source = source_of(args.results, data, queue)
     coeffs = fit.fit_coefficients(samples, args.arch, margin=args.margin, source=source)
+    if args.write:
+        coeffs = _keep_reproduced_digits(coeffs, args.write)
     print("ratio context D P | off ms (pred) | split ms (pred) | measured x | predicted x | splits")
     wrong = 0
     for p, (shape, off, split) in zip(data["points"], samples, strict=True):
@@ -69,11 +399,34 @@ def main() -> int:
             f"{pu / ps:.2f} | {'yes' if decided else 'no'}"
         )
     print(f"decisions that disagree with the measurement: {wrong} of {len(samples)}")
+    eager_data = None
+    if args.eager:
+        eager_data = _load(args.eager)
+        esamples = eager_samples_of(eager_data["points"])
+        esource = source_of(args.eager, eager_data, "eager (host exposed)")
+        coeffs = fit.fit_eager_terms(esamples, coeffs, source=esource)
+        print("eager: ratio context D P | off wall (pred) | split wall (pred) | splits")
+        wrong = 0
+        for p, (shape, _, _, off, split) in zip(eager_data["points"], esamples, strict=True):
+            pu, ps = cm.predict_eager(shape, coeffs)
+            decided = cm.should_split(shape, coeffs, regime=cm.EAGER)
+            wrong += decided != (split < off)
+            print(
+                f"c{shape.ratio} {p['context']} {shape.num_decode} {shape.prefill_rows} | "
+                f"{off:.3f} ({pu:.3f}) | {split:.3f} ({ps:.3f}) | {'yes' if decided else 'no'}"
+            )
+        print(f"eager decisions that disagree with the measurement: {wrong} of {len(esamples)}")
     if args.write:
         with open(args.write, "w") as f:
             json.dump(coeffs.to_json(), f, indent=1)
             f.write("\n")
         print("wrote", args.write)
+    if args.report:
+        if eager_data is None:
+            ap.error("--report needs --eager")
+        with open(args.report, "w") as f:
+            f.write(report(eager_data, data, coeffs, (args.eager, args.results)))
+        print("wrote", args.report)
     return 0
 
 

@@ -5,12 +5,19 @@ The server only evaluates the model; fitting happens here, offline, from measure
 model's linear features with each equation divided by its measured time (relative error). Used by
 benchmark/fit_split_cost.py (in-server timings) and benchmark/mixed_split_kernel.py (kernel
 timings); tested in test/core/test_split_cost_model.py.
+
+The eager regime's terms (``fit_eager_terms``) come on top of fitted GPU coefficients, from eager
+in-server timings: per ratio, the host time per layer call of each path (a median: the timings
+show no trend with the counts, only noise) and ``kappa``, the share of that host time the wall
+adds to the GPU model (relative least squares through the origin).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Dict, Iterable, List, Tuple
+import statistics
+from typing import Dict, Iterable, List, Optional, Tuple
 
 import torch
 
@@ -22,6 +29,10 @@ from sglang_mixgraph.core.split_cost_model import (
     features,
     predict,
 )
+
+# (shape, unsplit host ms, split host ms, unsplit wall ms, split wall ms) of one eager point;
+# the split pair is ignored where the shape has no decode rows.
+EagerSample = Tuple[StepShape, float, Optional[float], float, Optional[float]]
 
 
 def _nnls(a: torch.Tensor, b: torch.Tensor, iters: int = 50) -> torch.Tensor:
@@ -94,3 +105,53 @@ def relative_errors(
         es = (ps - s) / s if (s and shape.num_decode) else float("nan")
         out.append((eu, es))
     return out
+
+
+def _ok(x) -> bool:
+    return x is not None and math.isfinite(x) and x > 0
+
+
+def fit_eager_terms(
+    samples: Iterable[EagerSample], coeffs: Coefficients, source: str = ""
+) -> Coefficients:
+    """``coeffs`` with eager terms (``EAGER_NAMES``) fitted per ratio from eager timings.
+
+    Host times are medians per path: unsplit; split with prefill rows; split of decode rows
+    only (when no such sample exists, the split-with-prefill median, the larger and so the
+    safer). ``kappa`` minimizes the relative error of ``wall = G + kappa * H`` over both paths,
+    with ``G`` the GPU model of ``coeffs`` and ``H`` the fitted host time, clamped to [0, 1]
+    (the GPU cannot wait longer than the host works).
+    """
+    by_ratio: Dict[int, List[EagerSample]] = {}
+    for sample in samples:
+        by_ratio.setdefault(sample[0].ratio, []).append(sample)
+    eager = {}
+    for ratio, rows in by_ratio.items():
+        host_u = [hu for _, hu, _, _, _ in rows if _ok(hu)]
+        host_s = [hs for s, _, hs, _, _ in rows if s.num_decode and s.prefill_rows and _ok(hs)]
+        host_d = [hs for s, _, hs, _, _ in rows if s.num_decode and not s.prefill_rows and _ok(hs)]
+        if not host_u or not host_s:
+            raise ValueError(f"ratio {ratio}: no unsplit or split host times to fit")
+        terms = {
+            "host_unsplit": statistics.median(host_u),
+            "host_split": statistics.median(host_s),
+        }
+        terms["host_split_decode_only"] = (
+            statistics.median(host_d) if host_d else terms["host_split"]
+        )
+        num = den = 0.0
+        for shape, _, _, wall_u, wall_s in rows:
+            gpu_u, gpu_s = predict(shape, coeffs)
+            host_split = (
+                terms["host_split"] if shape.prefill_rows else terms["host_split_decode_only"]
+            )
+            pairs = [(terms["host_unsplit"], gpu_u, wall_u)]
+            if shape.num_decode:
+                pairs.append((host_split, gpu_s, wall_s))
+            for h, g, w in pairs:
+                if _ok(w):
+                    num += h * (w - g) / (w * w)
+                    den += h * h / (w * w)
+        terms["kappa"] = min(1.0, max(0.0, num / den)) if den else 1.0
+        eager[ratio] = terms
+    return dataclasses.replace(coeffs, eager=eager, eager_source=source)

@@ -544,9 +544,13 @@ def _check_per_ratio_step(world, base, base_cache, base_dequant, out, plan, step
 
 
 def _decide_ratios(split):
-    """The real cost model's per-kind interface (`should_split(shape, coeffs, margin)`), answering
-    yes exactly for the ratios in ``split`` (and never without decode rows, as the model does)."""
-    return lambda shape, coeffs, margin=None: shape.num_decode > 0 and shape.ratio in split
+    """The real cost model's per-kind interface (`should_split(shape, coeffs, margin, regime)`),
+    answering yes exactly for the ratios in ``split`` (and never without decode rows, as the
+    model does)."""
+    return (
+        lambda shape, coeffs, margin=None, regime="replay": shape.num_decode > 0
+        and shape.ratio in split
+    )
 
 
 def _c4_not_c128_coefficients():

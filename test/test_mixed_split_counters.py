@@ -93,7 +93,9 @@ def test_adaptive_counts_layers_it_leaves_unsplit_per_ratio(monkeypatch):
     from sglang_mixgraph.core import split_cost_model as scm
 
     # The cost model's per-kind answer: split c4 layers only.
-    monkeypatch.setattr(scm, "should_split", lambda shape, coeffs, margin=None: shape.ratio == 4)
+    monkeypatch.setattr(
+        scm, "should_split", lambda shape, coeffs, margin=None, regime="replay": shape.ratio == 4
+    )
     with _ctx():
         world = K.World(MIXED)
         with K.patch_installed(policy="adaptive"):
@@ -107,7 +109,9 @@ def test_adaptive_counts_layers_it_leaves_unsplit_per_ratio(monkeypatch):
 def test_adaptive_counts_steps_it_keeps_unsplit(monkeypatch):
     from sglang_mixgraph.core import split_cost_model as scm
 
-    monkeypatch.setattr(scm, "should_split", lambda shape, coeffs, margin=None: False)
+    monkeypatch.setattr(
+        scm, "should_split", lambda shape, coeffs, margin=None, regime="replay": False
+    )
     with _ctx():
         world = K.World(MIXED)
         with K.patch_installed(policy="adaptive"):
@@ -196,7 +200,9 @@ def test_eager_runner_mixed_step_run_as_extend_is_split(policy, monkeypatch):
 
     if policy == "adaptive":
         monkeypatch.setattr(
-            scm, "should_split", lambda shape, coeffs, margin=None: shape.ratio != 128
+            scm,
+            "should_split",
+            lambda shape, coeffs, margin=None, regime="replay": shape.ratio != 128,
         )
     step, d = MIXED, len(MIXED.decode)
     with _ctx():

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import os
 import sys
@@ -187,3 +188,169 @@ def test_shipped_sm90_model_never_loses_to_upstream_in_server():
         assert chosen <= 1.01 * off, r
         assert chosen <= 1.05 * min(off, always), r
     assert 0 < split < len(points)
+
+
+# --------------------------------------------------------------------------------------------
+# regimes: replay (GPU model) and eager (host exposed)
+# --------------------------------------------------------------------------------------------
+
+RESULTS = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "results")
+RATIO_OF_LAYER = {"csa_c4_top1024": 4, "hca_c128": 128}
+
+
+def _points(name):
+    with open(os.path.join(RESULTS, name)) as f:
+        return json.load(f)["points"]
+
+
+def _shape(p):
+    return m.StepShape.uniform(
+        RATIO_OF_LAYER[p["layer"]], p["context"], p["decode_rows"], p["prefill_rows"]
+    )
+
+
+def _shipped_json():
+    path = os.path.join(os.path.dirname(m.__file__), "..", "data", "split_cost_sm90.json")
+    with open(path) as f:
+        return json.load(f)
+
+
+def _without_eager(data):
+    """The same file as written before the eager terms existed."""
+    return {k: v for k, v in data.items() if k != "eager"}
+
+
+def test_eager_decision_avoids_the_slow_arm_where_adaptive_lost_in_eager_steps():
+    """c4 8k D 32 P 512 in the eager in-server run (docs/results/mixed_split_inserver_h200.json):
+    the recorded ``adaptive`` split there and lost to ``off``; the eager model keeps it off."""
+    p = next(
+        x
+        for x in _points("mixed_split_inserver_h200.json")
+        if (x["layer"], x["context"], x["decode_rows"], x["prefill_rows"])
+        == ("csa_c4_top1024", 8192, 32, 512)
+    )
+    assert p["adaptive_split"] and p["always_layer_wall_ms"] > p["off_layer_wall_ms"]
+    c = m.load_coefficients("sm90")
+    assert not m.should_split(_shape(p), c, regime="eager")
+    u, s = m.predict_eager(_shape(p), c)
+    assert s > u  # predicted slower, not a tie broken by luck
+
+
+def test_eager_decisions_follow_the_eager_timings():
+    """At every eager point where one arm's wall is more than 10 % below the other's (well past
+    the run's ~2 % median spread between two measurements of the same code) the eager decision
+    picks it; nowhere is it more than 5 % slower than the faster arm."""
+    c = m.load_coefficients("sm90")
+    points = _points("mixed_split_inserver_h200.json")
+    assert len(points) == 24
+    resolved = 0
+    for p in points:
+        off, always = p["off_layer_wall_ms"], p["always_layer_wall_ms"]
+        split = m.should_split(_shape(p), c, regime="eager")
+        chosen = always if split else off
+        assert chosen <= 1.05 * min(off, always), p
+        if max(off, always) > 1.10 * min(off, always):
+            resolved += 1
+            assert chosen == min(off, always), p
+    assert resolved >= len(points) // 2
+
+
+def test_replay_decision_unchanged_at_every_queue_ahead_point():
+    """Adding the eager terms changes nothing in replays: the default regime is replay and
+    its decision and predictions are those of the same coefficients without eager terms."""
+    data = _shipped_json()
+    assert "eager" in data
+    new = m.Coefficients.from_json(data)
+    old = m.Coefficients.from_json(_without_eager(data))
+    points = _points("mixed_split_inserver_fit_h200.json")
+    assert len(points) == 72
+    for p in points:
+        s = _shape(p)
+        decided = m.should_split(s, old)
+        assert m.should_split(s, new, regime="replay") == decided
+        assert m.should_split(s, new) == decided
+        assert m.predict(s, new) == m.predict(s, old)
+
+
+def test_coefficients_load_with_and_without_eager_terms(monkeypatch, caplog):
+    data = _shipped_json()
+    new = m.Coefficients.from_json(data)
+    again = m.Coefficients.from_json(json.loads(json.dumps(new.to_json())))
+    assert again.eager == new.eager and again.eager_source == new.eager_source
+    assert set(new.eager) == set(new.per_ratio)
+    for terms in new.eager.values():
+        assert 0.0 <= terms["kappa"] <= 1.0
+        assert all(terms[k] > 0 for k in m.EAGER_NAMES if k != "kappa")
+    assert new.eager_source and new.source and new.eager_source != new.source
+    # SWA-only layers borrow the c4 terms, as for the GPU model
+    assert new.eager_for_ratio(0) == new.eager_for_ratio(4)
+    # an unknown GPU keeps the eager terms (and the larger margin)
+    assert m.load_coefficients("sm999").eager == new.eager
+
+    old = m.Coefficients.from_json(_without_eager(data))
+    assert old.eager is None and "eager" not in old.to_json()
+    assert m.predict_eager(m.StepShape.uniform(4, 8192, 32, 512), old) is None
+    monkeypatch.setattr(m, "_warned_no_eager", set())
+    shapes = [_shape(p) for p in _points("mixed_split_inserver_h200.json")]
+    with caplog.at_level("WARNING", logger=m.__name__):
+        for s in shapes:  # eager steps fall back to today's (GPU model) decision
+            assert m.should_split(s, old, regime="eager") == m.should_split(s, old)
+    notes = [r for r in caplog.records if "no eager" in r.getMessage()]
+    assert len(notes) == 1
+    with pytest.raises(ValueError):
+        m.should_split(shapes[0], new, regime="graph")
+    bad = dict(data, eager=dict(data["eager"], coefficients={"4": {"kappa": 0.5}}))
+    with pytest.raises(ValueError):
+        m.Coefficients.from_json(bad)
+
+
+def test_eager_wall_is_bounded_below_by_host_time():
+    c = _coeffs()
+    eager = {
+        4: dict(host_unsplit=0.2, host_split=0.5, host_split_decode_only=0.25, kappa=0.5),
+    }
+    c = dataclasses.replace(c, eager=eager)
+    tiny = m.StepShape.uniform(4, 1024, 1, 16)
+    u, s = m.predict_eager(tiny, c)
+    gu, gs = m.predict(tiny, c)
+    assert u == pytest.approx(max(0.2, gu + 0.1)) and s == pytest.approx(max(0.5, gs + 0.25))
+    assert u >= 0.2 and s >= 0.5
+    # the GPU model alone would split this long-context step; exposed host time may not
+    long = m.StepShape.uniform(4, 32768, 512, 512)
+    assert m.should_split(long, c) == m.should_split(long, c, regime="replay")
+    free_host = dataclasses.replace(
+        c, eager={4: dict(host_unsplit=0.0, host_split=0.0, host_split_decode_only=0.0, kappa=0)}
+    )
+    assert m.predict_eager(long, free_host) == pytest.approx(m.predict(long, c))
+    # no decode rows: never split, in either regime
+    assert not m.should_split(m.StepShape.uniform(4, 8192, 0, 1792), c, regime="eager")
+
+
+def test_fit_eager_terms_recovers_host_and_kappa():
+    truth = dataclasses.replace(
+        _coeffs(),
+        eager={
+            r: dict(
+                host_unsplit=0.2 + r / 1e3, host_split=0.45, host_split_decode_only=0.22, kappa=0.7
+            )
+            for r in (4, 128)
+        },
+    )
+    samples = []
+    for ratio in (4, 128):
+        for ctx in (8192, 32768):
+            for d in (32, 256):
+                for p in (0, 512, 1792):
+                    s = m.StepShape.uniform(ratio, ctx, d, p)
+                    e = truth.eager[ratio]
+                    hs = e["host_split"] if p else e["host_split_decode_only"]
+                    gu, gs = m.predict(s, truth)
+                    samples.append(
+                        (s, e["host_unsplit"], hs, gu + 0.7 * e["host_unsplit"], gs + 0.7 * hs)
+                    )
+    gpu_only = dataclasses.replace(truth, eager=None)
+    fitted = fitting.fit_eager_terms(samples, gpu_only, source="synthetic")
+    assert fitted.per_ratio == truth.per_ratio and fitted.eager_source == "synthetic"
+    for ratio in (4, 128):
+        for k in m.EAGER_NAMES:
+            assert fitted.eager[ratio][k] == pytest.approx(truth.eager[ratio][k], rel=1e-9)

@@ -29,12 +29,29 @@ with the GPU queue kept ahead of the host, as in a replayed step) and stored as 
 ``sm90`` numbers (or the built-in bandwidth-derived ones below when even that is missing) with
 a conservative margin: split only where the model predicts at least ``UNKNOWN_ARCH_MARGIN``
 (10 %) saving.
+
+Two regimes. The model above is GPU time: right for a replayed step, where the graph segments
+keep the GPU busy while the host launches the next attention break, so the host work is hidden
+(``regime="replay"``, the default). In an eager step the host is exposed, and the split costs
+more host work per layer call than upstream (the decode kernel's launch, the tail slicing and
+the copy-in join). The eager model (``regime="eager"``) predicts the layer call's wall time from
+a per-call host time ``H`` (a constant per ratio and path: the in-server timings show no trend
+with context, D or P) and the GPU model ``G`` above:
+
+    wall = max(H, G + kappa * H)
+
+``kappa`` is the share of the call's host time the GPU sits waiting for (host work before the
+kernels that carry the GPU time); ``H`` alone bounds the wall from below. Both are fitted from
+eager in-server timings (``benchmark/fit_split_cost.py --eager``) and stored beside the GPU
+coefficients. Coefficients without them (an older file, the built-in estimate) decide eager
+steps with the GPU model, as before, and log that once.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from importlib import resources
 from typing import List, Mapping, Optional, Sequence, Tuple
 
@@ -47,6 +64,15 @@ UNKNOWN_ARCH_MARGIN = 0.10
 KNOWN_ARCH_MARGIN = 0.0
 _DATA_PACKAGE = "sglang_mixgraph"
 _DATA_DIR = "data"
+
+REPLAY = "replay"  # host work hidden behind the GPU queue (a replayed graph step)
+EAGER = "eager"  # host work exposed (an eager step)
+REGIMES = (REPLAY, EAGER)
+# Eager terms per ratio: host ms per layer call of the unsplit path, of the split path with
+# prefill rows (b0 > 0) and without (decode rows only), and kappa (a fraction, see above).
+EAGER_NAMES = ("host_unsplit", "host_split", "host_split_decode_only", "kappa")
+
+logger = logging.getLogger(__name__)
 
 
 # --------------------------------------------------------------------------------------------
@@ -235,38 +261,64 @@ class Coefficients:
     per_ratio: Mapping[int, Mapping[str, float]]
     margin: float = KNOWN_ARCH_MARGIN
     source: str = ""
+    # Eager-regime terms (``EAGER_NAMES``) per ratio; None: eager steps use the GPU model.
+    eager: Optional[Mapping[int, Mapping[str, float]]] = None
+    eager_source: str = ""
 
     def for_ratio(self, ratio: int) -> Mapping[str, float]:
-        if ratio in self.per_ratio:
-            return self.per_ratio[ratio]
-        # SWA-only layers have no compressed region; the c4 kernel costs are the closest.
-        if 4 in self.per_ratio:
-            return self.per_ratio[4]
-        return next(iter(self.per_ratio.values()))
+        return _pick_ratio(self.per_ratio, ratio)
+
+    def eager_for_ratio(self, ratio: int) -> Optional[Mapping[str, float]]:
+        return _pick_ratio(self.eager, ratio) if self.eager else None
 
     def to_json(self) -> dict:
-        return {
+        out = {
             "arch": self.arch,
             "margin": self.margin,
             "source": self.source,
             "units": "milliseconds per unit; see sglang_mixgraph.core.split_cost_model",
             "coefficients": {str(r): dict(c) for r, c in self.per_ratio.items()},
         }
+        if self.eager:
+            out["eager"] = {
+                "source": self.eager_source,
+                "units": "host_* in milliseconds per layer call, kappa a fraction; see "
+                "sglang_mixgraph.core.split_cost_model",
+                "coefficients": {str(r): dict(c) for r, c in self.eager.items()},
+            }
+        return out
 
     @classmethod
     def from_json(cls, data: Mapping) -> "Coefficients":
-        per_ratio = {}
-        for r, c in data["coefficients"].items():
-            missing = [k for k in COEFF_NAMES if k not in c]
-            if missing:
-                raise ValueError(f"ratio {r}: missing coefficients {missing}")
-            per_ratio[int(r)] = {k: float(c[k]) for k in COEFF_NAMES}
+        per_ratio = _read_terms(data["coefficients"], COEFF_NAMES)
+        eager = data.get("eager")
         return cls(
             arch=str(data["arch"]),
             per_ratio=per_ratio,
             margin=float(data.get("margin", KNOWN_ARCH_MARGIN)),
             source=str(data.get("source", "")),
+            eager=_read_terms(eager["coefficients"], EAGER_NAMES) if eager else None,
+            eager_source=str(eager.get("source", "")) if eager else "",
         )
+
+
+def _pick_ratio(per_ratio: Mapping[int, Mapping[str, float]], ratio: int) -> Mapping[str, float]:
+    if ratio in per_ratio:
+        return per_ratio[ratio]
+    # SWA-only layers have no compressed region; the c4 kernel costs are the closest.
+    if 4 in per_ratio:
+        return per_ratio[4]
+    return next(iter(per_ratio.values()))
+
+
+def _read_terms(block: Mapping, names: Sequence[str]) -> dict:
+    out = {}
+    for r, c in block.items():
+        missing = [k for k in names if k not in c]
+        if missing:
+            raise ValueError(f"ratio {r}: missing coefficients {missing}")
+        out[int(r)] = {k: float(c[k]) for k in names}
+    return out
 
 
 def builtin_coefficients() -> Coefficients:
@@ -351,10 +403,55 @@ def predict(shape: StepShape, coeffs: Coefficients) -> Tuple[float, float]:
     return unsplit, split
 
 
-def should_split(shape: StepShape, coeffs: Coefficients, margin: Optional[float] = None) -> bool:
-    """Adaptive decision for one layer kind: split iff ``split <= (1 - margin) * unsplit``."""
+def predict_eager(shape: StepShape, coeffs: Coefficients) -> Optional[Tuple[float, float]]:
+    """Predicted eager wall ``(unsplit_ms, split_ms)`` of one layer call of this kind, or None
+    when ``coeffs`` have no eager terms."""
+    e = coeffs.eager_for_ratio(shape.ratio)
+    if e is None:
+        return None
+    gpu_unsplit, gpu_split = predict(shape, coeffs)
+    kappa = e["kappa"]
+    host_unsplit = e["host_unsplit"]
+    unsplit = max(host_unsplit, gpu_unsplit + kappa * host_unsplit)
+    if shape.num_decode == 0:
+        return unsplit, unsplit  # nothing to split
+    # Without prefill rows the split runs the decode kernel alone (no sparse prefill, no join).
+    host_split = e["host_split"] if shape.prefill_rows > 0 else e["host_split_decode_only"]
+    return unsplit, max(host_split, gpu_split + kappa * host_split)
+
+
+_warned_no_eager: set = set()
+
+
+def _warn_no_eager(coeffs: Coefficients) -> None:
+    key = (coeffs.arch, coeffs.source)
+    if key not in _warned_no_eager:
+        _warned_no_eager.add(key)
+        logger.warning(
+            "split cost model %s has no eager (host-time) terms: eager steps are decided with "
+            "the queue-ahead GPU model (refit with benchmark/fit_split_cost.py --eager)",
+            coeffs.arch,
+        )
+
+
+def should_split(
+    shape: StepShape,
+    coeffs: Coefficients,
+    margin: Optional[float] = None,
+    *,
+    regime: str = REPLAY,
+) -> bool:
+    """Adaptive decision for one layer kind: split iff ``split <= (1 - margin) * unsplit``,
+    times from the GPU model (``regime="replay"``) or the eager wall model (``"eager"``)."""
+    if regime not in REGIMES:
+        raise ValueError(f"regime must be one of {REGIMES}, not {regime!r}")
     if shape.num_decode == 0:
         return False
     m = coeffs.margin if margin is None else margin
-    unsplit, split = predict(shape, coeffs)
+    walls = predict_eager(shape, coeffs) if regime == EAGER else None
+    if walls is None:
+        if regime == EAGER:
+            _warn_no_eager(coeffs)
+        walls = predict(shape, coeffs)
+    unsplit, split = walls
     return split <= (1.0 - m) * unsplit
