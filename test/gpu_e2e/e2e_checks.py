@@ -113,6 +113,7 @@ class AdaptivePolicy:
                 scm.should_split(
                     scm.StepShape.from_lists(r, seqs, exts, num_decode, topk=self.topk),
                     self.coeffs,
+                    regime=scm.REPLAY if step.get("graph") else scm.EAGER,
                 )
                 for r in sorted(self.ratios)
             )

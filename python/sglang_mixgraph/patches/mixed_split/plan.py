@@ -100,7 +100,9 @@ def _cost_coefficients():
     return _coeff_cache[key]
 
 
-def _adaptive_split_ratios(backend, boundary: MixedBoundary, seqs, exts) -> FrozenSet[int]:
+def _adaptive_split_ratios(
+    backend, boundary: MixedBoundary, seqs, exts, *, replay: bool
+) -> FrozenSet[int]:
     """The compress ratios the cost model says to split this step (``should_split`` per layer
     kind). Every ratio is decided, present or not, so a layer never meets an undecided ratio."""
     from sglang_mixgraph.core import split_cost_model as scm
@@ -114,6 +116,8 @@ def _adaptive_split_ratios(backend, boundary: MixedBoundary, seqs, exts) -> Froz
         if scm.should_split(
             scm.StepShape.from_lists(r, seqs[:n], exts[:n], boundary.num_decode_reqs, topk=topk),
             coeffs,
+            # A replay's host runs ahead of the GPU; an eager step's host time is exposed.
+            regime=scm.REPLAY if replay else scm.EAGER,
         )
     )
 
@@ -171,7 +175,7 @@ def _plan(backend, metadata, live, target, num_rows: int, *, replay: bool) -> Op
     policy = str(POLICY_FLAG.get())
     split_ratios = frozenset(ALL_RATIOS)
     if policy == "adaptive":
-        split_ratios = _adaptive_split_ratios(backend, boundary, seqs, exts)
+        split_ratios = _adaptive_split_ratios(backend, boundary, seqs, exts, replay=replay)
         if not split_ratios & _present_ratios(backend):
             logger.debug("mixed split: adaptive policy keeps step unsplit (%s)", boundary)
             _count("replays_unsplit_adaptive" if replay else "steps_unsplit_adaptive")
