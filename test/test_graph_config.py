@@ -797,11 +797,11 @@ def test_force_bcg_wrong_value_is_rejected():
 
 @pytest.mark.parametrize("env,value", [(FORCE_ENV, "2"), (BUCKETS_ENV, "generic")])
 def test_bad_flag_values_fail_patch_evaluation(monkeypatch, env, value):
-    from sglang_mixgraph.patches import force_bcg, graph_config
+    from sglang_mixgraph.patches import graph_config
     from sglang_mixgraph.registry import evaluate
 
     monkeypatch.setenv(env, value)
-    patch = force_bcg.PATCH if env == FORCE_ENV else graph_config.PATCH
+    patch = graph_config.PATCH
     status = evaluate(patch)
     assert status.state == "cannot apply"
     assert f"{env}={value!r} is not a valid value" in status.error
