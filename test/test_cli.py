@@ -64,6 +64,18 @@ def test_doctor_json_reports_versions_gpu_flags_and_every_patch(monkeypatch):
         assert p["status"] == default_state[p["id"]]
         assert p["targets"] and all(t["ok"] for t in p["targets"]), p
     assert report["ok"] is True
+    catalogue = {
+        p["id"]: [p[k] for k in ("why", "how", "upstream_pr", "retired_by")]
+        for p in report["patches"]
+    }
+    assert catalogue == {p.id: [p.why, p.how, p.upstream_pr, p.retired_by] for p in all_patches()}
+
+
+def test_every_patch_has_its_catalogue_entry():
+    """Why it exists, how it works and what retires it, for every patch (doctor prints them)."""
+    for patch in all_patches():
+        assert patch.why and patch.how and patch.retired_by, patch.id
+        assert patch.upstream_pr is None or patch.upstream_pr, patch.id
 
 
 def test_doctor_exits_1_on_an_invalid_flag():

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import sys
+import textwrap
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,13 @@ def _gpu_info() -> dict[str, Any]:
 
 
 NOT_LOADED = "not loaded"
+# A patch's catalogue entry as doctor prints it: (label, key in the report).
+CATALOGUE = (
+    ("why", "why"),
+    ("how", "how"),
+    ("upstream PR", "upstream_pr"),
+    ("retired by", "retired_by"),
+)
 
 
 def doctor_report() -> dict[str, Any]:
@@ -101,6 +109,10 @@ def doctor_report() -> dict[str, Any]:
             {
                 "id": patch.id,
                 "summary": patch.summary,
+                "why": patch.why,
+                "how": patch.how,
+                "upstream_pr": patch.upstream_pr,
+                "retired_by": patch.retired_by,
                 "flags": status.flag_values,
                 # Whatever the flags say, nothing applies when SGLang does not load the plugin.
                 "status": status.state if plugin.loaded else NOT_LOADED,
@@ -191,6 +203,17 @@ def _print_doctor(report: dict[str, Any]) -> None:
         if status == NOT_LOADED:
             status += f" (if loaded: {p['status_if_loaded']})"
         print(f"  {p['id']}: {status}  ({p['summary']})")
+        for label, key in CATALOGUE:
+            if p[key]:
+                print(
+                    textwrap.fill(
+                        f"{label}: {p[key]}",
+                        100,
+                        initial_indent="      ",
+                        subsequent_indent="        ",
+                        break_on_hyphens=False,
+                    )
+                )
         if p["reason"]:
             for line in p["reason"].splitlines():
                 print(f"      {line}")

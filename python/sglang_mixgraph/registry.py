@@ -78,6 +78,13 @@ class Patch:
     # Upstream attributes the hooks read besides their targets: (dotted path, expected type).
     reads: tuple[tuple[str, type], ...] = ()
     switch_count: int = 1
+    # The catalogue entry `doctor` shows (a test keeps why, how and retired_by non-empty): why
+    # upstream needs the patch, how it works, the upstream PR it mirrors where there is one,
+    # and the upstream change that makes it unnecessary.
+    why: str = ""
+    how: str = ""
+    upstream_pr: str | None = None
+    retired_by: str = ""
 
     @property
     def switches(self) -> tuple[Flag, ...]:

@@ -429,4 +429,28 @@ PATCH = Patch(
         ),
     ),
     is_enabled=_on,
+    why=(
+        "upstream's ~45 generic prefill buckets do not fit next to a DeepSeek-V4 KV pool, so its "
+        "blanket DeepSeek-V4 rule turns the breakable prefill graph off; its logits all-gather "
+        "sizing sends mixed steps to NCCL; and its only way past the BCG rules is an explicit "
+        "--cuda-graph-backend-prefill, which also skips the pipeline-parallel default and every "
+        "later automatic choice"
+    ),
+    how=(
+        "during resolution: the rule hook evaluates upstream's BCG rules one by one and defers "
+        "the DeepSeek-V4 rule to the capture-memory estimate (auto) or overrides it and the "
+        "unvalidated-a2a rule (FORCE_BCG, every other rule kept and logged); late in resolution "
+        "the planner's derived bucket list is applied, the deferred rule settled by the estimate "
+        "and the startup validations run; at model init the logits all-gather is sized for "
+        "mixed steps"
+    ),
+    upstream_pr=(
+        "for SGLANG_EXPERIMENTAL_FORCE_BCG: the upstream PR that forces the breakable prefill "
+        "graph on for DeepSeek-V4 with MegaMoE and DP attention (the flag overrides the two rules "
+        "that block that deployment)"
+    ),
+    retired_by=(
+        "upstream prefill bucket lists and BCG rules sized from capture memory per model, BCG "
+        "rules that can be overridden one by one, and a logits all-gather sized for mixed steps"
+    ),
 )

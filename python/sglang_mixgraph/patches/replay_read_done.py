@@ -219,4 +219,17 @@ PATCH = Patch(
     hooks=HOOKS,
     is_enabled=lambda: bool(FLAG.get()),
     explain=explain_for_deployment,
+    why=(
+        "under a breakable prefill graph upstream never publishes DeepSeek-V4's WAR read-done "
+        "event: the runner asks for no snapshot, the metadata refresh drops the sparse-prefill "
+        "chunk cache and the first attention break rebuilds it from the shared tables "
+        "mid-forward, so the scheduler's next writes wait for the whole forward"
+    ),
+    how=(
+        "AROUND PrefillCudaGraphRunner._prepare_forward_metadata_for_replay: the chunk cache is "
+        "built in the replay prepare, sync-free, for the rows the attention break will see, and "
+        "PRE_REPLAY is returned so upstream's own publisher records the event; every upstream "
+        "gate still holds"
+    ),
+    retired_by="upstream snapshots DeepSeek-V4's captured metadata at replay prepare",
 )

@@ -9,7 +9,7 @@ decode kernel and the workspace covers only the prefill requests, in eager steps
 breakable-graph replays. Modules: ``boundary`` (which rows decode), ``plan`` (the per-step
 decision), ``forward`` (the split attention), ``state`` (flags, plan, counters). Anything not
 handled falls back to upstream for the whole step, said once per reason (docs/mixed-split.md).
-Retired by an upstream split of mixed steps in the DSV4 backend.
+Why, how, the upstream PR and the retire condition: `PATCH` (`doctor` prints them).
 """
 
 from __future__ import annotations
@@ -191,4 +191,28 @@ PATCH = Patch(
     hooks=HOOKS,
     is_enabled=_is_enabled,
     explain=explain_for_deployment,
+    why=(
+        "upstream sends every row of a DeepSeek-V4 MIXED batch through the sparse-prefill path "
+        "(DeepseekV4AttnBackend._forward_prefill_sparse), whose bf16 workspace dequantizes each "
+        "request's SWA window and compressed history, decode rows included, although the fp8 "
+        "decode kernel (flash_mla_with_kvcache, upstream's pure-decode path) reads the paged "
+        "cache directly"
+    ),
+    how=(
+        "the step is planned once (metadata init, or the breakable-graph replay prepare): the "
+        "prefill rows keep upstream's sparse-prefill body with a chunk cache over the prefill "
+        "requests only, the decode rows take the fp8 decode kernel, in eager steps and inside "
+        "replays; the adaptive policy splits a compress ratio's layers only where the per-GPU "
+        "cost model predicts a gain; anything not handled falls back to upstream for the whole "
+        "step, said once per reason"
+    ),
+    upstream_pr=(
+        "the upstream PR that splits DeepSeek-V4 mixed steps at the prefill/decode boundary in "
+        "the DSV4 attention backend (it adds SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN, the switch this "
+        "patch borrows)"
+    ),
+    retired_by=(
+        "an upstream split of mixed steps in the DSV4 backend; once SGLang defines "
+        "SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN itself, the patch defers to it"
+    ),
 )
