@@ -5,7 +5,7 @@ the one prefill bucket derivation (`derive_buckets`: the `graph_config` patch ap
 during resolution, and `plan` shows it with the same inputs), the capture-memory estimate
 (`capture_estimate`), the startup validations (`validations`) and the whole report of a
 resolution (`graph_plan` -> `GraphPlan`). Results are typed; `sglang-mixgraph plan` turns
-them into text or JSON (cli.py). Nothing here changes a resolution or logs: the patch's hooks
+them into text or JSON (cli/plan_format.py). Nothing here changes a resolution or logs: the patch's hooks
 decide, this module computes. sglang is imported inside the functions only, so the plugin
 stays cheap to load.
 """
@@ -480,7 +480,11 @@ class DecodeGraph:
     backend: str
     decided_by: Decision
     max_bs: int | None
-    bucket_count: int
+    buckets: tuple[int, ...]
+
+    @property
+    def bucket_count(self) -> int:
+        return len(self.buckets)
 
 
 @dataclass(frozen=True)
@@ -664,7 +668,7 @@ def graph_plan(resolution: Any) -> GraphPlan:
                     DecidedBy.USER if (Phase.DECODE, "backend") in locked else DecidedBy.DEFAULT
                 ),
                 max_bs=decode.max_bs,
-                bucket_count=len(decode.bs or []),
+                buckets=tuple(decode.bs or ()),
             ),
             capture=(
                 capture_estimate(server_args, final, capture_chunk(facts, final)) if final else None
