@@ -18,9 +18,10 @@ import importlib
 import inspect
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any, Callable
+from typing import Any
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
@@ -72,8 +73,9 @@ class Patch:
     hooks: tuple[Hook, ...]
     # Reads the flags; a patch is enabled when this returns True.
     is_enabled: Callable[[], bool]
-    # For `plan`: given a resolve.Resolution, say what the patch would do there
-    # (act, or fall back and why). None when the patch has nothing to add.
+    # For `plan`: given the planner's typed result (graph_plan.GraphPlan: the deployment facts,
+    # the graph configuration), say what the patch would do there (act, or fall back and
+    # why). None when the patch has nothing to add.
     explain: Callable[[Any], str] | None = None
     # Upstream attributes the hooks read besides their targets: (dotted path, expected type).
     reads: tuple[tuple[str, type], ...] = ()

@@ -52,7 +52,7 @@ def plan_report(
             "reason": status.reason,
         }
         if loaded and status.enabled and status.error is None and patch.explain is not None:
-            entry["note"] = patch.explain(resolution)
+            entry["note"] = patch.explain(graph)
         patches.append(entry)
     return {
         # the GPU in words is graph.gpu

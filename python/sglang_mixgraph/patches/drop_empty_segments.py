@@ -163,10 +163,10 @@ def around_replay(original, self, *args, **kwargs):
     return None
 
 
-def explain_for_deployment(resolution) -> str:
-    """For `plan`: which of the deployment's graphs the patch acts on."""
-    graphs = resolution.resolved["cuda_graph_config"]
-    phases = [p for p in ("prefill", "decode") if graphs[p]["backend"] == "breakable"]
+def explain_for_deployment(plan) -> str:
+    """For `plan`: which of the deployment's graphs (a graph_plan.GraphPlan) the patch acts on."""
+    graphs = {"prefill": plan.prefill, "decode": plan.decode}
+    phases = [p for p in ("prefill", "decode") if graphs[p].backend == "breakable"]
     if not phases:
         return "no breakable CUDA graph in this deployment: nothing to drop"
     return (

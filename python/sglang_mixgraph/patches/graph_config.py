@@ -7,7 +7,8 @@ rule hook (`rules_hook`) defers upstream's blanket DeepSeek-V4 BCG rule; AROUND
 derived bucket list is applied, the deferred rule settled by the capture-memory estimate and the
 startup validations run; AROUND `triton_symm_mem_ag.recommended_max_tokens` the logits
 all-gather is sized for mixed steps. ``SGLANG_EXPERIMENTAL_FORCE_BCG=1`` runs the same rule hook
-in forced mode (below). graph_plan.py computes; this module decides and applies. Off by default
+in forced mode (below). The planner (graph_plan.py, prefill_settlement.py) computes and
+decides the resolution hook's answer; this module applies it and logs. Off by default
 because on a DeepSeek-V4-Pro rank slice on the H200 breakable replays of mixed steps were slower
 than eager steps (docs/results/rank_slice_h200.md). Why and retire condition: `PATCH`.
 """
@@ -31,7 +32,6 @@ from sglang_mixgraph.bcg_rules import (
     decisions_for,
     forced_actions,
     matching_rules,
-    recorded,
 )
 from sglang_mixgraph.fallback import fallback_once
 from sglang_mixgraph.flags import bool_flag, choice_flag
@@ -171,192 +171,65 @@ def rules_hook(original, server_args, **kwargs):
     return original(server_args, **kwargs)
 
 
-# --------------------------------------------------------------------------- derived buckets
-
-
-def _derived_buckets(server_args, upstream_max_bs: int | None) -> tuple[list[int] | None, str]:
-    """(the derived list to apply or None, the bucket policy `plan` reports)."""
-    from sglang.srt.arg_groups.overrides import resolving_view
-    from sglang.srt.model_executor.cuda_graph_config import Backend, Phase
-
-    from sglang_mixgraph.core.prefill_buckets import BucketDerivationError
-    from sglang_mixgraph.graph_plan import deployment, derive_buckets, unhandled
-
-    locked = getattr(server_args, "_cuda_graph_config_locked", set()) or set()
-    if (Phase.PREFILL, "bs") in locked or (Phase.PREFILL, "max_bs") in locked:
-        return None, "user"
-    if resolving_view(server_args).cuda_graph_config.prefill.backend == Backend.DISABLED:
-        return None, "prefill graph off"
-    reason = unhandled(server_args)
-    if reason is None:
-        try:
-            return derive_buckets(deployment(server_args), upstream_max_bs), "auto"
-        except BucketDerivationError as e:
-            reason = str(e)
-    fallback_once(PATCH_ID, f"prefill buckets: {reason}")
-    return None, f"upstream (fallback: {reason})"
-
-
-def _apply_buckets(server_args) -> None:
-    from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
-    from sglang.srt.model_executor.cuda_graph_config import Phase, with_phase
-
-    record = decisions_for(server_args)
-    cfg = resolving_view(server_args)
-    prefill = cfg.cuda_graph_config.prefill
-    upstream = list(prefill.bs or [])
-    record.upstream_max_bs = prefill.max_bs
-    derived, record.bucket_policy = _derived_buckets(server_args, prefill.max_bs)
-    if derived is None or derived == upstream:
-        return
-    declare_resolution(
-        server_args,
-        "sglang_mixgraph.graph_config",
-        cuda_graph_config=with_phase(
-            cfg.cuda_graph_config, Phase.PREFILL, bs=derived, max_bs=derived[-1]
-        ),
-    )
-    logger.info(
-        "sglang-mixgraph: prefill CUDA-graph buckets derived for mixed chunked prefill "
-        "(SGLANG_MIXGRAPH_PREFILL_BUCKETS=auto): %s instead of %d generic buckets up to %s.",
-        derived,
-        len(upstream),
-        max(upstream) if upstream else None,
-    )
-
-
-# --------------------------------------------------------------------------- capture-memory estimate
-
-
-def _disable_prefill_graph(server_args) -> None:
-    from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
-    from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, with_phase
-
-    declare_resolution(
-        server_args,
-        "sglang_mixgraph.graph_config",
-        cuda_graph_config=with_phase(
-            resolving_view(server_args).cuda_graph_config, Phase.PREFILL, backend=Backend.DISABLED
-        ),
-    )
-
-
-def _upstream_rule_stands(server_args, why: str, action: str) -> None:
-    """Settle a deferred DeepSeek-V4 rule as upstream decides it: the prefill graph off.
-
-    The deferral is only a promise that the estimate decides later; wherever the estimate
-    cannot decide (no memory numbers, no bucket list, the deployment left the patch's scope
-    later in resolution) upstream's rule must hold, or BCG would stay on where SGLang alone
-    turns it off (`cuda_graph_hook.disable_breakable_cudagraph_if_incompatible`)."""
-
-    record = decisions_for(server_args)
-    rule = record.rule_matches[0]
-    fallback_once(PATCH_ID, f"capture-memory estimate: {why}; upstream's DSV4 rule applies")
-    record.prefill_backend_source = Source.UPSTREAM_RULE
-    record.deciding_rule = rule.name
-    rule.action = action
-    _disable_prefill_graph(server_args)
-
-
-def deferral_pending(server_args) -> bool:
-    record = recorded(server_args)
-    return record is not None and record.prefill_backend_source is Source.ESTIMATE_PENDING
-
-
-def _settle_deferred_dsv4(server_args) -> None:
-    from sglang.srt.arg_groups.overrides import resolving_view
-    from sglang.srt.model_executor.cuda_graph_config import Backend
-
-    from sglang_mixgraph.core.capture_memory import fmt_bytes
-    from sglang_mixgraph.graph_plan import (
-        UNKNOWN_BUDGET,
-        capture_chunk,
-        capture_estimate,
-        deployment,
-    )
-
-    if not deferral_pending(server_args):
-        return
-    record = decisions_for(server_args)
-    cfg = resolving_view(server_args)
-    prefill = cfg.cuda_graph_config.prefill
-    if prefill.backend != Backend.BREAKABLE:
-        record.prefill_backend_source = Source.UPSTREAM_LATER
-        return
-    if not prefill.bs:
-        # Nothing to estimate (chunked prefill off gives upstream an empty list).
-        _upstream_rule_stands(
-            server_args, "no prefill buckets", "disables (no prefill buckets to estimate)"
-        )
-        return
-    report = capture_estimate(
-        server_args, prefill.bs, capture_chunk(deployment(server_args), prefill.bs)
-    )
-    rule = record.rule_matches[0]
-    verdict = report.verdict
-    if verdict is None:
-        # Without memory numbers the estimate cannot decide; upstream's rule stands.
-        _upstream_rule_stands(server_args, UNKNOWN_BUDGET, "disables (estimate unavailable)")
-        return
-    record.prefill_backend_source = Source.ESTIMATE
-    sizes = (
-        fmt_bytes(verdict.needed),
-        len(prefill.bs),
-        max(prefill.bs),
-        fmt_bytes(verdict.available),
-        int(verdict.margin_fraction * 100),
-    )
-    if verdict.fits:
-        rule.action = "replaced by the capture-memory estimate: fits"
-        logger.info(
-            "sglang-mixgraph: breakable prefill CUDA graph kept on for DeepSeek-V4: estimated capture "
-            "memory %s for %d buckets up to %d tokens fits in %s (after weights, KV pool and the "
-            "static reserve; %d%% margin).",
-            *sizes,
-        )
-        return
-    hints = ["fewer buckets (--cuda-graph-bs-prefill)"]
-    if report.advice_max_bs_prefill:
-        hints.append(f"--cuda-graph-max-bs-prefill {report.advice_max_bs_prefill}")
-    if report.shape.sparse is not None:
-        hints.append(
-            "a smaller --cuda-graph-prefill-max-context (now %d)"
-            % report.shape.sparse.context_width
-        )
-    if report.advice_mem_fraction_static is not None:
-        hints.append(
-            f"--mem-fraction-static {report.advice_mem_fraction_static} or lower "
-            f"(now {cfg.mem_fraction_static})"
-        )
-    logger.warning(
-        "sglang-mixgraph: breakable prefill CUDA graph disabled for DeepSeek-V4: estimated capture "
-        "memory %s for %d buckets up to %d tokens does not fit in %s available after weights, KV "
-        "pool and the static reserve (with a %d%% margin). To keep it on, try: %s.",
-        *sizes,
-        "; ".join(hints),
-    )
-    rule.action = "replaced by the capture-memory estimate: does not fit, disabled"
-    _disable_prefill_graph(server_args)
-
-
 # --------------------------------------------------------------------------- the resolution hook
 
 
+def _declare_prefill(server_args, **changes) -> None:
+    from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
+    from sglang.srt.model_executor.cuda_graph_config import Phase, with_phase
+
+    declare_resolution(
+        server_args,
+        "sglang_mixgraph.graph_config",
+        cuda_graph_config=with_phase(
+            resolving_view(server_args).cuda_graph_config, Phase.PREFILL, **changes
+        ),
+    )
+
+
+def _say(said) -> None:
+    if said is not None:
+        logger.log(said.level, "%s", said.text)
+
+
+def _settle_rule(server_args, record: GraphDecisions, rule) -> None:
+    """Record (and apply) how the deferred DeepSeek-V4 rule ended."""
+    from sglang.srt.model_executor.cuda_graph_config import Backend
+
+    if rule.fallback is not None:
+        fallback_once(PATCH_ID, rule.fallback)
+    record.prefill_backend_source = rule.source
+    if rule.source is Source.UPSTREAM_RULE:
+        record.deciding_rule = record.rule_matches[0].name
+    if rule.action is not None:
+        record.rule_matches[0].action = rule.action
+    _say(rule.said)
+    if rule.disable:
+        _declare_prefill(server_args, backend=Backend.DISABLED)
+
+
 def _validate_around(original, server_args, **kwargs):
-    from sglang_mixgraph.graph_plan import GraphConfigError, out_of_scope, validations
+    """AROUND the MegaMoE token-budget check: upstream's check, then the planner's one answer
+    (`prefill_settlement.settle_prefill`) applied and logged."""
+    from sglang_mixgraph.graph_plan import GraphConfigError
+    from sglang_mixgraph.prefill_settlement import settle_prefill
 
     original(server_args, **kwargs)
     if not _auto():  # the patch is off: upstream behaviour only (installed for a test process)
         return
-    why = out_of_scope(server_args)
-    if why is not None:
-        decisions_for(server_args).bucket_policy = f"upstream ({why})"
-        if deferral_pending(server_args):  # in scope at the rule hook, out of it now
-            _upstream_rule_stands(server_args, why, f"disables ({why} later in resolution)")
-        return
-    _apply_buckets(server_args)
-    _settle_deferred_dsv4(server_args)
-    for v in validations(server_args):
+    record = decisions_for(server_args)
+    settled = settle_prefill(server_args, record)
+    if settled.out_of_scope is None:
+        record.upstream_max_bs = settled.upstream_max_bs
+    record.bucket_policy = settled.bucket_policy
+    if settled.bucket_fallback is not None:
+        fallback_once(PATCH_ID, f"prefill buckets: {settled.bucket_fallback}")
+    if settled.buckets is not None:
+        _declare_prefill(server_args, bs=list(settled.buckets), max_bs=settled.buckets[-1])
+        _say(settled.bucket_said)
+    if settled.rule is not None:
+        _settle_rule(server_args, record, settled.rule)
+    for v in settled.validations:
         if v.blocks:
             raise GraphConfigError(v.message)
         if not v.ok:
