@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from model_configs import write_model
 
-from sglang_mixgraph.cli import EMBEDDED_MODEL_DIR, MEGA_MOE_CAP_ENV
 from sglang_mixgraph.flags import FLAGS
 from sglang_mixgraph.patches import all_patches
+from sglang_mixgraph.presets import DSV4_MODEL_DIR, MEGA_MOE_CAP_ENV
 
 # Every patch module registers its flags in FLAGS when imported; import them all now so
 # FLAGS is complete whatever ran before (collection order decides otherwise).
@@ -64,6 +64,18 @@ def test_doctor_json_reports_versions_gpu_flags_and_every_patch(monkeypatch):
         assert p["status"] == default_state[p["id"]]
         assert p["targets"] and all(t["ok"] for t in p["targets"]), p
     assert report["ok"] is True
+    catalogue = {
+        p["id"]: [p[k] for k in ("why", "how", "upstream_pr", "retired_by")]
+        for p in report["patches"]
+    }
+    assert catalogue == {p.id: [p.why, p.how, p.upstream_pr, p.retired_by] for p in all_patches()}
+
+
+def test_every_patch_has_its_catalogue_entry():
+    """Why it exists, how it works and what retires it, for every patch (doctor prints them)."""
+    for patch in all_patches():
+        assert patch.why and patch.how and patch.retired_by, patch.id
+        assert patch.upstream_pr is None or patch.upstream_pr, patch.id
 
 
 def test_doctor_exits_1_on_an_invalid_flag():
@@ -159,28 +171,85 @@ def test_plan_default_is_the_reference_deployment(reference_plan):
     p = reference_plan
     assert p["default_deployment"] is True
     assert p["assumed_gpu"]["name"] == "B300" and p["assumed_gpu"]["sm"] == 103
-    assert p["model_path"] == str(EMBEDDED_MODEL_DIR)
-    assert p["tp_size"] == 8
-    assert p["attn_dp_size"] == 8 and p["dp_attention"] is True
-    assert p["mixed_chunk"] is True
-    assert p["chunked_prefill_size_per_dp_rank"] == 2816
-    assert p["max_running_requests"] == 2048
-    assert p["max_running_requests_per_dp_rank"] == 256
+    assert p["model_path"] == str(DSV4_MODEL_DIR)
+    assert p["graph"]["deployment"]["tp_size"] == 8
+    assert (
+        p["graph"]["deployment"]["attn_dp_size"] == 8
+        and p["graph"]["deployment"]["dp_attention"] is True
+    )
+    assert p["graph"]["deployment"]["enable_mixed_chunk"] is True
+    assert p["graph"]["deployment"]["chunked_prefill_per_rank"] == 2816
+    assert p["graph"]["deployment"]["max_running_requests"] == 2048
+    assert p["graph"]["deployment"]["running_per_rank"] == 256
     assert p["attention_backend"] == "dsv4"
-    assert p["moe"]["a2a_backend"] == "megamoe" and p["moe"]["megamoe"] is True
-    assert p["moe"]["megamoe_max_tokens_per_rank"] == 2816
+    assert p["graph"]["deployment"]["moe_a2a_backend"] == "megamoe"
+    assert p["graph"]["deployment"]["mega_moe_cap_per_rank"] == 2816
     for phase in ("prefill_graph", "decode_graph"):
-        graph = p[phase]
+        graph = p["graph"][phase]
         assert graph["backend"] in ("breakable", "full", "disabled")
         assert graph["buckets"] == sorted(graph["buckets"])
         assert graph["max_bs"] >= max(graph["buckets"])
-    assert p["prefill_graph"]["decided_by"]
+    assert p["graph"]["prefill_graph"]["decided_by"]
     assert {x["id"] for x in p["patches"]} == {x.id for x in all_patches()}
+
+
+def test_plan_json_fields_each_once(reference_plan):
+    """`plan --json`: what was planned and how at the top, the planner's result under "graph";
+    the deployment facts and the graph configuration only there."""
+    p = reference_plan
+    assert set(p) == {
+        "assumed_gpu",
+        "server_args",
+        "default_deployment",
+        "preset",
+        "arguments_on_top",
+        "plugin",
+        "model_path",
+        "model_class_note",
+        "attention_backend",
+        "moe_runner_backend",
+        "patches",
+        "graph",
+        "dsa_surface",
+    }
+    assert set(p["assumed_gpu"]) == {"name", "sm", "memory_bytes"}
+    assert set(p["graph"]) == {
+        "gpu",
+        "model",
+        "flags",
+        "deployment",
+        "prefill_graph",
+        "decode_graph",
+        "capture_memory",
+        "bucket_lists",
+        "validations",
+        "ok",
+    }
+    assert set(p["graph"]["deployment"]) == {
+        "tp_size",
+        "attn_dp_size",
+        "dp_attention",
+        "enable_mixed_chunk",
+        "chunked_prefill_per_rank",
+        "max_running_requests",
+        "running_per_rank",
+        "moe_a2a_backend",
+        "mega_moe_cap_per_rank",
+        "mem_fraction_static",
+    }
+    assert set(p["graph"]["prefill_graph"]) == {
+        "backend",
+        "decided_by",
+        "rules",
+        "max_bs",
+        "buckets",
+    }
+    assert set(p["graph"]["decode_graph"]) == {"backend", "decided_by", "max_bs", "buckets"}
 
 
 def test_plan_megamoe_cap_comes_from_the_environment():
     p = cli_json("plan", env={MEGA_MOE_CAP_ENV: "4096"})
-    assert p["moe"]["megamoe_max_tokens_per_rank"] == 4096
+    assert p["graph"]["deployment"]["mega_moe_cap_per_rank"] == 4096
 
 
 def test_plan_target_gpu_reaches_sglang_resolution(tmp_path):
@@ -209,14 +278,24 @@ def test_plan_small_dense_model(tmp_path):
         "64",
     )
     assert p["default_deployment"] is False
-    assert p["tp_size"] == 1 and p["attn_dp_size"] == 1 and p["dp_attention"] is False
-    assert p["mixed_chunk"] is False
-    assert p["chunked_prefill_size_per_dp_rank"] == 4096
-    assert p["max_running_requests"] == 64 and p["max_running_requests_per_dp_rank"] == 64
-    assert p["moe"]["megamoe"] is False and p["moe"]["megamoe_max_tokens_per_rank"] is None
-    assert p["prefill_graph"]["backend"] == "breakable"
-    assert p["prefill_graph"]["decided_by"]["kind"] == "default"
-    assert max(p["prefill_graph"]["buckets"]) <= 4096
+    assert (
+        p["graph"]["deployment"]["tp_size"] == 1
+        and p["graph"]["deployment"]["attn_dp_size"] == 1
+        and p["graph"]["deployment"]["dp_attention"] is False
+    )
+    assert p["graph"]["deployment"]["enable_mixed_chunk"] is False
+    assert p["graph"]["deployment"]["chunked_prefill_per_rank"] == 4096
+    assert (
+        p["graph"]["deployment"]["max_running_requests"] == 64
+        and p["graph"]["deployment"]["running_per_rank"] == 64
+    )
+    deployment = p["graph"]["deployment"]
+    assert (
+        deployment["moe_a2a_backend"] != "megamoe" and deployment["mega_moe_cap_per_rank"] is None
+    )
+    assert p["graph"]["prefill_graph"]["backend"] == "breakable"
+    assert p["graph"]["prefill_graph"]["decided_by"]["kind"] == "default"
+    assert max(p["graph"]["prefill_graph"]["buckets"]) <= 4096
 
 
 def test_plan_text_output_states_the_assumed_gpu():
@@ -239,7 +318,7 @@ def test_plan_text_output_states_the_assumed_gpu():
     ],
 )
 def test_plan_invalid_server_arguments_give_sglangs_error(args, returncode, message):
-    result = cli("plan", "--model-path", str(EMBEDDED_MODEL_DIR), *args)
+    result = cli("plan", "--model-path", str(DSV4_MODEL_DIR), *args)
     assert result.returncode == returncode
     assert message in result.stderr
     assert "Traceback" not in result.stderr and "usage:" not in result.stderr
@@ -274,7 +353,7 @@ def test_plan_says_what_the_mixed_split_would_do(tmp_path):
         for p in cli_json(
             "plan",
             "--model-path",
-            str(EMBEDDED_MODEL_DIR),
+            str(DSV4_MODEL_DIR),
             "--tp",
             "8",
             "--dsv4-attn-backend",

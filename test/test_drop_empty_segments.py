@@ -254,9 +254,7 @@ def test_an_attribute_the_hooks_read_is_checked(monkeypatch):
     ],
 )
 def test_plan_note_names_the_breakable_phases(prefill, decode, says):
-    resolution = types.SimpleNamespace(
-        resolved={
-            "cuda_graph_config": {"prefill": {"backend": prefill}, "decode": {"backend": decode}}
-        }
+    plan = types.SimpleNamespace(
+        prefill=types.SimpleNamespace(backend=prefill), decode=types.SimpleNamespace(backend=decode)
     )
-    assert des.explain_for_deployment(resolution).startswith(says)
+    assert des.explain_for_deployment(plan).startswith(says)

@@ -181,7 +181,7 @@ def flags(monkeypatch):
 
 def plan_of(argv, gpu="B300"):
     """The resolution and the graph part of `plan --json` for it."""
-    from sglang_mixgraph.cli import graph_plan_json
+    from sglang_mixgraph.cli.plan_format import graph_plan_json
     from sglang_mixgraph.graph_plan import graph_plan
 
     r = resolve(argv, gpu=gpu)
@@ -297,7 +297,7 @@ def test_reference_plan_contents(flags):
     }
     logits = next(v for v in d["validations"] if v["name"].startswith("logits"))
     assert logits["rows"] == 8 * 257 and logits["upstream_rows"] == 2048
-    from sglang_mixgraph.cli import format_graph_plan
+    from sglang_mixgraph.cli.plan_format import format_graph_plan
     from sglang_mixgraph.graph_plan import graph_plan
 
     text = format_graph_plan(graph_plan(resolve(reference(), gpu="B300")))
@@ -607,7 +607,7 @@ _FORCE = textwrap.dedent(
     import json, sys
     from sglang_mixgraph.resolve import select_described_platform, resolve
     select_described_platform()
-    from sglang_mixgraph.cli import format_graph_plan, graph_plan_json
+    from sglang_mixgraph.cli.plan_format import format_graph_plan, graph_plan_json
     from sglang_mixgraph.graph_plan import graph_plan
     out = {}
     for name, (argv, gpu) in json.loads(sys.argv[1]).items():
@@ -797,11 +797,11 @@ def test_force_bcg_wrong_value_is_rejected():
 
 @pytest.mark.parametrize("env,value", [(FORCE_ENV, "2"), (BUCKETS_ENV, "generic")])
 def test_bad_flag_values_fail_patch_evaluation(monkeypatch, env, value):
-    from sglang_mixgraph.patches import force_bcg, graph_config
+    from sglang_mixgraph.patches import graph_config
     from sglang_mixgraph.registry import evaluate
 
     monkeypatch.setenv(env, value)
-    patch = force_bcg.PATCH if env == FORCE_ENV else graph_config.PATCH
+    patch = graph_config.PATCH
     status = evaluate(patch)
     assert status.state == "cannot apply"
     assert f"{env}={value!r} is not a valid value" in status.error

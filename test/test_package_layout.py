@@ -1,10 +1,13 @@
-"""What the server runs imports nothing of `sglang_mixgraph.reference` (tests and benchmarks only)."""
+"""The package's layout: what the server runs imports nothing of `sglang_mixgraph.reference`
+(tests and benchmarks only), and no module imports one that imports it back."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 
 def test_serving_code_does_not_import_the_references():
@@ -23,3 +26,53 @@ def test_serving_code_does_not_import_the_references():
     loaded = proc.stdout
     assert "sglang_mixgraph.core.mixed_boundary" in loaded  # the test can see imports
     assert "sglang_mixgraph.reference" not in loaded
+
+
+PACKAGE = Path(__file__).resolve().parents[1] / "python" / "sglang_mixgraph"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path, modules: set[str]) -> set[str]:
+    """The package's modules that `path` imports anywhere (also inside functions)."""
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name in modules}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                found.add(full if full in modules else base)
+    return (found & modules) - {name}
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    """The package's import graph has no cycle, counting function-local imports too."""
+    paths = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph = {name: _imports(path, set(paths)) for name, path in paths.items()}
+
+    def cycle_from(start: str) -> list[str] | None:
+        stack = [(start, [start])]
+        seen = set()
+        while stack:
+            node, trail = stack.pop()
+            for nxt in graph[node]:
+                if nxt == start:
+                    return trail + [start]
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, trail + [nxt]))
+        return None
+
+    cycles = [c for c in map(cycle_from, sorted(graph)) if c is not None]
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+    assert "sglang_mixgraph.bcg_rules" in graph["sglang_mixgraph.patches.graph_config"]

@@ -63,9 +63,12 @@ def test_glm5_preset_plans_breakable_prefill_with_its_dsa_surface(glm5_plan):
     p = glm5_plan
     assert p["default_deployment"] is True and "GLM-5-shaped" in p["preset"]
     assert p["model_path"] == str(GLM5_MODEL_DIR)
-    assert p["prefill_graph"]["backend"] == "breakable"
-    assert p["prefill_graph"]["decided_by"]["kind"] == "default"
-    assert p["prefill_graph"]["buckets"] and max(p["prefill_graph"]["buckets"]) == 8192
+    assert p["graph"]["prefill_graph"]["backend"] == "breakable"
+    assert p["graph"]["prefill_graph"]["decided_by"]["kind"] == "default"
+    assert (
+        p["graph"]["prefill_graph"]["buckets"]
+        and max(p["graph"]["prefill_graph"]["buckets"]) == 8192
+    )
     surface = "\n".join(p["dsa_surface"])
     assert p["dsa_surface"][0] == "DSA split-op surface (78 of 78 layers run the indexer):"
     assert "bcg_dsa_indexer_prefill_split" in surface and "_eager_bmm_attention" in surface
@@ -97,8 +100,8 @@ def test_mla_prefill_capture_defaults_to_8192_tokens():
         "16384",
         env={"SGLANG_MIXGRAPH_PREFILL_BUCKETS": "upstream"},
     )
-    assert p["chunked_prefill_size_per_dp_rank"] == 16384
-    assert p["prefill_graph"]["max_bs"] == 8192
+    assert p["graph"]["deployment"]["chunked_prefill_per_rank"] == 16384
+    assert p["graph"]["prefill_graph"]["max_bs"] == 8192
 
 
 def test_preset_with_a_model_path_is_refused_in_one_line():

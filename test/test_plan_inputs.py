@@ -21,11 +21,11 @@ import pytest
 from model_configs import write_model
 
 from sglang_mixgraph import cli, target_gpu
-from sglang_mixgraph.cli import EMBEDDED_MODEL_DIR, MEGA_MOE_CAP_ENV
 from sglang_mixgraph.core.prefill_buckets import padding_profile
+from sglang_mixgraph.presets import DSV4_MODEL_DIR, MEGA_MOE_CAP_ENV
 from sglang_mixgraph.resolve import MAX_PLAN_LIST, MAX_PLAN_SIZE, PlanInputError, prepare_argv
 
-DSV4 = str(EMBEDDED_MODEL_DIR)
+DSV4 = str(DSV4_MODEL_DIR)
 BUCKETS_ENV = "SGLANG_MIXGRAPH_PREFILL_BUCKETS"
 
 
@@ -159,7 +159,7 @@ def test_a_config_json_that_is_not_an_object(plan_env, capsys, tmp_path, content
 
 
 def _dsv4_with_ratios(tmp_path: Path, ratios) -> str:
-    config = json.loads((EMBEDDED_MODEL_DIR / "config.json").read_text())
+    config = json.loads((DSV4_MODEL_DIR / "config.json").read_text())
     config["compress_ratios"] = ratios(config["compress_ratios"])
     (tmp_path / "config.json").write_text(json.dumps(config))
     return str(tmp_path)
@@ -202,7 +202,7 @@ def test_a_dsv4_compress_ratios_that_matches_no_layer_count(
 def test_the_embedded_dsv4_config_passes_the_config_checks():
     from sglang_mixgraph.resolve import _check_config_json
 
-    _check_config_json(EMBEDDED_MODEL_DIR / "config.json")  # 61 layers + 1 MTP entry
+    _check_config_json(DSV4_MODEL_DIR / "config.json")  # 61 layers + 1 MTP entry
 
 
 def test_arguments_without_model_path_go_on_top_of_the_reference(plan_env, capsys):
@@ -212,8 +212,11 @@ def test_arguments_without_model_path_go_on_top_of_the_reference(plan_env, capsy
     assert p["default_deployment"] is True
     assert p["arguments_on_top"] == ["--chunked-prefill-size", "11264"]
     assert p["server_args"][:2] == ["--model-path", DSV4]
-    assert p["chunked_prefill_size_per_dp_rank"] == 11264 // 8
-    assert p["tp_size"] == 8 and p["mixed_chunk"] is True
+    assert p["graph"]["deployment"]["chunked_prefill_per_rank"] == 11264 // 8
+    assert (
+        p["graph"]["deployment"]["tp_size"] == 8
+        and p["graph"]["deployment"]["enable_mixed_chunk"] is True
+    )
 
 
 # ---------------------------------------------------------------- bounded work
@@ -306,9 +309,12 @@ def test_plan_and_doctor_say_when_sglang_will_not_load_the_plugin():
     assert {x["status"] for x in p["patches"]} == {"not loaded"}
     # SGLang's own resolution: its blanket DeepSeek-V4 rule turns the prefill graph off and its
     # generic bucket list up to the global chunk stays (no derived buckets)
-    assert p["prefill_graph"]["backend"] == "disabled"
-    assert p["prefill_graph"]["decided_by"]["kind"] == "upstream rule"
-    assert max(p["prefill_graph"]["buckets"]) == 22528 and len(p["prefill_graph"]["buckets"]) > 50
+    assert p["graph"]["prefill_graph"]["backend"] == "disabled"
+    assert p["graph"]["prefill_graph"]["decided_by"]["kind"] == "upstream rule"
+    assert (
+        max(p["graph"]["prefill_graph"]["buckets"]) == 22528
+        and len(p["graph"]["prefill_graph"]["buckets"]) > 50
+    )
     assert p["graph"]["bucket_lists"]["policy"] == "upstream (sglang-mixgraph is not loaded)"
     # that resolved list (86) is never captured, and says so beside the upstream list (45)
     lists = p["graph"]["bucket_lists"]
@@ -383,8 +389,8 @@ def test_running_requests_per_dp_rank_is_one_number_as_sglang_resolves_it(
     got, out, err = _plan_in_process(capsys, "--json", "--max-running-requests", mrr)
     assert got == 0, err
     p = json.loads(out)
-    assert p["max_running_requests"] == int(mrr)
-    assert p["max_running_requests_per_dp_rank"] == per_rank
+    assert p["graph"]["deployment"]["max_running_requests"] == int(mrr)
+    assert p["graph"]["deployment"]["running_per_rank"] == per_rank
     assert p["graph"]["deployment"]["running_per_rank"] == per_rank
 
 

@@ -583,7 +583,7 @@ def test_every_process_logs_its_active_patches_once_after_sglang_configures_logg
 
 
 def test_the_main_process_logs_its_active_patches_after_prepare_server_args():
-    from sglang_mixgraph.cli import EMBEDDED_MODEL_DIR
+    from sglang_mixgraph.presets import DSV4_MODEL_DIR
 
     code = textwrap.dedent(ANNOUNCE_IN_MAIN) + textwrap.dedent(
         """
@@ -596,7 +596,7 @@ def test_the_main_process_logs_its_active_patches_after_prepare_server_args():
 
     def run(**env):
         result = subprocess.run(
-            [sys.executable, "-c", code, str(EMBEDDED_MODEL_DIR)],
+            [sys.executable, "-c", code, str(DSV4_MODEL_DIR)],
             env={**base_env, **env},
             capture_output=True,
             text=True,

@@ -248,18 +248,22 @@ def test_plan_resolves_a_deepseek_v4_deployment_of_one_rank(plan):
     assert plan["model_class_note"] is None
     assert plan["graph"]["model"] == ["DeepseekV4ForCausalLM"]
     assert plan["attention_backend"] == "dsv4"
-    assert (plan["tp_size"], plan["attn_dp_size"], plan["dp_attention"]) == (1, 1, False)
-    assert plan["mixed_chunk"] is True
-    assert plan["chunked_prefill_size_per_dp_rank"] == 2816
-    assert plan["max_running_requests_per_dp_rank"] == 256
+    assert (
+        plan["graph"]["deployment"]["tp_size"],
+        plan["graph"]["deployment"]["attn_dp_size"],
+        plan["graph"]["deployment"]["dp_attention"],
+    ) == (1, 1, False)
+    assert plan["graph"]["deployment"]["enable_mixed_chunk"] is True
+    assert plan["graph"]["deployment"]["chunked_prefill_per_rank"] == 2816
+    assert plan["graph"]["deployment"]["running_per_rank"] == 256
 
 
 def test_plan_with_the_triton_moe_runner_the_readme_recommends(slice_dir, plan):
     # Without a quantization_config SGLang still assumes DeepSeek-V4's FP4 routed experts
     # and picks the MXFP4 runner on an H200; the bf16 slice needs Triton.
-    assert plan["moe"]["runner_backend"] == "flashinfer_mxfp4"
+    assert plan["moe_runner_backend"] == "flashinfer_mxfp4"
     triton = _plan(slice_dir, *PLAN_ARGS, "--moe-runner-backend", "triton")
-    assert triton["moe"]["runner_backend"] == "triton"
+    assert triton["moe_runner_backend"] == "triton"
     assert triton["attention_backend"] == "dsv4"
 
 

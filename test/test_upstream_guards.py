@@ -180,7 +180,7 @@ def test_a_missing_upstream_function_is_reported_not_raised(monkeypatch):
 
 
 def test_doctor_shows_every_guard_and_fails_on_a_broken_one(monkeypatch, capsys):
-    from sglang_mixgraph.cli import _print_doctor, doctor_report
+    from sglang_mixgraph.cli.doctor import _print_doctor, doctor_report
 
     owner, attr = _owner(ug.MEMORY_SETTINGS)
     monkeypatch.setattr(owner, attr, _memory_settings_without_cap)

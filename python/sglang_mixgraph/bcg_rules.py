@@ -1,11 +1,11 @@
 """Upstream's breakable-prefill-graph (BCG) incompatibility rules, one by one, and what decided.
 
-What: the one hook on `sglang.srt.arg_groups.cuda_graph_hook.disable_breakable_cudagraph_if_incompatible`
-(`rules_hook`, shared by `force_bcg` and `graph_config`, registered once), run in one of three
-modes: upstream's, forced (the DeepSeek-V4 and unvalidated-a2a rules are overridden; any other
-rule that holds keeps upstream's decision, each logged once), or estimate (the DeepSeek-V4 rule
-alone is deferred to the capture-memory estimate). Decisions are kept per
-ServerArgs (a msgspec Struct with slots: nothing can be attached to it) for `graph_plan`.
+What: the rule table of `sglang.srt.arg_groups.cuda_graph_hook.disable_breakable_cudagraph_if_incompatible`
+(`rules`, `matching_rules`), the rules SGLANG_EXPERIMENTAL_FORCE_BCG may override
+(`FORCEABLE_RULES`, `forced_actions`), and the record of what decided the prefill backend, kept
+per ServerArgs (a msgspec Struct with slots: nothing can be attached to it) for `graph_plan`.
+The hook on that function is the `graph_config` patch's (`patches.graph_config.rules_hook`);
+this module imports no patch, so the patch and the planner both read it and nothing reads back.
 Why: upstream keeps its rules in a function-local list and stops at the first match, so nobody
 outside can tell which rules hold; we evaluate the same predicates with the same upstream
 helpers, under upstream's own rule names (a test compares the table with upstream's source).
@@ -16,11 +16,9 @@ overridden one by one.
 from __future__ import annotations
 
 import enum
-import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
-
-logger = logging.getLogger("sglang_mixgraph")
+from typing import Any
 
 RULES_TARGET = "sglang.srt.arg_groups.cuda_graph_hook.disable_breakable_cudagraph_if_incompatible"
 
@@ -118,16 +116,6 @@ def matching_rules(server_args: Any) -> list[Rule]:
     return [r for r in rules() if r.predicate(server_args)]
 
 
-class RuleMode(enum.Enum):
-    """How the rule hook runs upstream's rule function for one resolution."""
-
-    UPSTREAM = "upstream"  # call it: the first matching rule decides
-    # SGLANG_EXPERIMENTAL_FORCE_BCG: override the FORCEABLE_RULES that hold; any other rule
-    # that holds keeps upstream's decision (call the function)
-    FORCED = "forced"
-    ESTIMATE = "estimate"  # defer the DeepSeek-V4 rule, alone, to the capture-memory estimate
-
-
 class Source(enum.Enum):
     """What decided the prefill graph backend (for `plan`)."""
 
@@ -178,31 +166,6 @@ def recorded(server_args: Any) -> GraphDecisions | None:
     return entry[1] if entry is not None and entry[0] is server_args else None
 
 
-# --------------------------------------------------------------------------- the one hook
-
-
-def rule_mode(server_args: Any) -> RuleMode:
-    from sglang_mixgraph.patches.force_bcg import FORCE_BCG
-    from sglang_mixgraph.patches.graph_config import estimate_applies
-
-    if FORCE_BCG.get():
-        return RuleMode.FORCED
-    return RuleMode.ESTIMATE if estimate_applies(server_args) else RuleMode.UPSTREAM
-
-
-def _upstream_decides(record: GraphDecisions, matches: list[Rule]) -> None:
-    record.prefill_backend_source = Source.UPSTREAM_RULE
-    record.deciding_rule = matches[0].name
-    for m in record.rule_matches[1:]:
-        m.action = "holds (not reached: an earlier rule decided)"
-
-
-def _say_once(record: GraphDecisions, line: str) -> None:
-    if line not in record.said:
-        record.said.add(line)
-        logger.warning("%s", line)
-
-
 def forced_actions(matches: list[Rule]) -> tuple[list[str], Rule | None]:
     """Under SGLANG_EXPERIMENTAL_FORCE_BCG: the action on each matching rule, and the rule that
     keeps BCG off (the first matching rule FORCE does not override), or None when FORCE
@@ -217,53 +180,3 @@ def forced_actions(matches: list[Rule]) -> tuple[list[str], Rule | None]:
         else:
             actions.append(f"overridable by FORCE_BCG, but rule {kept.name!r} is kept")
     return actions, kept
-
-
-def _forced(original, server_args, record: GraphDecisions, matches: list[Rule], kwargs):
-    actions, kept = forced_actions(matches)
-    for rule, m, action in zip(matches, record.rule_matches, actions, strict=True):
-        m.action = action
-        if rule.name not in FORCEABLE_RULES:
-            _say_once(
-                record,
-                f"sglang-mixgraph: SGLANG_EXPERIMENTAL_FORCE_BCG=1 keeps upstream rule "
-                f"{rule.name!r} ({rule.reason}): the breakable prefill CUDA graph stays off as "
-                f"upstream decides; FORCE_BCG overrides only the rules {DSV4_RULE!r} and "
-                f"{A2A_RULE!r}.",
-            )
-        elif kept is None:
-            _say_once(
-                record,
-                f"sglang-mixgraph: SGLANG_EXPERIMENTAL_FORCE_BCG=1 keeps the breakable prefill "
-                f"CUDA graph on although upstream rule {rule.name!r} would disable it "
-                f"({rule.reason}).",
-            )
-    if kept is None:
-        record.prefill_backend_source = Source.FORCED if matches else None
-        return None
-    record.prefill_backend_source = Source.UPSTREAM_RULE
-    record.deciding_rule = kept.name
-    return original(server_args, **kwargs)  # upstream's decision: BCG off
-
-
-def rules_hook(original, server_args, **kwargs):
-    """AROUND upstream's rule function (`RULES_TARGET`), in the mode of `rule_mode`."""
-    mode = rule_mode(server_args)
-    record = decisions_for(server_args)
-    matches = matching_rules(server_args)
-    record.rule_matches = [RuleMatch(r.name, r.reason, "disables (upstream)") for r in matches]
-    record.prefill_backend_source = record.deciding_rule = None
-    if mode is RuleMode.FORCED:
-        return _forced(original, server_args, record, matches, kwargs)
-    if matches and mode is RuleMode.ESTIMATE and [r.name for r in matches] == [DSV4_RULE]:
-        record.rule_matches[0].action = "deferred to the capture-memory estimate"
-        record.prefill_backend_source = Source.ESTIMATE_PENDING
-        logger.info(
-            "sglang-mixgraph: upstream rule %r deferred; the breakable prefill CUDA graph is kept or "
-            "disabled by the capture-memory estimate once the buckets are final.",
-            DSV4_RULE,
-        )
-        return None
-    if matches:
-        _upstream_decides(record, matches)
-    return original(server_args, **kwargs)

@@ -5,7 +5,7 @@ the one prefill bucket derivation (`derive_buckets`: the `graph_config` patch ap
 during resolution, and `plan` shows it with the same inputs), the capture-memory estimate
 (`capture_estimate`), the startup validations (`validations`) and the whole report of a
 resolution (`graph_plan` -> `GraphPlan`). Results are typed; `sglang-mixgraph plan` turns
-them into text or JSON (cli.py). Nothing here changes a resolution or logs: the patch's hooks
+them into text or JSON (cli/plan_format.py). Nothing here changes a resolution or logs: the patch's hooks
 decide, this module computes. sglang is imported inside the functions only, so the plugin
 stays cheap to load.
 """
@@ -61,7 +61,8 @@ def out_of_scope(server_args) -> str | None:
 
 @dataclass(frozen=True)
 class Deployment:
-    """What the derivation, the estimate and the validations read of one deployment."""
+    """What the derivation, the estimate, the validations and the patches' `explain` read of
+    one deployment."""
 
     architectures: tuple[str, ...]
     tp_size: int
@@ -75,6 +76,12 @@ class Deployment:
     moe_a2a_backend: str
     mega_moe_cap: int | None  # MegaMoE's per-rank token cap; None without MegaMoE
     mem_fraction_static: float | None
+    model_type: str | None
+    deepseek_v4: bool
+    dsv4_attn_backend: str | None
+    speculative_algorithm: str | None
+    context_parallel: bool  # attention CP over more than one rank, or prefill CP
+    hisparse: bool
 
     @property
     def chunked(self) -> bool:
@@ -94,6 +101,7 @@ def mega_moe_cap(server_args) -> int | None:
 
 def deployment(server_args) -> Deployment:
     from sglang.srt.arg_groups.overrides import model_config_of, resolved_view, resolving_view
+    from sglang.srt.configs.model_config import is_deepseek_v4
     from sglang.srt.runtime_context import attn_dp_enabled_of
 
     cfg = resolving_view(server_args)
@@ -115,7 +123,19 @@ def deployment(server_args) -> Deployment:
         moe_a2a_backend=resolved_view(server_args).moe_a2a_backend,
         mega_moe_cap=mega_moe_cap(server_args),
         mem_fraction_static=cfg.mem_fraction_static,
+        model_type=getattr(hf, "model_type", None),
+        deepseek_v4=bool(is_deepseek_v4(hf)),
+        dsv4_attn_backend=getattr(cfg, "dsv4_attn_backend", None),
+        speculative_algorithm=cfg.speculative_algorithm,
+        context_parallel=(getattr(cfg, "attn_cp_size", 1) or 1) > 1
+        or bool(getattr(cfg, "enable_prefill_cp", False)),
+        hisparse=bool(getattr(cfg, "enable_hisparse", False)),
     )
+
+
+def locked_phase_keys(server_args) -> set:
+    """The (phase, key) pairs of the CUDA-graph configuration the user set explicitly."""
+    return getattr(server_args, "_cuda_graph_config_locked", set()) or set()
 
 
 # --------------------------------------------------------------------------- bucket derivation
@@ -355,21 +375,28 @@ class Validation:
 def validations(server_args) -> list[Validation]:
     """Startup checks of the final prefill graph configuration (none out of scope)."""
     from sglang.srt.arg_groups.overrides import resolving_view
-    from sglang.srt.model_executor.cuda_graph_config import Backend
-
-    from sglang_mixgraph.core.prefill_buckets import ceil_align
 
     if out_of_scope(server_args) is not None:
         return []
     prefill = resolving_view(server_args).cuda_graph_config.prefill
-    facts = deployment(server_args)
+    return prefill_validations(
+        server_args, deployment(server_args), prefill.backend, list(prefill.bs or [])
+    )
+
+
+def prefill_validations(server_args, facts: Deployment, backend, buckets) -> list[Validation]:
+    """Startup checks of a prefill graph configuration: `backend` with `buckets`."""
+    from sglang.srt.model_executor.cuda_graph_config import Backend
+
+    from sglang_mixgraph.core.prefill_buckets import ceil_align
+
     out = []
     cap = facts.mega_moe_cap
     name = "mega_moe_cap_covers_prefill_buckets"
-    if cap is not None and prefill.backend != Backend.DISABLED and prefill.bs:
+    if cap is not None and backend != Backend.DISABLED and buckets:
         # The runner rounds capture sizes up to the attention-TP width
         # (`prefill_cuda_graph_runner.get_prefill_num_tokens_to_capture`).
-        captured = sorted({ceil_align(b, facts.attn_tp_size) for b in prefill.bs})
+        captured = sorted({ceil_align(b, facts.attn_tp_size) for b in buckets})
         over = [b for b in captured if b > cap]
         if over:
             msg = (
@@ -480,7 +507,11 @@ class DecodeGraph:
     backend: str
     decided_by: Decision
     max_bs: int | None
-    bucket_count: int
+    buckets: tuple[int, ...]
+
+    @property
+    def bucket_count(self) -> int:
+        return len(self.buckets)
 
 
 @dataclass(frozen=True)
@@ -507,6 +538,7 @@ class BucketLists:
 @dataclass(frozen=True)
 class GraphPlan:
     gpu: str
+    gpu_sm_major: int
     facts: Deployment
     flags: dict[str, str]
     prefill: PrefillGraph
@@ -580,7 +612,7 @@ def _prefill_decision(server_args, record) -> Decision:
     from sglang_mixgraph.bcg_rules import Source, matching_rules
 
     cfg = resolving_view(server_args)
-    locked = getattr(server_args, "_cuda_graph_config_locked", set()) or set()
+    locked = locked_phase_keys(server_args)
     backend = cfg.cuda_graph_config.prefill.backend
     if (Phase.PREFILL, "backend") in locked:
         return Decision(
@@ -637,7 +669,7 @@ def graph_plan(resolution: Any) -> GraphPlan:
         facts = deployment(server_args)
         prefill = cfg.cuda_graph_config.prefill
         decode = cfg.cuda_graph_config.decode
-        locked = getattr(server_args, "_cuda_graph_config_locked", set()) or set()
+        locked = locked_phase_keys(server_args)
         if record is not None and record.rule_matches:
             rules = tuple(record.rule_matches)
         else:
@@ -645,6 +677,7 @@ def graph_plan(resolution: Any) -> GraphPlan:
         final = list(prefill.bs or [])
         return GraphPlan(
             gpu=resolution.gpu.describe(),
+            gpu_sm_major=resolution.gpu.sm_major,
             facts=facts,
             flags={
                 name: str(FLAGS[name].get())
@@ -664,7 +697,7 @@ def graph_plan(resolution: Any) -> GraphPlan:
                     DecidedBy.USER if (Phase.DECODE, "backend") in locked else DecidedBy.DEFAULT
                 ),
                 max_bs=decode.max_bs,
-                bucket_count=len(decode.bs or []),
+                buckets=tuple(decode.bs or ()),
             ),
             capture=(
                 capture_estimate(server_args, final, capture_chunk(facts, final)) if final else None

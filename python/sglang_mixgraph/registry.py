@@ -18,9 +18,10 @@ import importlib
 import inspect
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any, Callable
+from typing import Any
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
@@ -63,7 +64,8 @@ class Hook:
 
 @dataclass(frozen=True)
 class Patch:
-    """A patch; its first flag is its switch (the one that turns it off)."""
+    """A patch; its first `switch_count` flags are its switches (each turns it on, and all of
+    them at their off value leave it off); any further flag tunes it."""
 
     id: str
     summary: str
@@ -71,11 +73,28 @@ class Patch:
     hooks: tuple[Hook, ...]
     # Reads the flags; a patch is enabled when this returns True.
     is_enabled: Callable[[], bool]
-    # For `plan`: given a resolve.Resolution, say what the patch would do there
-    # (act, or fall back and why). None when the patch has nothing to add.
+    # For `plan`: given the planner's typed result (graph_plan.GraphPlan: the deployment facts,
+    # the graph configuration), say what the patch would do there (act, or fall back and
+    # why). None when the patch has nothing to add.
     explain: Callable[[Any], str] | None = None
     # Upstream attributes the hooks read besides their targets: (dotted path, expected type).
     reads: tuple[tuple[str, type], ...] = ()
+    switch_count: int = 1
+    # The catalogue entry `doctor` shows (a test keeps why, how and retired_by non-empty): why
+    # upstream needs the patch, how it works, the upstream PR it mirrors where there is one,
+    # and the upstream change that makes it unnecessary.
+    why: str = ""
+    how: str = ""
+    upstream_pr: str | None = None
+    retired_by: str = ""
+
+    @property
+    def switches(self) -> tuple[Flag, ...]:
+        return self.flags[: self.switch_count]
+
+    def switch_off_text(self) -> str:
+        """What to set to turn the patch off: every switch at its off value."""
+        return " and ".join(f"{f.name}={f.off_value}" for f in self.switches)
 
 
 @dataclass(frozen=True)
@@ -278,7 +297,7 @@ def target_checks(patch: Patch) -> list[TargetCheck]:
 
 
 def switched_on_explicitly(patch: Patch) -> bool:
-    return os.environ.get(patch.flags[0].name, "") != ""
+    return any(os.environ.get(f.name, "") != "" for f in patch.switches)
 
 
 _version_warned = False
@@ -301,7 +320,7 @@ def warn_if_not_pinned() -> None:
 def deferral_message(patch: Patch, requested: bool) -> str:
     """One line: which patch defers, for which flag(s) SGLang defines itself, what to set."""
     names = [f.name for f in patch.flags if f.deferred]
-    switch = patch.flags[0]
+    switch = next((f for f in patch.switches if f.requests_on()), patch.flags[0])
     shown = " and ".join(names)
     line = (
         f"patch {patch.id!r} defers to upstream: sglang {installed_sglang_version()} defines "
@@ -330,7 +349,7 @@ def evaluate(patch: Patch) -> PatchStatus:
                 if flag.deferred
                 else os.environ.get(flag.name) or str(flag.default)
             )
-        status.requested = patch.flags[0].requests_on()
+        status.requested = any(f.requests_on() for f in patch.switches)
         status.deferred = deferral_message(patch, status.requested)
         return status
     try:
@@ -346,7 +365,6 @@ def evaluate(patch: Patch) -> PatchStatus:
     failed = [c for c in status.checks if not c.ok]
     if not failed:
         return status
-    switch = patch.flags[0]
     flags = ", ".join(f"{k}={v}" for k, v in status.flag_values.items())
     lines = [
         f"patch {patch.id!r} ({flags}) cannot apply to the installed sglang "
@@ -356,13 +374,13 @@ def evaluate(patch: Patch) -> PatchStatus:
         lines.append(f"  target {c.target}: expected {c.expected}, found {c.found} ({c.why})")
     if switched_on_explicitly(patch):
         lines.append(
-            f"  Install sglang=={PINNED_SGLANG}, or switch the patch off ({switch.name}={switch.off_value})."
+            f"  Install sglang=={PINNED_SGLANG}, or switch the patch off ({patch.switch_off_text()})."
         )
         status.error = "\n".join(lines)
     else:
         lines.append(
             f"  It is on by default only, so it stays off and SGLang runs as upstream. Install "
-            f"sglang=={PINNED_SGLANG} to use it, or set {switch.name}={switch.off_value} to silence this."
+            f"sglang=={PINNED_SGLANG} to use it, or set {patch.switch_off_text()} to silence this."
         )
         status.drift = "\n".join(lines)
         status.enabled = False
@@ -381,14 +399,10 @@ def install(patches: tuple[Patch, ...] | list[Patch]) -> list[PatchStatus]:
             logger.warning("sglang-mixgraph: %s", s.deferred)
         if s.drift is not None:
             logger.warning("sglang-mixgraph: %s", s.drift)
-    registered: set[tuple[str, Any, HookType]] = set()
     for s in statuses:
         if s.enabled:
             for h in s.patch.hooks:
-                # A hook two patches share (the BCG rule hook) wraps its target once.
-                if (h.target, h.fn, h.hook_type) not in registered:
-                    registered.add((h.target, h.fn, h.hook_type))
-                    HookRegistry.register(h.target, h.fn, h.hook_type)
+                HookRegistry.register(h.target, h.fn, h.hook_type)
     return statuses
 
 

@@ -13,7 +13,6 @@ from sglang_mixgraph.registry import Patch
 def all_patches() -> tuple[Patch, ...]:
     from sglang_mixgraph.patches import (
         drop_empty_segments,
-        force_bcg,
         graph_config,
         mixed_split,
         replay_read_done,
@@ -24,7 +23,6 @@ def all_patches() -> tuple[Patch, ...]:
         mixed_split.PATCH,
         replay_read_done.PATCH,
         war_snapshot_check.PATCH,
-        force_bcg.PATCH,
         graph_config.PATCH,
         drop_empty_segments.PATCH,
     )

@@ -163,10 +163,10 @@ def around_replay(original, self, *args, **kwargs):
     return None
 
 
-def explain_for_deployment(resolution) -> str:
-    """For `plan`: which of the deployment's graphs the patch acts on."""
-    graphs = resolution.resolved["cuda_graph_config"]
-    phases = [p for p in ("prefill", "decode") if graphs[p]["backend"] == "breakable"]
+def explain_for_deployment(plan) -> str:
+    """For `plan`: which of the deployment's graphs (a graph_plan.GraphPlan) the patch acts on."""
+    graphs = {"prefill": plan.prefill, "decode": plan.decode}
+    phases = [p for p in ("prefill", "decode") if graphs[p].backend == "breakable"]
     if not phases:
         return "no breakable CUDA graph in this deployment: nothing to drop"
     return (
@@ -202,6 +202,27 @@ PATCH = Patch(
     hooks=HOOKS,
     is_enabled=lambda: bool(DROP_FLAG.get()),
     explain=explain_for_deployment,
+    why=(
+        "upstream's BreakableCUDAGraphCapture ends a segment at every eager break and keeps it "
+        "even when it captured nothing (GLM-5: one per layer, between the DSA indexer break and "
+        "_eager_bmm_attention); every replay launches it"
+    ),
+    how=(
+        "just before a segment's capture ends, the graph under capture is asked for its node "
+        "count; an empty segment stays alive (its hold on the graph memory pool stays) but is "
+        "neither instantiated nor registered, and replays run every break in its place and "
+        "launch only segments with nodes (core.graph_segments)"
+    ),
+    upstream_pr=(
+        "SGLang PR #27053, an earlier implementation: _end_current_segment(drop_empty=...) -> "
+        "bool decides emptiness at capture and the replay skips empty segments (54.6 ms -> "
+        "54.0 ms per 1k/1k prefill step)"
+    ),
+    retired_by=(
+        "upstream's BreakableCUDAGraphCapture._end_current_segment decides emptiness itself and "
+        "its replay skips empty segments while keeping break order; the registry check still "
+        "passes then (the keyword is optional), so look for it on each upstream bump"
+    ),
     reads=(
         (f"{BCG_MODULE}._current_stream_var", contextvars.ContextVar),
         (f"{BCG_MODULE}.get_current_stream", Callable),

@@ -1,29 +1,40 @@
 """`graph_config`: prefill CUDA graphs sized for mixed chunked prefill (DeepSeek-V4, GLM-5).
 
-What: off by default (``SGLANG_MIXGRAPH_PREFILL_BUCKETS=auto`` turns it on), and then for mixed
-chunked prefill of a sparse-MLA model only (anything else resolves exactly as upstream). It is
-off by default because it turns the breakable prefill graph on for DeepSeek-V4, and on a
-DeepSeek-V4-Pro rank slice on the H200 breakable replays of mixed steps were slower than eager
-steps (docs/results/rank_slice_h200.md). Through the rule hook (`bcg_rules.rules_hook`) it defers
-upstream's blanket DeepSeek-V4 BCG rule; AROUND `mega_moe_hook.validate_mega_moe_token_budget_for_model`
-(late in resolution) it applies the planner's derived bucket list, settles the deferred rule
-with the capture-memory estimate and runs the startup validations; AROUND
-`triton_symm_mem_ag.recommended_max_tokens` it sizes the logits all-gather for mixed steps.
-graph_plan.py computes all of it; this module decides and applies. Why: upstream's ~45 generic
-buckets do not fit next to a DeepSeek-V4 KV pool (so its rule turns the graph off), and its
-gather sizing sends mixed steps to NCCL. Retired by: upstream prefill bucket lists and BCG rules
-sized from capture memory per model, and a logits gather sized for mixed steps.
+What: two switches. ``SGLANG_MIXGRAPH_PREFILL_BUCKETS=auto`` (off by default) acts for mixed
+chunked prefill of a sparse-MLA model only (anything else resolves exactly as upstream): the
+rule hook (`rules_hook`) defers upstream's blanket DeepSeek-V4 BCG rule; AROUND
+`mega_moe_hook.validate_mega_moe_token_budget_for_model` (late in resolution) the planner's
+derived bucket list is applied, the deferred rule settled by the capture-memory estimate and the
+startup validations run; AROUND `triton_symm_mem_ag.recommended_max_tokens` the logits
+all-gather is sized for mixed steps. ``SGLANG_EXPERIMENTAL_FORCE_BCG=1`` runs the same rule hook
+in forced mode (below). The planner (graph_plan.py, prefill_settlement.py) computes and
+decides the resolution hook's answer; this module applies it and logs. Off by default
+because on a DeepSeek-V4-Pro rank slice on the H200 breakable replays of mixed steps were slower
+than eager steps (docs/results/rank_slice_h200.md). Why and retire condition: `PATCH`.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 
 from sglang.srt.plugins.hook_registry import HookType
 
+from sglang_mixgraph.bcg_rules import (
+    A2A_RULE,
+    DSV4_RULE,
+    FORCEABLE_RULES,
+    RULES_TARGET,
+    GraphDecisions,
+    Rule,
+    RuleMatch,
+    Source,
+    decisions_for,
+    forced_actions,
+    matching_rules,
+)
 from sglang_mixgraph.fallback import fallback_once
-from sglang_mixgraph.flags import choice_flag
-from sglang_mixgraph.patches.force_bcg import RULES_HOOK
+from sglang_mixgraph.flags import bool_flag, choice_flag
 from sglang_mixgraph.registry import Hook, Patch
 
 logger = logging.getLogger("sglang_mixgraph")
@@ -43,15 +54,26 @@ PREFILL_BUCKETS = choice_flag(
     "replace the blanket DeepSeek-V4 BCG rule; 'upstream' keeps SGLang's generic list and rule.",
     off_value="upstream",
 )
+FORCE_BCG = bool_flag(
+    "SGLANG_EXPERIMENTAL_FORCE_BCG",
+    False,
+    "Keep the breakable prefill CUDA graph on where upstream's DeepSeek-V4 capture-pool rule or "
+    "its unvalidated a2a backend rule would turn it off; any other rule keeps upstream's "
+    "decision. Each rule is logged by name, as overridden or kept.",
+)
 
 
 def _auto() -> bool:
     return PREFILL_BUCKETS.get() == "auto"
 
 
+def _on() -> bool:
+    return _auto() or bool(FORCE_BCG.get())
+
+
 def estimate_applies(server_args) -> bool:
     """Whether the capture-memory estimate may replace the blanket DeepSeek-V4 BCG rule here
-    (the rule hook's estimate mode, `bcg_rules.rules_hook`)."""
+    (the rule hook's estimate mode)."""
     from sglang.srt.arg_groups.overrides import resolving_view
 
     from sglang_mixgraph.graph_plan import out_of_scope
@@ -64,199 +86,150 @@ def estimate_applies(server_args) -> bool:
     return True
 
 
-# --------------------------------------------------------------------------- derived buckets
+# --------------------------------------------------------------------------- the rule hook
 
 
-def _derived_buckets(server_args, upstream_max_bs: int | None) -> tuple[list[int] | None, str]:
-    """(the derived list to apply or None, the bucket policy `plan` reports)."""
-    from sglang.srt.arg_groups.overrides import resolving_view
-    from sglang.srt.model_executor.cuda_graph_config import Backend, Phase
+class RuleMode(enum.Enum):
+    """How the rule hook runs upstream's rule function for one resolution."""
 
-    from sglang_mixgraph.core.prefill_buckets import BucketDerivationError
-    from sglang_mixgraph.graph_plan import deployment, derive_buckets, unhandled
-
-    locked = getattr(server_args, "_cuda_graph_config_locked", set()) or set()
-    if (Phase.PREFILL, "bs") in locked or (Phase.PREFILL, "max_bs") in locked:
-        return None, "user"
-    if resolving_view(server_args).cuda_graph_config.prefill.backend == Backend.DISABLED:
-        return None, "prefill graph off"
-    reason = unhandled(server_args)
-    if reason is None:
-        try:
-            return derive_buckets(deployment(server_args), upstream_max_bs), "auto"
-        except BucketDerivationError as e:
-            reason = str(e)
-    fallback_once(PATCH_ID, f"prefill buckets: {reason}")
-    return None, f"upstream (fallback: {reason})"
+    UPSTREAM = "upstream"  # call it: the first matching rule decides
+    # SGLANG_EXPERIMENTAL_FORCE_BCG: override the FORCEABLE_RULES that hold; any other rule
+    # that holds keeps upstream's decision (call the function). Upstream's only way past the
+    # rules is an explicit --cuda-graph-backend-prefill, which also skips the pipeline-parallel
+    # default and every later automatic choice; those other places that turn the prefill graph
+    # off are not rules of that function and stay in force here.
+    FORCED = "forced"
+    ESTIMATE = "estimate"  # defer the DeepSeek-V4 rule, alone, to the capture-memory estimate
 
 
-def _apply_buckets(server_args) -> None:
-    from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
-    from sglang.srt.model_executor.cuda_graph_config import Phase, with_phase
-
-    from sglang_mixgraph.bcg_rules import decisions_for
-
-    record = decisions_for(server_args)
-    cfg = resolving_view(server_args)
-    prefill = cfg.cuda_graph_config.prefill
-    upstream = list(prefill.bs or [])
-    record.upstream_max_bs = prefill.max_bs
-    derived, record.bucket_policy = _derived_buckets(server_args, prefill.max_bs)
-    if derived is None or derived == upstream:
-        return
-    declare_resolution(
-        server_args,
-        "sglang_mixgraph.graph_config",
-        cuda_graph_config=with_phase(
-            cfg.cuda_graph_config, Phase.PREFILL, bs=derived, max_bs=derived[-1]
-        ),
-    )
-    logger.info(
-        "sglang-mixgraph: prefill CUDA-graph buckets derived for mixed chunked prefill "
-        "(SGLANG_MIXGRAPH_PREFILL_BUCKETS=auto): %s instead of %d generic buckets up to %s.",
-        derived,
-        len(upstream),
-        max(upstream) if upstream else None,
-    )
+def rule_mode(server_args) -> RuleMode:
+    if FORCE_BCG.get():
+        return RuleMode.FORCED
+    return RuleMode.ESTIMATE if estimate_applies(server_args) else RuleMode.UPSTREAM
 
 
-# --------------------------------------------------------------------------- capture-memory estimate
-
-
-def _disable_prefill_graph(server_args) -> None:
-    from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
-    from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, with_phase
-
-    declare_resolution(
-        server_args,
-        "sglang_mixgraph.graph_config",
-        cuda_graph_config=with_phase(
-            resolving_view(server_args).cuda_graph_config, Phase.PREFILL, backend=Backend.DISABLED
-        ),
-    )
-
-
-def _upstream_rule_stands(server_args, why: str, action: str) -> None:
-    """Settle a deferred DeepSeek-V4 rule as upstream decides it: the prefill graph off.
-
-    The deferral is only a promise that the estimate decides later; wherever the estimate
-    cannot decide (no memory numbers, no bucket list, the deployment left the patch's scope
-    later in resolution) upstream's rule must hold, or BCG would stay on where SGLang alone
-    turns it off (`cuda_graph_hook.disable_breakable_cudagraph_if_incompatible`)."""
-    from sglang_mixgraph.bcg_rules import Source, decisions_for
-
-    record = decisions_for(server_args)
-    rule = record.rule_matches[0]
-    fallback_once(PATCH_ID, f"capture-memory estimate: {why}; upstream's DSV4 rule applies")
+def _upstream_decides(record: GraphDecisions, matches: list[Rule]) -> None:
     record.prefill_backend_source = Source.UPSTREAM_RULE
-    record.deciding_rule = rule.name
-    rule.action = action
-    _disable_prefill_graph(server_args)
+    record.deciding_rule = matches[0].name
+    for m in record.rule_matches[1:]:
+        m.action = "holds (not reached: an earlier rule decided)"
 
 
-def deferral_pending(server_args) -> bool:
-    from sglang_mixgraph.bcg_rules import Source, recorded
+def _say_once(record: GraphDecisions, line: str) -> None:
+    if line not in record.said:
+        record.said.add(line)
+        logger.warning("%s", line)
 
-    record = recorded(server_args)
-    return record is not None and record.prefill_backend_source is Source.ESTIMATE_PENDING
+
+def _forced(original, server_args, record: GraphDecisions, matches: list[Rule], kwargs):
+    actions, kept = forced_actions(matches)
+    for rule, m, action in zip(matches, record.rule_matches, actions, strict=True):
+        m.action = action
+        if rule.name not in FORCEABLE_RULES:
+            _say_once(
+                record,
+                f"sglang-mixgraph: SGLANG_EXPERIMENTAL_FORCE_BCG=1 keeps upstream rule "
+                f"{rule.name!r} ({rule.reason}): the breakable prefill CUDA graph stays off as "
+                f"upstream decides; FORCE_BCG overrides only the rules {DSV4_RULE!r} and "
+                f"{A2A_RULE!r}.",
+            )
+        elif kept is None:
+            _say_once(
+                record,
+                f"sglang-mixgraph: SGLANG_EXPERIMENTAL_FORCE_BCG=1 keeps the breakable prefill "
+                f"CUDA graph on although upstream rule {rule.name!r} would disable it "
+                f"({rule.reason}).",
+            )
+    if kept is None:
+        record.prefill_backend_source = Source.FORCED if matches else None
+        return None
+    record.prefill_backend_source = Source.UPSTREAM_RULE
+    record.deciding_rule = kept.name
+    return original(server_args, **kwargs)  # upstream's decision: BCG off
 
 
-def _settle_deferred_dsv4(server_args) -> None:
-    from sglang.srt.arg_groups.overrides import resolving_view
-    from sglang.srt.model_executor.cuda_graph_config import Backend
-
-    from sglang_mixgraph.bcg_rules import Source, decisions_for
-    from sglang_mixgraph.core.capture_memory import fmt_bytes
-    from sglang_mixgraph.graph_plan import (
-        UNKNOWN_BUDGET,
-        capture_chunk,
-        capture_estimate,
-        deployment,
-    )
-
-    if not deferral_pending(server_args):
-        return
+def rules_hook(original, server_args, **kwargs):
+    """AROUND upstream's rule function (`RULES_TARGET`), in the mode of `rule_mode`."""
+    mode = rule_mode(server_args)
     record = decisions_for(server_args)
-    cfg = resolving_view(server_args)
-    prefill = cfg.cuda_graph_config.prefill
-    if prefill.backend != Backend.BREAKABLE:
-        record.prefill_backend_source = Source.UPSTREAM_LATER
-        return
-    if not prefill.bs:
-        # Nothing to estimate (chunked prefill off gives upstream an empty list).
-        _upstream_rule_stands(
-            server_args, "no prefill buckets", "disables (no prefill buckets to estimate)"
-        )
-        return
-    report = capture_estimate(
-        server_args, prefill.bs, capture_chunk(deployment(server_args), prefill.bs)
-    )
-    rule = record.rule_matches[0]
-    verdict = report.verdict
-    if verdict is None:
-        # Without memory numbers the estimate cannot decide; upstream's rule stands.
-        _upstream_rule_stands(server_args, UNKNOWN_BUDGET, "disables (estimate unavailable)")
-        return
-    record.prefill_backend_source = Source.ESTIMATE
-    sizes = (
-        fmt_bytes(verdict.needed),
-        len(prefill.bs),
-        max(prefill.bs),
-        fmt_bytes(verdict.available),
-        int(verdict.margin_fraction * 100),
-    )
-    if verdict.fits:
-        rule.action = "replaced by the capture-memory estimate: fits"
+    matches = matching_rules(server_args)
+    record.rule_matches = [RuleMatch(r.name, r.reason, "disables (upstream)") for r in matches]
+    record.prefill_backend_source = record.deciding_rule = None
+    if mode is RuleMode.FORCED:
+        return _forced(original, server_args, record, matches, kwargs)
+    if matches and mode is RuleMode.ESTIMATE and [r.name for r in matches] == [DSV4_RULE]:
+        record.rule_matches[0].action = "deferred to the capture-memory estimate"
+        record.prefill_backend_source = Source.ESTIMATE_PENDING
         logger.info(
-            "sglang-mixgraph: breakable prefill CUDA graph kept on for DeepSeek-V4: estimated capture "
-            "memory %s for %d buckets up to %d tokens fits in %s (after weights, KV pool and the "
-            "static reserve; %d%% margin).",
-            *sizes,
+            "sglang-mixgraph: upstream rule %r deferred; the breakable prefill CUDA graph is kept or "
+            "disabled by the capture-memory estimate once the buckets are final.",
+            DSV4_RULE,
         )
-        return
-    hints = ["fewer buckets (--cuda-graph-bs-prefill)"]
-    if report.advice_max_bs_prefill:
-        hints.append(f"--cuda-graph-max-bs-prefill {report.advice_max_bs_prefill}")
-    if report.shape.sparse is not None:
-        hints.append(
-            "a smaller --cuda-graph-prefill-max-context (now %d)"
-            % report.shape.sparse.context_width
-        )
-    if report.advice_mem_fraction_static is not None:
-        hints.append(
-            f"--mem-fraction-static {report.advice_mem_fraction_static} or lower "
-            f"(now {cfg.mem_fraction_static})"
-        )
-    logger.warning(
-        "sglang-mixgraph: breakable prefill CUDA graph disabled for DeepSeek-V4: estimated capture "
-        "memory %s for %d buckets up to %d tokens does not fit in %s available after weights, KV "
-        "pool and the static reserve (with a %d%% margin). To keep it on, try: %s.",
-        *sizes,
-        "; ".join(hints),
-    )
-    rule.action = "replaced by the capture-memory estimate: does not fit, disabled"
-    _disable_prefill_graph(server_args)
+        return None
+    if matches:
+        _upstream_decides(record, matches)
+    return original(server_args, **kwargs)
 
 
 # --------------------------------------------------------------------------- the resolution hook
 
 
+def _declare_prefill(server_args, **changes) -> None:
+    from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
+    from sglang.srt.model_executor.cuda_graph_config import Phase, with_phase
+
+    declare_resolution(
+        server_args,
+        "sglang_mixgraph.graph_config",
+        cuda_graph_config=with_phase(
+            resolving_view(server_args).cuda_graph_config, Phase.PREFILL, **changes
+        ),
+    )
+
+
+def _say(said) -> None:
+    if said is not None:
+        logger.log(said.level, "%s", said.text)
+
+
+def _settle_rule(server_args, record: GraphDecisions, rule) -> None:
+    """Record (and apply) how the deferred DeepSeek-V4 rule ended."""
+    from sglang.srt.model_executor.cuda_graph_config import Backend
+
+    if rule.fallback is not None:
+        fallback_once(PATCH_ID, rule.fallback)
+    record.prefill_backend_source = rule.source
+    if rule.source is Source.UPSTREAM_RULE:
+        record.deciding_rule = record.rule_matches[0].name
+    if rule.action is not None:
+        record.rule_matches[0].action = rule.action
+    _say(rule.said)
+    if rule.disable:
+        _declare_prefill(server_args, backend=Backend.DISABLED)
+
+
 def _validate_around(original, server_args, **kwargs):
-    from sglang_mixgraph.bcg_rules import decisions_for
-    from sglang_mixgraph.graph_plan import GraphConfigError, out_of_scope, validations
+    """AROUND the MegaMoE token-budget check: upstream's check, then the planner's one answer
+    (`prefill_settlement.settle_prefill`) applied and logged."""
+    from sglang_mixgraph.graph_plan import GraphConfigError
+    from sglang_mixgraph.prefill_settlement import settle_prefill
 
     original(server_args, **kwargs)
     if not _auto():  # the patch is off: upstream behaviour only (installed for a test process)
         return
-    why = out_of_scope(server_args)
-    if why is not None:
-        decisions_for(server_args).bucket_policy = f"upstream ({why})"
-        if deferral_pending(server_args):  # in scope at the rule hook, out of it now
-            _upstream_rule_stands(server_args, why, f"disables ({why} later in resolution)")
-        return
-    _apply_buckets(server_args)
-    _settle_deferred_dsv4(server_args)
-    for v in validations(server_args):
+    record = decisions_for(server_args)
+    settled = settle_prefill(server_args, record)
+    if settled.out_of_scope is None:
+        record.upstream_max_bs = settled.upstream_max_bs
+    record.bucket_policy = settled.bucket_policy
+    if settled.bucket_fallback is not None:
+        fallback_once(PATCH_ID, f"prefill buckets: {settled.bucket_fallback}")
+    if settled.buckets is not None:
+        _declare_prefill(server_args, bs=list(settled.buckets), max_bs=settled.buckets[-1])
+        _say(settled.bucket_said)
+    if settled.rule is not None:
+        _settle_rule(server_args, record, settled.rule)
+    for v in settled.validations:
         if v.blocks:
             raise GraphConfigError(v.message)
         if not v.ok:
@@ -311,11 +284,14 @@ PATCH = Patch(
     id=PATCH_ID,
     summary=(
         "derived prefill buckets, capture-memory estimate instead of the blanket DSV4 "
-        "BCG rule, startup validation of the MegaMoE cap and the logits all-gather"
+        "BCG rule, startup validation of the MegaMoE cap and the logits all-gather; "
+        "SGLANG_EXPERIMENTAL_FORCE_BCG=1 overrides upstream's DSV4 and unvalidated-a2a BCG "
+        "rules, other rules are kept, each logged"
     ),
-    flags=(PREFILL_BUCKETS,),
+    flags=(PREFILL_BUCKETS, FORCE_BCG),
+    switch_count=2,
     hooks=(
-        RULES_HOOK,
+        Hook(RULES_TARGET, "function", "server_args", HookType.AROUND, rules_hook),
         Hook(VALIDATE_TARGET, "function", "server_args", HookType.AROUND, _validate_around),
         Hook(
             LOGITS_TARGET,
@@ -325,5 +301,29 @@ PATCH = Patch(
             _recommended_max_tokens_around,
         ),
     ),
-    is_enabled=_auto,
+    is_enabled=_on,
+    why=(
+        "upstream's ~45 generic prefill buckets do not fit next to a DeepSeek-V4 KV pool, so its "
+        "blanket DeepSeek-V4 rule turns the breakable prefill graph off; its logits all-gather "
+        "sizing sends mixed steps to NCCL; and its only way past the BCG rules is an explicit "
+        "--cuda-graph-backend-prefill, which also skips the pipeline-parallel default and every "
+        "later automatic choice"
+    ),
+    how=(
+        "during resolution: the rule hook evaluates upstream's BCG rules one by one and defers "
+        "the DeepSeek-V4 rule to the capture-memory estimate (auto) or overrides it and the "
+        "unvalidated-a2a rule (FORCE_BCG, every other rule kept and logged); late in resolution "
+        "the planner's derived bucket list is applied, the deferred rule settled by the estimate "
+        "and the startup validations run; at model init the logits all-gather is sized for "
+        "mixed steps"
+    ),
+    upstream_pr=(
+        "for SGLANG_EXPERIMENTAL_FORCE_BCG: the upstream PR that forces the breakable prefill "
+        "graph on for DeepSeek-V4 with MegaMoE and DP attention (the flag overrides the two rules "
+        "that block that deployment)"
+    ),
+    retired_by=(
+        "upstream prefill bucket lists and BCG rules sized from capture memory per model, BCG "
+        "rules that can be overridden one by one, and a logits all-gather sized for mixed steps"
+    ),
 )

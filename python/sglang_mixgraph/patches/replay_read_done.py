@@ -188,25 +188,22 @@ HOOKS = (
 )
 
 
-def explain_for_deployment(resolution) -> str:
-    """For `plan`: whether this deployment's prefill replays publish read-done."""
-    from sglang.srt.arg_groups.overrides import model_config_of
-    from sglang.srt.configs.model_config import is_deepseek_v4
-
-    if not is_deepseek_v4(model_config_of(resolution.server_args).hf_config):
+def explain_for_deployment(plan) -> str:
+    """For `plan`: whether this deployment's (a graph_plan.GraphPlan) prefill replays publish
+    read-done."""
+    facts, prefill = plan.facts, plan.prefill
+    if not facts.deepseek_v4:
         return "not a DeepSeek-V4 model: upstream's barrier unchanged"
-    r = resolution.resolved
-    prefill_graph = r["cuda_graph_config"]["prefill"]
-    if prefill_graph["backend"] != "breakable" or not prefill_graph["bs"]:
+    if prefill.backend != "breakable" or not prefill.buckets:
         return "no breakable prefill graph: nothing to publish (eager steps publish upstream)"
-    if r.get("speculative_algorithm"):
+    if facts.speculative_algorithm:
         return f"falls back to upstream: {FALLBACK_REASONS['not_published']}"
-    if r.get("attn_cp_size", 1) > 1 or r.get("enable_prefill_cp"):
+    if facts.context_parallel:
         return f"falls back to upstream: {FALLBACK_REASONS['cp']}"
-    if r.get("enable_hisparse"):
+    if facts.hisparse:
         return f"falls back to upstream: {FALLBACK_REASONS['hisparse']}"
     return (
-        f"prefill and mixed replays of up to {max(prefill_graph['bs'])} tokens build their "
+        f"prefill and mixed replays of up to {max(prefill.buckets)} tokens build their "
         "chunk cache at replay prepare and publish read-done"
     )
 
@@ -219,4 +216,17 @@ PATCH = Patch(
     hooks=HOOKS,
     is_enabled=lambda: bool(FLAG.get()),
     explain=explain_for_deployment,
+    why=(
+        "under a breakable prefill graph upstream never publishes DeepSeek-V4's WAR read-done "
+        "event: the runner asks for no snapshot, the metadata refresh drops the sparse-prefill "
+        "chunk cache and the first attention break rebuilds it from the shared tables "
+        "mid-forward, so the scheduler's next writes wait for the whole forward"
+    ),
+    how=(
+        "AROUND PrefillCudaGraphRunner._prepare_forward_metadata_for_replay: the chunk cache is "
+        "built in the replay prepare, sync-free, for the rows the attention break will see, and "
+        "PRE_REPLAY is returned so upstream's own publisher records the event; every upstream "
+        "gate still holds"
+    ),
+    retired_by="upstream snapshots DeepSeek-V4's captured metadata at replay prepare",
 )

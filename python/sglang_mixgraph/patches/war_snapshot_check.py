@@ -251,4 +251,17 @@ PATCH = Patch(
     flags=(FLAG,),
     hooks=HOOKS,
     is_enabled=lambda: bool(FLAG.get()),
+    why=(
+        "once a prefill forward publishes its WAR read-done event, the scheduler may rewrite "
+        "req_to_token and full_to_swa_index_mapping while the forward still runs; a reader later "
+        "in that forward reads what the scheduler wrote: silent corruption"
+    ),
+    how=(
+        "debug only: every known DeepSeek-V4 reader of those tables (the metadata build, the "
+        "sparse-prefill chunk-cache build, the SWA location translation, the V4.1 index-K "
+        "slots) raises WarSnapshotViolation, naming the reader and the forward, when it runs "
+        "after its forward published; the mark ends at the WAR barrier or the next forward; off, "
+        "no hook is installed"
+    ),
+    retired_by="upstream ships its own snapshot assertions",
 )

@@ -9,7 +9,7 @@ decode kernel and the workspace covers only the prefill requests, in eager steps
 breakable-graph replays. Modules: ``boundary`` (which rows decode), ``plan`` (the per-step
 decision), ``forward`` (the split attention), ``state`` (flags, plan, counters). Anything not
 handled falls back to upstream for the whole step, said once per reason (docs/mixed-split.md).
-Retired by an upstream split of mixed steps in the DSV4 backend.
+Why, how, the upstream PR and the retire condition: `PATCH` (`doctor` prints them).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from sglang_mixgraph.patches.mixed_split.state import (
     BUILT_MIXED_ATTR,
     EAGER_RUNNER,
     FALLBACK_REASONS,
+    FALLBACKS,
     FORWARD_BATCH,
     NUM_DECODE_ATTR,
     PATCH_ID,
@@ -53,6 +54,7 @@ __all__ = [
     "ALL_RATIOS",
     "BUILT_MIXED_ATTR",
     "FALLBACK_REASONS",
+    "FALLBACKS",
     "HOOKS",
     "NUM_DECODE_ATTR",
     "PATCH",
@@ -131,46 +133,31 @@ HOOKS = (
 )
 
 
-def explain_for_deployment(resolution) -> str:
-    """For `plan`: what the split would do in a resolved deployment, from its server arguments.
+def explain_for_deployment(plan) -> str:
+    """For `plan`: what the split would do in a deployment (a graph_plan.GraphPlan).
 
     The runtime checks in `_unsupported_reason` still decide per step; this names the
-    deployment-wide reasons they will hit, and the graph interaction.
+    deployment-wide reasons they will hit (the `FALLBACKS` a deployment shows), and the graph
+    interaction.
     """
-    from sglang.srt.arg_groups.overrides import model_config_of
-    from sglang.srt.configs.model_config import is_deepseek_v4
-
-    r = resolution.resolved
-    hf = model_config_of(resolution.server_args).hf_config
-    if not is_deepseek_v4(hf):
+    facts = plan.facts
+    if not facts.deepseek_v4:
         return "not a DeepSeek-V4 model: nothing to split"
-    if getattr(hf, "model_type", None) == "deepseek_v41":
-        return f"falls back to upstream: {FALLBACK_REASONS['dsv41']}"
-    backend = r.get("dsv4_attn_backend")
-    if backend == "trtllm":
-        return f"falls back to upstream: {FALLBACK_REASONS['trtllm']}"
-    if backend == "flashmla_mega":
-        return f"falls back to upstream: {FALLBACK_REASONS['mega']}"
-    if resolution.gpu.sm_major == 12:
-        return f"falls back to upstream: {FALLBACK_REASONS['sm120']}"
-    if r.get("speculative_algorithm"):
-        return f"falls back to upstream: {FALLBACK_REASONS['spec']}"
-    if r.get("attn_cp_size", 1) > 1 or r.get("enable_prefill_cp"):
-        return f"falls back to upstream: {FALLBACK_REASONS['cp']}"
-    if r.get("enable_hisparse"):
-        return f"falls back to upstream: {FALLBACK_REASONS['hisparse']}"
-    dp_attention = r.get("attn_dp_size", 1) > 1
-    if r.get("enable_mixed_chunk"):
+    for fallback in FALLBACKS:
+        if fallback.deployment is not None and fallback.deployment(plan):
+            return f"falls back to upstream: {fallback.text}"
+    dp_attention = facts.attn_dp_size > 1
+    if facts.mixed_chunk:
         acts = "splits mixed steps at the prefill/decode boundary"
     elif dp_attention:
         acts = "no mixed steps (mixed chunk off); splits DP-attention decode batches relabelled to EXTEND"
     else:
         return "no mixed steps (mixed chunk off) and no DP attention: nothing to split"
     acts += f" (policy {POLICY_FLAG.get()})"
-    prefill_graph = r["cuda_graph_config"]["prefill"]
-    if prefill_graph["backend"] == "breakable" and prefill_graph["bs"]:
+    prefill = plan.prefill
+    if prefill.backend == "breakable" and prefill.buckets:
         acts += (
-            f"; steps of up to {max(prefill_graph['bs'])} tokens replay breakable prefill graphs and "
+            f"; steps of up to {max(prefill.buckets)} tokens replay breakable prefill graphs and "
             "split inside the replay's attention break, larger ones split in eager steps"
         )
     else:
@@ -191,4 +178,28 @@ PATCH = Patch(
     hooks=HOOKS,
     is_enabled=_is_enabled,
     explain=explain_for_deployment,
+    why=(
+        "upstream sends every row of a DeepSeek-V4 MIXED batch through the sparse-prefill path "
+        "(DeepseekV4AttnBackend._forward_prefill_sparse), whose bf16 workspace dequantizes each "
+        "request's SWA window and compressed history, decode rows included, although the fp8 "
+        "decode kernel (flash_mla_with_kvcache, upstream's pure-decode path) reads the paged "
+        "cache directly"
+    ),
+    how=(
+        "the step is planned once (metadata init, or the breakable-graph replay prepare): the "
+        "prefill rows keep upstream's sparse-prefill body with a chunk cache over the prefill "
+        "requests only, the decode rows take the fp8 decode kernel, in eager steps and inside "
+        "replays; the adaptive policy splits a compress ratio's layers only where the per-GPU "
+        "cost model predicts a gain; anything not handled falls back to upstream for the whole "
+        "step, said once per reason"
+    ),
+    upstream_pr=(
+        "the upstream PR that splits DeepSeek-V4 mixed steps at the prefill/decode boundary in "
+        "the DSV4 attention backend (it adds SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN, the switch this "
+        "patch borrows)"
+    ),
+    retired_by=(
+        "an upstream split of mixed steps in the DSV4 backend; once SGLang defines "
+        "SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN itself, the patch defers to it"
+    ),
 )

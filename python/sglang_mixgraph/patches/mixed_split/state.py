@@ -8,8 +8,9 @@ step, stored on that step's ``DSV4Metadata`` and bound to the ForwardBatch the a
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Dict, FrozenSet, Optional
+from typing import Any
 
 from sglang_mixgraph import counters
 from sglang_mixgraph.core.decode_tail import DecodeTail
@@ -47,25 +48,51 @@ NUM_DECODE_ATTR = "_mixgraph_num_decode"  # on ForwardBatch, from init_new
 BUILT_MIXED_ATTR = "_mixgraph_built_mixed"  # on ForwardBatch: init_new saw a MIXED batch
 PLAN_ATTR = "mixgraph_split"  # on DSV4Metadata, one per metadata build
 
-FALLBACK_REASONS = {
-    "trtllm": "trtllm attention backend (no sparse-prefill path to split)",
-    "mega": "mega attention backend (fused RoPE prefill/decode kernels)",
-    "cp": "context parallelism",
-    "hisparse": "hisparse",
-    "sm120": "SM120",
-    "dsv41": "DSV4.1 (interleaved KV layouts, low-ratio c1/c2 layers)",
-    "low_ratio": "DSV4.1 low-ratio (c1/c2) layers",
-    "late_tail": "decoder SWA bounded replay (late-layer tail)",
-    "spec": "speculative decoding",
-    "dspark": "DSpark draft backend",
-    "request_window": "request-window SWA layout",
-    "encoder_replay": "encoder SWA replay rows",
-    "xpu": "XPU",
-    "heads": "query head count outside the decode kernel's {64, 128}",
-    "rows": "metadata rows do not cover the decode tail",
-    "boundary": "decode requests are not the 1-token tail of the batch",
-    "shape": "attention rows differ from the planned step",
-}
+
+@dataclass(frozen=True)
+class Fallback:
+    """One reason a step goes to upstream: its key (the counters'), its text (the log's), and
+    for `plan` how a whole deployment shows it (given a graph_plan.GraphPlan), or None where
+    only a step can tell. `_unsupported_reason` checks the same keys on the live objects."""
+
+    key: str
+    text: str
+    deployment: Callable[[Any], bool] | None = None
+
+
+# In the order `plan` names the first that holds.
+FALLBACKS = (
+    Fallback(
+        "dsv41",
+        "DSV4.1 (interleaved KV layouts, low-ratio c1/c2 layers)",
+        lambda plan: plan.facts.model_type == "deepseek_v41",
+    ),
+    Fallback(
+        "trtllm",
+        "trtllm attention backend (no sparse-prefill path to split)",
+        lambda plan: plan.facts.dsv4_attn_backend == "trtllm",
+    ),
+    Fallback(
+        "mega",
+        "mega attention backend (fused RoPE prefill/decode kernels)",
+        lambda plan: plan.facts.dsv4_attn_backend == "flashmla_mega",
+    ),
+    Fallback("sm120", "SM120", lambda plan: plan.gpu_sm_major == 12),
+    Fallback("spec", "speculative decoding", lambda plan: bool(plan.facts.speculative_algorithm)),
+    Fallback("cp", "context parallelism", lambda plan: plan.facts.context_parallel),
+    Fallback("hisparse", "hisparse", lambda plan: plan.facts.hisparse),
+    Fallback("low_ratio", "DSV4.1 low-ratio (c1/c2) layers"),
+    Fallback("late_tail", "decoder SWA bounded replay (late-layer tail)"),
+    Fallback("dspark", "DSpark draft backend"),
+    Fallback("request_window", "request-window SWA layout"),
+    Fallback("encoder_replay", "encoder SWA replay rows"),
+    Fallback("xpu", "XPU"),
+    Fallback("heads", "query head count outside the decode kernel's {64, 128}"),
+    Fallback("rows", "metadata rows do not cover the decode tail"),
+    Fallback("boundary", "decode requests are not the 1-token tail of the batch"),
+    Fallback("shape", "attention rows differ from the planned step"),
+)
+FALLBACK_REASONS = {f.key: f.text for f in FALLBACKS}
 
 
 def _fallback(reason_key: str) -> None:
@@ -89,7 +116,7 @@ class SplitPlan:
     forward_batch_ref: Any  # weakref to the ForwardBatch the plan was made for
     tail: DecodeTail
     # Compress ratios whose layers take the split path this step (``always``: every ratio).
-    split_ratios: FrozenSet[int] = frozenset(ALL_RATIOS)
+    split_ratios: frozenset[int] = frozenset(ALL_RATIOS)
     # The all-requests chunk cache upstream would have built for this step, for the layers of
     # ratios outside ``split_ratios`` and for an abandoned plan where read-done may be
     # published; None when every present ratio splits and nothing can be published.
@@ -98,8 +125,8 @@ class SplitPlan:
     prefill_cache: Any = None
     # Diagnostics for tests and logs.
     policy: str = "always"
-    decode_calls: Dict[int, int] = field(default_factory=dict)
-    unsplit_calls: Dict[int, int] = field(default_factory=dict)
+    decode_calls: dict[int, int] = field(default_factory=dict)
+    unsplit_calls: dict[int, int] = field(default_factory=dict)
 
     def splits(self, compress_ratio: int) -> bool:
         return compress_ratio in self.split_ratios
@@ -110,7 +137,7 @@ class SplitPlan:
         return target is forward_batch
 
 
-def get_plan(backend) -> Optional[SplitPlan]:
+def get_plan(backend) -> SplitPlan | None:
     metadata = getattr(backend, "forward_metadata", None)
     return getattr(metadata, PLAN_ATTR, None)
 

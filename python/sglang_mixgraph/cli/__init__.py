@@ -1,0 +1,43 @@
+"""`sglang-mixgraph doctor | plan | ab`: the console script, one module per command.
+
+`doctor` (doctor.py) says what is installed and what each patch does and why; `plan` (plan.py,
+with plan_format.py for the planner's JSON and text) resolves a deployment for a described GPU;
+`ab` (ab.py) hands its arguments to the A/B tool. Each command module names itself, adds its
+parser and runs; this module only dispatches. `plan` selects the described-GPU platform before
+anything imports `sglang.srt`, so no module here imports sglang at import time. The entry point
+is `main` (the `sglang-mixgraph` script, and `python -m sglang_mixgraph.cli`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from sglang_mixgraph.cli import ab, doctor, plan
+
+COMMANDS = (doctor, plan, ab)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sglang-mixgraph",
+        description="Inspect the sglang-mixgraph plugin and plan SGLang deployments.",
+        allow_abbrev=False,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    for command in COMMANDS:
+        command.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == [ab.NAME]:  # its own parser: run / report
+        return ab.run(argv[1:])
+    parser = _parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.command == doctor.NAME:
+        if rest:
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        return doctor.cmd_doctor(args)
+    return plan.cmd_plan(args, rest)  # the rest are SGLang server arguments

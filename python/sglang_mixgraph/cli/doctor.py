@@ -1,0 +1,220 @@
+"""`sglang-mixgraph doctor`: what is installed, what the plugin would do, and why each patch exists.
+
+It prints the installed versions, the GPU, whether SGLang loads the plugin, every flag with its
+value, every patch with its state, its catalogue entry (why, how, the upstream PR it mirrors,
+what retires it) and the read-only check of each upstream target, then the upstream guards.
+Exit status 1 when an enabled patch cannot apply, a patch the user switched on defers to
+upstream, a flag is invalid or a guard fails. sglang is imported inside the functions only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import textwrap
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+NAME = "doctor"
+HELP = "versions, GPU, every flag and patch with its target checks"
+
+
+def _dist_version(name: str) -> str | None:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def _gpu_info() -> dict[str, Any]:
+    try:
+        import torch
+    except ImportError:
+        return {"available": False, "reason": "torch is not installed"}
+    if not torch.cuda.is_available():
+        return {"available": False, "reason": "torch.cuda.is_available() is False"}
+    major, minor = torch.cuda.get_device_capability(0)
+    return {
+        "available": True,
+        "count": torch.cuda.device_count(),
+        "name": torch.cuda.get_device_name(0),
+        "capability": f"{major}.{minor}",
+    }
+
+
+NOT_LOADED = "not loaded"
+# A patch's catalogue entry as doctor prints it: (label, key in the report).
+CATALOGUE = (
+    ("why", "why"),
+    ("how", "how"),
+    ("upstream PR", "upstream_pr"),
+    ("retired by", "retired_by"),
+)
+
+
+def doctor_report() -> dict[str, Any]:
+    from sglang_mixgraph.flags import FLAGS, FlagValueError
+    from sglang_mixgraph.patches import all_patches
+    from sglang_mixgraph.registry import PINNED_SGLANG, evaluate, target_checks
+    from sglang_mixgraph.resolve import plugin_load_status
+    from sglang_mixgraph.upstream_guards import guard_report
+
+    plugin = plugin_load_status()
+    guards = guard_report()
+    patches = []
+    for patch in all_patches():
+        status = evaluate(patch)
+        # Read-only checks of every target, also for patches that are off.
+        checks = status.checks or target_checks(patch)
+        patches.append(
+            {
+                "id": patch.id,
+                "summary": patch.summary,
+                "why": patch.why,
+                "how": patch.how,
+                "upstream_pr": patch.upstream_pr,
+                "retired_by": patch.retired_by,
+                "flags": status.flag_values,
+                # Whatever the flags say, nothing applies when SGLang does not load the plugin.
+                "status": status.state if plugin.loaded else NOT_LOADED,
+                "status_if_loaded": status.state,
+                "reason": status.reason,
+                # deferred to upstream although the user switched this plugin's patch on
+                "requested_but_deferred": status.deferred is not None and status.requested,
+                "targets": [
+                    {"target": c.target, "expected": c.expected, "found": c.found, "ok": c.ok}
+                    for c in checks
+                ],
+            }
+        )
+    flags = []
+    for flag in FLAGS.values():
+        entry: dict[str, Any] = {
+            "name": flag.name,
+            "default": flag.default,
+            "accepted": list(flag.accepted),
+            "set": os.environ.get(flag.name),
+        }
+        if flag.deferred:
+            # SGLang's own flag of the same name: show what SGLang reads, never ours.
+            entry["owner"] = "sglang"
+            entry["value"] = os.environ.get(flag.name, flag.upstream_field.default)
+        else:
+            try:
+                entry["value"] = flag.get()
+            except FlagValueError as e:
+                entry["error"] = str(e)
+        flags.append(entry)
+    return {
+        "versions": {
+            "sglang": _dist_version("sglang"),
+            "sglang_pinned": PINNED_SGLANG,
+            "sglang_mixgraph": _dist_version("sglang-mixgraph"),
+            "torch": _dist_version("torch"),
+            "flash_mla": _dist_version("sgl-flash-mla"),
+        },
+        "gpu": _gpu_info(),
+        "plugin": {"loaded": plugin.loaded, "reason": plugin.reason},
+        "flags": flags,
+        "patches": patches,
+        "guards": guards,
+        # A patch deferred to upstream fails doctor only when the user switched it on: they
+        # asked for this plugin's patch and get SGLang's feature of the same name instead.
+        # Unset or off, SGLang's flag is simply SGLang's, and nothing the user asked for is lost.
+        "ok": all(p["status"] != "cannot apply" for p in patches)
+        and not any(p["requested_but_deferred"] and plugin.loaded for p in patches)
+        and all("error" not in f for f in flags)
+        and all(g["ok"] for g in guards),
+    }
+
+
+def _print_doctor(report: dict[str, Any]) -> None:
+    v = report["versions"]
+    print(
+        f"sglang {v['sglang']} (pinned {v['sglang_pinned']}), sglang-mixgraph {v['sglang_mixgraph']}, "
+        f"torch {v['torch']}, flash_mla {v['flash_mla']}"
+    )
+    gpu = report["gpu"]
+    print(
+        "GPU: "
+        + (
+            f"{gpu['count']}x {gpu['name']} (SM {gpu['capability']})"
+            if gpu["available"]
+            else f"none ({gpu['reason']})"
+        )
+    )
+    plugin = report["plugin"]
+    if plugin["loaded"]:
+        print(f"Plugin: loaded ({plugin['reason']})")
+    else:
+        print(f"Plugin: NOT LOADED: {plugin['reason']}; no patch applies and SGLang runs unpatched")
+    print("Flags:")
+    for f in report["flags"]:
+        shown = f"ERROR: {f['error']}" if "error" in f else repr(f["value"])
+        if f.get("owner") == "sglang":
+            shown += " (SGLang's own flag: the patch owning it defers to upstream)"
+        if f["set"] == "":  # as README's flag section says: empty means unset
+            shown += " (set empty: unset, the default applies)"
+        print(f"  {f['name']} = {shown}")
+    print("Patches:")
+    if not report["patches"]:
+        print("  (none)")
+    for p in report["patches"]:
+        status = p["status"]
+        if status == NOT_LOADED:
+            status += f" (if loaded: {p['status_if_loaded']})"
+        print(f"  {p['id']}: {status}  ({p['summary']})")
+        for label, key in CATALOGUE:
+            if p[key]:
+                print(
+                    textwrap.fill(
+                        f"{label}: {p[key]}",
+                        100,
+                        initial_indent="      ",
+                        subsequent_indent="        ",
+                        break_on_hyphens=False,
+                    )
+                )
+        if p["reason"]:
+            for line in p["reason"].splitlines():
+                print(f"      {line}")
+        for t in p["targets"]:
+            mark = "ok " if t["ok"] else "BAD"
+            print(f"      [{mark}] {t['target']}: {t['found']}")
+    print("Upstream guards (what the GLM-5 graph path relies on):")
+    for g in report["guards"]:
+        print(f"  [{'ok ' if g['ok'] else 'BAD'}] {g['name']}: {g['what']}")
+        for problem in g["problems"]:
+            print(f"      {problem}")
+    print(
+        "OK"
+        if report["ok"]
+        else "PROBLEMS: an enabled patch cannot apply or is switched on but deferred to upstream, "
+        "a flag is invalid or an upstream guard fails"
+    )
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from sglang_mixgraph.resolve import environment_problem, quiet_import_warnings
+
+    try:
+        with quiet_import_warnings():
+            report = doctor_report()
+    except OSError as e:
+        problem = environment_problem(e)
+        if problem is None:
+            raise
+        print(f"sglang-mixgraph doctor: {problem}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        _print_doctor(report)
+    return 0 if report["ok"] else 1
+
+
+def add_parser(sub) -> None:
+    parser = sub.add_parser(NAME, help=HELP, allow_abbrev=False)
+    parser.add_argument("--json", action="store_true", help="print JSON")

@@ -1,0 +1,204 @@
+"""`sglang-mixgraph plan`: what a deployment resolves to, for a described target GPU.
+
+It runs SGLang's own argument parser and resolution (resolve.py) without starting anything, so
+it works on a machine without a GPU: the described-GPU platform is selected before anything
+imports `sglang.srt`, so this module imports sglang only inside the command. Without
+--model-path it plans an embedded deployment (presets.py) with the user's arguments on top.
+The report is the inputs, the patches' notes and the planner's result (plan_format.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from typing import Any
+
+from sglang_mixgraph.cli.doctor import NOT_LOADED
+from sglang_mixgraph.cli.plan_format import format_graph_plan, graph_plan_json
+from sglang_mixgraph.presets import DEFAULT_PRESET, PRESETS
+from sglang_mixgraph.target_gpu import DEFAULT_GPU, GPUS
+
+NAME = "plan"
+HELP = "resolve SGLang server arguments as launch_server would, for a target GPU"
+
+
+def plan_report(
+    resolution: Any,
+    graph: Any,
+    argv: list[str],
+    default_deployment: bool,
+    user_argv: list[str] | None = None,
+    model_note: str | None = None,
+    preset: str = DEFAULT_PRESET,
+) -> dict[str, Any]:
+    """`plan --json`: what was planned and how, the patches' notes, and the planner's result
+    ("graph"), which alone holds the deployment facts and the graph configuration."""
+    from sglang_mixgraph.dsa_surface import dsa_surface
+    from sglang_mixgraph.patches import all_patches
+    from sglang_mixgraph.registry import evaluate
+
+    r = resolution.resolved
+    loaded = resolution.plugin.loaded
+    patches = []
+    for patch in all_patches():
+        status = evaluate(patch)
+        entry = {
+            "id": patch.id,
+            "status": status.state if loaded else NOT_LOADED,
+            "status_if_loaded": status.state,
+            "reason": status.reason,
+        }
+        if loaded and status.enabled and status.error is None and patch.explain is not None:
+            entry["note"] = patch.explain(graph)
+        patches.append(entry)
+    return {
+        # the GPU in words is graph.gpu
+        "assumed_gpu": {
+            "name": resolution.gpu.name,
+            "sm": resolution.gpu.sm,
+            "memory_bytes": resolution.gpu.memory_bytes,
+        },
+        "server_args": argv,
+        "default_deployment": default_deployment,
+        "preset": PRESETS[preset].description if default_deployment else None,
+        "arguments_on_top": list(user_argv or []) if default_deployment else [],
+        "plugin": {"loaded": loaded, "reason": resolution.plugin.reason},
+        "model_path": r["model_path"],
+        "model_class_note": model_note,
+        "attention_backend": r["attention_backend"],
+        "moe_runner_backend": r["moe_runner_backend"],
+        "patches": patches,
+        "graph": graph_plan_json(graph),
+        "dsa_surface": dsa_surface(resolution),
+    }
+
+
+def _print_plan(p: dict[str, Any], graph: Any) -> None:
+    print(f"assumed GPU: {graph.gpu}")
+    if p["default_deployment"]:
+        line = f"deployment: the embedded reference ({p['preset']})"
+        if p["arguments_on_top"]:
+            line += " with your arguments on top: " + " ".join(p["arguments_on_top"])
+        print(line)
+    print("server args: " + " ".join(p["server_args"]))
+    if p["plugin"]["loaded"]:
+        print(f"plugin: loaded ({p['plugin']['reason']})")
+    else:
+        print(
+            f"plugin: NOT LOADED: {p['plugin']['reason']}; this is SGLang's own resolution, "
+            "without sglang-mixgraph's hooks"
+        )
+    if p.get("model_class_note"):
+        print(f"model: {p['model_class_note']}")
+    print(f"attention backend: {p['attention_backend']}; MoE runner: {p['moe_runner_backend']}")
+    print(format_graph_plan(graph))
+    for line in p["dsa_surface"]:
+        print(line)
+    print("patches:")
+    if not p["patches"]:
+        print("  (none)")
+    for patch in p["patches"]:
+        line = f"  {patch['id']}: {patch['status']}"
+        if patch["status"] == NOT_LOADED:
+            line += f" (if loaded: {patch['status_if_loaded']})"
+        if patch.get("note"):
+            line += f" - {patch['note']}"
+        print(line)
+        if patch["reason"] and patch["status"] != NOT_LOADED:
+            for reason_line in patch["reason"].splitlines():
+                print(f"      {reason_line}")
+
+
+def _plan_error(message: str) -> None:
+    print(f"sglang-mixgraph plan: {message}", file=sys.stderr)
+
+
+def cmd_plan(args: argparse.Namespace, server_argv: list[str]) -> int:
+    if args.json:
+        # Keep stdout pure JSON; SGLang logs to stderr through the root logger.
+        logging.basicConfig(stream=sys.stderr, level=logging.WARNING)
+    from sglang_mixgraph.graph_plan import graph_plan
+    from sglang_mixgraph.resolve import (
+        PlanInputError,
+        explain_failure,
+        invalid_environment,
+        model_class_problem,
+        prepare_argv,
+        resolve,
+        select_described_platform,
+    )
+
+    select_described_platform(args.target_gpu)
+    preset = PRESETS[args.preset or DEFAULT_PRESET]
+    try:
+        prepared = prepare_argv(server_argv, reference_argv=preset.argv)
+        if args.preset and not prepared.on_reference:
+            raise PlanInputError("--preset plans an embedded deployment; drop it or --model-path")
+        if prepared.on_reference:
+            for key, value in preset.env.items():
+                os.environ.setdefault(key, value)
+        problems = invalid_environment()
+        if problems:
+            for problem in problems:
+                _plan_error(problem)
+            return 1
+        resolution = resolve(prepared.argv, gpu=args.target_gpu)
+        model_error, model_note = model_class_problem(resolution)
+        if model_error is not None:
+            raise PlanInputError(model_error)
+    except PlanInputError as e:
+        _plan_error(str(e))
+        return e.exit_code
+    except SystemExit as e:  # a patch that cannot apply stops SGLang's startup (plugin.register)
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+            return 1
+        raise
+    except Exception as e:  # SGLang's own resolution errors (ValueError, AssertionError, ...)
+        _plan_error(explain_failure(e))
+        return 1
+    graph = graph_plan(resolution)
+    report = plan_report(
+        resolution,
+        graph,
+        prepared.argv,
+        prepared.on_reference,
+        prepared.user_argv,
+        model_note,
+        args.preset or DEFAULT_PRESET,
+    )
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        _print_plan(report, graph)
+    return 0
+
+
+def add_parser(sub) -> None:
+    parser = sub.add_parser(
+        NAME,
+        help=HELP,
+        description=(
+            "Resolve SGLang server arguments exactly as `python -m sglang.launch_server` would "
+            "(with this plugin loaded) without starting anything. Arguments not listed here are "
+            "SGLang server arguments. Without --model-path they are applied on top of the "
+            "embedded reference deployment (each option given replaces the reference's value)."
+        ),
+        allow_abbrev=False,
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument(
+        "--preset",
+        choices=list(PRESETS),
+        help=f"embedded deployment to plan when --model-path is not given (default {DEFAULT_PRESET})",
+    )
+    parser.add_argument(
+        "--target-gpu",
+        default=DEFAULT_GPU,
+        type=str.upper,
+        choices=list(GPUS),
+        help=f"GPU to describe to SGLang (default {DEFAULT_GPU})",
+    )
