@@ -183,7 +183,7 @@ def _print_doctor(report: dict[str, Any]) -> None:
         for t in p["targets"]:
             mark = "ok " if t["ok"] else "BAD"
             print(f"      [{mark}] {t['target']}: {t['found']}")
-    print("Upstream guards (what the GLM-5 graph path relies on):")
+    print("Upstream guards (what the plugin relies on under breakable graphs):")
     for g in report["guards"]:
         print(f"  [{'ok ' if g['ok'] else 'BAD'}] {g['name']}: {g['what']}")
         for problem in g["problems"]:
