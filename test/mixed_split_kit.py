@@ -32,6 +32,7 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
+from sglang_mixgraph import upstream_attrs as attrs
 from sglang_mixgraph.reference import sparse_mla as ref
 from sglang_mixgraph.reference import sparse_prefill_kernels as rk
 from sglang_mixgraph.reference import v4_kv_layout as kvl
@@ -456,7 +457,7 @@ class World:
             )
             mixed_split.after_forward_batch_init_new(fb, ForwardBatch, sched, None)
         elif num_decode_attr is not None:
-            setattr(fb, mixed_split.NUM_DECODE_ATTR, num_decode_attr)
+            setattr(fb, attrs.FORWARD_BATCH_NUM_DECODE, num_decode_attr)
         return fb
 
     # ---- metadata (stands in for upstream's Triton metadata builder + the indexer write) ---

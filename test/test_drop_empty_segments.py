@@ -16,6 +16,7 @@ from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph import 
 from sglang.srt.plugins.hook_registry import HookRegistry
 
 from sglang_mixgraph import counters
+from sglang_mixgraph import upstream_attrs as attrs
 from sglang_mixgraph.core.graph_segments import BREAK, GRAPH
 from sglang_mixgraph.patches import drop_empty_segments as des
 from sglang_mixgraph.registry import PatchCheckError, check_attribute, evaluate
@@ -168,7 +169,7 @@ def test_segments_whose_nodes_cannot_be_counted_are_launched(world, monkeypatch)
     with installed((des.PATCH,), {FLAG: "1"}):
         ours = capture(world, body, dedup=False)
         assert ours.replay() == upstream
-    assert des.PLAN_ATTR not in vars(ours.graph)
+    assert attrs.GRAPH_DROP_PLAN not in vars(ours.graph)
     assert counters.get(des.PATCH_ID, "segments_dropped") == 0
 
 
@@ -188,7 +189,9 @@ def test_a_failed_capture_leaves_no_plan(world):
         with pytest.raises(RuntimeError, match="boom"):
             with bcg.BreakableCUDAGraphCapture(graph):
                 raise RuntimeError("boom")
-    assert des.PLAN_ATTR not in vars(graph) and des.HAS_NODES_ATTR not in vars(graph)
+    assert attrs.GRAPH_DROP_PLAN not in vars(graph) and attrs.GRAPH_SEGMENT_HAS_NODES not in vars(
+        graph
+    )
 
 
 def test_segments_changed_after_capture_replay_as_upstream(world):

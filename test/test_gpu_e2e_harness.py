@@ -591,7 +591,7 @@ class _Mode:
 def _batch(mode, **kw):
     import torch
 
-    from sglang_mixgraph.patches.mixed_split.state import NUM_DECODE_ATTR
+    from sglang_mixgraph.upstream_attrs import FORWARD_BATCH_NUM_DECODE
 
     fields = dict(
         forward_mode=_Mode(mode),
@@ -602,7 +602,7 @@ def _batch(mode, **kw):
     )
     fields.update(kw)
     batch = SimpleNamespace(**fields)
-    setattr(batch, NUM_DECODE_ATTR, 3)
+    setattr(batch, FORWARD_BATCH_NUM_DECODE, 3)
     return batch
 
 

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sglang_mixgraph import fallback
+from sglang_mixgraph import upstream_attrs as attrs
 from sglang_mixgraph.target_gpu import described_gpu
 
 K.import_upstream()
@@ -239,7 +240,7 @@ def test_init_new_hook_records_decode_tail_only_when_it_is_the_tail():
         ms.after_forward_batch_init_new(
             fb, None, SimpleNamespace(forward_mode=mode, reqs=reqs, decoding_reqs=decoding), None
         )
-        return getattr(fb, ms.NUM_DECODE_ATTR)
+        return getattr(fb, attrs.FORWARD_BATCH_NUM_DECODE)
 
     assert rec(ForwardMode.MIXED, reqs[2:]) == 3
     assert rec(ForwardMode.EXTEND, reqs) == 5  # convert_decode_to_extend
@@ -296,7 +297,7 @@ def test_flag_off_leaves_upstream_untouched():
             assert ForwardBatch.__dict__["init_new"] is init_new
             K.CALLS.clear()
             world.run_step(world.forward_batch(num_decode_attr=None))
-            assert getattr(world.backend.forward_metadata, ms.PLAN_ATTR, None) is None
+            assert getattr(world.backend.forward_metadata, attrs.METADATA_SPLIT_PLAN, None) is None
             assert not K.CALLS.decode and K.CALLS.sparse_rows == [step.num_rows] * 3
     for n, fn in before.items():  # and the kit restores what an enabled install changed
         assert DeepseekV4AttnBackend.__dict__[n] is fn

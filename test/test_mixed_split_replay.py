@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from sglang_mixgraph import counters
+from sglang_mixgraph import upstream_attrs as attrs
 from sglang_mixgraph.target_gpu import described_gpu
 
 K.import_upstream()
@@ -60,7 +61,11 @@ def test_replayed_mixed_step_splits_and_equals_upstream(replay):
     with K.patch_installed(policy="always"):
         static = run(MIXED, ForwardMode.MIXED)
         plan = ms.get_plan(world.backend)
-        assert plan is not None and getattr(capture, ms.PLAN_ATTR) is plan and plan.matches(static)
+        assert (
+            plan is not None
+            and getattr(capture, attrs.METADATA_SPLIT_PLAN) is plan
+            and plan.matches(static)
+        )
         assert (plan.boundary.b0, plan.boundary.num_decode_reqs) == (11, 2)
         K.CALLS.clear()
         out = _layers(world, static)
@@ -76,9 +81,12 @@ def test_no_plan_survives_into_a_replay_without_decode_rows(replay):
     base = _layers(world, run(EXTEND, ForwardMode.EXTEND))
     with K.patch_installed(policy="always"):
         run(MIXED, ForwardMode.MIXED)
-        assert getattr(capture, ms.PLAN_ATTR) is not None
+        assert getattr(capture, attrs.METADATA_SPLIT_PLAN) is not None
         static = run(EXTEND, ForwardMode.EXTEND)
-        assert getattr(capture, ms.PLAN_ATTR) is None and ms.get_plan(world.backend) is None
+        assert (
+            getattr(capture, attrs.METADATA_SPLIT_PLAN) is None
+            and ms.get_plan(world.backend) is None
+        )
         K.CALLS.clear()
         out = _layers(world, static)
     assert not K.CALLS.decode
@@ -91,7 +99,7 @@ def test_idle_rank_replay_plans_nothing(replay):
     with K.patch_installed(policy="always"):
         run(MIXED, ForwardMode.MIXED)
         run(MIXED, ForwardMode.MIXED, rows=0)  # an idle DP rank: no live rows
-        assert getattr(capture, ms.PLAN_ATTR) is None
+        assert getattr(capture, attrs.METADATA_SPLIT_PLAN) is None
 
 
 def test_adaptive_asks_the_cost_model_in_the_steps_regime(replay, monkeypatch):

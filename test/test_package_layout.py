@@ -76,3 +76,26 @@ def test_no_module_imports_one_that_imports_it_back():
     cycles = [c for c in map(cycle_from, sorted(graph)) if c is not None]
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
     assert "sglang_mixgraph.bcg_rules" in graph["sglang_mixgraph.patches.graph_config"]
+
+
+def test_attribute_names_on_upstream_objects_are_defined_once():
+    """Every prefixed attribute name the plugin sets on upstream objects is a constant of
+    `upstream_attrs`, each a distinct name; no other module spells one out as a string."""
+    from sglang_mixgraph import upstream_attrs
+
+    package = Path(upstream_attrs.__file__).parent
+    names = {k: v for k, v in vars(upstream_attrs).items() if k.isupper()}
+    assert names and len(set(names.values())) == len(names)
+    spelled = []
+    for path in package.rglob("*.py"):
+        if path.name == "upstream_attrs.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and node.value.lstrip("_").startswith("mixgraph_")
+                and node.value != "mixgraph_target"  # the platform plugin's entry point name
+            ):
+                spelled.append(f"{path.relative_to(package)}:{node.lineno} {node.value!r}")
+    assert spelled == []

@@ -26,13 +26,13 @@ import time
 def mixed_shape(forward_batch) -> dict:
     """The split's inputs of a MIXED step, read at entry to the forward (the eager runner relabels
     and copies the batch inside it)."""
-    from sglang_mixgraph.patches.mixed_split.state import NUM_DECODE_ATTR
+    from sglang_mixgraph.upstream_attrs import FORWARD_BATCH_NUM_DECODE
 
     seq_lens = forward_batch.seq_lens_cpu
     return {
         "seq_lens": [] if seq_lens is None else [int(x) for x in seq_lens.tolist()],
         "extend_seq_lens": [int(x) for x in forward_batch.extend_seq_lens_cpu or ()],
-        "num_decode": getattr(forward_batch, NUM_DECODE_ATTR, None),
+        "num_decode": getattr(forward_batch, FORWARD_BATCH_NUM_DECODE, None),
     }
 
 

@@ -10,6 +10,7 @@ import mixed_split_kit as K
 import pytest
 import torch
 
+from sglang_mixgraph import upstream_attrs as attrs
 from sglang_mixgraph.patches import mixed_split as ms
 
 BUCKET = 64
@@ -86,12 +87,12 @@ def test_split_acts_inside_replays_and_equals_upstream(bucket):
     with K.patch_installed(policy="always"):
         view, fb = _live(world, "mixed_b")
         on = b.replay(view, fb, view.q())
-        plan = getattr(b.metadata, ms.PLAN_ATTR, None)
+        plan = getattr(b.metadata, attrs.METADATA_SPLIT_PLAN, None)
         assert plan is not None and plan.boundary.b0 == view.step.b0
         assert plan.decode_calls == {r: 1 for r in K.LAYER_RATIOS}
         view_e, fb_e = _live(world, "extend")
         on_extend = b.replay(view_e, fb_e, view_e.q())
-        assert getattr(b.metadata, ms.PLAN_ATTR, None) is None
+        assert getattr(b.metadata, attrs.METADATA_SPLIT_PLAN, None) is None
     rows, b0 = view.step.num_rows, view.step.b0
     for layer in b.layers:
         assert torch.equal(on[layer][:b0], off["mixed_b"][layer][:b0]), (
@@ -153,7 +154,7 @@ def test_replay_read_done_prebuilds_publishes_and_equals_upstream(bucket, split)
                 assert b.read_ends is SharedReadEnds.PRE_REPLAY
                 assert isinstance(runner.shared_read_done_event, torch.cuda.Event)
                 assert b.metadata.sparse_prefill_cache is not None
-                plan = getattr(b.metadata, ms.PLAN_ATTR, None)
+                plan = getattr(b.metadata, attrs.METADATA_SPLIT_PLAN, None)
                 if split and name.startswith("mixed"):
                     assert (
                         plan is not None and b.metadata.sparse_prefill_cache is plan.prefill_cache

@@ -28,6 +28,7 @@ from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph import 
 )
 
 from sglang_mixgraph import counters  # noqa: E402
+from sglang_mixgraph import upstream_attrs as attrs
 from sglang_mixgraph.core.graph_segments import GRAPH  # noqa: E402
 from sglang_mixgraph.patches import drop_empty_segments as des  # noqa: E402
 
@@ -137,7 +138,7 @@ def capture(run, registry):
 
 
 def launched_segments(graph) -> list[int]:
-    plan = graph.__dict__.get(des.PLAN_ATTR)
+    plan = graph.__dict__.get(attrs.GRAPH_DROP_PLAN)
     if plan is None:
         return list(range(len(graph._segments)))
     return [i for kind, i in plan[0] if kind == GRAPH]

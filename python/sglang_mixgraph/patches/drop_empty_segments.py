@@ -25,6 +25,11 @@ from sglang_mixgraph.core.graph_segments import num_dropped, replay_steps, run_s
 from sglang_mixgraph.fallback import fallback_once
 from sglang_mixgraph.flags import bool_flag
 from sglang_mixgraph.registry import Hook, Patch
+from sglang_mixgraph.upstream_attrs import (
+    GRAPH_DROP_PLAN,
+    GRAPH_NEXT_SEGMENT_HAS_NODES,
+    GRAPH_SEGMENT_HAS_NODES,
+)
 
 logger = logging.getLogger("sglang_mixgraph")
 
@@ -41,11 +46,6 @@ DROP_FLAG = bool_flag(
     "Breakable CUDA graphs: keep segments that captured no graph node (back-to-back eager "
     "breaks) but never launch them at replay; breaks keep their order.",
 )
-
-# State kept on upstream's BreakableCUDAGraph (it dies with the graph).
-NEXT_HAS_NODES_ATTR = "_mixgraph_next_segment_has_nodes"  # end of a segment -> its append
-HAS_NODES_ATTR = "_mixgraph_segment_has_nodes"  # one bool per entry of _segments
-PLAN_ATTR = "_mixgraph_replay_plan"  # (steps, segments, breaks, dropped), when one is dropped
 
 
 @functools.cache
@@ -94,19 +94,19 @@ def around_end_current_segment(original, self, *args, **kwargs):
         return original(self, *args, **kwargs)
     nodes = capture_node_count(self)
     container = self.cuda_graph
-    setattr(container, NEXT_HAS_NODES_ATTR, nodes is None or nodes > 0)
+    setattr(container, GRAPH_NEXT_SEGMENT_HAS_NODES, nodes is None or nodes > 0)
     try:
         return original(self, *args, **kwargs)
     finally:
-        container.__dict__.pop(NEXT_HAS_NODES_ATTR, None)
+        container.__dict__.pop(GRAPH_NEXT_SEGMENT_HAS_NODES, None)
 
 
 def around_append_segment(original, self, graph, needs_instantiate, *args, **kwargs):
     """Store an empty segment as it is: no instantiation, no dedup registration."""
-    has_nodes = self.__dict__.pop(NEXT_HAS_NODES_ATTR, None)
+    has_nodes = self.__dict__.pop(GRAPH_NEXT_SEGMENT_HAS_NODES, None)
     if has_nodes is None:  # not decided at the end of this segment: upstream's way
         return original(self, graph, needs_instantiate, *args, **kwargs)
-    facts = self.__dict__.setdefault(HAS_NODES_ATTR, [])
+    facts = self.__dict__.setdefault(GRAPH_SEGMENT_HAS_NODES, [])
     if has_nodes:
         original(self, graph, needs_instantiate, *args, **kwargs)
     else:
@@ -119,7 +119,7 @@ def around_capture_exit(original, self, *args, **kwargs):
     """After a capture: the replay plan, and one log line with how many segments were dropped."""
     result = original(self, *args, **kwargs)
     container = self.cuda_graph
-    facts = container.__dict__.pop(HAS_NODES_ATTR, None)
+    facts = container.__dict__.pop(GRAPH_SEGMENT_HAS_NODES, None)
     if facts is None or (args and args[0] is not None):  # not decided, or the capture failed
         return result
     segments, breaks = len(container._segments), len(container._break_fns)
@@ -139,13 +139,15 @@ def around_capture_exit(original, self, *args, **kwargs):
     )
     if dropped:
         counters.count(PATCH_ID, "segments_dropped", dropped)
-        setattr(container, PLAN_ATTR, (replay_steps(facts, breaks), segments, breaks, dropped))
+        setattr(
+            container, GRAPH_DROP_PLAN, (replay_steps(facts, breaks), segments, breaks, dropped)
+        )
     return result
 
 
 def around_replay(original, self, *args, **kwargs):
     """Run the plan's steps when the capture dropped a segment; upstream's replay otherwise."""
-    plan = self.__dict__.get(PLAN_ATTR)
+    plan = self.__dict__.get(GRAPH_DROP_PLAN)
     if plan is None:
         return original(self, *args, **kwargs)
     steps, segments, breaks, dropped = plan

@@ -21,6 +21,7 @@ from sglang_mixgraph.core.attention_rows import batch_attention_rows
 from sglang_mixgraph.fallback import fallback_once
 from sglang_mixgraph.flags import bool_flag
 from sglang_mixgraph.registry import Hook, Patch
+from sglang_mixgraph.upstream_attrs import METADATA_SPLIT_PLAN, RUNNER_PENDING_READ_DONE
 
 PATCH_ID = "replay_read_done"
 RUNNER = "sglang.srt.model_executor.runner.prefill_cuda_graph_runner.PrefillCudaGraphRunner"
@@ -36,12 +37,6 @@ FLAG = bool_flag(
     "the WAR read-done event for prefill and mixed replays (upstream waits for the whole forward).",
 )
 
-# The split's plan attribute on the metadata (patches/mixed_split/state.py): a planned replay
-# has built its chunk caches already.
-_SPLIT_PLAN_ATTR = "mixgraph_split"
-# Set on the model runner between our PRE_REPLAY and upstream's publisher: the replay's label
-# and the event the mailbox held before (a loop without the WAR barrier never clears it).
-_PENDING_ATTR = "_mixgraph_replay_read_done"
 
 FALLBACK_REASONS = {
     "not_dsv4": "attention backend is not DeepSeek-V4's",
@@ -118,7 +113,7 @@ def snapshot_replay(runner, forward_batch, static_forward_batch):
     metadata = backend.forward_metadata
     if (
         rows > 0
-        and getattr(metadata, _SPLIT_PLAN_ATTR, None) is None
+        and getattr(metadata, METADATA_SPLIT_PLAN, None) is None
         and metadata.sparse_prefill_cache is None
         and backend._use_sparse_prefill(static_forward_batch, num_qo_tokens=rows)
     ):
@@ -131,7 +126,9 @@ def snapshot_replay(runner, forward_batch, static_forward_batch):
     _count(f"replays_snapshot.{label}")
     model_runner = runner.model_runner
     setattr(
-        model_runner, _PENDING_ATTR, (label, getattr(model_runner, "shared_read_done_event", None))
+        model_runner,
+        RUNNER_PENDING_READ_DONE,
+        (label, getattr(model_runner, "shared_read_done_event", None)),
     )
     return SharedReadEnds.PRE_REPLAY
 
@@ -143,7 +140,7 @@ def around_prepare_replay(original, runner, forward_batch, static_forward_batch,
     from sglang.srt.layers.attention.base_attn_backend import SharedReadEnds
 
     ends = original(runner, forward_batch, static_forward_batch, shape_key)
-    setattr(runner.model_runner, _PENDING_ATTR, None)
+    setattr(runner.model_runner, RUNNER_PENDING_READ_DONE, None)
     if (
         ends is not SharedReadEnds.UNKNOWN
         or not getattr(runner, "use_captured_attn_metadata", False)
@@ -157,10 +154,10 @@ def around_prepare_replay(original, runner, forward_batch, static_forward_batch,
 def after_publish(result, model_runner, shared_read_ends, device_module):
     """AFTER ``maybe_publish_prefill_shared_read_done``: count the replays whose event upstream
     really recorded (its publish gates may still say no)."""
-    pending = getattr(model_runner, _PENDING_ATTR, None)
+    pending = getattr(model_runner, RUNNER_PENDING_READ_DONE, None)
     if pending is None:
         return result
-    setattr(model_runner, _PENDING_ATTR, None)
+    setattr(model_runner, RUNNER_PENDING_READ_DONE, None)
     label, before = pending
     event = getattr(model_runner, "shared_read_done_event", None)
     if event is not None and event is not before:

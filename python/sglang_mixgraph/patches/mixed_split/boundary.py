@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from sglang_mixgraph.patches.mixed_split.state import BUILT_MIXED_ATTR, NUM_DECODE_ATTR
+from sglang_mixgraph.upstream_attrs import FORWARD_BATCH_BUILT_MIXED, FORWARD_BATCH_NUM_DECODE
 
 
 def after_forward_batch_init_new(result, cls, batch, model_runner, **kwargs):
@@ -30,10 +30,10 @@ def after_forward_batch_init_new(result, cls, batch, model_runner, **kwargs):
         tail = reqs[len(reqs) - d :] if d <= len(reqs) else []
         if len(tail) == d and all(a is b for a, b in zip(tail, decoding, strict=False)):
             num_decode = d
-    setattr(result, NUM_DECODE_ATTR, num_decode)
+    setattr(result, FORWARD_BATCH_NUM_DECODE, num_decode)
     # The label can change before the forward (EagerRunner.execute runs MIXED as EXTEND);
     # what the scheduler built cannot.
-    setattr(result, BUILT_MIXED_ATTR, num_decode is not None and mode.is_mixed())
+    setattr(result, FORWARD_BATCH_BUILT_MIXED, num_decode is not None and mode.is_mixed())
     return None
 
 
@@ -47,7 +47,7 @@ def after_eager_load_batch(result, runner, forward_batch, pp_proxy_tensors=None,
     ``init_forward_metadata`` runs. Carry it over.
     """
     if result is not None and result is not forward_batch:
-        for attr in (NUM_DECODE_ATTR, BUILT_MIXED_ATTR):
+        for attr in (FORWARD_BATCH_NUM_DECODE, FORWARD_BATCH_BUILT_MIXED):
             if hasattr(forward_batch, attr):
                 setattr(result, attr, getattr(forward_batch, attr))
     return None
@@ -68,7 +68,7 @@ def decode_tail_of(forward_batch) -> Optional[tuple]:
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     mode = forward_batch.forward_mode
-    d = getattr(forward_batch, NUM_DECODE_ATTR, None)
+    d = getattr(forward_batch, FORWARD_BATCH_NUM_DECODE, None)
     if mode == ForwardMode.MIXED:
         return (d, "mixed") if d else None
     if mode == ForwardMode.EXTEND:
@@ -78,7 +78,7 @@ def decode_tail_of(forward_batch) -> Optional[tuple]:
             return (len(lens), "dp_decode_relabel") if lens else None
         if not d or original is not None:
             return None
-        if getattr(forward_batch, BUILT_MIXED_ATTR, False):
+        if getattr(forward_batch, FORWARD_BATCH_BUILT_MIXED, False):
             return d, "mixed_run_as_extend"
         if d == forward_batch.batch_size:
             return d, "converted_decode"

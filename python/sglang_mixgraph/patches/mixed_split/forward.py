@@ -13,12 +13,12 @@ from __future__ import annotations
 from sglang_mixgraph.core.mixed_boundary import assemble_rows, copy_in_join, slice_decode_tail
 from sglang_mixgraph.patches.mixed_split.state import (
     ALL_RATIOS,
-    PLAN_ATTR,
     SplitPlan,
     _count,
     _fallback,
     get_plan,
 )
+from sglang_mixgraph.upstream_attrs import METADATA_SPLIT_PLAN
 
 
 class _PrefillRequestsView:
@@ -123,8 +123,8 @@ def _abandon_plan(backend, reason_key: str) -> None:
     (see docs/mixed-split.md)."""
     _fallback(reason_key)
     metadata = backend.forward_metadata
-    plan = getattr(metadata, PLAN_ATTR, None)
-    setattr(metadata, PLAN_ATTR, None)
+    plan = getattr(metadata, METADATA_SPLIT_PLAN, None)
+    setattr(metadata, METADATA_SPLIT_PLAN, None)
     metadata.sparse_prefill_cache = plan.full_cache if plan is not None else None
 
 
@@ -137,13 +137,13 @@ def _unsplit_forward(original, backend, plan: SplitPlan, forward_batch, compress
     if plan.full_cache is None:
         # Defensive: every present ratio was expected to split. Build it as upstream's lazy
         # path would, through the builder with the plan detached (so the hook passes it on).
-        setattr(metadata, PLAN_ATTR, None)
+        setattr(metadata, METADATA_SPLIT_PLAN, None)
         try:
             plan.full_cache = backend._build_sparse_prefill_chunk_cache(
                 forward_batch, call["core_attn_metadata"], num_qo_tokens=plan.boundary.num_rows
             )
         finally:
-            setattr(metadata, PLAN_ATTR, plan)
+            setattr(metadata, METADATA_SPLIT_PLAN, plan)
     metadata.sparse_prefill_cache = plan.full_cache
     try:
         out = original(backend, **call)

@@ -19,13 +19,13 @@ from sglang_mixgraph.core.mixed_boundary import MixedBoundary, compute_mixed_bou
 from sglang_mixgraph.patches.mixed_split.boundary import decode_tail_of
 from sglang_mixgraph.patches.mixed_split.state import (
     ALL_RATIOS,
-    PLAN_ATTR,
     POLICY_FLAG,
     SplitPlan,
     _count,
     _fallback,
     _weak,
 )
+from sglang_mixgraph.upstream_attrs import METADATA_SPLIT_PLAN
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ def plan_split(backend, forward_batch) -> Optional[SplitPlan]:
     metadata = getattr(backend, "forward_metadata", None)
     if not isinstance(metadata, DSV4Metadata):
         return None
-    setattr(metadata, PLAN_ATTR, None)  # reset on every build
+    setattr(metadata, METADATA_SPLIT_PLAN, None)  # reset on every build
     num_rows = int(forward_batch.input_ids.shape[0]) if forward_batch.input_ids is not None else 0
     return _plan(backend, metadata, forward_batch, forward_batch, num_rows, replay=False)
 
@@ -203,7 +203,7 @@ def _plan(backend, metadata, live, target, num_rows: int, *, replay: bool) -> Op
         full_cache=full_cache,
         policy=policy,
     )
-    setattr(metadata, PLAN_ATTR, plan)
+    setattr(metadata, METADATA_SPLIT_PLAN, plan)
     # The prefill-only chunk cache, over every row (decode and padding rows empty: the copy-in
     # join), installed before the first layer through the hooked builder.
     metadata.sparse_prefill_cache = backend._build_sparse_prefill_chunk_cache(
@@ -260,10 +260,10 @@ def after_prepare_bcg_replay(
     replay first clears the previous replay's plan, so a stale boundary never reaches a step
     that has none.
     """
-    setattr(capture_metadata, PLAN_ATTR, None)
+    setattr(capture_metadata, METADATA_SPLIT_PLAN, None)
     metadata = getattr(backend, "forward_metadata", None)
     if metadata is not None and metadata is not capture_metadata:
-        setattr(metadata, PLAN_ATTR, None)
+        setattr(metadata, METADATA_SPLIT_PLAN, None)
     target = static_forward_batch if static_forward_batch is not None else forward_batch
     # The rows the break's query really has (``core.attention_rows``, shared with the read-done
     # patch): the live count, or the whole bucket when ``global_num_token_non_padded_cpu`` is

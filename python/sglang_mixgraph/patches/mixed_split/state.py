@@ -17,6 +17,7 @@ from sglang_mixgraph.core.decode_tail import DecodeTail
 from sglang_mixgraph.core.mixed_boundary import MixedBoundary
 from sglang_mixgraph.fallback import fallback_once
 from sglang_mixgraph.flags import bool_flag, choice_flag
+from sglang_mixgraph.upstream_attrs import METADATA_SPLIT_PLAN
 
 PATCH_ID = "mixed_split"
 BACKEND = "sglang.srt.layers.attention.deepseek_v4_backend.DeepseekV4AttnBackend"
@@ -42,11 +43,6 @@ POLICY_FLAG = choice_flag(
 
 # The compress ratios of a DSV4 (not V4.1) model: SWA-only, CSA, HCA.
 ALL_RATIOS = (0, 4, 128)
-
-# Attribute names we add to upstream objects (prefixed so they never collide).
-NUM_DECODE_ATTR = "_mixgraph_num_decode"  # on ForwardBatch, from init_new
-BUILT_MIXED_ATTR = "_mixgraph_built_mixed"  # on ForwardBatch: init_new saw a MIXED batch
-PLAN_ATTR = "mixgraph_split"  # on DSV4Metadata, one per metadata build
 
 
 @dataclass(frozen=True)
@@ -139,7 +135,7 @@ class SplitPlan:
 
 def get_plan(backend) -> SplitPlan | None:
     metadata = getattr(backend, "forward_metadata", None)
-    return getattr(metadata, PLAN_ATTR, None)
+    return getattr(metadata, METADATA_SPLIT_PLAN, None)
 
 
 def _weak(obj):
