@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import runpy
+import socket
 import sys
 import traceback
 import warnings
@@ -21,6 +22,12 @@ from pathlib import Path
 
 STANDIN = Path(__file__).resolve().parent / "ab_standin.py"
 FLAG = "SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def write_model_dir(path: Path) -> Path:

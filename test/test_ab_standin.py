@@ -17,7 +17,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -30,6 +29,7 @@ from ab_kit import (
     FLAG,
     STANDIN,
     expected_accuracy,
+    free_port,
     inprocess_invoker,
     pids_alive,
     standin_config,
@@ -68,12 +68,6 @@ name = "split"
 env = { SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN = "1" }
 args = ["--tpot-ms", "5"]
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(autouse=True)

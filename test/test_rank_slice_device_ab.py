@@ -7,13 +7,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tarfile
 from pathlib import Path
 
-from ab_kit import standin_config
+from ab_kit import free_port, standin_config
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tools" / "rank-slice" / "device_ab.sh"
@@ -30,12 +29,6 @@ output_len = 8
 min_prompts = 4
 warmup_requests = 1
 repeats = 1"""
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _call(tmp: Path, config: Path, resume: Path, *, triton_cache: bool, seconds: int = 300):
@@ -76,7 +69,7 @@ def _cells(packed: Path, tmp: Path) -> list[tuple[str, str]]:
 
 
 def test_a_run_split_over_two_calls_resumes_and_warms_a_cold_machine(tmp_path):
-    config = standin_config(tmp_path, port=_port(), arms=ARMS, sweep=SWEEP)
+    config = standin_config(tmp_path, port=free_port(), arms=ARMS, sweep=SWEEP)
     resume = tmp_path / "carried" / "slice.tgz"
 
     # Call 1 with Triton's cache in place: no throwaway visit, both cells measured and packed.

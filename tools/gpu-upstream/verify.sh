@@ -11,8 +11,8 @@ set -uo pipefail
 [[ $# -ge 1 ]] || { echo "usage: verify.sh SECONDS [gpu_upstream|e2e_short|e2e_pressure ...]" >&2; exit 2; }
 TOTAL=$1
 shift
-CHECKS=("${@:-gpu_upstream e2e_short e2e_pressure}")
-read -r -a CHECKS <<< "${CHECKS[*]}"
+CHECKS=("$@")
+[[ ${#CHECKS[@]} -gt 0 ]] || CHECKS=(gpu_upstream e2e_short e2e_pressure)
 declare -A WEIGHT=([gpu_upstream]=1 [e2e_short]=2 [e2e_pressure]=2)
 SUM=0
 for c in "${CHECKS[@]}"; do
