@@ -30,6 +30,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def small_sweep(concurrencies: str) -> str:
+    """One repeat of 2-prompt cells (one warm-up request) of 8 random ids in, 2 out."""
+    return f"""concurrencies = {concurrencies}
+dataset = "random-ids"
+input_len = 8
+output_len = 2
+num_prompts = 2
+warmup_requests = 1
+repeats = 1"""
+
+
 def write_model_dir(path: Path) -> Path:
     """A directory bench_serving can load a tokenizer from: a word-level vocabulary."""
     from tokenizers import Tokenizer

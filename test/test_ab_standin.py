@@ -32,6 +32,7 @@ from ab_kit import (
     free_port,
     inprocess_invoker,
     pids_alive,
+    small_sweep,
     standin_config,
     write_gsm8k,
     write_model_dir,
@@ -45,17 +46,6 @@ from sglang_mixgraph.ab.config import parse_config, read_toml
 from sglang_mixgraph.ab.tools import BENCH_MODULE, GSM8K_MODULE
 
 TTFT_MS = 30.0
-
-
-def small_sweep(concurrencies: str) -> str:
-    """One repeat of 2-prompt cells (one warm-up request) of 8 random ids in, 2 out."""
-    return f"""concurrencies = {concurrencies}
-dataset = "random-ids"
-input_len = 8
-output_len = 2
-num_prompts = 2
-warmup_requests = 1
-repeats = 1"""
 
 
 TWO_ARMS = """

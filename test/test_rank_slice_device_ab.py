@@ -12,7 +12,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from ab_kit import free_port, standin_config
+from ab_kit import free_port, small_sweep, standin_config
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tools" / "rank-slice" / "device_ab.sh"
@@ -22,13 +22,6 @@ name = "base"
 [[arm]]
 name = "cand"
 """
-SWEEP = """concurrencies = [2]
-dataset = "random-ids"
-input_len = 16
-output_len = 8
-min_prompts = 4
-warmup_requests = 1
-repeats = 1"""
 
 
 def _call(tmp: Path, config: Path, resume: Path, *, triton_cache: bool, seconds: int = 300):
@@ -69,7 +62,7 @@ def _cells(packed: Path, tmp: Path) -> list[tuple[str, str]]:
 
 
 def test_a_run_split_over_two_calls_resumes_and_warms_a_cold_machine(tmp_path):
-    config = standin_config(tmp_path, port=free_port(), arms=ARMS, sweep=SWEEP)
+    config = standin_config(tmp_path, port=free_port(), arms=ARMS, sweep=small_sweep("[2]"))
     resume = tmp_path / "carried" / "slice.tgz"
 
     # Call 1 with Triton's cache in place: no throwaway visit, both cells measured and packed.
