@@ -1,6 +1,6 @@
 """tools/rank-slice/device_ab.sh against the CPU stand-in server: a run split over two "device
-calls" resumes from the packed run directory, and a machine without a Triton cache first serves
-one throwaway visit."""
+calls" resumes from the packed run directory, and a machine whose Triton cache has not served
+the configuration (empty, or warmed by another model) first serves one throwaway visit."""
 
 from __future__ import annotations
 
@@ -24,14 +24,16 @@ name = "cand"
 """
 
 
-def _call(tmp: Path, config: Path, resume: Path, *, triton_cache: bool, seconds: int = 300):
+def _call(tmp: Path, config: Path, resume: Path, *, warmed: bool, seconds: int = 300, **env_extra):
     home, out = tmp / "home", tmp / "out"
     shutil.rmtree(out, ignore_errors=True)
     shutil.rmtree(tmp / "runs", ignore_errors=True)  # a fresh machine: nothing but what travels
     shutil.rmtree(home, ignore_errors=True)
-    (home / ".triton" / "cache").mkdir(parents=True)
-    if triton_cache:
-        (home / ".triton" / "cache" / "kernel.bin").write_text("x")
+    cache = home / ".triton" / "cache"
+    cache.mkdir(parents=True)
+    (cache / "kernel.bin").write_text("x")  # another model's kernels: not enough to skip the visit
+    if warmed:
+        (cache / f"mixgraph_warmed_by_{config.stem}").touch()
     env = dict(
         os.environ,
         HOME=str(home),
@@ -39,6 +41,7 @@ def _call(tmp: Path, config: Path, resume: Path, *, triton_cache: bool, seconds:
         TMPDIR=str(tmp / "runs"),
         PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
         PYTHONPATH=f"{ROOT / 'python'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        **env_extra,
     )
     (tmp / "runs").mkdir()
     p = subprocess.run(
@@ -49,7 +52,7 @@ def _call(tmp: Path, config: Path, resume: Path, *, triton_cache: bool, seconds:
         text=True,
         timeout=600,
     )
-    return p, out / f"{resume.stem}.tgz"
+    return p, out / f"{resume.stem}.tgz", cache
 
 
 def _cells(packed: Path, tmp: Path) -> list[tuple[str, str]]:
@@ -65,17 +68,17 @@ def test_a_run_split_over_two_calls_resumes_and_warms_a_cold_machine(tmp_path):
     config = standin_config(tmp_path, port=free_port(), arms=ARMS, sweep=small_sweep("[2]"))
     resume = tmp_path / "carried" / "slice.tgz"
 
-    # Call 1 with Triton's cache in place: no throwaway visit, both cells measured and packed.
-    first, packed = _call(tmp_path, config, resume, triton_cache=True)
+    # Call 1 on a cache that served this configuration: no throwaway visit, both cells packed.
+    first, packed, _ = _call(tmp_path, config, resume, warmed=True)
     assert first.returncode == 0, first.stderr + first.stdout
     assert "throwaway" not in first.stdout
     assert _cells(packed, tmp_path) == [("base", "ok"), ("cand", "ok")]
 
     # Call 2 on a "fresh machine" with the packed run carried back: the finished cells are kept,
-    # and a machine without Triton's cache serves one throwaway visit first.
+    # and a cache that never served this configuration gets one throwaway visit of WARM_ARM.
     resume.parent.mkdir()
     shutil.copy(packed, resume)
-    second, packed2 = _call(tmp_path, config, resume, triton_cache=False)
+    second, packed2, cache = _call(tmp_path, config, resume, warmed=False, WARM_ARM="cand")
     assert second.returncode == 0, second.stderr + second.stdout
     assert "restored 2 cell files" in second.stdout
     assert (
@@ -83,6 +86,8 @@ def test_a_run_split_over_two_calls_resumes_and_warms_a_cold_machine(tmp_path):
         and "warm-up visit done (rc 0)" in second.stdout
     )
     assert "2 finished cells are kept" in second.stderr
+    assert "arm=cand" in second.stderr.split("2 finished cells are kept")[0]  # the warm visit's arm
+    assert (cache / f"mixgraph_warmed_by_{config.stem}").exists()  # the next call skips it
     assert _cells(packed2, tmp_path) == [("base", "ok"), ("cand", "ok")]
 
 

@@ -5,8 +5,11 @@
 #   bash tools/gpu-upstream/device.sh bash tools/rank-slice/device_ab.sh CONFIG RUN.tgz SECONDS [AB ARGS]
 # - restores the cells of earlier calls from RUN.tgz when it exists (e.g. ab_runs/slice.tgz:
 #   carry ab_runs);
-# - without a restored Triton cache, first serves one throwaway visit (warm_caches.py): a fresh
-#   machine's first server compiles Triton kernels while serving and runs 16-18% slower;
+# - unless this machine's Triton cache says it has served CONFIG already (a marker file in the
+#   cache, so it also travels in a carried triton_cache.tgz), first serves one short throwaway
+#   visit (warm_caches.py; WARM_ARM=NAME picks its arm, default the first): a fresh machine's
+#   first server compiles Triton kernels while serving and runs 16-18% slower. A cache warmed by
+#   another model does not count: the slice's kernel shapes differ;
 # - runs `ab run` until SECONDS have passed, then SIGTERM: ab stops the server, keeps finished
 #   cells and writes its report;
 # - packs the run directory into $OUT/NAME.tgz, NAME being RUN.tgz's (a device call returns few
@@ -24,10 +27,13 @@ mkdir -p "$RUNS" "$OUT"
   && echo "device_ab: restored $(ls "$RUNS/$NAME/cells"/*/ 2>/dev/null | grep -c jsonl) cell files"
 MODEL=$(python3 -c "import sys,tomllib; print(tomllib.load(open(sys.argv[1],'rb'))['server']['model_path'])" "$CONFIG")
 [[ -f "$MODEL/config.json" ]] || python3 "$ROOT/tools/rank-slice/make_slice_model.py" "$MODEL" > /dev/null
-if [[ -z "$(ls -A "$HOME/.triton/cache" 2>/dev/null)" ]]; then
-  echo "device_ab: no Triton cache on this machine: one throwaway visit first"
-  timeout -s TERM $((SECONDS_LEFT / 2)) python3 "$ROOT/tools/rank-slice/warm_caches.py" "$CONFIG"
-  echo "device_ab: warm-up visit done (rc $?)"
+WARMED="$HOME/.triton/cache/mixgraph_warmed_by_$(basename "$CONFIG" .toml)"
+if [[ ! -f "$WARMED" ]]; then
+  echo "device_ab: this machine's Triton cache has not served $CONFIG: one throwaway visit first"
+  timeout -s TERM $((SECONDS_LEFT / 2)) python3 "$ROOT/tools/rank-slice/warm_caches.py" "$CONFIG" ${WARM_ARM:+--arm "$WARM_ARM"}
+  rc=$?
+  echo "device_ab: warm-up visit done (rc $rc)"
+  [[ $rc -eq 0 ]] && mkdir -p "$(dirname "$WARMED")" && touch "$WARMED"
 fi
 LEFT=$((SECONDS_LEFT - ($(date +%s) - T0)))
 if [[ $LEFT -gt 60 ]]; then
