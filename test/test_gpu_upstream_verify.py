@@ -31,11 +31,11 @@ def test_checks_share_the_seconds_and_log_one_file_each(tmp_path):
         "ran: -m pytest test/gpu_upstream -q -p no:cacheprovider\n"
     )
     assert (out / "e2e_pressure.log").read_text() == (
-        "ran: test/gpu_e2e/run_e2e.py --workload pressure --budget-s 318 "
+        "ran: test/gpu_e2e/run_e2e.py --workload pressure --budget-s 270 "
         "--out /tmp/e2e_pressure --label verify-pressure\n"
     )
-    assert "verify: gpu_upstream exited 0 (limit 166s)" in p.stdout
-    assert "verify: e2e_pressure exited 0 (limit 333s)" in p.stdout
+    assert "verify: gpu_upstream exited 0 (limit 214s)" in p.stdout
+    assert "verify: e2e_pressure exited 0 (limit 285s)" in p.stdout
     assert not (out / "e2e_short.log").exists()
 
 
@@ -47,7 +47,7 @@ def test_all_three_by_default(tmp_path):
         "e2e_short",
         "e2e_pressure",
     ]
-    assert "--workload short --budget-s 201 " in (tmp_path / "out" / "e2e_short.log").read_text()
+    assert "--workload short --budget-s 181 " in (tmp_path / "out" / "e2e_short.log").read_text()
 
 
 def test_bad_arguments_exit_2_with_one_line(tmp_path):

@@ -37,12 +37,12 @@ for w in msgspec==0.23.0 orjson==3.13.0 pybase64==1.5.1 pydantic==2.14.4 pydanti
 done
 # Only the CUTLASS/CuTe headers of this wheel are used (device.sh extracts them).
 ls "$U/hdr" | grep -q '^sgl_deep_gemm-0.2.3.post2-' || dl "$U/hdr" sgl-deep-gemm==0.2.3.post2
-if [[ ! -f "$U/sglang_pruned.tgz" ]]; then
+if [[ ! -f "$U/sglang_pruned.txz" ]]; then
   tmp=$(mktemp -d)
   dl "$tmp/dl" sglang==0.5.23
   mkdir -p "$tmp/sgl" && (cd "$tmp/sgl" && python3 -m zipfile -e "$tmp"/dl/sglang-0.5.23-*.whl .)
   rm -rf "$tmp/sgl/sglang/multimodal_gen" "$tmp"/sgl/sglang/srt/rust_extensions/_*.so
-  tar czf "$U/sglang_pruned.tgz" -C "$tmp/sgl" sglang sglang-0.5.23.dist-info
+  tar cJf "$U/sglang_pruned.txz" -C "$tmp/sgl" sglang sglang-0.5.23.dist-info
   rm -rf "$tmp"
 fi
 du -sh "$U"

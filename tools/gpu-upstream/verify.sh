@@ -3,9 +3,9 @@
 #   bash tools/gpu-upstream/device.sh bash tools/gpu-upstream/verify.sh SECONDS [CHECK ...]
 # CHECK: gpu_upstream (the GPU-upstream suite), e2e_short (the end-to-end harness, short
 # workload, radix cache on, all phases), e2e_pressure (its pressure workload: a small pool,
-# retractions, evictions, client aborts); all three by default. SECONDS is shared out 1:2:2
+# retractions, evictions, client aborts); all three by default. SECONDS is shared out 3:4:4
 # among the chosen checks (the two end-to-end runs take about 180-200 s each on an H200, the
-# suite about 40 s with a warm JIT cache). Few files come back from a GPU machine, so $OUT gets
+# suite 40 s with a warm JIT cache, longer while Triton compiles). Few files come back from a GPU machine, so $OUT gets
 # one log per check and e2e_runs.tgz (the end-to-end results and phase logs).
 set -uo pipefail
 [[ $# -ge 1 ]] || { echo "usage: verify.sh SECONDS [gpu_upstream|e2e_short|e2e_pressure ...]" >&2; exit 2; }
@@ -13,7 +13,7 @@ TOTAL=$1
 shift
 CHECKS=("$@")
 [[ ${#CHECKS[@]} -gt 0 ]] || CHECKS=(gpu_upstream e2e_short e2e_pressure)
-declare -A WEIGHT=([gpu_upstream]=1 [e2e_short]=2 [e2e_pressure]=2)
+declare -A WEIGHT=([gpu_upstream]=3 [e2e_short]=4 [e2e_pressure]=4)
 SUM=0
 for c in "${CHECKS[@]}"; do
   [[ -n "${WEIGHT[$c]:-}" ]] || { echo "verify.sh: unknown check '$c'" >&2; exit 2; }

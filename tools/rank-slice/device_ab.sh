@@ -6,7 +6,7 @@
 # - restores the cells of earlier calls from RUN.tgz when it exists (e.g. ab_runs/slice.tgz:
 #   carry ab_runs);
 # - unless this machine's Triton cache says it has served CONFIG already (a marker file in the
-#   cache, so it also travels in a carried triton_cache.tgz), first serves one short throwaway
+#   cache, so it also travels in a carried triton_cache.txz), first serves one short throwaway
 #   visit (warm_caches.py; WARM_ARM=NAME picks its arm, default the first): a fresh machine's
 #   first server compiles Triton kernels while serving and runs 16-18% slower. A cache warmed by
 #   another model does not count: the slice's kernel shapes differ;
