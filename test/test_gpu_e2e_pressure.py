@@ -70,6 +70,8 @@ def test_pressure_aborts_are_mid_generation_and_only_in_the_streamed_requests():
     assert len(targets) == 3 and set(targets) <= {r.rid for r in press.first}
     by_rid = {r.rid: r for r in W.all_requests(segs)}
     assert all(0 < n == W.ABORT_AFTER < by_rid[rid].max_new for rid, n in targets.items())
+    # SGLang aborts by rid prefix: no other request may start with an aborted one's rid.
+    assert not [(a, r) for a in targets for r in by_rid if r != a and r.startswith(a)]
     assert W.abort_targets(W.build()) == {}  # the other workloads abort nothing
 
 
@@ -78,7 +80,8 @@ def test_pressure_aborts_are_mid_generation_and_only_in_the_streamed_requests():
 
 class _Engine:
     """What e2e_phase asks of ``sglang.Engine``: cumulative streamed chunks, one per step, and
-    the tokenizer manager's ``abort_request``, after which a stream ends with an abort."""
+    the tokenizer manager's ``abort_request``, after which a stream ends with an abort. As in
+    SGLang (`Scheduler.abort_request`), an abort reaches every request whose rid starts with it."""
 
     def __init__(self):
         self.aborted, self.sent = set(), []
@@ -95,7 +98,7 @@ class _Engine:
         async def chunks():
             for i in range(1, n + 1):
                 await asyncio.sleep(0)
-                if rid in self.aborted:
+                if any(rid.startswith(a) for a in self.aborted):
                     yield {
                         "output_ids": [1] * (i - 1),
                         "meta_info": {"finish_reason": {"type": "abort"}},
@@ -134,7 +137,7 @@ def test_a_stream_that_fails_to_start_neither_hangs_the_segment_nor_hides():
 
     class Refusing(_Engine):
         async def async_generate(self, input_ids, sampling_params, stream=False, rid=None):
-            if rid == "press1":  # an abort target whose request is refused outright
+            if rid == "press01":  # an abort target whose request is refused outright
                 raise ValueError("refused")
             return await super().async_generate(input_ids, sampling_params, stream, rid)
 
@@ -142,8 +145,8 @@ def test_a_stream_that_fails_to_start_neither_hangs_the_segment_nor_hides():
     outputs, finishes = asyncio.run(
         asyncio.wait_for(e2e_phase._with_aborts(Refusing(), seg), timeout=60)
     )
-    assert outputs["press1"] == [] and finishes["press1"] == "error: ValueError: refused"
-    rec = _press(outputs={"r0": [1, 2, 3], "r1": [4, 5], "ab": []}, finish=finishes["press1"])
+    assert outputs["press01"] == [] and finishes["press01"] == "error: ValueError: refused"
+    rec = _press(outputs={"r0": [1, 2, 3], "r1": [4, 5], "ab": []}, finish=finishes["press01"])
     assert "aborted requests stopped mid-generation" in H._failed(H._check(rec, _press("bcg-off")))
 
 

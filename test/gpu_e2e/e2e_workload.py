@@ -89,9 +89,11 @@ def _pressure_segments(rng: random.Random) -> List[Segment]:
     reused = [warm[i].prompt[:512] + _prompt(rng, n) for i, n in enumerate((200, 320, 260))]
     fresh = [_prompt(rng, n) for n in (300, 620, 900, 450, 780, 350, 560, 840, 400)]
     aborted = {1, 5, 9}  # positions in ``first``
+    # Two digits: SGLang aborts every request whose rid starts with the one given
+    # (`Scheduler.abort_request`), so aborting "press1" also aborted press10 and press11.
     first = tuple(
         Request(
-            f"press{i}",
+            f"press{i:02d}",
             prompt,
             PRESSURE_MAX_NEW,
             abort_after=ABORT_AFTER if i in aborted else None,
