@@ -29,7 +29,7 @@ def _call(tmp: Path, config: Path, resume: Path, *, warmed: bool, seconds: int =
     shutil.rmtree(out, ignore_errors=True)
     shutil.rmtree(tmp / "runs", ignore_errors=True)  # a fresh machine: nothing but what travels
     shutil.rmtree(home, ignore_errors=True)
-    cache = home / ".triton" / "cache"
+    cache = home / ".cache" / "sglang" / "triton"
     cache.mkdir(parents=True)
     (cache / "kernel.bin").write_text("x")  # another model's kernels: not enough to skip the visit
     if warmed:
@@ -43,6 +43,7 @@ def _call(tmp: Path, config: Path, resume: Path, *, warmed: bool, seconds: int =
         PYTHONPATH=f"{ROOT / 'python'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
         **env_extra,
     )
+    env.pop("SGLANG_CACHE_DIR", None)  # the marker sits in HOME's SGLang cache
     (tmp / "runs").mkdir()
     p = subprocess.run(
         ["bash", str(SCRIPT), str(config), str(resume), str(seconds)],

@@ -3,10 +3,12 @@
 # .gpu-upstream/ into /tmp/site, then run the given command with sglang 0.5.23 importable:
 #   bash tools/gpu-upstream/device.sh python3 -m pytest test/gpu_upstream -q
 # The import shim (sitecustomize.py + stubs.py beside this file) starts in every Python
-# process. Built JIT kernels are saved to $OUT/jit_cache.txz and Triton's kernel cache to
-# $OUT/triton_cache.txz when OUT is set; put those files in .gpu-upstream/ to skip the builds next
-# time. xz, not gzip: the kernels share most of their bytes, and xz's window finds that (the JIT
-# cache of the slice: 3.7 MB against 14.6 MB), which keeps the kit under the carry limit.
+# process. With OUT set, SGLang's kernel cache directory ($SGLANG_CACHE_DIR, ~/.cache/sglang:
+# SGLang points Triton, inductor and the CUDA cache there as well as its own JIT kernels) is
+# saved as $OUT/jit_cache.txz (SGLang's JIT kernels) and $OUT/triton_cache.txz (the rest: Triton,
+# inductor, CUDA); put either in .gpu-upstream/ to skip those builds next time. xz, not gzip: the
+# kernels share most of their bytes and xz's window finds that (the slice's JIT cache: 3.7 MB
+# against 14.6 MB), which keeps the kit under the carry limit.
 set -uo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
@@ -26,9 +28,11 @@ if [[ ${#NEW[@]} -gt 0 ]]; then
   printf '%s\n' "${NEW[@]##*/}" >> "$SITE/.installed"
 fi
 [[ -f "$SITE/.pruned" ]] || { tar xJf "$U/sglang_pruned.txz" -C "$SITE" && touch "$SITE/.pruned"; }
-[[ -f "$U/jit_cache.txz" ]] && mkdir -p "$HOME/.cache/sglang" && tar xJf "$U/jit_cache.txz" -C "$HOME/.cache/sglang"
-# Triton's on-disk kernel cache: without it the first process compiles while it serves.
-[[ -f "$U/triton_cache.txz" ]] && mkdir -p "$HOME/.triton" && tar xJf "$U/triton_cache.txz" -C "$HOME/.triton"
+CACHE="${SGLANG_CACHE_DIR:-$HOME/.cache/sglang}"
+mkdir -p "$CACHE"
+for a in jit_cache triton_cache; do
+  [[ -f "$U/$a.txz" ]] && tar xJf "$U/$a.txz" -C "$CACHE"
+done
 if ls "$U"/hdr/sgl_deep_gemm-*.whl >/dev/null 2>&1 && [[ ! -d /tmp/cutlass_hdr ]]; then
   python3 - "$U"/hdr/sgl_deep_gemm-*.whl <<'PY'
 import sys, zipfile
@@ -43,10 +47,9 @@ export PYTHONUNBUFFERED=1 MAX_JOBS="${MAX_JOBS:-16}" MIXGRAPH_GPU_UPSTREAM_KIT=1
 echo "gpu-upstream: install $(( $(date +%s) - T0 ))s; $(python3 -c 'import torch,triton;print("torch",torch.__version__,"triton",triton.__version__,torch.cuda.get_device_name())')"
 "$@"
 rc=$?
-if [[ -n "${OUT:-}" && -d "$HOME/.cache/sglang/jit" ]]; then
-  XZ_OPT=-T0 tar cJf "$OUT/jit_cache.txz" -C "$HOME/.cache/sglang" jit
-fi
-if [[ -n "${OUT:-}" && -d "$HOME/.triton/cache" ]]; then
-  XZ_OPT=-T0 tar cJf "$OUT/triton_cache.txz" -C "$HOME/.triton" cache
+if [[ -n "${OUT:-}" ]]; then
+  [[ -d "$CACHE/jit" ]] && XZ_OPT=-T0 tar cJf "$OUT/jit_cache.txz" -C "$CACHE" jit
+  REST=$(cd "$CACHE" && ls -A | grep -vx jit)
+  [[ -n "$REST" ]] && XZ_OPT=-T0 tar cJf "$OUT/triton_cache.txz" -C "$CACHE" $REST
 fi
 exit $rc

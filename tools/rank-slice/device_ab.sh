@@ -8,8 +8,9 @@
 # - unless this machine's Triton cache says it has served CONFIG already (a marker file in the
 #   cache, so it also travels in a carried triton_cache.txz), first serves one short throwaway
 #   visit (warm_caches.py; WARM_ARM=NAME picks its arm, default the first): a fresh machine's
-#   first server compiles Triton kernels while serving and runs 16-18% slower. A cache warmed by
-#   another model does not count: the slice's kernel shapes differ;
+#   first eager server ran 16-20% slower than later ones. A cache warmed by another model does
+#   not count (other kernel shapes), nor did a breakable-graph arm's visit warm the eager arms
+#   on the H200, so keep an eager arm first or as WARM_ARM;
 # - runs `ab run` until SECONDS have passed, then SIGTERM: ab stops the server, keeps finished
 #   cells and writes its report;
 # - packs the run directory into $OUT/NAME.tgz, NAME being RUN.tgz's (a device call returns few
@@ -27,7 +28,8 @@ mkdir -p "$RUNS" "$OUT"
   && echo "device_ab: restored $(ls "$RUNS/$NAME/cells"/*/ 2>/dev/null | grep -c jsonl) cell files"
 MODEL=$(python3 -c "import sys,tomllib; print(tomllib.load(open(sys.argv[1],'rb'))['server']['model_path'])" "$CONFIG")
 [[ -f "$MODEL/config.json" ]] || python3 "$ROOT/tools/rank-slice/make_slice_model.py" "$MODEL" > /dev/null
-WARMED="$HOME/.triton/cache/mixgraph_warmed_by_$(basename "$CONFIG" .toml)"
+# SGLang points Triton's cache into its own cache directory (environ.third_party_cache_defaults).
+WARMED="${SGLANG_CACHE_DIR:-$HOME/.cache/sglang}/triton/mixgraph_warmed_by_$(basename "$CONFIG" .toml)"
 if [[ ! -f "$WARMED" ]]; then
   echo "device_ab: this machine's Triton cache has not served $CONFIG: one throwaway visit first"
   timeout -s TERM $((SECONDS_LEFT / 2)) python3 "$ROOT/tools/rank-slice/warm_caches.py" "$CONFIG" ${WARM_ARM:+--arm "$WARM_ARM"}

@@ -4,10 +4,10 @@ A fresh machine starts with empty kernel caches: the first SGLang server compile
 kernels (and SGLang's JIT ones where no cache was carried) while it serves, and runs slower
 than every later server, which find them on disk. On the H200 the first visit of a run served
 89.4 output tok/s against 106.6-106.8 for the two after it (same configuration otherwise).
-This serves one short cell of one arm (by default the first; pick the arm that runs the most
-code, e.g. one with the breakable prefill graph and the split, whose capture meets every kernel
-the eager arms launch) with ab's own runner into a throwaway run directory, so the measured run
-starts with warm caches.
+This serves one short cell of one arm (by default the first) with ab's own runner into a
+throwaway run directory, so the measured run starts with warm caches. Warm with an eager arm:
+on the H200 a visit of a breakable-graph arm did not warm the eager path (the eager `upstream`
+visit after it served 85.8 tok/s, the eager `split-eager` visit after that 106.8).
 
     python3 tools/rank-slice/warm_caches.py CONFIG.toml [--arm NAME] [--prompts N] [RUN_DIR]
 """
