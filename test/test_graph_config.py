@@ -308,6 +308,33 @@ def test_reference_plan_contents(flags):
     )
 
 
+BAND = [2592, 2624, 2656, 2688, 2720, 2752, 2784]  # 256-token pages: mixed steps 2561..2816
+
+
+def test_mixed_band_where_its_capture_fits(flags):
+    """DeepSeek-V4 ends chunks on 256-token pages, so mixed steps are 2561..2816 tokens: with a
+    context width whose capture fits, the band buckets are applied, and plan shows them."""
+    r, d = plan_of(reference(extra=("--context-length", "8192")))
+    pg = d["prefill_graph"]
+    assert pg["buckets"] == [16, 24, 48, 88, 176, 256, 352, 704, 1408, *BAND, 2816]
+    assert r.resolved["cuda_graph_config"]["prefill"]["bs"] == pg["buckets"]
+    assert d["bucket_lists"]["ours"]["buckets"] == pg["buckets"]
+    assert d["capture_memory"]["verdict"]["fits"] is True
+    said = [m for m in r.messages("sglang_mixgraph") if "buckets derived" in m]
+    assert len(said) == 1 and "mixed-band" not in said[0]
+
+
+def test_mixed_band_left_out_where_only_it_breaks_the_fit(flags):
+    """At the reference's 1M context width each band bucket pins gigabytes of indexer logits:
+    the list without the band fits and is applied, and the log says the band was left out."""
+    r, d = plan_of(reference())
+    pg = d["prefill_graph"]
+    assert pg["backend"] == "breakable" and not set(BAND) & set(pg["buckets"])
+    assert d["bucket_lists"]["ours"]["buckets"] == pg["buckets"]
+    said = [m for m in r.messages("sglang_mixgraph") if "buckets derived" in m]
+    assert len(said) == 1 and "without the 7 mixed-band buckets below 2816" in said[0]
+
+
 def test_estimate_turns_bcg_off_with_numbers(flags, caplog):
     caplog.set_level(logging.INFO, logger="sglang_mixgraph")
     r, d = plan_of(reference(extra=("--mem-fraction-static", "0.9")), gpu="H200")

@@ -67,6 +67,48 @@ def test_reference_deployment_list():
     assert buckets == [16, 24, 48, 88, 176, 256, 352, 704, 1408, 2816]
 
 
+def test_mixed_band_for_deepseek_v4_pages():
+    """DeepSeek-V4's 256-token pages: a chunk ends on a page, so mixed steps are 2560 prefill
+    tokens + d decode rows (2561..2816, as the H200 slice's server logged); the band puts a
+    bucket every 32 tokens there instead of padding them all to 2816."""
+    band = [2592, 2624, 2656, 2688, 2720, 2752, 2784]
+    buckets = derive_prefill_buckets(
+        chunk_per_rank=2816, running_per_rank=256, cap=2816, page_size=256
+    )
+    assert buckets == [16, 24, 48, 88, 176, 256, 352, 704, 1408, *band, 2816]
+    assert max(bucket_for(2560 + d, buckets) - (2560 + d) for d in range(1, 257)) == 31
+    # One-token pages (or none known) end chunks anywhere: mixed steps are C, no band.
+    assert derive_prefill_buckets(chunk_per_rank=2816, running_per_rank=256, page_size=1) == (
+        derive_prefill_buckets(chunk_per_rank=2816, running_per_rank=256)
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    chunk=st.integers(64, 40000),
+    page=st.sampled_from([1, 16, 32, 64, 128, 256, 512]),
+    alignment=st.sampled_from([1, 2, 4, 8]),
+)
+def test_mixed_band_properties(chunk, page, alignment):
+    top = -(-chunk // alignment) * alignment
+    plain = derive_prefill_buckets(chunk_per_rank=chunk, running_per_rank=None, alignment=alignment)
+    banded = derive_prefill_buckets(
+        chunk_per_rank=chunk, running_per_rank=None, alignment=alignment, page_size=page
+    )
+    band = sorted(set(banded) - set(plain))
+    assert set(plain) <= set(banded) and banded[-1] == top
+    assert all(b % alignment == 0 and top - page < b < top for b in band)
+    assert len(band) <= 8
+    if page <= 1 or page >= top or page < 0.02 * top:
+        assert band == []
+    else:
+        step = alignment * 8 // math.gcd(alignment, 8)  # the ladder's granularity
+        gap = -(-max(step, -(-page // 8)) // step) * step  # page/8, rounded up to it
+        # every mixed size a page boundary allows pads by less than one band step
+        for size in range(top - page + 1, top + 1):
+            assert bucket_for(size, banded) - size < gap, (size, banded)
+
+
 def test_chunk_above_cap_is_rejected():
     with pytest.raises(BucketDerivationError, match="exceeds the MoE per-rank token cap 2048"):
         derive_prefill_buckets(chunk_per_rank=2816, running_per_rank=256, cap=2048)

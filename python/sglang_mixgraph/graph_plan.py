@@ -82,6 +82,7 @@ class Deployment:
     speculative_algorithm: str | None
     context_parallel: bool  # attention CP over more than one rank, or prefill CP
     hisparse: bool
+    page_size: int = 1  # the KV page chunks end on (DeepSeek-V4: 256, set by its model override)
 
     @property
     def chunked(self) -> bool:
@@ -130,6 +131,7 @@ def deployment(server_args) -> Deployment:
         context_parallel=(getattr(cfg, "attn_cp_size", 1) or 1) > 1
         or bool(getattr(cfg, "enable_prefill_cp", False)),
         hisparse=bool(getattr(cfg, "enable_hisparse", False)),
+        page_size=max(1, int(cfg.page_size or 1)),
     )
 
 
@@ -176,10 +178,14 @@ def bucket_top(facts: Deployment, upstream_max_bs: int | None) -> int:
     return min(facts.chunk_per_rank, upstream_max_bs) if upstream_max_bs else facts.chunk_per_rank
 
 
-def derive_buckets(facts: Deployment, upstream_max_bs: int | None) -> list[int]:
+def derive_buckets(
+    facts: Deployment, upstream_max_bs: int | None, *, band: bool = True
+) -> list[int]:
     """The derived prefill bucket list: the patch applies it, `plan` shows it.
 
     upstream_max_bs: the prefill max_bs upstream resolved before the patch replaced it.
+    band: with the mixed band (buckets below C for the page-floored mixed steps); the
+    settlement leaves it out when the capture estimate fits only without it.
     Raises GraphConfigError when the chunk cannot fit under the MegaMoE cap (capture would
     fail), BucketDerivationError when the inputs admit no list.
     """
@@ -209,6 +215,31 @@ def derive_buckets(facts: Deployment, upstream_max_bs: int | None) -> list[int]:
         running_per_rank=facts.running_per_rank,
         cap=cap,
         alignment=alignment,
+        page_size=facts.page_size if band else 1,
+    )
+
+
+def derive_fitting_buckets(
+    server_args, facts: Deployment, upstream_max_bs: int | None
+) -> tuple[list[int], str]:
+    """The derived list with the mixed band where it is safe, and a note when it was left out.
+
+    The band only for DeepSeek-V4, whose capture the estimate models (each band bucket pins
+    its own captured metadata and indexer logits), and only when the estimate says the list
+    with it fits: at a context width of 1M the band alone would take about 20 GiB.
+    """
+    narrow = derive_buckets(facts, upstream_max_bs, band=False)
+    if not facts.deepseek_v4:
+        return narrow, ""
+    banded = derive_buckets(facts, upstream_max_bs, band=True)
+    if banded == narrow:
+        return narrow, ""
+    verdict = capture_estimate(server_args, banded, capture_chunk(facts, banded)).verdict
+    if verdict is not None and verdict.fits:
+        return banded, ""
+    return narrow, (
+        f"without the {len(banded) - len(narrow)} mixed-band buckets below {max(banded)}: "
+        "with them the capture estimate does not fit"
     )
 
 
@@ -587,7 +618,7 @@ def _bucket_lists(server_args, facts: Deployment, record, plugin_loaded: bool) -
     top = bucket_top(facts, upstream_max_bs)
     derived = error = None
     try:
-        derived = derive_buckets(facts, upstream_max_bs)
+        derived, _ = derive_fitting_buckets(server_args, facts, upstream_max_bs)
     except (BucketDerivationError, GraphConfigError) as e:
         error = str(e)
     if record is not None and record.bucket_policy:

@@ -66,24 +66,26 @@ def _upstream_rule_stands(why: str, action: str) -> RuleSettlement:
 
 
 def _derived_buckets(server_args, cfg, facts, upstream_max_bs):
-    """(the derived list or None, the bucket policy, the fallback reason or None)."""
+    """(the derived list or None, the bucket policy, the fallback reason or None, a note on
+    the list for the log)."""
     from sglang.srt.model_executor.cuda_graph_config import Backend, Phase
 
     from sglang_mixgraph.core.prefill_buckets import BucketDerivationError
-    from sglang_mixgraph.graph_plan import derive_buckets, locked_phase_keys, unhandled
+    from sglang_mixgraph.graph_plan import derive_fitting_buckets, locked_phase_keys, unhandled
 
     locked = locked_phase_keys(server_args)
     if (Phase.PREFILL, "bs") in locked or (Phase.PREFILL, "max_bs") in locked:
-        return None, "user", None
+        return None, "user", None, ""
     if cfg.cuda_graph_config.prefill.backend == Backend.DISABLED:
-        return None, "prefill graph off", None
+        return None, "prefill graph off", None, ""
     reason = unhandled(server_args)
     if reason is None:
         try:
-            return derive_buckets(facts, upstream_max_bs), "auto", None
+            derived, note = derive_fitting_buckets(server_args, facts, upstream_max_bs)
+            return derived, "auto", None, note
         except BucketDerivationError as e:
             reason = str(e)
-    return None, f"upstream (fallback: {reason})", reason
+    return None, f"upstream (fallback: {reason})", reason, ""
 
 
 def _estimate_settles(server_args, cfg, facts, buckets: list[int]) -> RuleSettlement:
@@ -175,7 +177,7 @@ def settle_prefill(server_args, record: GraphDecisions) -> PrefillSettlement:
     prefill = cfg.cuda_graph_config.prefill
     facts = deployment(server_args)
     upstream = list(prefill.bs or [])
-    derived, policy, fallback = _derived_buckets(server_args, cfg, facts, prefill.max_bs)
+    derived, policy, fallback, note = _derived_buckets(server_args, cfg, facts, prefill.max_bs)
     applied = derived is not None and derived != upstream
     final = derived if applied else upstream
     said = None
@@ -184,7 +186,8 @@ def settle_prefill(server_args, record: GraphDecisions) -> PrefillSettlement:
             logging.INFO,
             "sglang-mixgraph: prefill CUDA-graph buckets derived for mixed chunked prefill "
             f"(SGLANG_MIXGRAPH_PREFILL_BUCKETS=auto): {derived} instead of {len(upstream)} "
-            f"generic buckets up to {max(upstream) if upstream else None}.",
+            f"generic buckets up to {max(upstream) if upstream else None}"
+            f"{f' ({note})' if note else ''}.",
         )
     rule = _estimate_settles(server_args, cfg, facts, final) if pending else None
     backend = Backend.DISABLED if rule is not None and rule.disable else prefill.backend

@@ -1,9 +1,11 @@
 """Prefill CUDA-graph bucket derivation for mixed chunked prefill. No sglang imports.
 
 What a prefill graph replay sees on one DP rank (see docs/graph-config.md):
-- a steady mixed step is exactly ``C`` tokens, C = per-rank chunked prefill size: the
-  prefill budget is charged for the decode rows first
-  (`sglang.srt.managers.schedule_policy.PrefillAdder.__init__`), so prefill + decode = C;
+- a mixed step is at most ``C`` tokens, C = per-rank chunked prefill size: the prefill budget
+  is charged for the decode rows first (`sglang.srt.managers.schedule_policy.PrefillAdder.__init__`),
+  and a chunk ends on a KV page boundary (`PrefillAdder._select_prefill_admission`), so with
+  pages of P tokens a mixed step that chunks a prompt is between C - P + 1 and C tokens
+  (DeepSeek-V4, P = 256, C = 2816: 2560 prefill tokens + d decode rows);
 - a prefill-only step, or a mixed step whose queue ran dry, is at most ``C`` tokens;
 - a decode batch relabelled to a 1-token EXTEND under DP attention is at most ``R``
   tokens, R = running requests per DP rank
@@ -20,8 +22,10 @@ rank is padded to the bucket of the largest rank
 The derived list is therefore: C, then a halving ladder down to ``min_bucket`` (each
 step divides by at most ``max_padding`` and rounds up to a multiple of 8, so every size
 from ``min_bucket/max_padding`` to C replays), plus a bucket at R (rounded up to 8) so
-relabelled decode batches land without padding beyond alignment, everything rounded up
-to the capture alignment and capped by the MoE per-rank cap.
+relabelled decode batches land without padding beyond alignment, plus, where pages are
+large against C, a band of buckets every P/8 tokens in (C - P, C] so that mixed steps pad by
+at most P/8 - 1 rows instead of P - 1, everything rounded up to the capture alignment and
+capped by the MoE per-rank cap.
 """
 
 from __future__ import annotations
@@ -41,6 +45,10 @@ DEFAULT_MIN_BUCKET = 16
 # (`generate_prefill_cuda_graph_batch_sizes`) and DeepEP's requirement
 # (`cuda_graph_hook.apply_deepep_adjustments`).
 LADDER_GRANULARITY = 8
+# The mixed band: buckets every page/8 tokens below C, added only when a page is at least this
+# share of C (below it a mixed step pads by less than 2% without the band).
+BAND_MIN_PAGE_SHARE = 0.02
+BAND_DIVISIONS = 8
 
 
 class BucketDerivationError(ValueError):
@@ -68,6 +76,17 @@ def bucket_alignment(*, attn_tp_size: int = 1, deepep: bool = False) -> int:
     return alignment
 
 
+def mixed_band(top: int, page_size: int, step: int) -> list[int]:
+    """Buckets below ``top`` (aligned C) every ``page_size / 8`` tokens (a multiple of ``step``)
+    down to the smallest mixed step a page boundary allows, C - P + 1; empty when pages are
+    small against C (`BAND_MIN_PAGE_SHARE`) or not below it."""
+    if page_size <= 1 or page_size >= top or page_size < BAND_MIN_PAGE_SHARE * top:
+        return []
+    gap = ceil_align(max(step, math.ceil(page_size / BAND_DIVISIONS)), step)
+    lowest = top - page_size + 1
+    return [top - j * gap for j in range(1, page_size // gap + 1) if top - j * gap >= lowest]
+
+
 def derive_prefill_buckets(
     *,
     chunk_per_rank: int,
@@ -76,12 +95,14 @@ def derive_prefill_buckets(
     alignment: int = 1,
     max_padding: float = UPSTREAM_MAX_PADDING_FACTOR,
     min_bucket: int = DEFAULT_MIN_BUCKET,
+    page_size: int = 1,
 ) -> list[int]:
     """The derived bucket list for one DP rank, ascending.
 
     chunk_per_rank: C, the per-rank chunked prefill size (the largest bucket).
     running_per_rank: R, max running requests per DP rank (None when unknown).
     cap: the MoE per-rank token cap (MegaMoE); every bucket must be at most this.
+    page_size: P, the KV page the scheduler ends chunks on; 1 (or 0) leaves the band out.
     """
     if chunk_per_rank <= 0:
         raise BucketDerivationError(
@@ -98,7 +119,7 @@ def derive_prefill_buckets(
             f"token cap {cap}"
         )
     floor = max(step, ceil_align(min(min_bucket, top), step))
-    buckets = {top}
+    buckets = {top, *mixed_band(top, page_size, step)}
     b = top
     while b > floor:
         nxt = max(floor, ceil_align(math.ceil(b / max_padding), step))
