@@ -407,6 +407,10 @@ class World:
         b.forward_metadata = None
         b._build_forward_metadata = lambda fb, **kw: self.build_metadata(fb)
         b.sparse_prefill_kv_buffer = SparsePrefillKVBuffer(torch.device("cpu"))
+        # Not read by upstream's path here; the split's plan reads the model's query heads.
+        b.model_runner = SimpleNamespace(
+            model_config=SimpleNamespace(hf_text_config=SimpleNamespace(num_attention_heads=HEADS))
+        )
         return b
 
     # ---- forward batch --------------------------------------------------------------------
