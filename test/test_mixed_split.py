@@ -5,7 +5,6 @@ See test/mixed_split_kit.py for what runs upstream code and what is ours.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import sys
 from types import SimpleNamespace
@@ -130,26 +129,6 @@ step_strategy = st.builds(
 ).filter(lambda s: s.prefill or s.decode)
 
 
-@contextlib.contextmanager
-def _cache_builds():
-    """Every real chunk-cache build from here on (upstream's ``SparsePrefillChunkCache.build``,
-    the call that reads ``req_to_token`` / ``full_to_swa_index_mapping``): its request count."""
-    from sglang.srt.layers.attention.dsv4.sparse_prefill_utils import SparsePrefillChunkCache
-
-    real = SparsePrefillChunkCache.__dict__["build"]
-    builds = []
-
-    def counting(cls, *args, **kwargs):
-        builds.append(int(kwargs["seq_lens"].shape[0]))
-        return real.__func__(cls, *args, **kwargs)
-
-    SparsePrefillChunkCache.build = classmethod(counting)
-    try:
-        yield builds
-    finally:
-        SparsePrefillChunkCache.build = real
-
-
 @pytest.mark.parametrize("gpu", ["H200", "B200"])
 @settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
 @given(step=step_strategy)
@@ -157,7 +136,7 @@ def test_split_equals_unsplit(gpu, step):
     with _ctx(gpu):
         world = K.World(step)
         base = world.run_step(world.forward_batch())
-        with K.patch_installed(), _cache_builds() as builds:
+        with K.patch_installed(), K.cache_builds() as builds:
             K.CALLS.clear()
             out = world.run_step(world.forward_batch())
             plan = ms.get_plan(world.backend)
@@ -476,7 +455,7 @@ def test_a_head_count_the_decode_kernel_cannot_take_falls_back_at_plan_time(capl
         with (
             K.patch_installed(),
             caplog.at_level(logging.INFO, logger="sglang_mixgraph"),
-            _cache_builds() as builds,
+            K.cache_builds() as builds,
         ):
             fb = world.forward_batch()
             world.backend.init_forward_metadata(fb)
@@ -519,7 +498,7 @@ def test_a_layer_that_contradicts_its_plan_raises_where_read_done_may_be_publish
     step = K.Step(prefill=[(60, 11)], decode=[30, 290], padding=1, seed=83)
     with _ctx("H200"):
         world = K.World(step)
-        with K.patch_installed(), _cache_builds() as builds:
+        with K.patch_installed(), K.cache_builds() as builds:
             fb = world.forward_batch()
             world.backend.init_forward_metadata(fb)
             plan = ms.get_plan(world.backend)
@@ -545,7 +524,7 @@ def test_without_read_done_a_contradicting_layer_goes_back_to_upstream(how, monk
         base_fb = world.forward_batch()
         world.backend.init_forward_metadata(base_fb)
         base = world.run_layer(base_fb, 1, q=q)
-        with K.patch_installed(), _cache_builds() as builds:
+        with K.patch_installed(), K.cache_builds() as builds:
             fb = world.forward_batch()
             world.backend.init_forward_metadata(fb)
             plan = ms.get_plan(world.backend)
@@ -585,7 +564,7 @@ def test_adaptive_splits_whole_steps_with_one_chunk_cache(step, split):
         mp.setattr(scm, "decide_step", decide)
         world = K.World(step)
         base = world.run_step(world.forward_batch())
-        with K.patch_installed(policy="adaptive"), _cache_builds() as builds:
+        with K.patch_installed(policy="adaptive"), K.cache_builds() as builds:
             K.CALLS.clear()
             out = world.run_step(world.forward_batch())
             plan = ms.get_plan(world.backend)
