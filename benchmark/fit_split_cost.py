@@ -371,6 +371,16 @@ def _keep_reproduced_digits(coeffs: cm.Coefficients, path: str) -> cm.Coefficien
     return dataclasses.replace(coeffs, per_ratio=old.per_ratio)
 
 
+def _keep_step_terms(coeffs: cm.Coefficients, path: str) -> cm.Coefficients:
+    """The file's step terms (``cm.STEP_NAMES``: chunk-cache build, plan, evaluation per step),
+    which this fit does not touch: they come from whole-step timings, not per-layer ones."""
+    try:
+        old = cm.Coefficients.from_json(_load(path))
+    except (OSError, ValueError, KeyError):
+        return coeffs
+    return dataclasses.replace(coeffs, step=old.step, step_source=old.step_source)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results", help="mixed_split_inserver.py results JSON (queue ahead)")
@@ -387,6 +397,7 @@ def main() -> int:
     coeffs = fit.fit_coefficients(samples, args.arch, margin=args.margin, source=source)
     if args.write:
         coeffs = _keep_reproduced_digits(coeffs, args.write)
+        coeffs = _keep_step_terms(coeffs, args.write)
     print("ratio context D P | off ms (pred) | split ms (pred) | measured x | predicted x | splits")
     wrong = 0
     for p, (shape, off, split) in zip(data["points"], samples, strict=True):

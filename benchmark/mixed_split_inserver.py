@@ -104,7 +104,7 @@ class Deployment:
                     self.pool.get_extra_key_page_size(layer),
                     g,
                 )
-        cfg = SimpleNamespace(model_type="deepseek_v4", index_topk=TOPK)
+        cfg = SimpleNamespace(model_type="deepseek_v4", index_topk=TOPK, num_attention_heads=HEADS)
         runner = SimpleNamespace(
             device=DEV,
             page_size=PAGE,

@@ -188,6 +188,11 @@ def run_context(context, ratios, arms, reps, rounds, kit, physical):
     filler_ms = statistics.median(filler)
     seqs, exts = cm.uniform_step_lists(context, DECODE, PREFILL)
     coeffs = cm.load_coefficients("sm90")
+    # What adaptive decides: the whole step (every layer split, or none), as the plan asks it.
+    step_split = cm.decide_step(
+        cm.StepCounts.from_lists(seqs, exts, DECODE), cm.layer_mix(ratios), coeffs
+    )
+    # Each layer kind alone, for reference (the per-layer answer of the in-server sweeps).
     decisions = {
         r: cm.should_split(cm.StepShape.from_lists(r, seqs, exts, DECODE), coeffs)
         for r in (0, 4, 128)
@@ -200,6 +205,7 @@ def run_context(context, ratios, arms, reps, rounds, kit, physical):
         bucket=BUCKET,
         filler_replay_ms=filler_ms,
         adaptive_splits=decisions,
+        adaptive_splits_step=step_split,
     )
     for arm in arms:
         rep = statistics.median(samples[arm]["replay"])
@@ -241,8 +247,12 @@ def write_report(data, path):
         "Filler-only replay (the captured GEMMs, no attention): "
         + ", ".join(f"{r['context']}: {r['filler_replay_ms']:.2f} ms" for r in data["points"]),
         "",
-        "Adaptive's per-ratio decision from the cost model: "
-        + "; ".join(f"{r['context']}: {r['adaptive_splits']}" for r in data["points"]),
+        "Adaptive's decision of the step from the cost model (per layer kind alone in "
+        "brackets): "
+        + "; ".join(
+            f"{r['context']}: {r.get('adaptive_splits_step', '-')} ({r['adaptive_splits']})"
+            for r in data["points"]
+        ),
     ]
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -202,6 +202,27 @@ def reference_kernels():
         _restore(sys.modules, saved_mods)
 
 
+@contextlib.contextmanager
+def cache_builds():
+    """Every real sparse-prefill chunk-cache build from here on (upstream's
+    ``SparsePrefillChunkCache.build``, the call that reads ``req_to_token`` /
+    ``full_to_swa_index_mapping``), as the number of requests each covers."""
+    from sglang.srt.layers.attention.dsv4.sparse_prefill_utils import SparsePrefillChunkCache
+
+    real = SparsePrefillChunkCache.__dict__["build"]
+    builds: list = []
+
+    def counting(cls, *args, **kwargs):
+        builds.append(int(kwargs["seq_lens"].shape[0]))
+        return real.__func__(cls, *args, **kwargs)
+
+    SparsePrefillChunkCache.build = classmethod(counting)
+    try:
+        yield builds
+    finally:
+        SparsePrefillChunkCache.build = real
+
+
 def _restore(store, saved: dict) -> None:
     """Put `saved` values back into `store` (sys.modules, os.environ); None: was absent."""
     for key, value in saved.items():
@@ -407,6 +428,10 @@ class World:
         b.forward_metadata = None
         b._build_forward_metadata = lambda fb, **kw: self.build_metadata(fb)
         b.sparse_prefill_kv_buffer = SparsePrefillKVBuffer(torch.device("cpu"))
+        # Not read by upstream's path here; the split's plan reads the model's query heads.
+        b.model_runner = SimpleNamespace(
+            model_config=SimpleNamespace(hf_text_config=SimpleNamespace(num_attention_heads=HEADS))
+        )
         return b
 
     # ---- forward batch --------------------------------------------------------------------

@@ -40,7 +40,7 @@ def _threshold_coeffs(c4_decode_keys: int) -> scm.Coefficients:
 
 
 # Each decode row at 12k attends to 128 SWA + 512 (the tiny top-k) c4 keys.
-POLICY = C.AdaptivePolicy(_threshold_coeffs(6000), CONFIG["index_topk"], frozenset({0, 4, 128}))
+POLICY = C.AdaptivePolicy(_threshold_coeffs(6000), CONFIG["index_topk"], {0: 1, 4: 2, 128: 1})
 
 
 # ---- the tiny model and the workload ---------------------------------------------------------
@@ -341,21 +341,25 @@ def _shaped(shapes, graph=False):
     ]
 
 
-def test_adaptive_policy_for_the_tiny_model_is_sm90_its_top_k_and_its_ratios():
+def test_adaptive_policy_for_the_tiny_model_is_sm90_its_top_k_and_its_layers():
     policy = C.AdaptivePolicy.for_model(CONFIG)
     assert policy.coeffs == scm.load_coefficients("sm90")
     assert policy.topk == CONFIG["index_topk"] and policy.ratios == {0, 4, 128}
-    # The ratios of the layers the model has; SWA-only ones always (upstream lists only c4/c128).
+    # The layers the model has, per ratio (the pool's compression_ratios over its layers).
+    assert policy.layers == {0: 1, 4: 2, 128: 1}
     two_layers = dict(CONFIG, compress_ratios=[4, 4, 128, 128], num_hidden_layers=2)
-    assert C.AdaptivePolicy.for_model(two_layers).ratios == {0, 4}
+    assert C.AdaptivePolicy.for_model(two_layers).layers == {4: 2}
 
 
-def test_adaptive_policy_splits_a_step_where_any_present_ratio_gains():
+def test_adaptive_policy_splits_a_step_where_its_layers_gain():
     # 16 decode rows x 640 keys pass the c4 threshold, one row at 41 tokens does not.
     assert POLICY.splits(LONG_SHAPE) is True and POLICY.splits(SHORT_SHAPE) is False
     # Only the c4 layers gain: without them nothing splits.
-    no_c4 = C.AdaptivePolicy(POLICY.coeffs, POLICY.topk, frozenset({0, 128}))
+    no_c4 = C.AdaptivePolicy(POLICY.coeffs, POLICY.topk, {0: 1, 128: 1})
     assert no_c4.splits(LONG_SHAPE) is False
+    # One decision per step: the c4 layers' gain must outweigh the others' loss.
+    heavy = C.AdaptivePolicy(POLICY.coeffs, POLICY.topk, {0: 5000, 4: 2, 128: 5000})
+    assert heavy.splits(LONG_SHAPE) is False
     # The model's top-k caps the c4 keys: 8 rows at 12k are 8 x 640 keys with 512 (kept
     # unsplit), 8 x 1152 with 1024 (split).
     eight = {
@@ -364,7 +368,7 @@ def test_adaptive_policy_splits_a_step_where_any_present_ratio_gains():
         "num_decode": 8,
     }
     assert POLICY.splits(eight) is False
-    assert C.AdaptivePolicy(POLICY.coeffs, 1024, POLICY.ratios).splits(eight) is True
+    assert C.AdaptivePolicy(POLICY.coeffs, 1024, POLICY.layers).splits(eight) is True
     # The split sizes a step by its requests: seq_lens entries past them (padding) are ignored.
     padded = dict(LONG_SHAPE, seq_lens=LONG_SHAPE["seq_lens"] + [1, 1])
     assert POLICY.splits(padded) is True

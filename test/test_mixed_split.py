@@ -6,6 +6,7 @@ See test/mixed_split_kit.py for what runs upstream code and what is ours.
 from __future__ import annotations
 
 import logging
+import sys
 from types import SimpleNamespace
 
 import mixed_split_kit as K
@@ -67,12 +68,11 @@ def _check_split_step(world, base, out, plan, step):
         d,
         step.num_rows,
     )
-    # Every ratio splits: no layer runs unsplit. The all-requests cache is built anyway, before
-    # upstream's eager snapshot publishes read-done (on by default), for an abandon at the first
-    # layer; no layer read it (no compressed gather in it).
-    assert plan.split_ratios == frozenset(ms.ALL_RATIOS)
-    assert not plan.unsplit_calls
-    assert plan.full_cache is not None and plan.full_cache.compressed == {}
+    # Every layer splits (a plan splits the whole step); its decode-tail inputs were made once
+    # per ratio, by the plan.
+    assert set(plan.tails) == set(K.LAYER_RATIOS) and plan.tail_builds == dict.fromkeys(
+        K.LAYER_RATIOS, 1
+    )
     # Decode rows reach the decode kernel with exactly their own metadata rows, once per layer.
     core = world.backend.forward_metadata.core_attn_metadata
     assert len(K.CALLS.decode) == len(out)
@@ -93,8 +93,8 @@ def _check_split_step(world, base, out, plan, step):
             )
         else:
             assert call["extra_indices_in_kvcache"] is None
-        # One scheduling-metadata object per ratio for this step, bound to the tail shape.
-        assert plan.tail.metas.bound_shape(ratio).batch == d
+        # One scheduling-metadata object per ratio for this step, the plan's.
+        assert call["tile_scheduler_metadata"] is plan.tails[ratio].sched_meta
     # The sparse-prefill kernel runs over every row with the prefill-only workspace (the decode
     # rows are copied in afterwards); without prefill rows it never runs.
     assert K.CALLS.sparse_rows == ([step.num_rows] * len(out) if b0 else [])
@@ -136,11 +136,17 @@ def test_split_equals_unsplit(gpu, step):
     with _ctx(gpu):
         world = K.World(step)
         base = world.run_step(world.forward_batch())
-        with K.patch_installed():
+        with K.patch_installed(), K.cache_builds() as builds:
             K.CALLS.clear()
             out = world.run_step(world.forward_batch())
             plan = ms.get_plan(world.backend)
             _check_split_step(world, base, out, plan, step)
+        # One chunk cache for the step: the prefill-only one of a split step (none without
+        # prefill rows), upstream's own over every request otherwise.
+        if plan is not None:
+            assert builds == ([len(step.prefill)] if step.b0 else [])
+        else:
+            assert builds == [len(step.seq_lens)]
 
 
 FIXED_STEPS = [
@@ -326,6 +332,7 @@ FALLBACKS = {
         w.pool, "request_window", SimpleNamespace(activate=lambda layout: None)
     ),
     "low_ratio": lambda w, fb, mp: setattr(w.backend, "low_ratios", (1,)),
+    "heads": lambda w, fb, mp: _heads(w, 32),
 }
 
 
@@ -344,6 +351,20 @@ def test_unsupported_configs_fall_back_logged_once(reason, monkeypatch, caplog):
         assert msgs == [
             f"sglang-mixgraph: mixed_split falls back to upstream: {ms.FALLBACK_REASONS[reason]}"
         ]
+
+
+def test_a_layer_ratio_the_split_does_not_know_falls_back_at_plan_time():
+    """The pool's per-layer compress ratios are checked before anything is built: a layer of a
+    ratio outside SWA-only / c4 / c128 (what the decode tail has inputs for) leaves the whole
+    step to upstream."""
+    step = K.Step(prefill=[(20, 6)], decode=[8, 150], seed=64)
+    with _ctx("H200"):
+        world = K.World(step)
+        world.pool.compression_ratios = [0, 4, 2]
+        with K.patch_installed():
+            world.backend.init_forward_metadata(world.forward_batch())
+            assert ms.get_plan(world.backend) is None
+            assert world.backend.forward_metadata.sparse_prefill_cache is None
 
 
 @pytest.mark.parametrize("reason", ["hisparse", "dsv41", "spec"])
@@ -391,8 +412,11 @@ def test_adaptive_policy_follows_cost_model(decode_cost, expect_split, monkeypat
         r: dict(c, d_key=decode_cost, d_row=decode_cost, c_dec=0.0, a_cat=0.0)
         for r, c in coeffs.per_ratio.items()
     }
+    free_step = dict.fromkeys(scm.STEP_NAMES, 0.0)  # the plan and its cache cost nothing here
     monkeypatch.setattr(
-        ms.plan, "_cost_coefficients", lambda: scm.Coefficients("test", per, margin=0.0)
+        ms.plan,
+        "_cost_coefficients",
+        lambda: scm.Coefficients("test", per, margin=0.0, step=free_step),
     )
     step = K.Step(prefill=[(100, 16)], decode=[400, 500, 90], padding=1, seed=71)
     with _ctx("H200"):
@@ -411,233 +435,183 @@ def test_adaptive_policy_follows_cost_model(decode_cost, expect_split, monkeypat
             )
 
 
-def test_call_time_surprise_abandons_plan_and_runs_upstream_on_all_rows(caplog):
-    """A head count the decode kernel cannot take is only visible at the first layer: the step
-    goes back to upstream with a full-batch workspace, and the output is upstream's."""
+def _heads(world, n):
+    """The model's query heads as the plan reads them (its config's ``num_attention_heads``)."""
+    world.backend.model_runner.model_config.hf_text_config.num_attention_heads = n
+
+
+def test_a_head_count_the_decode_kernel_cannot_take_falls_back_at_plan_time(caplog):
+    """A model whose queries have 32 heads (not a decode-kernel head count): the plan sees it
+    in the model's config and leaves the step to upstream before building anything, so the
+    step has upstream's one chunk cache and upstream's output, bit for bit."""
     step = K.Step(prefill=[(60, 11)], decode=[30, 290], padding=1, seed=81)
     with _ctx("H200"):
         world = K.World(step)
+        _heads(world, 32)
         q = world.q(heads=32)
         base_fb = world.forward_batch()
         world.backend.init_forward_metadata(base_fb)
         base = world.run_layer(base_fb, 1, q=q)
-        with K.patch_installed(), caplog.at_level(logging.INFO, logger="sglang_mixgraph"):
+        with (
+            K.patch_installed(),
+            caplog.at_level(logging.INFO, logger="sglang_mixgraph"),
+            K.cache_builds() as builds,
+        ):
             fb = world.forward_batch()
             world.backend.init_forward_metadata(fb)
-            assert ms.get_plan(world.backend) is not None
+            assert ms.get_plan(world.backend) is None and builds == []
             K.CALLS.clear()
             out = world.run_layer(fb, 1, q=q)
-            assert ms.get_plan(world.backend) is None and not K.CALLS.decode
-            assert K.CALLS.sparse_rows == [step.num_rows]
+            assert not K.CALLS.decode and K.CALLS.sparse_rows == [step.num_rows]
+        assert builds == [len(step.seq_lens)]  # upstream's lazy build, all requests
         assert torch.equal(out, base)
         assert ms.FALLBACK_REASONS["heads"] in caplog.text
 
 
-# ---- adaptive decides per compress ratio ------------------------------------------------
-
-
-def _base_run(world, fb):
-    """Upstream's step: outputs, its chunk cache, and what each layer dequantized."""
-    K.CALLS.clear()
-    out = world.run_step(fb)
-    return out, world.backend.forward_metadata.sparse_prefill_cache, list(K.CALLS.dequant_slots)
-
-
-def _layer_dequants(world, calls, layer):
-    ptrs = {world.pool.get_swa_key_buffer_radix(layer).data_ptr()}
-    if K.LAYER_RATIOS[layer]:
-        ptrs.add(world.pool.get_extra_key_buffer(layer).data_ptr())
-    return [(ptr, slots.tolist()) for ptr, slots in calls if ptr in ptrs]
-
-
-def _same_chunk_cache(a, b, ratios):
-    assert (a.num_reqs, a.num_qo_tokens, a.max_seq_len) == (
-        b.num_reqs,
-        b.num_qo_tokens,
-        b.max_seq_len,
-    )
-    for name in (
-        "seq_lens",
-        "query_start_loc",
-        "query_pos",
-        "swa_token_ids",
-        "swa_offsets",
-        "swa_gather_lens",
-        "c0_combined_indices",
-        "c0_combined_lens",
-    ):
-        assert torch.equal(getattr(a, name), getattr(b, name)), name
-    for r in ratios:
-        ga, gb = a.compressed[r], b.compressed[r]
-        for name in (
-            "flat_token_ids",
-            "compressed_base",
-            "swa_base",
-            "combined_indices",
-            "combined_lens",
-        ):
-            assert torch.equal(getattr(ga, name), getattr(gb, name)), (r, name)
-
-
-def _check_per_ratio_step(world, base, base_cache, base_dequant, out, plan, step, split):
-    """``split``: the ratios the cost model splits. Split layers as in `_check_split_step`; the
-    other layers run upstream's unsplit body over every row with upstream's own chunk cache."""
-    b0, d = step.b0, len(step.decode)
-    for layer in out:
-        torch.testing.assert_close(out[layer].float(), base[layer].float(), atol=ATOL, rtol=RTOL)
-        if step.padding:
-            assert out[layer][b0 + d :].abs().max() == 0
-    if d == 0 or not split:
-        assert plan is None and not K.CALLS.decode
-        return
-    assert plan is not None and plan.policy == "adaptive" and plan.split_ratios == split
-    split_layers = [lay for lay in sorted(out) if K.LAYER_RATIOS[lay] in split]
-    unsplit_layers = [lay for lay in sorted(out) if K.LAYER_RATIOS[lay] not in split]
-    core = world.backend.forward_metadata.core_attn_metadata
-    q = world.q()
-    # Split ratios: the tail rows reach the decode kernel, once per split layer, nothing else.
-    assert len(K.CALLS.decode) == len(split_layers)
-    assert plan.decode_calls == {K.LAYER_RATIOS[lay]: 1 for lay in split_layers}
-    for call, layer in zip(K.CALLS.decode, split_layers, strict=False):
-        ratio = K.LAYER_RATIOS[layer]
-        assert torch.equal(call["q"].squeeze(1), q[b0 : b0 + d])
-        assert torch.equal(call["indices"].squeeze(1), core.swa_page_indices[b0 : b0 + d])
-        if ratio:
-            assert torch.equal(
-                call["extra_indices_in_kvcache"].squeeze(1),
-                core.sparse_page_indices(ratio)[b0 : b0 + d],
-            )
-    # Unsplit ratios: upstream's body over all rows, once per layer.
-    assert plan.unsplit_calls == {K.LAYER_RATIOS[lay]: 1 for lay in unsplit_layers}
-    expect_rows = [
-        (step.num_rows if b0 else 0) if K.LAYER_RATIOS[lay] in split else step.num_rows
-        for lay in sorted(out)
-    ]
-    assert K.CALLS.sparse_rows == [r for r in expect_rows if r]
-    # ... seeing exactly the chunk cache upstream built for the step (all requests), whose
-    # compressed parts exist only for the unsplit ratios (no compressed gather is built twice).
-    if unsplit_layers:
-        unsplit_c = {K.LAYER_RATIOS[lay] for lay in unsplit_layers} - {0}
-        assert set(plan.full_cache.compressed) == unsplit_c
-        _same_chunk_cache(plan.full_cache, base_cache, unsplit_c)
-    else:  # built only for an abandon (read-done may be published), read by no layer
-        assert plan.full_cache is not None and plan.full_cache.compressed == {}
-    # ... and dequantizing exactly what upstream dequantized for those layers.
-    for layer in unsplit_layers:
-        assert _layer_dequants(world, K.CALLS.dequant_slots, layer) == _layer_dequants(
-            world, base_dequant, layer
-        )
-    # The metadata keeps the prefill-only cache for the split ratios.
-    cache = world.backend.forward_metadata.sparse_prefill_cache
-    if b0 == 0:
-        assert cache is None
-    else:
-        assert cache.num_reqs == len(step.prefill) and cache.num_qo_tokens == step.num_rows
-        assert set(cache.compressed) <= split
-        for layer in split_layers:
-            swa_ok, comp_ok = _prefill_only_slots(world, layer)
-            for ptr, slots in _layer_dequants(world, K.CALLS.dequant_slots, layer):
-                assert set(slots) <= (
-                    swa_ok
-                    if ptr == world.pool.get_swa_key_buffer_radix(layer).data_ptr()
-                    else comp_ok | {0}
-                )
-
-
-def _decide_ratios(split):
-    """The real cost model's per-kind interface (`should_split(shape, coeffs, margin, regime)`),
-    answering yes exactly for the ratios in ``split`` (and never without decode rows, as the
-    model does)."""
-    return (
-        lambda shape, coeffs, margin=None, regime="replay": shape.num_decode > 0
-        and shape.ratio in split
-    )
-
-
-def _c4_not_c128_coefficients():
-    """Real coefficients, skewed so the real ``should_split`` splits c4 (and SWA-only, which
-    borrows c4's numbers) layers and keeps c128 layers unsplit."""
-    from sglang_mixgraph.core import split_cost_model as scm
-
-    base = scm.builtin_coefficients().per_ratio[4]
-    per = {
-        4: dict(base, d_key=0.0, d_row=0.0, c_dec=0.0, a_cat=0.0),
-        128: dict(base, d_key=1.0, d_row=1.0, c_dec=1.0),
-    }
-    return scm.Coefficients("test", per, margin=0.0)
-
-
-@pytest.mark.parametrize(
-    "step",
-    [
-        FIXED_STEPS[0],
-        K.Step(prefill=[(100, 16)], decode=[400, 500, 90], padding=1, seed=72),
-        K.Step(prefill=[], decode=[511, 3, 130], padding=3, seed=73),
-    ],
-    ids=["mixed", "mixed2", "decode_only"],
-)
-def test_adaptive_splits_c4_not_c128_with_injected_coefficients(step, monkeypatch):
-    from sglang_mixgraph.core import split_cost_model as scm
-
-    coeffs = _c4_not_c128_coefficients()
-    b = scm.StepShape.from_lists
-    assert scm.should_split(b(4, step.seq_lens, step.extend_lens, len(step.decode)), coeffs)
-    assert not scm.should_split(b(128, step.seq_lens, step.extend_lens, len(step.decode)), coeffs)
-    monkeypatch.setattr(ms.plan, "_cost_coefficients", lambda: coeffs)
+def test_unknown_head_count_falls_back():
+    step = K.Step(prefill=[(60, 11)], decode=[30], seed=82)
     with _ctx("H200"):
         world = K.World(step)
-        base, base_cache, base_dequant = _base_run(world, world.forward_batch())
-        with K.patch_installed(policy="adaptive"):
-            K.CALLS.clear()
-            out = world.run_step(world.forward_batch())
+        del world.backend.model_runner
+        with K.patch_installed():
+            world.backend.init_forward_metadata(world.forward_batch())
+            assert ms.get_plan(world.backend) is None
+
+
+def _contradict(world, fb, how):
+    """Run layer 1 of a planned step with what the plan checked otherwise; what it returns."""
+    if how == "heads":
+        return world.run_layer(fb, 1, q=world.q(heads=32))
+    if how == "ratio":
+        del ms.get_plan(world.backend).tails[4]
+        return world.run_layer(fb, 1)
+    raise AssertionError(how)
+
+
+@pytest.mark.parametrize("how", ["heads", "ratio"])
+def test_a_layer_that_contradicts_its_plan_raises_where_read_done_may_be_published(how):
+    """The plan checked the heads (the model's config) and the layers' compress ratios (the
+    pool's); a layer that still differs (upstream changed under the patch) cannot go back to
+    upstream where read-done may be published for the step (it is by default: upstream's
+    eager snapshot), because upstream's lazy build would read the shared tables late and no
+    fallback cache exists: it raises before anything is built or launched."""
+    step = K.Step(prefill=[(60, 11)], decode=[30, 290], padding=1, seed=83)
+    with _ctx("H200"):
+        world = K.World(step)
+        with K.patch_installed(), K.cache_builds() as builds:
+            fb = world.forward_batch()
+            world.backend.init_forward_metadata(fb)
             plan = ms.get_plan(world.backend)
-            _check_per_ratio_step(
-                world, base, base_cache, base_dequant, out, plan, step, frozenset({0, 4})
-            )
+            assert plan is not None and plan.may_publish and builds == [len(step.prefill)]
+            K.CALLS.clear()
+            with pytest.raises(ms.SplitPlanError, match="SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN=0"):
+                _contradict(world, fb, how)
+            assert builds == [len(step.prefill)] and not K.CALLS.decode
+            assert not K.CALLS.sparse_rows
 
 
-_ratio_sets = st.sets(st.sampled_from(ms.ALL_RATIOS)).map(frozenset)
+@pytest.mark.parametrize("how", ["heads", "ratio"])
+def test_without_read_done_a_contradicting_layer_goes_back_to_upstream(how, monkeypatch):
+    """Where nothing can be published for the step (upstream's coarse barrier), the same
+    layer abandons the plan: upstream's lazy build covers every row and the output is
+    upstream's, bit for bit."""
+    from sglang.srt.environ import envs
+
+    step = K.Step(prefill=[(60, 11)], decode=[30, 290], padding=1, seed=84)
+    with _ctx("H200"), envs.SGLANG_FORCE_COARSE_WAR_BARRIER.override(True):
+        world = K.World(step)
+        q = world.q(heads=32) if how == "heads" else world.q()
+        base_fb = world.forward_batch()
+        world.backend.init_forward_metadata(base_fb)
+        base = world.run_layer(base_fb, 1, q=q)
+        with K.patch_installed(), K.cache_builds() as builds:
+            fb = world.forward_batch()
+            world.backend.init_forward_metadata(fb)
+            plan = ms.get_plan(world.backend)
+            assert plan is not None and not plan.may_publish
+            K.CALLS.clear()
+            out = _contradict(world, fb, how)
+            assert ms.get_plan(world.backend) is None and not K.CALLS.decode
+        assert builds == [len(step.prefill), len(step.seq_lens)]
+        assert torch.equal(out, base)
+
+
+# ---- adaptive decides whole steps; one chunk cache per step ------------------------------------
+
+
+def _decide(split):
+    """``split_cost_model.decide_step`` answering ``split`` (never without decode rows, as the
+    model does), recording each call's regime."""
+    asked = []
+
+    def decide(counts, layers, coeffs, margin=None, *, regime="replay"):
+        asked.append((regime, dict(layers)))
+        return counts.num_decode > 0 and split
+
+    return decide, asked
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
-@given(step=step_strategy, split=_ratio_sets)
-def test_adaptive_per_ratio_equals_unsplit(step, split):
+@given(step=step_strategy, split=st.booleans())
+def test_adaptive_splits_whole_steps_with_one_chunk_cache(step, split):
+    """Whatever ``adaptive`` decides, the step builds one chunk cache: a split step its
+    prefill-only one (none without prefill rows) and every layer split; an unsplit step no plan
+    and upstream's own cache, every layer upstream's, bit for bit."""
     from sglang_mixgraph.core import split_cost_model as scm
 
     with _ctx("H200"), pytest.MonkeyPatch.context() as mp:
-        mp.setattr(scm, "should_split", _decide_ratios(split))
+        decide, asked = _decide(split)
+        mp.setattr(scm, "decide_step", decide)
         world = K.World(step)
-        base, base_cache, base_dequant = _base_run(world, world.forward_batch())
-        with K.patch_installed(policy="adaptive"):
+        base = world.run_step(world.forward_batch())
+        with K.patch_installed(policy="adaptive"), K.cache_builds() as builds:
             K.CALLS.clear()
             out = world.run_step(world.forward_batch())
             plan = ms.get_plan(world.backend)
-            _check_per_ratio_step(world, base, base_cache, base_dequant, out, plan, step, split)
+        if not step.decode:
+            assert plan is None and not asked
+        else:
+            # The whole step is asked once, with every layer of the model.
+            assert asked == [("eager", {0: 1, 4: 1, 128: 1})]
+        if plan is not None:
+            assert split and plan.policy == "adaptive"
+            _check_split_step(world, base, out, plan, step)
+            assert builds == ([len(step.prefill)] if step.b0 else [])
+        else:
+            assert not K.CALLS.decode
+            assert builds == [len(step.seq_lens)]
+            for layer in out:
+                assert torch.equal(out[layer], base[layer])
 
 
-@pytest.mark.parametrize("split", [frozenset({4}), frozenset({0, 128})], ids=["c4", "c0_c128"])
-def test_adaptive_per_ratio_dp_decode_relabelled_to_extend(split, monkeypatch):
-    """Decode-only (b0 = 0): unsplit ratios still get upstream's all-requests cache (built at
-    metadata time, before the WAR snapshot), split ratios no workspace at all."""
+def test_adaptive_decides_with_the_real_step_model(monkeypatch):
+    """The plan's decision is ``decide_step`` of the real model on the step's counts and the
+    pool's layers: with coefficients that make every decode row free the step splits, with
+    ones that make the decode kernel expensive it does not, and each way the step matches."""
     from sglang_mixgraph.core import split_cost_model as scm
 
-    monkeypatch.setattr(scm, "should_split", _decide_ratios(split))
-    step = K.Step(prefill=[], decode=[40, 257, 600], padding=5, seed=74)
-    kw = dict(mode=ForwardMode.EXTEND, num_decode_attr=None, original_mode=ForwardMode.DECODE)
-    with _ctx("B200"):
-        world = K.World(step)
-        base, base_cache, base_dequant = _base_run(world, world.forward_batch(**kw))
-        with K.patch_installed(policy="adaptive"):
-            K.CALLS.clear()
-            out = world.run_step(world.forward_batch(**kw))
-            plan = ms.get_plan(world.backend)
-            _check_per_ratio_step(world, base, base_cache, base_dequant, out, plan, step, split)
+    step = K.Step(prefill=[(100, 16)], decode=[400, 500, 90], padding=1, seed=77)
+    counts = scm.StepCounts.from_lists(step.seq_lens, step.extend_lens, 3, topk=K.TOPK)
+    mix = {0: 1, 4: 1, 128: 1}
+    for cost, expect in ((0.0, True), (1.0, False)):
+        per = {
+            r: dict(c, d_key=cost, d_row=cost, c_dec=cost)
+            for r, c in scm.builtin_coefficients().per_ratio.items()
+        }
+        coeffs = scm.Coefficients("test", per, margin=0.0, step=dict.fromkeys(scm.STEP_NAMES, 0.0))
+        assert scm.decide_step(counts, mix, coeffs, regime="eager") == expect
+        monkeypatch.setattr(ms.plan, "_cost_coefficients", lambda coeffs=coeffs: coeffs)
+        with _ctx("H200"):
+            world = K.World(step)
+            with K.patch_installed(policy="adaptive"):
+                world.backend.init_forward_metadata(world.forward_batch())
+                assert (ms.get_plan(world.backend) is not None) == expect
 
 
-def test_adaptive_per_ratio_q8kv8_unsplit_layers_are_upstream_exactly(monkeypatch):
+def test_adaptive_unsplit_q8kv8_step_is_upstream_exactly(monkeypatch):
     from sglang_mixgraph.core import split_cost_model as scm
 
-    monkeypatch.setattr(scm, "should_split", _decide_ratios(frozenset({0, 4})))
+    monkeypatch.setattr(scm, "decide_step", _decide(False)[0])
     step = K.Step(
         prefill=[(200, 24), (0, 9)], decode=[300, 17, 140], padding=2, holes=False, seed=75
     )
@@ -647,33 +621,154 @@ def test_adaptive_per_ratio_q8kv8_unsplit_layers_are_upstream_exactly(monkeypatc
         with K.patch_installed(policy="adaptive"):
             K.CALLS.clear()
             out = q8.run_step(q8.forward_batch())
-            plan = ms.get_plan(q8.backend)
-        assert plan.split_ratios == {0, 4} and plan.unsplit_calls == {128: 1}
-        assert torch.equal(out[2], base_q8[2])  # the c128 layer: upstream's Q8KV8 on every row
-        b0 = step.b0
-        for layer in (0, 1):
-            assert torch.equal(out[layer][:b0], base_q8[layer][:b0])
+            assert ms.get_plan(q8.backend) is None and not K.CALLS.decode
+        for layer in out:
+            assert torch.equal(out[layer], base_q8[layer])
 
 
-def test_abandoned_per_ratio_plan_hands_upstream_its_full_cache(monkeypatch):
-    """A call-time surprise in a step with an unsplit ratio: the all-requests cache the plan
-    built becomes the step's cache, so upstream does not rebuild it late."""
-    from sglang_mixgraph.core import split_cost_model as scm
+# ---- the per-layer work of a split layer ---------------------------------------------------------
 
-    monkeypatch.setattr(scm, "should_split", _decide_ratios(frozenset({4})))
-    step = K.Step(prefill=[(60, 11)], decode=[30, 290], padding=1, seed=76)
+
+def test_decode_tail_inputs_are_built_once_per_ratio_per_step(monkeypatch):
+    """Two layers of each ratio in one step: the plan slices the step's metadata for the decode
+    tail once per ratio (three slicings, not six), both layers of a ratio hand the decode kernel
+    the very same index and length tensors and scheduling metadata, and the outputs match."""
+    step = K.Step(prefill=[(300, 29), (0, 7)], decode=[255, 256, 129, 0], padding=2, seed=91)
+    layers = (0, 1, 2, 1, 2, 0)
     with _ctx("H200"):
         world = K.World(step)
-        q = world.q(heads=32)
-        base_fb = world.forward_batch()
-        world.backend.init_forward_metadata(base_fb)
-        base = world.run_layer(base_fb, 1, q=q)
-        with K.patch_installed(policy="adaptive"):
+        base = world.run_step(world.forward_batch(), layers=(0, 1, 2))
+        sliced = []
+        real = ms.plan.tail_inputs
+        monkeypatch.setattr(
+            ms.plan, "tail_inputs", lambda r, *a, **k: sliced.append(r) or real(r, *a, **k)
+        )
+        with K.patch_installed():
+            K.CALLS.clear()
+            fb = world.forward_batch()
+            world.backend.init_forward_metadata(fb)
+            outs = [world.run_layer(fb, layer) for layer in layers]
+            plan = ms.get_plan(world.backend)
+    assert sorted(sliced) == [0, 4, 128] and plan.tail_builds == {0: 1, 4: 1, 128: 1}
+    assert plan.decode_calls == {0: 2, 4: 2, 128: 2}
+    by_ratio = {}
+    for layer, call in zip(layers, K.CALLS.decode, strict=True):
+        by_ratio.setdefault(K.LAYER_RATIOS[layer], []).append(call)
+    for ratio, (a, b) in by_ratio.items():
+        for name in ("indices", "topk_length", "extra_indices_in_kvcache", "extra_topk_length"):
+            assert a[name] is b[name], (ratio, name)
+        assert a["tile_scheduler_metadata"] is b["tile_scheduler_metadata"]
+    for layer, out in zip(layers, outs, strict=True):
+        torch.testing.assert_close(out.float(), base[layer].float(), atol=ATOL, rtol=RTOL)
+
+
+def test_the_tail_reads_the_indexers_per_layer_topk_and_follows_a_replaced_tensor():
+    """The plan's c4 views are views: the indexer's in-place write of a layer's top-k reaches
+    the decode kernel; were the step's top-k tensor replaced instead, the plan rebuilds that
+    ratio's inputs from the new one (counted) rather than read stale rows."""
+    step = K.Step(prefill=[(100, 16)], decode=[400, 500, 90], seed=92)
+    b0, d = step.b0, len(step.decode)
+    with _ctx("H200"):
+        world = K.World(step)
+        with K.patch_installed():
             fb = world.forward_batch()
             world.backend.init_forward_metadata(fb)
             plan = ms.get_plan(world.backend)
-            assert plan is not None and plan.full_cache is not None
-            out = world.run_layer(fb, 1, q=q)
-            assert ms.get_plan(world.backend) is None
-            assert world.backend.forward_metadata.sparse_prefill_cache is plan.full_cache
-        assert torch.equal(out, base)
+            core = world.backend.forward_metadata.core_attn_metadata
+            K.CALLS.clear()
+            # the indexer's write for this layer: the decode rows' selection reversed, in place
+            c4 = core.c4_sparse_page_indices
+            c4[b0 : b0 + d] = c4[b0 : b0 + d].flip(-1).clone()
+            world.run_layer(fb, 1)
+            assert torch.equal(
+                K.CALLS.decode[-1]["extra_indices_in_kvcache"].squeeze(1), c4[b0 : b0 + d]
+            )
+            core.c4_sparse_page_indices = c4.clone()
+            core.c4_sparse_page_indices[b0 : b0 + d] = -1
+            world.run_layer(fb, 1)
+            got = K.CALLS.decode[-1]["extra_indices_in_kvcache"].squeeze(1)
+            assert (got == -1).all() and plan.tail_builds[4] == 2 and plan.tail_builds[0] == 1
+
+
+@pytest.mark.parametrize(
+    "step",
+    [
+        K.Step(prefill=[(60, 11)], decode=[30, 290], seed=93),
+        K.Step(prefill=[], decode=[40, 300], seed=94),
+    ],
+    ids=["mixed", "decode_only"],
+)
+def test_the_sparse_prefill_is_launched_before_the_decode_tail(step):
+    """Per split layer with prefill rows: upstream's sparse prefill (the layer's longest kernel)
+    first, then the decode kernel; without prefill rows the decode kernel alone."""
+    with _ctx("H200"):
+        world = K.World(step)
+        order = []
+        fmi = sys.modules["sglang.kernels.ops.attention.flash_mla_interface"]
+        sparse, decode = fmi.flash_mla_sparse_fwd, world.backend._flash_mla_with_kvcache
+
+        def sparse_first(*a, **k):
+            order.append("sparse")
+            return sparse(*a, **k)
+
+        def decode_then(*a, **k):
+            order.append("decode")
+            return decode(*a, **k)
+
+        fmi.flash_mla_sparse_fwd = sparse_first
+        world.backend._flash_mla_with_kvcache = decode_then
+        with K.patch_installed():
+            world.run_step(world.forward_batch())
+    assert order == (["sparse", "decode"] * 3 if step.b0 else ["decode"] * 3)
+
+
+class _OwnTorchCalls:
+    """Counts the torch calls made from the split's own modules (not upstream's body, not the
+    kernels): ``patches/mixed_split/forward.py`` and the core helpers it runs per layer."""
+
+    FILES = ("mixed_split/forward.py", "core/decode_tail.py", "core/mixed_boundary.py")
+    FREE = ("__get__", "dim", "size", "data_ptr")  # shape and address reads
+
+    def __enter__(self):
+        from torch.overrides import TorchFunctionMode
+
+        calls = self.calls = []
+        files = self.FILES
+        free = self.FREE
+
+        class Mode(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                name = getattr(func, "__name__", str(func))
+                where = sys._getframe(1).f_code.co_filename
+                if name not in free and any(where.endswith(f) for f in files):
+                    calls.append(name)
+                return func(*args, **(kwargs or {}))
+
+        self.mode = Mode()
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.mode.__exit__(*exc)
+
+
+def test_a_split_layer_issues_only_its_kernels_a_tail_view_and_the_copy():
+    """Host work of a split layer in a step after the first (the KV-cache views are made once
+    per layer): beside upstream's sparse prefill and the decode kernel, the split's own code
+    makes a view of the query's tail rows, squeezes the kernel's output and copies it in, and
+    nothing else (no metadata slicing, no checks of its tensors: the plan did those)."""
+    step = K.Step(prefill=[(300, 29), (0, 7)], decode=[255, 256, 129, 0], padding=2, seed=95)
+    with _ctx("H200"):
+        world = K.World(step)
+        with K.patch_installed():
+            world.run_step(world.forward_batch())
+            fb = world.forward_batch()
+            world.backend.init_forward_metadata(fb)
+            q = world.q()
+            per_layer = {}
+            for layer in (0, 1, 2):
+                with _OwnTorchCalls() as own:
+                    world.run_layer(fb, layer, q=q)
+                per_layer[layer] = own.calls
+    for layer, calls in per_layer.items():
+        assert sorted(calls) == ["__getitem__", "copy_", "narrow", "squeeze"], (layer, calls)

@@ -89,29 +89,27 @@ def test_each_split_step_counts_the_step_its_decode_rows_and_each_layer():
     assert _fallbacks() == {}
 
 
-def test_adaptive_counts_layers_it_leaves_unsplit_per_ratio(monkeypatch):
+def test_adaptive_counts_steps_it_splits_and_every_layer_of_them(monkeypatch):
     from sglang_mixgraph.core import split_cost_model as scm
 
-    # The cost model's per-kind answer: split c4 layers only.
-    monkeypatch.setattr(
-        scm, "should_split", lambda shape, coeffs, margin=None, regime="replay": shape.ratio == 4
-    )
+    monkeypatch.setattr(scm, "decide_step", lambda *a, **k: True)
     with _ctx():
         world = K.World(MIXED)
         with K.patch_installed(policy="adaptive"):
             world.run_step(world.forward_batch())
     ev = _events()
-    assert ev["steps_split"] == 1 and ev["layers_split.c4"] == 1
-    assert ev["layers_unsplit_adaptive.c0"] == 1 and ev["layers_unsplit_adaptive.c128"] == 1
-    assert "layers_split.c0" not in ev and "layers_split.c128" not in ev
+    assert ev["steps_split"] == 1
+    assert {k: n for k, n in ev.items() if k.startswith("layers_")} == {
+        "layers_split.c0": 1,
+        "layers_split.c4": 1,
+        "layers_split.c128": 1,
+    }
 
 
 def test_adaptive_counts_steps_it_keeps_unsplit(monkeypatch):
     from sglang_mixgraph.core import split_cost_model as scm
 
-    monkeypatch.setattr(
-        scm, "should_split", lambda shape, coeffs, margin=None, regime="replay": False
-    )
+    monkeypatch.setattr(scm, "decide_step", lambda *a, **k: False)
     with _ctx():
         world = K.World(MIXED)
         with K.patch_installed(policy="adaptive"):
@@ -199,11 +197,7 @@ def test_eager_runner_mixed_step_run_as_extend_is_split(policy, monkeypatch):
     from sglang_mixgraph.core import split_cost_model as scm
 
     if policy == "adaptive":
-        monkeypatch.setattr(
-            scm,
-            "should_split",
-            lambda shape, coeffs, margin=None, regime="replay": shape.ratio != 128,
-        )
+        monkeypatch.setattr(scm, "decide_step", lambda *a, **k: True)
     step, d = MIXED, len(MIXED.decode)
     with _ctx():
         world = K.World(step)
@@ -223,7 +217,7 @@ def test_eager_runner_mixed_step_run_as_extend_is_split(policy, monkeypatch):
             assert (plan.boundary.b0, plan.boundary.num_decode_reqs) == (step.b0, d)
     for layer in out:
         torch.testing.assert_close(out[layer].float(), base[layer].float(), atol=ATOL, rtol=RTOL)
-    split_layers = 3 if policy == "always" else 2
+    split_layers = 3
     assert [c["q"].shape[0] for c in K.CALLS.decode] == [d] * split_layers
     ev = _events()
     assert ev["steps_seen.mixed_run_as_extend"] == 1 and ev["steps_split"] == 1
@@ -249,14 +243,14 @@ def test_eager_extend_not_built_mixed_with_a_decode_tail_is_not_split(recorded):
     assert not K.CALLS.decode and _events().get("steps_split", 0) == 0
 
 
-@pytest.mark.parametrize("heads", [K.HEADS, 32], ids=["split", "abandoned"])
+@pytest.mark.parametrize("heads", [K.HEADS, 32], ids=["split", "heads_fall_back"])
 def test_eager_mixed_step_publishes_read_done_and_reads_no_table_after_it(heads):
     """Upstream's eager runner relabels the MIXED step to EXTEND before its WAR snapshot, so it
-    publishes read-done itself. With the split on, the plan builds its caches before that (the
-    all-requests one and the prefill-only one; the snapshot gets the prefill-only one instead of
-    a third build), and nothing reads the shared tables after the publish (the snapshot check
-    is on). A plan abandoned at the first layer (32 heads: not a decode-kernel head count)
-    hands upstream the all-requests cache: no lazy build after the publish, upstream's output."""
+    publishes read-done itself. With the split on, the plan builds the step's one chunk cache
+    (prefill-only) before that, the snapshot gets that one instead of a second build, and
+    nothing reads the shared tables after the publish (the snapshot check is on). A model of 32
+    query heads (not a decode-kernel head count) is seen at plan time: no plan, upstream's
+    snapshot builds its own one cache before the publish, and the output is upstream's."""
     from install_kit import installed
 
     from sglang_mixgraph.patches import war_snapshot_check as wc
@@ -268,6 +262,7 @@ def test_eager_mixed_step_publishes_read_done_and_reads_no_table_after_it(heads)
     }
     with _ctx():
         world = K.World(MIXED)
+        world.backend.model_runner.model_config.hf_text_config.num_attention_heads = heads
         runner, _ = _eager_runner(world, heads)
         base = _execute(runner, world, world.forward_batch())
         runner.model_runner.shared_read_done_event = None
@@ -294,16 +289,20 @@ def test_eager_mixed_step_publishes_read_done_and_reads_no_table_after_it(heads)
                 assert wc.PUBLISHED.active() == "forward #1 (DeepseekV4AttnBackend)"
             finally:
                 wc.PUBLISHED.clear()
-    # Asked three times (the plan's two caches, then upstream's snapshot), built twice, all
-    # before the publish: a build after it would have raised WarSnapshotViolation.
-    assert builds == [MIXED.num_rows] * 3 and len(real_builds) == 2
+    # One real build, before the publish: a build after it would have raised
+    # WarSnapshotViolation.
+    assert len(real_builds) == 1
     metadata = world.backend.forward_metadata
     if heads == K.HEADS:
+        # Asked twice (the plan, then upstream's snapshot), built once.
+        assert builds == [MIXED.num_rows] * 2
         plan = ms.get_plan(world.backend)
         assert plan is not None and metadata.sparse_prefill_cache is plan.prefill_cache
+        assert metadata.sparse_prefill_cache.num_reqs == len(MIXED.prefill)
         assert _events().get("steps_split") == 1
     else:
+        assert builds == [MIXED.num_rows]  # upstream's snapshot only
         assert ms.get_plan(world.backend) is None and _fallbacks() == {"heads": 1}
-        assert metadata.sparse_prefill_cache is not None
+        assert metadata.sparse_prefill_cache.num_reqs == len(MIXED.seq_lens)
         for layer in out:
             assert torch.equal(out[layer], base[layer]), layer

@@ -193,23 +193,24 @@ def test_split_replay_publishes_with_the_plans_cache(world):
         static, ends = replay(MIXED, ForwardMode.MIXED)
         plan = ms.get_plan(w.backend)
         assert ends is SharedReadEnds.PRE_REPLAY and plan is not None and plan.matches(static)
-        # The plan's two builds (the all-requests cache, kept for an abandon, and the
-        # prefill-only one it installs); the read-done patch adds none, the layers none.
-        assert len(builds) == 2 and capture.sparse_prefill_cache is plan.prefill_cache
-        assert plan.full_cache is not None
+        # The step's one chunk cache, the plan's prefill-only one; the read-done patch adds
+        # none, the layers none.
+        assert builds == [MIXED.num_rows] and capture.sparse_prefill_cache is plan.prefill_cache
+        assert plan.prefill_cache.num_reqs == len(MIXED.prefill)
         out = _layers(w, static)
-        assert len(builds) == 2
+        assert len(builds) == 1
     assert plan.decode_calls == {0: 1, 4: 1, 128: 1}
     for layer in out:
         torch.testing.assert_close(out[layer].float(), base[layer].float(), atol=ATOL, rtol=RTOL)
 
 
-def test_a_plan_abandoned_after_the_publish_reads_no_table(world):
-    """A split replay whose attention meets what the plan could not see (queries of 32 heads:
-    not a decode-kernel head count) is abandoned at its first layer, after read-done was
-    published: upstream takes the all-requests cache the plan built before the publish (no lazy
-    build, which the snapshot check would stop) and gives its own output, bit for bit."""
+def test_heads_the_plan_refuses_leave_the_replay_to_upstream_with_one_cache(world):
+    """A model whose queries have 32 heads (not a decode-kernel head count): the replay's plan
+    sees it in the model's config and falls back before anything is built, so the read-done
+    patch pre-builds upstream's own cache before the publish, the layers build nothing (the
+    snapshot check is on) and the output is upstream's, bit for bit."""
     w, capture, runner, replay = world
+    w.backend.model_runner.model_config.hf_text_config.num_attention_heads = 32
 
     def layers(static):
         q = w.q(heads=32)
@@ -223,23 +224,57 @@ def test_a_plan_abandoned_after_the_publish_reads_no_table(world):
         SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN="1",
         SGLANG_MIXGRAPH_SPLIT_POLICY="always",
     )
+    heads = counters.get_fallback(ms.PATCH_ID, "heads")
     with installed(PATCHES, on):
-        static, ends = replay(MIXED, ForwardMode.MIXED)
-        plan = ms.get_plan(w.backend)
-        assert ends is SharedReadEnds.PRE_REPLAY and plan is not None
-        assert wc.PUBLISHED.active() is not None
         builds = _builds(w)
+        static, ends = replay(MIXED, ForwardMode.MIXED)
+        assert ends is SharedReadEnds.PRE_REPLAY and ms.get_plan(w.backend) is None
+        assert wc.PUBLISHED.active() is not None
+        assert builds == [MIXED.num_rows]  # the read-done patch's, before the publish
         out = layers(static)  # raises WarSnapshotViolation on a build after the publish
-        assert builds == [] and ms.get_plan(w.backend) is None
-        assert capture.sparse_prefill_cache is plan.full_cache
+        assert builds == [MIXED.num_rows]
+    assert counters.get_fallback(ms.PATCH_ID, "heads") == heads + 1
     for layer in out:
         assert torch.equal(out[layer], base[layer]), layer
 
 
-def test_without_read_done_an_abandoned_plan_keeps_upstreams_lazy_build(world):
-    """Where nothing can be published (the coarse barrier), the plan builds no all-requests
-    cache for an abandon: upstream's lazy build may still read the tables then."""
+def test_a_layer_contradicting_the_plan_after_the_publish_raises_and_reads_no_table(world):
+    """Were a replayed layer to differ from what the plan checked (queries of 32 heads where
+    the model's config says 64: the installed SGLang changed under the patch), going back to
+    upstream would make its lazy build read the shared tables after the publish. No fallback
+    cache is built for that: the layer raises before it builds or launches anything."""
     w, capture, runner, replay = world
+    on = env(
+        SGLANG_OPT_DSV4_REPLAY_READ_DONE="1",
+        SGLANG_DEBUG_WAR_SNAPSHOT="1",
+        SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN="1",
+        SGLANG_MIXGRAPH_SPLIT_POLICY="always",
+    )
+    violations = _events(wc.PATCH_ID).get("violations", 0)
+    with installed(PATCHES, on):
+        static, ends = replay(MIXED, ForwardMode.MIXED)
+        plan = ms.get_plan(w.backend)
+        assert ends is SharedReadEnds.PRE_REPLAY and plan is not None and plan.may_publish
+        assert wc.PUBLISHED.active() is not None
+        builds = _builds(w)
+        K.CALLS.clear()
+        with pytest.raises(ms.SplitPlanError):
+            w.run_layer(static, 0, q=w.q(heads=32))
+        assert builds == [] and not K.CALLS.sparse_rows and not K.CALLS.decode
+    assert _events(wc.PATCH_ID).get("violations", 0) == violations
+
+
+def test_without_read_done_an_abandoned_plan_keeps_upstreams_lazy_build(world):
+    """Where nothing can be published (the coarse barrier), a layer that contradicts the plan
+    abandons it and upstream's lazy build covers every row: upstream's output, bit for bit."""
+    w, capture, runner, replay = world
+
+    def layers(static):
+        q = w.q(heads=32)
+        return {layer: w.run_layer(static, layer, q=q) for layer in (0, 1, 2)}
+
+    with installed(PATCHES, env()):
+        base = layers(replay(MIXED, ForwardMode.MIXED)[0])
     on = env(
         SGLANG_OPT_DSV4_REPLAY_READ_DONE="1",
         SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN="1",
@@ -249,7 +284,12 @@ def test_without_read_done_an_abandoned_plan_keeps_upstreams_lazy_build(world):
     with installed(PATCHES, on):
         static, ends = replay(MIXED, ForwardMode.MIXED)
         plan = ms.get_plan(w.backend)
-        assert ends is SharedReadEnds.UNKNOWN and plan is not None and plan.full_cache is None
+        assert ends is SharedReadEnds.UNKNOWN and plan is not None and not plan.may_publish
+        builds = _builds(w)
+        out = layers(static)
+        assert ms.get_plan(w.backend) is None and builds == [MIXED.num_rows]
+    for layer in out:
+        assert torch.equal(out[layer], base[layer]), layer
 
 
 def test_idle_rank_publishes_without_building(world):
@@ -469,10 +509,10 @@ def test_split_and_read_done_size_the_rows_the_break_sees(padded_world, non_padd
         assert ends is SharedReadEnds.PRE_REPLAY and plan is not None and plan.matches(static)
         assert plan.boundary.num_rows == rd.attention_rows(static) == expected
         assert (plan.boundary.b0, plan.boundary.decode_end) == (11, 13)
-        # Both of the plan's caches (all requests, prefill only) for the rows the break sees.
-        assert builds == [expected] * 2 and capture.sparse_prefill_cache is plan.prefill_cache
+        # The step's one chunk cache (prefill only) for the rows the break sees.
+        assert builds == [expected] and capture.sparse_prefill_cache is plan.prefill_cache
         out = _breaks(w, static)  # a build after the publish would raise (the check is on)
-        assert ms.get_plan(w.backend) is plan and builds == [expected] * 2
+        assert ms.get_plan(w.backend) is plan and builds == [expected]
     assert counters.get_fallback(ms.PATCH_ID, "shape") == abandoned
     assert plan.decode_calls == {0: 1, 4: 1, 128: 1}
     live = MIXED.num_rows

@@ -14,6 +14,12 @@ FORWARD_BATCH_NUM_DECODE = "_mixgraph_num_decode"
 FORWARD_BATCH_BUILT_MIXED = "_mixgraph_built_mixed"
 # On DSV4Metadata, one per metadata build: the split's plan (a planned replay built its caches).
 METADATA_SPLIT_PLAN = "mixgraph_split"
+# On DeepseekV4AttnBackend (the mixed split): (the KV pool, {compress ratio: layers} of the
+# pool's layers), counted once per pool for the plan's cost model and its per-ratio inputs.
+BACKEND_SPLIT_LAYERS = "_mixgraph_split_layers"
+# On DeepseekV4AttnBackend (the mixed split): (the KV pool, {layer id: (the layer's SWA and
+# compressed buffers' address/shape/dtype, their decode-kernel views)}), made once per layer.
+BACKEND_SPLIT_KV_VIEWS = "_mixgraph_split_kv_views"
 # On ModelRunner, between replay read-done's PRE_REPLAY and upstream's publisher: the replay's
 # label and the event the mailbox held before.
 RUNNER_PENDING_READ_DONE = "_mixgraph_replay_read_done"

@@ -6,6 +6,8 @@ from sglang_mixgraph.core.decode_tail import (
     SchedMetaCache,
     SchedMetaShapeError,
     run_decode_tail,
+    run_tail,
+    tail_inputs,
 )
 from sglang_mixgraph.reference import v4_kv_layout as kvl
 from sglang_mixgraph.reference.sparse_mla import (
@@ -123,3 +125,79 @@ def test_decode_tail_input_checks():
         run_decode_tail(q, swa, si[:4], sl, sink, meta, kernel=k)
     empty = run_decode_tail(q[:0], swa, si[:0], sl[:0], sink, meta, kernel=k)
     assert empty.shape == (0, 4, 512) and not meta.have_initialized
+
+
+# ---- the plan's per-ratio inputs (tail_inputs / run_tail) -----------------------------------
+
+
+def _step_metadata(b0=3, d=5, pad=2, seed=1):
+    """Per-row metadata of a step: ``b0`` prefill rows, the ``d`` decode rows of ``_setup`` and
+    ``pad`` padding rows, as the step's tensors hold them."""
+    swa, extra, q, si, sl, ei, el, sink = _setup(d=d, seed=seed)
+    gen = torch.Generator().manual_seed(seed + 7)
+
+    def around(t, fill):
+        before = torch.full((b0, *t.shape[1:]), fill, dtype=t.dtype)
+        after = torch.full((pad, *t.shape[1:]), fill, dtype=t.dtype)
+        return torch.cat([before, t, after])
+
+    q_all = torch.randn(b0 + d + pad, 1, 4, 512, generator=gen).to(torch.bfloat16)
+    q_all[b0 : b0 + d, 0] = q
+    return swa, extra, q, q_all, around(si, -1), around(sl, 1), around(ei, -1), around(el, 1), sink
+
+
+def test_tail_inputs_are_views_of_the_tail_rows_and_run_tail_matches_the_per_call_path():
+    b0, d = 3, 5
+    swa, extra, q, q_all, si, sl, ei, el, sink = _step_metadata(b0, d)
+    meta = ReferenceSchedMeta()
+    got = []
+
+    def kernel(**kw):
+        got.append(kw)
+        return flash_mla_with_kvcache_reference(**kw)
+
+    inputs = tail_inputs(4, b0, d, si, sl, ei, el, sched_meta=meta, softmax_scale=0.04)
+    assert inputs.sched_meta is meta and inputs.built_from(si, sl, ei, el)
+    assert not inputs.built_from(si.clone(), sl, ei, el)
+    kw = inputs.kernel_kwargs
+    assert kw["indices"].shape == (d, 1, 128) and kw["indices"].data_ptr() == si[b0].data_ptr()
+    assert kw["extra_indices_in_kvcache"].data_ptr() == ei[b0].data_ptr()
+    out = run_tail(inputs, q_all.narrow(0, b0, d), swa, sink, extra, kernel)
+    ref = run_decode_tail(
+        q,
+        swa,
+        si[b0 : b0 + d],
+        sl[b0 : b0 + d],
+        sink,
+        ReferenceSchedMeta(),
+        extra_k_cache=extra,
+        extra_indices=ei[b0 : b0 + d],
+        extra_lengths=el[b0 : b0 + d],
+        softmax_scale=0.04,
+        kernel=flash_mla_with_kvcache_reference,
+    )
+    assert torch.equal(out.squeeze(1), ref)
+    # a write into the step's tensor (the indexer's per-layer top-k) reaches the next call
+    ei[b0 : b0 + d] = -1
+    run_tail(inputs, q_all.narrow(0, b0, d), swa, sink, extra, kernel)
+    assert (got[-1]["extra_indices_in_kvcache"] == -1).all()
+    assert got[0]["tile_scheduler_metadata"] is got[1]["tile_scheduler_metadata"] is meta
+
+
+def test_tail_inputs_check_once_what_the_kernel_needs():
+    b0, d = 3, 5
+    swa, extra, q, q_all, si, sl, ei, el, sink = _step_metadata(b0, d)
+    m = ReferenceSchedMeta()
+    with pytest.raises(ValueError):  # width not a multiple of 64
+        tail_inputs(0, b0, d, si[:, :100], sl, sched_meta=m)
+    with pytest.raises(TypeError):
+        tail_inputs(0, b0, d, si.long(), sl, sched_meta=m)
+    with pytest.raises(ValueError):  # a compressed ratio without its indices
+        tail_inputs(4, b0, d, si, sl, sched_meta=m)
+    with pytest.raises(ValueError):  # SWA-only with extra indices
+        tail_inputs(0, b0, d, si, sl, ei, el, sched_meta=m)
+    with pytest.raises(IndexError):  # metadata rows do not cover the tail
+        tail_inputs(0, b0, d + 20, si, sl, sched_meta=m)
+    swa_only = tail_inputs(0, b0, d, si, sl, sched_meta=m)
+    assert swa_only.kernel_kwargs["extra_indices_in_kvcache"] is None
+    assert swa_only.num_rows == d and swa_only.ratio == 0

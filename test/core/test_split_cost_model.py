@@ -354,3 +354,151 @@ def test_fit_eager_terms_recovers_host_and_kappa():
     for ratio in (4, 128):
         for k in m.EAGER_NAMES:
             assert fitted.eager[ratio][k] == pytest.approx(truth.eager[ratio][k], rel=1e-9)
+
+
+# --------------------------------------------------------------------------------------------
+# whole steps: StepCounts, predict_step, decide_step
+# --------------------------------------------------------------------------------------------
+
+DSV4_PRO_LAYERS = {0: 2, 4: 30, 128: 29}  # docs/results/mixed_steady_state_h200.md
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 3000), st.integers(0, 40000)), max_size=4),
+    st.lists(st.integers(1, 40000), max_size=64),
+    st.sampled_from([None, 512, 1024]),
+    st.booleans(),
+)
+def test_step_counts_give_every_ratios_shape_as_from_lists(prefill, decode, topk, as_tensor):
+    exts = [e for e, _ in prefill] + [1] * len(decode)
+    seqs = [e + p for e, p in prefill] + decode
+    src = torch.tensor(seqs, dtype=torch.int32) if as_tensor else seqs
+    counts = m.StepCounts.from_lists(src, exts, len(decode), topk=topk)
+    for ratio in (0, 4, 128):
+        assert counts.shape(ratio) == m.StepShape.from_lists(
+            ratio, seqs, exts, len(decode), topk=topk
+        )
+
+
+def _python_lines(fn):
+    """Python lines executed by ``fn()`` (every frame): a count that grows with any Python loop."""
+    n = [0]
+
+    def tracer(frame, event, arg):
+        if event == "line":
+            n[0] += 1
+        return tracer
+
+    sys.settrace(tracer)
+    try:
+        fn()
+    finally:
+        sys.settrace(None)
+    return n[0]
+
+
+def test_a_steps_decision_takes_the_same_python_work_for_16_or_4096_decode_rows():
+    """O(1) per step: from the decode lengths as a tensor (``ForwardBatch.seq_lens_cpu``), the
+    counts and the decision run the same Python lines whatever the decode batch size (the
+    reductions run in torch); ``StepShape.from_lists``, three times, walks every request."""
+    c = m.load_coefficients("sm90")
+
+    def decide(d):
+        seqs = torch.tensor([8192 + 2560] + [8192] * d, dtype=torch.int32)
+        exts = [2560] + [1] * d
+        return lambda: m.decide_step(
+            m.StepCounts.from_lists(seqs, exts, d, topk=1024), DSV4_PRO_LAYERS, c, regime="eager"
+        )
+
+    small, large = _python_lines(decide(16)), _python_lines(decide(4096))
+    assert small == large
+
+    def per_ratio(d):
+        seqs, exts = [8192 + 2560] + [8192] * d, [2560] + [1] * d
+        return lambda: [m.StepShape.from_lists(r, seqs, exts, d, topk=1024) for r in (0, 4, 128)]
+
+    assert _python_lines(per_ratio(4096)) > 10 * _python_lines(per_ratio(16))
+
+
+def _step(ctx, d, p):
+    seqs = ([max(ctx, p)] if p else []) + [ctx] * d
+    exts = ([p] if p else []) + [1] * d
+    return m.StepCounts.from_lists(seqs, exts, d, topk=1024)
+
+
+@pytest.mark.parametrize("regime", ["replay", "eager"])
+def test_a_step_is_priced_as_its_layers_plus_one_chunk_cache_each_way(regime):
+    c = dataclasses.replace(
+        m.load_coefficients("sm90"),
+        step={"cache_build_ms": 0.4, "split_plan_ms": 0.1, "eval_ms": 0.03},
+    )
+    for p in (0, 2560):
+        counts = _step(8192, 256, p)
+        pred = m.predict_step(counts, DSV4_PRO_LAYERS, c, regime=regime)
+        walls = {r: m.layer_walls(counts.shape(r), c, regime) for r in DSV4_PRO_LAYERS}
+        layers_u = sum(n * walls[r][0] for r, n in DSV4_PRO_LAYERS.items())
+        layers_s = sum(n * walls[r][1] for r, n in DSV4_PRO_LAYERS.items())
+        assert pred.unsplit_ms == pytest.approx(layers_u + 0.4)  # upstream's one cache
+        # the split's one cache (none without prefill rows) and its plan
+        assert pred.split_ms == pytest.approx(layers_s + (0.4 if p else 0.0) + 0.1)
+        assert pred.eval_ms == 0.03
+        assert pred.adaptive_ms(True) == pytest.approx(pred.split_ms + 0.03)
+        decided = m.decide_step(counts, DSV4_PRO_LAYERS, c, regime=regime)
+        assert decided == (pred.split_ms <= pred.unsplit_ms)
+    # nothing to split without decode rows
+    none = _step(8192, 0, 2560)
+    p0 = m.predict_step(none, DSV4_PRO_LAYERS, c, regime=regime)
+    assert p0.split_ms == p0.unsplit_ms and not m.decide_step(none, DSV4_PRO_LAYERS, c)
+
+
+def test_the_plans_cost_keeps_a_step_unsplit_where_the_layers_gain_less():
+    """A small step whose layers gain less than the plan costs stays unsplit; with a free plan
+    the same step splits (the step terms are counted, not only the layers)."""
+    c = m.load_coefficients("sm90")
+    counts = _step(2048, 8, 0)
+    layers = {4: 1}
+    u, s = m.layer_walls(counts.shape(4), c, "replay")
+    gain = u - s
+    assert gain > 0  # the layer alone would split
+    plan_cost = dict(c.step_terms(), split_plan_ms=gain + c.step_terms()["cache_build_ms"] + 0.01)
+    assert not m.decide_step(counts, layers, dataclasses.replace(c, step=plan_cost))
+    free = dict.fromkeys(m.STEP_NAMES, 0.0)
+    assert m.decide_step(counts, layers, dataclasses.replace(c, step=free))
+
+
+def test_whole_step_decisions_pick_the_faster_recorded_step_counting_prepare():
+    """docs/results/mixed_steady_state_h200.json: 61 DSV4-Pro layers replayed, 256 decode rows
+    and a 2560-token chunk; counting the prepare, ``always`` (every layer split) was the faster
+    whole step at every point, and the per-step decision of the shipped model splits there."""
+    data = json.load(open(os.path.join(RESULTS, "mixed_steady_state_h200.json")))
+    layers = {int(r): n for r, n in data["environment"]["layers"].items()}
+    assert layers == DSV4_PRO_LAYERS
+    c = m.load_coefficients("sm90")
+    for p in data["points"]:
+        whole = {a: p[a]["replay_ms"] + p[a]["prepare_ms"] for a in ("off", "always")}
+        counts = _step(p["context"], p["decode_rows"], p["prefill_rows"])
+        split = m.decide_step(counts, layers, c, regime="replay")
+        assert whole["always"] < whole["off"] and split, p["context"]
+
+
+def test_step_terms_load_default_and_round_trip():
+    data = _shipped_json()
+    c = m.Coefficients.from_json(data)
+    assert c.step is None and c.step_terms() == m.DEFAULT_STEP_TERMS
+    assert set(m.DEFAULT_STEP_TERMS) == set(m.STEP_NAMES)
+    terms = {"cache_build_ms": 0.25, "split_plan_ms": 0.2, "eval_ms": 0.01}
+    with_step = dataclasses.replace(c, step=terms, step_source="test")
+    again = m.Coefficients.from_json(json.loads(json.dumps(with_step.to_json())))
+    assert again.step == terms and again.step_source == "test" and again.step_terms() == terms
+    assert "step" not in c.to_json()
+    bad = dict(with_step.to_json(), step={"terms": {"cache_build_ms": 1.0}})
+    with pytest.raises(ValueError):
+        m.Coefficients.from_json(bad)
+    with pytest.raises(ValueError):
+        m.decide_step(_step(8192, 8, 0), {4: 1}, c, regime="graph")
+
+
+def test_layer_mix_counts_layers_per_ratio():
+    assert m.layer_mix([0, 0, 4, 128, 4]) == {0: 2, 4: 2, 128: 1}
+    assert m.layer_mix([]) == {}

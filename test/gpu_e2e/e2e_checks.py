@@ -80,23 +80,28 @@ class PhaseRecord:
 
 @dataclass(frozen=True)
 class AdaptivePolicy:
-    """What ``adaptive`` decides a MIXED step with (mixed_split/plan.py
-    ``_adaptive_split_ratios``): the cost model's coefficients for the GPU, the c4 layers'
-    top-k and the compress ratios the model has. A step splits when the model says so for any
-    ratio present."""
+    """What ``adaptive`` decides a MIXED step with (mixed_split/plan.py ``_adaptive_splits``):
+    the cost model's coefficients for the GPU, the c4 layers' top-k and the model's layers per
+    compress ratio. A step splits when the whole step's prediction says so
+    (``split_cost_model.decide_step``: every layer split with one prefill-only chunk cache, or
+    none with upstream's)."""
 
     coeffs: object  # split_cost_model.Coefficients
     topk: int
-    ratios: FrozenSet[int]
+    layers: Mapping[int, int]  # {compress ratio: layers}
+
+    @property
+    def ratios(self) -> FrozenSet[int]:
+        return frozenset(r for r, n in self.layers.items() if n)
 
     @classmethod
     def for_model(cls, config: Mapping, arch: str = "sm90") -> "AdaptivePolicy":
-        """From the model's config.json; ``sm90`` is the H200 the run is on."""
+        """From the model's config.json; ``sm90`` is the H200 the run is on. The layers are the
+        pool's (``compression_ratios`` over the model's ``num_hidden_layers``)."""
         from sglang_mixgraph.core import split_cost_model as scm
 
-        # SWA-only layers are always there (plan.py ``_present_ratios``).
-        present = {0} | {int(r) for r in config["compress_ratios"][: config["num_hidden_layers"]]}
-        return cls(scm.load_coefficients(arch), int(config["index_topk"]), frozenset(present))
+        mix = scm.layer_mix(config["compress_ratios"][: config["num_hidden_layers"]])
+        return cls(scm.load_coefficients(arch), int(config["index_topk"]), mix)
 
     def splits(self, step: Mapping) -> Optional[bool]:
         """Whether the cost model splits this logged MIXED step; None when the log lacks its
@@ -109,13 +114,14 @@ class AdaptivePolicy:
         # The split sizes the step by its requests (plan.py: seq_lens[:n], n = len(exts)).
         seqs = list(step.get("seq_lens") or ())[: len(exts)]
         try:
-            return any(
-                scm.should_split(
-                    scm.StepShape.from_lists(r, seqs, exts, num_decode, topk=self.topk),
-                    self.coeffs,
-                    regime=scm.REPLAY if step.get("graph") else scm.EAGER,
-                )
-                for r in sorted(self.ratios)
+            counts = scm.StepCounts.from_lists(
+                seqs, exts, num_decode, topk=self.topk, ratios=tuple(r for r in self.ratios if r)
+            )
+            return scm.decide_step(
+                counts,
+                self.layers,
+                self.coeffs,
+                regime=scm.REPLAY if step.get("graph") else scm.EAGER,
             )
         except ValueError:
             return None

@@ -8,7 +8,7 @@ rows, whether a CUDA graph ran (``ModelRunnerOutput.can_run_graph``) and the CUD
 wall time. Lines go to ``$MIXGRAPH_E2E_STEP_LOG/steps_<pid>.jsonl``.
 
 A MIXED step's line also carries the shape the adaptive split decides on (plan.py
-``_adaptive_split_ratios``), so the checks can run the cost model on it: ``seq_lens`` and
+``_adaptive_splits``), so the checks can run the cost model on it: ``seq_lens`` and
 ``extend_seq_lens`` per request (the host copies the ForwardBatch already holds, no device sync)
 and ``num_decode``, the decode requests at the end of the batch. ``ForwardBatch`` keeps no such
 count; the mixed split records its own in ``ForwardBatch.init_new`` (boundary.py), so

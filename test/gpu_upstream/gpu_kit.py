@@ -43,7 +43,9 @@ class GpuWorld(K.World):
     def _model_runner(self):
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-        cfg = SimpleNamespace(model_type="deepseek_v4", index_topk=K.TOPK)
+        cfg = SimpleNamespace(
+            model_type="deepseek_v4", index_topk=K.TOPK, num_attention_heads=K.HEADS
+        )
         return SimpleNamespace(
             device=DEV,
             page_size=K.PAGE,

@@ -84,12 +84,14 @@ def test_split_acts_inside_replays_and_equals_upstream(bucket):
     for name in ("mixed_b", "extend"):
         view, fb = _live(world, name)
         off[name] = b.replay(view, fb, view.q())
-    with K.patch_installed(policy="always"):
+    with K.patch_installed(policy="always"), K.cache_builds() as builds:
         view, fb = _live(world, "mixed_b")
         on = b.replay(view, fb, view.q())
         plan = getattr(b.metadata, attrs.METADATA_SPLIT_PLAN, None)
         assert plan is not None and plan.boundary.b0 == view.step.b0
         assert plan.decode_calls == {r: 1 for r in K.LAYER_RATIOS}
+        # The replay's one chunk cache, the plan's prefill-only one (built at prepare).
+        assert builds == [len(view.step.prefill)]
         view_e, fb_e = _live(world, "extend")
         on_extend = b.replay(view_e, fb_e, view_e.q())
         assert getattr(b.metadata, attrs.METADATA_SPLIT_PLAN, None) is None
@@ -150,7 +152,12 @@ def test_replay_read_done_prebuilds_publishes_and_equals_upstream(bucket, split)
                 runner.forward_pass_id += 1
                 runner.shared_read_done_event = None
                 view, fb = _live(world, name)
-                on[name] = b.replay(view, fb, view.q(), model_runner=runner)
+                with K.cache_builds() as builds:
+                    on[name] = b.replay(view, fb, view.q(), model_runner=runner)
+                # One chunk cache per replay, before the publish: the split's prefill-only one
+                # for a split MIXED step, upstream's over every request otherwise.
+                split_step = split and name.startswith("mixed")
+                assert builds == [len(view.step.prefill if split_step else view.step.seq_lens)]
                 assert b.read_ends is SharedReadEnds.PRE_REPLAY
                 assert isinstance(runner.shared_read_done_event, torch.cuda.Event)
                 assert b.metadata.sparse_prefill_cache is not None

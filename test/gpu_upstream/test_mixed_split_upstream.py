@@ -1,6 +1,7 @@
 """The mixed split on upstream's real DSV4 backend, metadata builder and FlashMLA kernels:
 split equals unsplit upstream, prefill rows bit-identical, one decode-kernel call per split
-layer, for both policies, both sparse-prefill paths (bf16 workspace and SM90 Q8KV8)."""
+layer, one chunk-cache build per step, for both policies, both sparse-prefill paths (bf16
+workspace and SM90 Q8KV8)."""
 
 import gpu_kit as G
 import mixed_split_kit as K
@@ -29,9 +30,9 @@ def _compare(world, split, base, plan, q8kv8):
     live = step.num_rows - step.padding
     for layer, out in split.items():
         ratio = K.LAYER_RATIOS[layer]
-        if plan is None or not plan.splits(ratio):
+        if plan is None:
             assert torch.equal(out, base[layer]), (
-                f"layer {layer} left unsplit must be upstream's bits"
+                f"layer {layer} of a step left unsplit must be upstream's bits"
             )
             continue
         assert torch.equal(out[:b0], base[layer][:b0]), (
@@ -52,28 +53,79 @@ def test_split_always_equals_unsplit(sglang_cuda, q8kv8, idx):
     step = _holes_off(STEPS[idx]) if q8kv8 else STEPS[idx]
     world = G.GpuWorld(step, q8kv8=q8kv8)
     base = world.run_step(world.forward_batch(num_decode_attr=None))
-    with K.patch_installed(policy="always"):
+    with K.patch_installed(policy="always"), K.cache_builds() as builds:
         fb = world.forward_batch()
         out = world.run_step(fb)
         plan = ms.get_plan(world.backend)
     torch.cuda.synchronize()
     assert plan is not None and plan.boundary.b0 == step.b0
     assert plan.decode_calls == {r: 1 for r in K.LAYER_RATIOS}
+    # The step's one chunk cache: prefill-only (none without prefill rows).
+    assert builds == ([len(step.prefill)] if step.b0 else [])
     _compare(world, out, base, plan, q8kv8)
 
 
 @pytest.mark.parametrize("idx", range(len(STEPS)))
 def test_split_adaptive_equals_unsplit(sglang_cuda, idx):
-    world = G.GpuWorld(STEPS[idx])
+    step = STEPS[idx]
+    world = G.GpuWorld(step)
     base = world.run_step(world.forward_batch(num_decode_attr=None))
-    with K.patch_installed(policy="adaptive"):
+    with K.patch_installed(policy="adaptive"), K.cache_builds() as builds:
         fb = world.forward_batch()
         out = world.run_step(fb)
         plan = ms.get_plan(world.backend)
     torch.cuda.synchronize()
+    # adaptive decides the whole step: every layer split with the prefill-only cache, or none
+    # with upstream's; one chunk cache either way.
     if plan is not None:
-        assert plan.decode_calls == {r: 1 for r in K.LAYER_RATIOS if plan.splits(r)}
+        assert plan.decode_calls == {r: 1 for r in K.LAYER_RATIOS}
+        assert builds == ([len(step.prefill)] if step.b0 else [])
+    else:
+        assert builds == [len(step.seq_lens)]
     _compare(world, out, base, plan, False)
+
+
+@pytest.mark.parametrize("decide", [True, False], ids=["split", "unsplit"])
+def test_adaptive_either_way_builds_one_cache_and_equals_upstream(sglang_cuda, decide, monkeypatch):
+    """The step decision forced each way on the real kernels (the shipped coefficients keep
+    these small steps unsplit): one chunk-cache build per step, upstream's output (bits when
+    unsplit, prefill rows bits and decode rows within the decode kernel's rounding when split)."""
+    from sglang_mixgraph.core import split_cost_model as scm
+
+    monkeypatch.setattr(scm, "decide_step", lambda *a, **k: decide)
+    step = STEPS[0]
+    world = G.GpuWorld(step)
+    base = world.run_step(world.forward_batch(num_decode_attr=None))
+    with K.patch_installed(policy="adaptive"), K.cache_builds() as builds:
+        out = world.run_step(world.forward_batch())
+        plan = ms.get_plan(world.backend)
+    torch.cuda.synchronize()
+    assert (plan is not None) == decide
+    assert builds == ([len(step.prefill)] if decide else [len(step.seq_lens)])
+    _compare(world, out, base, plan, False)
+
+
+@pytest.mark.parametrize("q8kv8", [False, True], ids=["bf16", "q8kv8"])
+def test_two_layers_per_ratio_share_the_plans_tail_inputs(sglang_cuda, q8kv8):
+    """Two layers of each ratio in one step on the real FlashMLA decode kernel: the plan's
+    per-ratio inputs (index views, lengths, one scheduling-metadata object, bound by the
+    kernel at its first call) serve the second layer of the ratio too, which must equal
+    upstream as the first does (a metadata object bound to another shape would assert, a stale
+    split plan would show as a wrong decode row)."""
+    step = _holes_off(STEPS[0]) if q8kv8 else STEPS[0]
+    layers = (0, 1, 2, 1, 2, 0)
+    world = G.GpuWorld(step, q8kv8=q8kv8)
+    base = world.run_step(world.forward_batch(num_decode_attr=None))
+    with K.patch_installed(policy="always"):
+        fb = world.forward_batch()
+        world.upstream_metadata(fb)
+        outs = [world.run_layer(fb, layer) for layer in layers]
+        plan = ms.get_plan(world.backend)
+    torch.cuda.synchronize()
+    assert plan.tail_builds == {r: 1 for r in K.LAYER_RATIOS}
+    assert plan.decode_calls == {r: 2 for r in K.LAYER_RATIOS}
+    for layer, out in zip(layers, outs, strict=True):
+        _compare(world, {layer: out}, base, plan, q8kv8)
 
 
 @pytest.mark.parametrize("relabelled", [False, True], ids=["extend_all_decode", "dp_relabelled"])

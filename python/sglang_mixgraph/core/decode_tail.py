@@ -22,7 +22,7 @@ The kernel is injectable (``kernel=``) so CPU tests run the same code with
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import torch
 
@@ -119,6 +119,110 @@ def _as_3d_indices(x: torch.Tensor, name: str) -> torch.Tensor:
     if x.dtype != torch.int32:
         raise TypeError(f"{name} must be int32, got {x.dtype}")
     return x
+
+
+@dataclasses.dataclass(frozen=True)
+class TailInputs:
+    """One compress ratio's decode-kernel inputs for one step, built once by the step's plan.
+
+    Rows ``[b0, b0 + D)`` of the step's per-row metadata, shaped for the kernel (``(D, 1, W)``
+    index views, ``(D,)`` lengths) and validated here, with the ratio's one scheduling-metadata
+    object; every layer of that ratio reads them (views of the metadata tensors, so they see
+    the indexer's in-place per-layer writes of the c4 top-k). ``sources`` are the metadata
+    tensors the views were taken from (:meth:`built_from` tells whether they still are).
+    """
+
+    ratio: int
+    num_rows: int
+    kernel_kwargs: Mapping[str, Any]
+    sources: Tuple[Optional[torch.Tensor], ...]
+
+    @property
+    def sched_meta(self) -> Any:
+        return self.kernel_kwargs["tile_scheduler_metadata"]
+
+    def built_from(self, swa_indices, swa_lengths, extra_indices, extra_lengths) -> bool:
+        s = self.sources
+        return (
+            s[0] is swa_indices
+            and s[1] is swa_lengths
+            and s[2] is extra_indices
+            and s[3] is extra_lengths
+        )
+
+
+def tail_inputs(
+    ratio: int,
+    b0: int,
+    num_decode: int,
+    swa_indices: torch.Tensor,
+    swa_lengths: Optional[torch.Tensor],
+    extra_indices: Optional[torch.Tensor] = None,
+    extra_lengths: Optional[torch.Tensor] = None,
+    *,
+    sched_meta: Any,
+    softmax_scale: Optional[float] = None,
+    use_legacy: bool = True,
+) -> TailInputs:
+    """The decode tail's inputs of one ratio for one step: rows ``[b0, b0 + num_decode)`` of
+    the step's metadata (``extra_*`` None for SWA-only layers), checked once here instead of in
+    every layer call (:func:`run_decode_tail` checks them per call)."""
+    if (ratio == 0) != (extra_indices is None):
+        raise ValueError(f"ratio {ratio}: extra indices come with the compressed ratios only")
+    d = int(num_decode)
+
+    def rows(t):
+        if t is None:
+            return None
+        if b0 + d > t.shape[0]:
+            raise IndexError(f"rows [{b0}, {b0 + d}) outside a tensor of {t.shape[0]} rows")
+        return t.narrow(0, b0, d)
+
+    swa_idx = _as_3d_indices(rows(swa_indices), "swa_indices")
+    extra_idx = (
+        None if extra_indices is None else _as_3d_indices(rows(extra_indices), "extra_indices")
+    )
+    kwargs = dict(
+        block_table=None,
+        cache_seqlens=None,
+        head_dim_v=HEAD_DIM,
+        tile_scheduler_metadata=sched_meta,
+        num_splits=None,
+        softmax_scale=softmax_scale,
+        causal=False,
+        is_fp8_kvcache=True,
+        indices=swa_idx,
+        extra_indices_in_kvcache=extra_idx,
+        topk_length=rows(swa_lengths),
+        extra_topk_length=rows(extra_lengths),
+        use_legacy=use_legacy,
+    )
+    return TailInputs(
+        ratio=ratio,
+        num_rows=d,
+        kernel_kwargs=kwargs,
+        sources=(swa_indices, swa_lengths, extra_indices, extra_lengths),
+    )
+
+
+def run_tail(
+    inputs: TailInputs,
+    q: torch.Tensor,
+    swa_k_cache: torch.Tensor,
+    attn_sink: torch.Tensor,
+    extra_k_cache: Optional[torch.Tensor],
+    kernel: KernelFn,
+) -> torch.Tensor:
+    """The decode kernel on ``q`` (``(D, 1, h_q, 512)``, the tail rows of the layer's query)
+    with the step's prepared inputs: one kernel call; returns the kernel's ``(D, 1, h_q, 512)``
+    output."""
+    return kernel(
+        q=q,
+        k_cache=swa_k_cache,
+        attn_sink=attn_sink,
+        extra_k_cache=extra_k_cache,
+        **inputs.kernel_kwargs,
+    )[0]
 
 
 def run_decode_tail(

@@ -71,6 +71,18 @@ REGIMES = (REPLAY, EAGER)
 # Eager terms per ratio: host ms per layer call of the unsplit path, of the split path with
 # prefill rows (b0 > 0) and without (decode rows only), and kappa (a fraction, see above).
 EAGER_NAMES = ("host_unsplit", "host_split", "host_split_decode_only", "kappa")
+# Step terms (milliseconds per step, see ``predict_step``): one sparse-prefill chunk-cache
+# build (either kind: upstream's over every request, the split's over the prefill requests;
+# host work plus a few small index kernels), the split plan's own work on top of its cache
+# (the boundary, the decode tail's per-ratio inputs and scheduling metadata), and this model's
+# evaluation of one step (paid by ``adaptive`` whatever it decides).
+STEP_NAMES = ("cache_build_ms", "split_plan_ms", "eval_ms")
+DEFAULT_STEP_TERMS = {"cache_build_ms": 0.3, "split_plan_ms": 0.15, "eval_ms": 0.08}
+DEFAULT_STEP_SOURCE = (
+    "built-in estimate, not fitted: the H200 step benchmark's prepare times "
+    "(docs/results/mixed_steady_state_h200.json: the split's plan with its chunk cache about "
+    "0.6 ms over upstream's prepare at 8k) and the evaluation timed on a CPU"
+)
 
 logger = logging.getLogger(__name__)
 
@@ -230,6 +242,154 @@ def _workspace(seqs: List[int], exts: List[int], ratio: int, swa: int) -> Tuple[
     return sum(s // ratio for s in seqs), swa_rows
 
 
+@dataclasses.dataclass(frozen=True)
+class StepCounts:
+    """Host counts of one mixed step for every layer kind at once (prefill requests first).
+
+    :meth:`shape` gives one compress ratio's :class:`StepShape` (equal to
+    ``StepShape.from_lists`` on the same lists) in O(1). Building the counts costs one closed
+    form per prefill request and, for the decode requests, a fixed number of reductions over
+    their lengths (one pass each in torch when they come as a tensor, as
+    ``ForwardBatch.seq_lens_cpu`` does): no Python loop over the decode requests, which is
+    where a mixed step's requests are (256 per rank in the reference deployment).
+    """
+
+    num_decode: int  # D
+    num_prefill_reqs: int  # P
+    prefill_rows: int  # b0
+    swa: int
+    max_seq_pre: int  # 0 without prefill requests
+    max_seq_all: int
+    swa_ws_pre: int  # sum over prefill requests of min(seq, ext + swa - 1)
+    swa_keys_pre: int  # (row, SWA key) pairs of the prefill rows
+    swa_dec: int  # sum over decode requests of min(seq, swa): their SWA keys and SWA rows
+    # per compressed ratio: (prefill requests, decode requests) workspace rows and key pairs;
+    # c128's workspace follows the longest request instead (see ``_workspace``)
+    comp_ws: Mapping[int, Tuple[int, int]]
+    comp_keys: Mapping[int, Tuple[int, int]]
+
+    @classmethod
+    def from_lists(
+        cls,
+        seq_lens,
+        extend_seq_lens: Sequence[int],
+        num_decode: int,
+        topk: Optional[int] = C4_TOPK,
+        swa: int = SWA_WINDOW,
+        ratios: Sequence[int] = (4, 128),
+    ) -> "StepCounts":
+        """``seq_lens``: a host list or a 1-D CPU tensor (every request, prefill ones first);
+        ``extend_seq_lens``: a host list. ``ratios``: the compressed ratios to count (SWA-only
+        layers need none). c128 layers attend every compressed entry (no top-k cap)."""
+        n = len(extend_seq_lens)
+        d = int(num_decode)
+        p = n - d
+        if p < 0:
+            raise ValueError("more decode requests than requests")
+        if len(seq_lens) != n:
+            raise ValueError("seq_lens and extend_seq_lens differ in length")
+        comp = [int(r) for r in ratios if r]
+        if isinstance(seq_lens, torch.Tensor):
+            pre_seqs = [int(x) for x in seq_lens[:p].tolist()]
+            dec = _decode_sums_tensor(seq_lens[p:], d, comp, topk, swa)
+        else:
+            pre_seqs = [int(x) for x in seq_lens[:p]]
+            dec = _decode_sums_list([int(x) for x in seq_lens[p:]], comp, topk, swa)
+        pre_exts = [int(e) for e in extend_seq_lens[:p]]
+        swa_ws_pre = swa_keys_pre = 0
+        comp_ws_pre = dict.fromkeys(comp, 0)
+        comp_keys_pre = dict.fromkeys(comp, 0)
+        for s, e in zip(pre_seqs, pre_exts, strict=True):
+            lo = s - e + 1
+            swa_ws_pre += min(s, e + swa - 1)
+            swa_keys_pre += sum_min_linear(lo, s, swa)
+            for r in comp:
+                comp_ws_pre[r] += s // r
+                comp_keys_pre[r] += sum_min_floor_div(lo, s, r, None if r == 128 else topk)
+        swa_dec, max_dec, dec_ws, dec_keys = dec
+        max_pre = max(pre_seqs) if pre_seqs else 0
+        return cls(
+            num_decode=d,
+            num_prefill_reqs=p,
+            prefill_rows=sum(pre_exts),
+            swa=swa,
+            max_seq_pre=max_pre,
+            max_seq_all=max(max_pre, max_dec),
+            swa_ws_pre=swa_ws_pre,
+            swa_keys_pre=swa_keys_pre,
+            swa_dec=swa_dec,
+            comp_ws={r: (comp_ws_pre[r], dec_ws[r]) for r in comp},
+            comp_keys={r: (comp_keys_pre[r], dec_keys[r]) for r in comp},
+        )
+
+    def shape(self, ratio: int) -> StepShape:
+        """The counts of one layer kind, as ``StepShape.from_lists`` gives them."""
+        p, d = self.num_prefill_reqs, self.num_decode
+        keys_pre, keys_dec = self.swa_keys_pre, self.swa_dec
+        ws_pre = self.swa_ws_pre if p else 0
+        ws_all = self.swa_ws_pre + self.swa_dec if p + d else 0
+        if ratio:
+            kp, kd = self.comp_keys[ratio]
+            keys_pre, keys_dec = keys_pre + kp, keys_dec + kd
+            if ratio == 128:
+                if p:
+                    ws_pre += p * max(self.max_seq_pre // 128, 1)
+                if p + d:
+                    ws_all += (p + d) * max(self.max_seq_all // 128, 1)
+            else:
+                wp, wd = self.comp_ws[ratio]
+                ws_pre += wp if p else 0
+                ws_all += wp + wd
+        return StepShape(
+            ratio=ratio,
+            num_decode=d,
+            prefill_rows=self.prefill_rows,
+            ws_all=ws_all,
+            ws_pre=ws_pre,
+            keys_all=keys_pre + keys_dec,
+            keys_pre=keys_pre,
+            keys_dec=keys_dec,
+        )
+
+
+def _decode_sums_list(dec: List[int], comp: Sequence[int], topk: Optional[int], swa: int):
+    """(sum min(s, swa), max s, {r: sum s // r}, {r: sum min(s // r, cap)}) over decode lengths."""
+    ws, keys = {}, {}
+    for r in comp:
+        q = [s // r for s in dec]
+        ws[r] = sum(q)
+        cap = None if r == 128 else topk
+        keys[r] = ws[r] if cap is None else sum(min(x, cap) for x in q)
+    return sum(min(s, swa) for s in dec), max(dec, default=0), ws, keys
+
+
+def _decode_sums_tensor(dec: torch.Tensor, d: int, comp: Sequence[int], topk, swa: int):
+    """The same sums from a 1-D CPU tensor of the decode requests' lengths: a fixed number of
+    torch reductions (one ``tolist`` at the end), whatever the number of requests."""
+    if d == 0:
+        return 0, 0, dict.fromkeys(comp, 0), dict.fromkeys(comp, 0)
+    dec = dec.to(torch.int64)
+    parts = [dec.clamp(max=swa).sum(), dec.max()]
+    for r in comp:
+        q = torch.div(dec, r, rounding_mode="floor")
+        total = q.sum()
+        cap = None if r == 128 else topk
+        parts += [total, total if cap is None else q.clamp(max=cap).sum()]
+    vals = [int(v) for v in torch.stack(parts).tolist()]
+    ws = {r: vals[2 + 2 * i] for i, r in enumerate(comp)}
+    keys = {r: vals[3 + 2 * i] for i, r in enumerate(comp)}
+    return vals[0], vals[1], ws, keys
+
+
+def layer_mix(compress_ratios: Sequence[int]) -> dict:
+    """``{compress ratio: layers}`` of a model (or a pipeline stage) from its per-layer
+    compress ratios (``compress_ratios`` of the config, ``compression_ratios`` of the pool)."""
+    mix: dict = {}
+    for r in compress_ratios:
+        mix[int(r)] = mix.get(int(r), 0) + 1
+    return mix
+
+
 def features(shape: StepShape) -> Tuple[List[float], List[float]]:
     """Design rows (unsplit, split) over ``COEFF_NAMES``."""
     b0, d = shape.prefill_rows, shape.num_decode
@@ -264,6 +424,12 @@ class Coefficients:
     # Eager-regime terms (``EAGER_NAMES``) per ratio; None: eager steps use the GPU model.
     eager: Optional[Mapping[int, Mapping[str, float]]] = None
     eager_source: str = ""
+    # Step terms (``STEP_NAMES``); None: ``DEFAULT_STEP_TERMS``.
+    step: Optional[Mapping[str, float]] = None
+    step_source: str = ""
+
+    def step_terms(self) -> Mapping[str, float]:
+        return self.step if self.step else DEFAULT_STEP_TERMS
 
     def for_ratio(self, ratio: int) -> Mapping[str, float]:
         return _pick_ratio(self.per_ratio, ratio)
@@ -286,12 +452,19 @@ class Coefficients:
                 "sglang_mixgraph.core.split_cost_model",
                 "coefficients": {str(r): dict(c) for r, c in self.eager.items()},
             }
+        if self.step:
+            out["step"] = {
+                "source": self.step_source,
+                "units": "milliseconds per step; see sglang_mixgraph.core.split_cost_model",
+                "terms": dict(self.step),
+            }
         return out
 
     @classmethod
     def from_json(cls, data: Mapping) -> "Coefficients":
         per_ratio = _read_terms(data["coefficients"], COEFF_NAMES)
         eager = data.get("eager")
+        step = data.get("step")
         return cls(
             arch=str(data["arch"]),
             per_ratio=per_ratio,
@@ -299,6 +472,10 @@ class Coefficients:
             source=str(data.get("source", "")),
             eager=_read_terms(eager["coefficients"], EAGER_NAMES) if eager else None,
             eager_source=str(eager.get("source", "")) if eager else "",
+            step=_read_terms({"step": step["terms"]}, STEP_NAMES, key=str)["step"]
+            if step
+            else None,
+            step_source=str(step.get("source", "")) if step else "",
         )
 
 
@@ -311,13 +488,14 @@ def _pick_ratio(per_ratio: Mapping[int, Mapping[str, float]], ratio: int) -> Map
     return next(iter(per_ratio.values()))
 
 
-def _read_terms(block: Mapping, names: Sequence[str]) -> dict:
+def _read_terms(block: Mapping, names: Sequence[str], key=int) -> dict:
     out = {}
     for r, c in block.items():
         missing = [k for k in names if k not in c]
         if missing:
-            raise ValueError(f"ratio {r}: missing coefficients {missing}")
-        out[int(r)] = {k: float(c[k]) for k in names}
+            where = f"ratio {r}" if key is int else str(r)
+            raise ValueError(f"{where}: missing coefficients {missing}")
+        out[key(r)] = {k: float(c[k]) for k in names}
     return out
 
 
@@ -434,6 +612,22 @@ def _warn_no_eager(coeffs: Coefficients) -> None:
         )
 
 
+def layer_walls(
+    shape: StepShape, coeffs: Coefficients, regime: str = REPLAY
+) -> Tuple[float, float]:
+    """``(unsplit_ms, split_ms)`` of one layer call of this kind in ``regime``: the GPU model
+    (``replay``) or the eager wall model (``eager``; the GPU model, said once, when ``coeffs``
+    have no eager terms)."""
+    if regime not in REGIMES:
+        raise ValueError(f"regime must be one of {REGIMES}, not {regime!r}")
+    walls = predict_eager(shape, coeffs) if regime == EAGER else None
+    if walls is None:
+        if regime == EAGER:
+            _warn_no_eager(coeffs)
+        walls = predict(shape, coeffs)
+    return walls
+
+
 def should_split(
     shape: StepShape,
     coeffs: Coefficients,
@@ -441,17 +635,80 @@ def should_split(
     *,
     regime: str = REPLAY,
 ) -> bool:
-    """Adaptive decision for one layer kind: split iff ``split <= (1 - margin) * unsplit``,
-    times from the GPU model (``regime="replay"``) or the eager wall model (``"eager"``)."""
+    """Decision for one layer kind alone: split iff ``split <= (1 - margin) * unsplit``, times
+    from :func:`layer_walls`. The patch decides whole steps (:func:`decide_step`); this is the
+    per-layer answer the in-server sweeps measure."""
     if regime not in REGIMES:
         raise ValueError(f"regime must be one of {REGIMES}, not {regime!r}")
     if shape.num_decode == 0:
         return False
     m = coeffs.margin if margin is None else margin
-    walls = predict_eager(shape, coeffs) if regime == EAGER else None
-    if walls is None:
-        if regime == EAGER:
-            _warn_no_eager(coeffs)
-        walls = predict(shape, coeffs)
-    unsplit, split = walls
+    unsplit, split = layer_walls(shape, coeffs, regime)
     return split <= (1.0 - m) * unsplit
+
+
+@dataclasses.dataclass(frozen=True)
+class StepPrediction:
+    """Predicted milliseconds of one step's attention layers plus its chunk-cache builds.
+
+    ``unsplit_ms``: every layer upstream's way, with upstream's one chunk cache over every
+    request. ``split_ms``: every layer split, with the plan's one prefill-only cache (none
+    without prefill rows) and the plan's own work. ``eval_ms``: this prediction, paid by
+    ``adaptive`` whichever way it decides (``adaptive`` = the chosen arm + ``eval_ms``).
+    """
+
+    unsplit_ms: float
+    split_ms: float
+    eval_ms: float
+
+    def adaptive_ms(self, split: bool) -> float:
+        return (self.split_ms if split else self.unsplit_ms) + self.eval_ms
+
+
+def predict_step(
+    counts: StepCounts,
+    layers: Mapping[int, int],
+    coeffs: Coefficients,
+    *,
+    regime: str = REPLAY,
+) -> StepPrediction:
+    """The whole step, both ways: ``layers`` is ``{compress ratio: layers}`` (:func:`layer_mix`)
+    and each layer call is priced by :func:`layer_walls`; each way builds one chunk cache
+    (``cache_build_ms``; the split none without prefill rows) and the split pays its plan
+    (``split_plan_ms``). A fixed number of operations per step: one :meth:`StepCounts.shape`
+    and one layer prediction per ratio present."""
+    terms = coeffs.step_terms()
+    build = terms["cache_build_ms"]
+    unsplit = split = 0.0
+    for ratio, n in layers.items():
+        if n > 0:
+            u, s = layer_walls(counts.shape(ratio), coeffs, regime)
+            unsplit += n * u
+            split += n * s
+    unsplit += build
+    if counts.num_decode == 0:
+        split = unsplit  # nothing to split
+    else:
+        split += (build if counts.prefill_rows > 0 else 0.0) + terms["split_plan_ms"]
+    return StepPrediction(unsplit_ms=unsplit, split_ms=split, eval_ms=terms["eval_ms"])
+
+
+def decide_step(
+    counts: StepCounts,
+    layers: Mapping[int, int],
+    coeffs: Coefficients,
+    margin: Optional[float] = None,
+    *,
+    regime: str = REPLAY,
+) -> bool:
+    """``adaptive``'s decision for one step: split every layer iff the whole step's
+    ``split_ms <= (1 - margin) * unsplit_ms`` (:func:`predict_step`). One decision per step,
+    never per compress ratio: a step that splits some ratios and not others would need both
+    chunk caches (upstream's for the unsplit layers, the prefill-only one for the split ones)."""
+    if regime not in REGIMES:
+        raise ValueError(f"regime must be one of {REGIMES}, not {regime!r}")
+    if counts.num_decode == 0:
+        return False
+    m = coeffs.margin if margin is None else margin
+    p = predict_step(counts, layers, coeffs, regime=regime)
+    return p.split_ms <= (1.0 - m) * p.unsplit_ms

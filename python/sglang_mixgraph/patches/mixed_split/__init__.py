@@ -43,6 +43,7 @@ from sglang_mixgraph.patches.mixed_split.state import (
     POLICY_FLAG,
     SPLIT_FLAG,
     SplitPlan,
+    SplitPlanError,
     get_plan,
 )
 from sglang_mixgraph.registry import Hook, Patch
@@ -57,6 +58,7 @@ __all__ = [
     "POLICY_FLAG",
     "SPLIT_FLAG",
     "SplitPlan",
+    "SplitPlanError",
     "after_eager_load_batch",
     "after_forward_batch_init_new",
     "after_init_forward_metadata",
@@ -183,9 +185,9 @@ PATCH = Patch(
         "the step is planned once (metadata init, or the breakable-graph replay prepare): the "
         "prefill rows keep upstream's sparse-prefill body with a chunk cache over the prefill "
         "requests only, the decode rows take the fp8 decode kernel, in eager steps and inside "
-        "replays; the adaptive policy splits a compress ratio's layers only where the per-GPU "
-        "cost model predicts a gain; anything not handled falls back to upstream for the whole "
-        "step, said once per reason"
+        "replays, with one chunk cache per step; the adaptive policy splits a step only where "
+        "the per-GPU cost model (the step's layers and its chunk-cache builds) predicts a gain; "
+        "anything not handled falls back to upstream for the whole step, said once per reason"
     ),
     upstream_pr=(
         "the upstream PR that splits DeepSeek-V4 mixed steps at the prefill/decode boundary in "

@@ -1,24 +1,30 @@
 """The split attention of a planned step.
 
 AROUND ``_build_sparse_prefill_chunk_cache``: every builder call of a split step builds the
-prefill-only chunk cache over every row (decode and padding rows have no keys). AROUND
-``_forward_prefill_sparse`` / ``_forward_prefill_sparse_q8kv8``: for a layer whose ratio splits,
-the fp8 decode kernel on the decode rows and upstream's body on every row, joined by copying the
-decode rows in (``core.mixed_boundary.copy_in_join``); for a ratio ``adaptive`` keeps unsplit,
-upstream's body with the all-requests cache upstream would have built.
+prefill-only chunk cache over every row (decode and padding rows have no keys), once per step.
+AROUND ``_forward_prefill_sparse`` / ``_forward_prefill_sparse_q8kv8``: upstream's body on every
+row with that cache first (the layer's longest kernel), then the fp8 decode kernel on the decode
+rows with the inputs the plan prepared for the layer's compress ratio, joined by copying the
+decode rows in (``core.mixed_boundary.copy_in_join``). Per layer that is the two kernel calls, a
+view of the query's tail rows and the copy: the metadata slices, their checks and the
+scheduling metadata are the plan's (``core.decode_tail.TailInputs``, once per ratio per step).
 """
 
 from __future__ import annotations
 
-from sglang_mixgraph.core.mixed_boundary import assemble_rows, copy_in_join, slice_decode_tail
+from sglang_mixgraph.core.decode_tail import run_tail
+from sglang_mixgraph.core.mixed_boundary import assemble_rows, copy_in_join
 from sglang_mixgraph.patches.mixed_split.state import (
-    ALL_RATIOS,
+    FALLBACK_REASONS,
     SplitPlan,
+    SplitPlanError,
     _count,
     _fallback,
     get_plan,
 )
-from sglang_mixgraph.upstream_attrs import METADATA_SPLIT_PLAN
+from sglang_mixgraph.upstream_attrs import BACKEND_SPLIT_KV_VIEWS, METADATA_SPLIT_PLAN
+
+_LAYERS_SPLIT = {r: f"layers_split.c{r}" for r in (0, 4, 128)}
 
 
 class _PrefillRequestsView:
@@ -79,79 +85,79 @@ def _kernel_cache_view(buf, page_size: int, bytes_per_token: int):
     return buf[:, : page_size * bytes_per_token].view(buf.shape[0], page_size, 1, bytes_per_token)
 
 
-def _decode_tail(backend, plan: SplitPlan, q, layer_id, compress_ratio, pool, core, attn_sink):
-    swa_cache = _kernel_cache_view(
-        pool.get_swa_key_buffer_radix(layer_id),
-        pool.get_swa_key_page_size(),
-        pool.get_swa_key_bytes_per_token(),
+def _buffer_key(buf):
+    # What a kernel view of ``buf`` depends on: the pool's getters return a new tensor object
+    # per call where the pool stores another dtype (``get_key_buffer``'s ``.view(dtype)``).
+    return None if buf is None else (buf.data_ptr(), buf.shape, buf.dtype)
+
+
+def _layer_caches(backend, pool, layer_id: int, compress_ratio: int):
+    """The decode kernel's views of the layer's SWA and compressed caches. The pool's getters
+    run every call (they wait for the layer's transfer, ``DeepSeekV4TokenToKVPool.
+    wait_layer_transfer``); the views are made once per layer and buffer and kept on the
+    backend (a buffer at another address, shape or dtype gets a new view)."""
+    kept = getattr(backend, BACKEND_SPLIT_KV_VIEWS, None)
+    if kept is None or kept[0] is not pool:
+        kept = (pool, {})
+        setattr(backend, BACKEND_SPLIT_KV_VIEWS, kept)
+    swa_buf = pool.get_swa_key_buffer_radix(layer_id)
+    extra_buf = pool.get_extra_key_buffer(layer_id) if compress_ratio else None
+    key = (_buffer_key(swa_buf), _buffer_key(extra_buf))
+    entry = kept[1].get(layer_id)
+    if entry is not None and entry[0] == key:
+        return entry[1], entry[2]
+    swa = _kernel_cache_view(
+        swa_buf, pool.get_swa_key_page_size(), pool.get_swa_key_bytes_per_token()
     )
-    extra_cache = extra_idx = extra_len = None
-    if compress_ratio != 0:
-        extra_cache = _kernel_cache_view(
-            pool.get_extra_key_buffer(layer_id),
+    extra = None
+    if extra_buf is not None:
+        extra = _kernel_cache_view(
+            extra_buf,
             pool.get_extra_key_page_size(layer_id),
             pool.get_extra_key_bytes_per_token(layer_id),
         )
-        extra_idx = core.sparse_page_indices(compress_ratio)
-        extra_len = core.sparse_topk_lengths(compress_ratio)
-    tail = slice_decode_tail(
-        plan.boundary, q, core.swa_page_indices, core.swa_topk_lengths, extra_idx, extra_len
-    )
-    q_tail = tail.q.squeeze(1) if tail.q.dim() == 4 else tail.q
-    plan.decode_calls[compress_ratio] = plan.decode_calls.get(compress_ratio, 0) + 1
-    return plan.tail.forward(
-        compress_ratio,
-        q_tail,
-        swa_cache,
-        tail.swa_indices,
-        tail.swa_lengths,
-        attn_sink,
-        extra_k_cache=extra_cache,
-        extra_indices=tail.extra_indices,
-        extra_lengths=tail.extra_lengths,
-        softmax_scale=backend.softmax_scale,
-    )
+    kept[1][layer_id] = (key, swa, extra)
+    return swa, extra
 
 
-def _abandon_plan(backend, reason_key: str) -> None:
-    """A planned step meets something only visible at the first layer: upstream for the rest
-    of the step. The prefill-only cache is replaced by the all-requests one the plan built
-    before any read-done publish (plan._plan builds it wherever read-done may be published),
-    else dropped so upstream's lazy build (in ``_forward_prefill_sparse``) covers every row
-    again: only where nothing was published, so that build may still read the shared tables.
-    Not expected in practice: the plan-time checks cover the configurations that lead here
-    (see docs/mixed-split.md)."""
+def _mismatch(backend, plan: SplitPlan, reason_key: str) -> None:
+    """A layer of a planned step meets something the plan checked otherwise (the plan-time
+    checks in ``plan._plan`` / ``plan._unsupported_reason`` make this unreachable in sglang
+    0.5.23). Where read-done may have been published for the step, going back to upstream would
+    send its lazy build (``_forward_prefill_sparse``) to read ``req_to_token`` /
+    ``full_to_swa_index_mapping`` after the publish, and no fallback cache is built for it:
+    raise, naming the check. Elsewhere the plan is abandoned for the rest of the step and
+    upstream's lazy build covers every row again (said once per reason)."""
+    if plan.may_publish:
+        raise SplitPlanError(
+            "sglang-mixgraph mixed_split: a layer of a planned step does not match its plan "
+            f"({FALLBACK_REASONS[reason_key]}) after read-done may have been published; "
+            "upstream's lazy chunk-cache build would read the shared tables late. This is a "
+            "bug of the patch against the installed SGLang: set "
+            "SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN=0 and report it."
+        )
     _fallback(reason_key)
     metadata = backend.forward_metadata
-    plan = getattr(metadata, METADATA_SPLIT_PLAN, None)
     setattr(metadata, METADATA_SPLIT_PLAN, None)
-    metadata.sparse_prefill_cache = plan.full_cache if plan is not None else None
+    metadata.sparse_prefill_cache = None
 
 
-def _unsplit_forward(original, backend, plan: SplitPlan, forward_batch, compress_ratio, call):
-    """A layer whose ratio the plan does not split: upstream's body on every row, seeing the
-    all-requests chunk cache it would have built itself (swapped in for the call only; the
-    prefill-only cache stays the metadata's for the split ratios)."""
-    metadata = backend.forward_metadata
-    split_cache = metadata.sparse_prefill_cache
-    if plan.full_cache is None:
-        # Defensive: every present ratio was expected to split. Build it as upstream's lazy
-        # path would, through the builder with the plan detached (so the hook passes it on).
-        setattr(metadata, METADATA_SPLIT_PLAN, None)
-        try:
-            plan.full_cache = backend._build_sparse_prefill_chunk_cache(
-                forward_batch, call["core_attn_metadata"], num_qo_tokens=plan.boundary.num_rows
-            )
-        finally:
-            setattr(metadata, METADATA_SPLIT_PLAN, plan)
-    metadata.sparse_prefill_cache = plan.full_cache
-    try:
-        out = original(backend, **call)
-    finally:
-        metadata.sparse_prefill_cache = split_cache
-    plan.unsplit_calls[compress_ratio] = plan.unsplit_calls.get(compress_ratio, 0) + 1
-    _count(f"layers_unsplit_adaptive.c{compress_ratio}")
-    return out
+def _tail_of(plan: SplitPlan, backend, core, compress_ratio: int):
+    """The plan's decode-tail inputs for the ratio; rebuilt (and counted) only if the step's
+    metadata tensors were replaced since the plan took its views of them."""
+    tail = plan.tails[compress_ratio]
+    if compress_ratio:
+        extra_idx = core.sparse_page_indices(compress_ratio)
+        extra_len = core.sparse_topk_lengths(compress_ratio)
+    else:
+        extra_idx = extra_len = None
+    if tail.built_from(core.swa_page_indices, core.swa_topk_lengths, extra_idx, extra_len):
+        return tail
+    from sglang_mixgraph.patches.mixed_split.plan import _tail_inputs
+
+    tail = plan.tails[compress_ratio] = _tail_inputs(backend, core, plan.boundary, compress_ratio)
+    plan.tail_builds[compress_ratio] = plan.tail_builds.get(compress_ratio, 0) + 1
+    return tail
 
 
 def _split_forward(
@@ -170,36 +176,41 @@ def _split_forward(
     if plan is None or not plan.matches(forward_batch):
         return None
     b = plan.boundary
+    heads = q.shape[-2]
     if q.shape[0] != b.num_rows:
-        _abandon_plan(backend, "shape")
-        return None
-    if q.shape[-2] not in (64, 128):
-        _abandon_plan(backend, "heads")
-        return None
-    if compress_ratio not in ALL_RATIOS:
-        _abandon_plan(backend, "low_ratio")
-        return None
-    call = dict(
-        layer_id=layer_id,
-        compress_ratio=compress_ratio,
-        forward_batch=forward_batch,
-        token_to_kv_pool=pool,
-        core_attn_metadata=core,
-        attn_sink=attn_sink,
-        **extra_kwargs,
-    )
-    if not plan.splits(compress_ratio):
-        return _unsplit_forward(
-            original, backend, plan, forward_batch, compress_ratio, dict(call, q=q)
+        return _mismatch(backend, plan, "shape")
+    if compress_ratio not in plan.tails:
+        return _mismatch(backend, plan, "low_ratio")
+    if heads != plan.heads:
+        if plan.heads is not None or heads not in (64, 128):
+            return _mismatch(backend, plan, "heads")
+        plan.heads = heads
+    tail = _tail_of(plan, backend, core, compress_ratio)
+    o_all = None
+    if b.b0:
+        # Upstream's sparse prefill over every row with the prefill-only workspace, first:
+        # the layer's longest kernel is queued before the decode tail's host work.
+        o_all = original(
+            backend,
+            q=q,
+            layer_id=layer_id,
+            compress_ratio=compress_ratio,
+            forward_batch=forward_batch,
+            token_to_kv_pool=pool,
+            core_attn_metadata=core,
+            attn_sink=attn_sink,
+            **extra_kwargs,
         )
-    o_dec = _decode_tail(backend, plan, q, layer_id, compress_ratio, pool, core, attn_sink)
-    _count(f"layers_split.c{compress_ratio}")
-    if not b.b0:
+    swa_cache, extra_cache = _layer_caches(backend, pool, layer_id, compress_ratio)
+    q4 = q if q.dim() == 4 else q.unsqueeze(1)
+    o_dec = run_tail(
+        tail, q4.narrow(0, b.b0, b.num_decode_reqs), swa_cache, attn_sink, extra_cache, plan.kernel
+    ).squeeze(1)
+    plan.decode_calls[compress_ratio] = plan.decode_calls.get(compress_ratio, 0) + 1
+    _count(_LAYERS_SPLIT[compress_ratio])
+    if o_all is None:
         return assemble_rows(b, None, o_dec, like=o_dec)
-    # The sparse prefill over every row with the prefill-only workspace, then the decode rows
-    # copied in (``core.mixed_boundary.copy_in_join``).
-    o_all = original(backend, q=q, **call)
-    if o_dec.shape[1:] != o_all.shape[1:]:
+    if o_dec.shape[1] != o_all.shape[1]:
         # the Q8KV8 path returns only the active heads (``_forward_prefill_sparse_q8kv8``)
         o_dec = o_dec[:, : o_all.shape[1]]
     return copy_in_join(b, o_all, o_dec)
@@ -230,7 +241,7 @@ def around_forward_prefill_sparse(
     if cos_sin_cache is not None:
         plan = get_plan(backend)
         if plan is not None and plan.matches(forward_batch):
-            _abandon_plan(backend, "mega")
+            _mismatch(backend, plan, "mega")
         return original(backend, **call)
     out = _split_forward(
         original,

@@ -3,9 +3,10 @@
 Eager steps are planned AFTER ``DeepseekV4AttnBackend.init_forward_metadata``; breakable-graph
 replays AFTER ``prepare_forward_metadata_for_breakable_cuda_graph_replay``, from the live batch,
 bound to the replay's static batch and stored on the persistent captured metadata (cleared on
-every replay first). Both go through :func:`_plan`: fallbacks, the policy (``adaptive`` decides
-per compress ratio with the per-GPU cost model), and the prefill-only chunk cache installed
-before the first layer.
+every replay first). Both go through :func:`_plan`: fallbacks (everything a layer would check is
+checked here, so nothing needs a fallback chunk cache), the policy (``adaptive`` decides the
+whole step with the per-GPU cost model, counting the chunk-cache builds), the decode tail's
+per-ratio inputs, and the step's one chunk cache (prefill-only) installed before the first layer.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import logging
 from typing import Any, Dict, FrozenSet, Optional
 
 from sglang_mixgraph.core.attention_rows import batch_attention_rows
-from sglang_mixgraph.core.decode_tail import DecodeTail
+from sglang_mixgraph.core.decode_tail import tail_inputs
 from sglang_mixgraph.core.mixed_boundary import MixedBoundary, compute_mixed_boundary
 from sglang_mixgraph.patches.mixed_split.boundary import decode_tail_of
 from sglang_mixgraph.patches.mixed_split.state import (
@@ -25,7 +26,7 @@ from sglang_mixgraph.patches.mixed_split.state import (
     _fallback,
     _weak,
 )
-from sglang_mixgraph.upstream_attrs import METADATA_SPLIT_PLAN
+from sglang_mixgraph.upstream_attrs import BACKEND_SPLIT_LAYERS, METADATA_SPLIT_PLAN
 
 logger = logging.getLogger(__name__)
 
@@ -54,8 +55,10 @@ def _unsupported_reason(backend, forward_batch, metadata) -> Optional[str]:
         return "hisparse"
     if getattr(backend, "is_dsv41", False):
         return "dsv41"
-    if getattr(backend, "low_ratios", ()):
+    if getattr(backend, "low_ratios", ()) or not set(layer_mix(backend)) <= set(ALL_RATIOS):
         return "low_ratio"
+    if _model_heads(backend) not in (64, 128):
+        return "heads"
     if getattr(backend, "is_dspark_draft", False):
         return "dspark"
     spec_algo = getattr(forward_batch, "spec_algorithm", None)
@@ -100,33 +103,72 @@ def _cost_coefficients():
     return _coeff_cache[key]
 
 
-def _adaptive_split_ratios(
-    backend, boundary: MixedBoundary, seqs, exts, *, replay: bool
-) -> FrozenSet[int]:
-    """The compress ratios the cost model says to split this step (``should_split`` per layer
-    kind). Every ratio is decided, present or not, so a layer never meets an undecided ratio."""
-    from sglang_mixgraph.core import split_cost_model as scm
-
-    topk = getattr(backend, "index_topk", scm.C4_TOPK)
-    n = boundary.num_prefill_reqs + boundary.num_decode_reqs
-    coeffs = _cost_coefficients()
-    return frozenset(
-        r
-        for r in ALL_RATIOS
-        if scm.should_split(
-            scm.StepShape.from_lists(r, seqs[:n], exts[:n], boundary.num_decode_reqs, topk=topk),
-            coeffs,
-            # A replay's host runs ahead of the GPU; an eager step's host time is exposed.
-            regime=scm.REPLAY if replay else scm.EAGER,
-        )
-    )
-
-
 def _present_ratios(backend) -> FrozenSet[int]:
     """Ratios some layer of this model has: SWA-only always, c4/c128 as the backend lists."""
     present = {0}
     present.update(int(r) for r in getattr(backend, "present_ratios", ()) or ())
     return frozenset(present)
+
+
+def layer_mix(backend) -> Dict[int, int]:
+    """``{compress ratio: layers}`` of the layers this backend runs: the pool's per-layer
+    ``compression_ratios`` over its pipeline stage (``DeepSeekV4TokenToKVPool.__init__``),
+    counted once per pool and kept on the backend."""
+    from sglang_mixgraph.core import split_cost_model as scm
+
+    pool = backend.token_to_kv_pool
+    kept = getattr(backend, BACKEND_SPLIT_LAYERS, None)
+    if kept is not None and kept[0] is pool:
+        return kept[1]
+    ratios = list(getattr(pool, "compression_ratios", ()) or ())
+    start = getattr(pool, "_stage_start", 0) or 0
+    end = getattr(pool, "_stage_end", len(ratios))
+    mix = scm.layer_mix(ratios[start:end]) if ratios else dict.fromkeys(_present_ratios(backend), 1)
+    setattr(backend, BACKEND_SPLIT_LAYERS, (pool, mix))
+    return mix
+
+
+def _model_heads(backend) -> Optional[int]:
+    """The model's query heads (``num_attention_heads`` of its config, ``MqaAttentionBase.n_heads``
+    in ``models.deepseek_v4``), or None where the backend has no model config.
+
+    On the paths the split takes (CUDA, not SM120, not DSV4.1) the query reaching the attention
+    has ``MqaAttentionBase._kernel_num_heads`` heads: the local heads with one attention-TP rank,
+    else 64 or ``n_heads``; so ``n_heads`` in ``{64, 128}`` means a head count the decode kernel
+    takes, whatever the TP size (a 32-head model on 2 ranks, padded to 64, falls back too)."""
+    config = getattr(
+        getattr(getattr(backend, "model_runner", None), "model_config", None),
+        "hf_text_config",
+        None,
+    )
+    heads = getattr(config, "num_attention_heads", None)
+    return heads if isinstance(heads, int) else None
+
+
+def _adaptive_splits(
+    backend, boundary: MixedBoundary, live, exts, mix: Dict[int, int], *, replay: bool
+) -> bool:
+    """Whether the cost model splits this step (``split_cost_model.decide_step``: every layer
+    of the step one way, each way with its one chunk cache). A fixed number of operations
+    per step (``StepCounts``: no Python loop over the decode requests)."""
+    from sglang_mixgraph.core import split_cost_model as scm
+
+    topk = getattr(backend, "index_topk", scm.C4_TOPK)
+    n = boundary.num_prefill_reqs + boundary.num_decode_reqs
+    counts = scm.StepCounts.from_lists(
+        live.seq_lens_cpu[:n],
+        exts[:n],
+        boundary.num_decode_reqs,
+        topk=topk,
+        ratios=tuple(r for r in mix if r),
+    )
+    return scm.decide_step(
+        counts,
+        mix,
+        _cost_coefficients(),
+        # A replay's host runs ahead of the GPU; an eager step's host time is exposed.
+        regime=scm.REPLAY if replay else scm.EAGER,
+    )
 
 
 def plan_split(backend, forward_batch) -> Optional[SplitPlan]:
@@ -161,8 +203,7 @@ def _plan(backend, metadata, live, target, num_rows: int, *, replay: bool) -> Op
         # runs every row through the decode kernel; nothing to split.
         _count("steps_upstream_dense")
         return None
-    exts = list(live.extend_seq_lens_cpu or [])
-    seqs = [int(x) for x in live.seq_lens_cpu.tolist()]
+    exts = live.extend_seq_lens_cpu or []
     try:
         boundary = compute_mixed_boundary(exts, num_decode, num_rows=num_rows)
     except (ValueError, TypeError):
@@ -172,46 +213,63 @@ def _plan(backend, metadata, live, target, num_rows: int, *, replay: bool) -> Op
     if core.swa_page_indices.shape[0] < boundary.decode_end:
         _fallback("rows")
         return None
+    mix = layer_mix(backend)
     policy = str(POLICY_FLAG.get())
-    split_ratios = frozenset(ALL_RATIOS)
     if policy == "adaptive":
-        split_ratios = _adaptive_split_ratios(backend, boundary, seqs, exts, replay=replay)
-        if not split_ratios & _present_ratios(backend):
+        if not _adaptive_splits(backend, boundary, live, exts, mix, replay=replay):
             logger.debug("mixed split: adaptive policy keeps step unsplit (%s)", boundary)
             _count("replays_unsplit_adaptive" if replay else "steps_unsplit_adaptive")
             return None
-        logger.debug("mixed split: adaptive splits ratios %s (%s)", sorted(split_ratios), boundary)
-    full_cache = None
-    if not _present_ratios(backend) <= split_ratios or _read_done_may_publish(replay):
-        # The chunk cache upstream would build for this step (all requests, all rows), for the
-        # layers left unsplit and, where read-done may be published, for a plan abandoned at the
-        # first layer (forward._abandon_plan): it must not send upstream to a lazy build that
-        # reads req_to_token/full_to_swa after the publish. Built now, before the plan is
-        # stored, so the builder hook passes the call through to upstream unchanged; and
-        # before the first layer, so before the eager WAR snapshot (``EagerRunner``) or the
-        # replay (``replay_read_done``) publishes read-done, as upstream's own snapshot does.
-        full_cache = backend._build_sparse_prefill_chunk_cache(target, core, num_qo_tokens=num_rows)
+        logger.debug("mixed split: adaptive splits the step (%s)", boundary)
+    try:
+        tails = {r: _tail_inputs(backend, core, boundary, r) for r in sorted(mix)}
+    except (ValueError, TypeError, IndexError):
+        _fallback("tail_layout")
+        return None
     plan = SplitPlan(
         boundary=boundary,
         forward_batch_ref=_weak(target),
-        tail=DecodeTail(
-            kernel=backend._flash_mla_with_kvcache,
-            meta_factory=_sched_meta_factory,
-            use_legacy=not getattr(backend, "_swa_interleaved", False),
-        ),
-        split_ratios=split_ratios,
-        full_cache=full_cache,
+        tails=tails,
+        kernel=backend._flash_mla_with_kvcache,
+        may_publish=_read_done_may_publish(replay),
         policy=policy,
     )
+    for r in tails:
+        plan.tail_builds[r] = 1
     setattr(metadata, METADATA_SPLIT_PLAN, plan)
-    # The prefill-only chunk cache, over every row (decode and padding rows empty: the copy-in
-    # join), installed before the first layer through the hooked builder.
+    # The step's one chunk cache, prefill-only, over every row (decode and padding rows empty:
+    # the copy-in join), installed before the first layer through the hooked builder (which
+    # builds nothing without prefill rows). Nothing else is built for the step: the checks a
+    # layer makes were made above, so no layer goes back to upstream's lazy build.
     metadata.sparse_prefill_cache = backend._build_sparse_prefill_chunk_cache(
         target, core, num_qo_tokens=num_rows
     )
     _count("replays_split" if replay else "steps_split")
     _count("decode_rows_split", boundary.num_decode_reqs)
     return plan
+
+
+def _tail_inputs(backend, core, boundary: MixedBoundary, ratio: int):
+    """Ratio ``ratio``'s decode-tail inputs for the step: its rows of the step's metadata (the
+    SWA page indices and lengths; the c4 top-k or the c128 page indices and lengths, as
+    ``DeepseekV4AttnBackend._forward_attention`` hands them to the decode kernel) and one
+    scheduling-metadata object, bound to the tail's shape at its first layer."""
+    extra_idx = extra_len = None
+    if ratio:
+        extra_idx = core.sparse_page_indices(ratio)
+        extra_len = core.sparse_topk_lengths(ratio)
+    return tail_inputs(
+        ratio,
+        boundary.b0,
+        boundary.num_decode_reqs,
+        core.swa_page_indices,
+        core.swa_topk_lengths,
+        extra_idx,
+        extra_len,
+        sched_meta=_sched_meta_factory(),
+        softmax_scale=backend.softmax_scale,
+        use_legacy=not getattr(backend, "_swa_interleaved", False),
+    )
 
 
 def _read_done_may_publish(replay: bool) -> bool:

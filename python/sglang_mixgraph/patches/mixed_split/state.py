@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sglang_mixgraph import counters
-from sglang_mixgraph.core.decode_tail import DecodeTail
+from sglang_mixgraph.core.decode_tail import TailInputs
 from sglang_mixgraph.core.mixed_boundary import MixedBoundary
 from sglang_mixgraph.fallback import fallback_once
 from sglang_mixgraph.flags import bool_flag, choice_flag
@@ -83,8 +83,12 @@ FALLBACKS = (
     Fallback("request_window", "request-window SWA layout"),
     Fallback("encoder_replay", "encoder SWA replay rows"),
     Fallback("xpu", "XPU"),
-    Fallback("heads", "query head count outside the decode kernel's {64, 128}"),
+    Fallback(
+        "heads",
+        "query head count outside the decode kernel's {64, 128} (or not known at plan time)",
+    ),
     Fallback("rows", "metadata rows do not cover the decode tail"),
+    Fallback("tail_layout", "decode-tail metadata not in the decode kernel's layout"),
     Fallback("boundary", "decode requests are not the 1-token tail of the batch"),
     Fallback("shape", "attention rows differ from the planned step"),
 )
@@ -104,28 +108,39 @@ def _count(event: str, n: int = 1) -> None:
 # --------------------------------------------------------------------------------------------
 
 
+class SplitPlanError(RuntimeError):
+    """A planned step's attention does not match what the plan checked, after read-done may
+    have been published for it: going back to upstream would read ``req_to_token`` /
+    ``full_to_swa_index_mapping`` after the publish. The plan-time checks make this
+    unreachable in sglang 0.5.23; reaching it means the installed code changed under the patch."""
+
+
 @dataclass
 class SplitPlan:
-    """The split of one step, stored on the step's ``DSV4Metadata`` (attribute ``mixgraph_split``)."""
+    """The split of one step, stored on the step's ``DSV4Metadata`` (attribute ``mixgraph_split``).
+
+    Every layer of the step takes the split path (``adaptive`` decides the whole step); the
+    only chunk cache of the step is the prefill-only one (none without prefill rows).
+    """
 
     boundary: MixedBoundary
     forward_batch_ref: Any  # weakref to the ForwardBatch the plan was made for
-    tail: DecodeTail
-    # Compress ratios whose layers take the split path this step (``always``: every ratio).
-    split_ratios: frozenset[int] = frozenset(ALL_RATIOS)
-    # The all-requests chunk cache upstream would have built for this step, for the layers of
-    # ratios outside ``split_ratios`` and for an abandoned plan where read-done may be
-    # published; None when every present ratio splits and nothing can be published.
-    full_cache: Any = None
-    # The prefill-only chunk cache of the split ratios, once built.
+    # The decode tail's inputs per compress ratio of the model (core.decode_tail.TailInputs),
+    # built once for the step; the kernel (the backend's ``_flash_mla_with_kvcache``).
+    tails: dict[int, TailInputs]
+    kernel: Callable[..., Any]
+    # Whether read-done may be published for this step before its first layer (upstream's
+    # gates allow it, and the step is eager or a replay with replay_read_done on): a layer that
+    # does not match the plan then raises SplitPlanError instead of going back to upstream.
+    may_publish: bool = True
+    # The prefill-only chunk cache, once built (None without prefill rows).
     prefill_cache: Any = None
+    # The query head count of the step's layers, set by its first split layer.
+    heads: int | None = None
     # Diagnostics for tests and logs.
     policy: str = "always"
     decode_calls: dict[int, int] = field(default_factory=dict)
-    unsplit_calls: dict[int, int] = field(default_factory=dict)
-
-    def splits(self, compress_ratio: int) -> bool:
-        return compress_ratio in self.split_ratios
+    tail_builds: dict[int, int] = field(default_factory=dict)
 
     def matches(self, forward_batch) -> bool:
         ref = self.forward_batch_ref
