@@ -1,5 +1,6 @@
-"""The package's layout: what the server runs imports nothing of `sglang_mixgraph.reference`
-(tests and benchmarks only), and no module imports one that imports it back."""
+"""The package's layout: what the server runs imports neither `sglang_mixgraph.kits` nor
+`sglang_mixgraph.reference` (tests and benchmarks only), and no module imports one that imports
+it back."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ def test_serving_code_does_not_import_the_references():
     loaded = proc.stdout
     assert "sglang_mixgraph.core.mixed_boundary" in loaded  # the test can see imports
     assert "sglang_mixgraph.reference" not in loaded
+    assert "sglang_mixgraph.kits" not in loaded
 
 
 PACKAGE = Path(__file__).resolve().parents[1] / "python" / "sglang_mixgraph"
@@ -53,6 +55,31 @@ def _imports(path: Path, modules: set[str]) -> set[str]:
                 full = f"{base}.{alias.name}"
                 found.add(full if full in modules else base)
     return (found & modules) - {name}
+
+
+KITS, REFERENCE = "sglang_mixgraph.kits", "sglang_mixgraph.reference"
+
+
+def _within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def test_serving_code_imports_neither_the_kits_nor_the_references():
+    """Statically, counting function-local imports: no module outside `kits/` and `reference/`
+    imports either of them, and `reference/` (what the kits build on) imports no kit."""
+    paths = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    modules = set(paths)
+    found = []
+    for name, path in sorted(paths.items()):
+        if _within(name, KITS):
+            continue  # a kit may import anything of the package
+        banned = (KITS,) if _within(name, REFERENCE) else (KITS, REFERENCE)
+        for imported in sorted(_imports(path, modules)):
+            if any(_within(imported, b) for b in banned):
+                found.append(f"{name} imports {imported}")
+    assert found == []
+    # the check sees such imports: the CPU kit runs on the torch references
+    assert f"{REFERENCE}.sparse_mla" in _imports(paths[f"{KITS}.dsv4_cpu"], modules)
 
 
 def test_no_module_imports_one_that_imports_it_back():

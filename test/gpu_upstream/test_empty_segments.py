@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from install_kit import installed
 
 pytest.importorskip(
     "cuda.bindings.runtime",
@@ -30,6 +29,8 @@ from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph import 
 from sglang_mixgraph import counters  # noqa: E402
 from sglang_mixgraph import upstream_attrs as attrs
 from sglang_mixgraph.core.graph_segments import GRAPH  # noqa: E402
+from sglang_mixgraph.kits.bcg_capture import capture  # noqa: E402
+from sglang_mixgraph.kits.install import installed  # noqa: E402
 from sglang_mixgraph.patches import drop_empty_segments as des  # noqa: E402
 
 DEV = "cuda"
@@ -121,20 +122,6 @@ class Launches:
         out = (self.torch_graphs, self.dedup)
         self.torch_graphs = self.dedup = 0
         return out
-
-
-def capture(run, registry):
-    """Warm up and capture ``run`` as upstream's breakable runner does; (graph, static output)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        run()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = bcg.BreakableCUDAGraph(registry)
-    with bcg.BreakableCUDAGraphCapture(graph, pool=torch.cuda.graph_pool_handle(), stream=stream):
-        out = run()
-    torch.cuda.synchronize()
-    return graph, out
 
 
 def launched_segments(graph) -> list[int]:

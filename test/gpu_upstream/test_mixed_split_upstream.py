@@ -2,11 +2,11 @@
 split equals unsplit upstream, prefill rows bit-identical, one decode-kernel call per split
 layer, for both policies, both sparse-prefill paths (bf16 workspace and SM90 Q8KV8)."""
 
-import gpu_kit as G
-import mixed_split_kit as K
 import pytest
 import torch
 
+from sglang_mixgraph.kits import dsv4_cpu as K
+from sglang_mixgraph.kits import dsv4_gpu as G
 from sglang_mixgraph.patches import mixed_split as ms
 
 # Decode rows come from another kernel (fp8 decode, bf16 q) and both sides round to bf16

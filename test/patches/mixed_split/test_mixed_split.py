@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 from types import SimpleNamespace
 
-import mixed_split_kit as K
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -16,6 +15,7 @@ from hypothesis import strategies as st
 
 from sglang_mixgraph import fallback
 from sglang_mixgraph import upstream_attrs as attrs
+from sglang_mixgraph.kits import dsv4_cpu as K
 from sglang_mixgraph.target_gpu import described_gpu
 
 K.import_upstream()

@@ -12,11 +12,11 @@ from __future__ import annotations
 import contextlib
 from types import SimpleNamespace
 
-import mixed_split_kit as K
 import pytest
 import torch
 
 from sglang_mixgraph import counters, fallback
+from sglang_mixgraph.kits import dsv4_cpu as K
 from sglang_mixgraph.target_gpu import described_gpu
 
 K.import_upstream()
@@ -257,8 +257,7 @@ def test_eager_mixed_step_publishes_read_done_and_reads_no_table_after_it(heads)
     a third build), and nothing reads the shared tables after the publish (the snapshot check
     is on). A plan abandoned at the first layer (32 heads: not a decode-kernel head count)
     hands upstream the all-requests cache: no lazy build after the publish, upstream's output."""
-    from install_kit import installed
-
+    from sglang_mixgraph.kits.install import installed
     from sglang_mixgraph.patches import war_snapshot_check as wc
 
     env = {
