@@ -1,6 +1,7 @@
-"""The package's layout: what the server runs imports neither `sglang_mixgraph.kits` nor
-`sglang_mixgraph.reference` (tests and benchmarks only), and no module imports one that imports
-it back."""
+"""The layout: what the server runs imports neither `sglang_mixgraph.kits` nor
+`sglang_mixgraph.reference` (tests and benchmarks only), no module imports one that imports it
+back, and tests, benchmarks and tools get the kits as package modules: no `sys.path` edits, no
+benchmark importing a test module or the other way round."""
 
 from __future__ import annotations
 
@@ -80,6 +81,50 @@ def test_serving_code_imports_neither_the_kits_nor_the_references():
     assert found == []
     # the check sees such imports: the CPU kit runs on the torch references
     assert f"{REFERENCE}.sparse_mla" in _imports(paths[f"{KITS}.dsv4_cpu"], modules)
+
+
+ROOT = PACKAGE.parents[1]
+
+
+def _scripts(*folders: str) -> list[Path]:
+    return sorted(p for folder in folders for p in (ROOT / folder).rglob("*.py"))
+
+
+def test_tests_benchmarks_and_tools_leave_the_import_path_alone():
+    """PYTHONPATH (the command's, or device.sh's) is the one way a folder gets importable."""
+    edits = []
+    for path in _scripts("test", "benchmark", "tools"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr == "path"
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "sys"
+            ):
+                edits.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert edits == []
+
+
+def _top_level_imports(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name.partition(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.add(node.module.partition(".")[0])
+    return names
+
+
+def test_benchmarks_and_tests_do_not_import_each_other():
+    benchmarks, tests = _scripts("benchmark"), _scripts("test")
+    bench_names, test_names = {p.stem for p in benchmarks}, {p.stem for p in tests}
+    crossing = [
+        f"{p.relative_to(ROOT)} imports {sorted(_top_level_imports(p) & other)}"
+        for paths, other in ((benchmarks, test_names), (tests, bench_names))
+        for p in paths
+        if _top_level_imports(p) & other
+    ]
+    assert crossing == []
 
 
 def test_no_module_imports_one_that_imports_it_back():
