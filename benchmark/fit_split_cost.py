@@ -30,8 +30,8 @@ import statistics
 import sys
 import time
 
-from sglang_mixgraph.core import split_cost_model as cm  # noqa: E402
-from sglang_mixgraph.kits import cost_fit as fit  # noqa: E402
+from sglang_mixgraph.core import split_cost_model as cm
+from sglang_mixgraph.kits import cost_fit as fit
 
 RATIO_OF_LAYER = {"csa_c4_top1024": 4, "hca_c128": 128}
 COMMAND = (

@@ -39,13 +39,13 @@ import statistics
 import sys
 import time
 
-import torch  # noqa: E402
+import torch
 
-from sglang_mixgraph.core import split_cost_model as cm  # noqa: E402
-from sglang_mixgraph.core.decode_tail import DecodeTail  # noqa: E402
-from sglang_mixgraph.core.mixed_boundary import assemble_rows  # noqa: E402
-from sglang_mixgraph.kits import cost_fit as fit  # noqa: E402
-from sglang_mixgraph.kits.synthetic_step import (  # noqa: E402
+from sglang_mixgraph.core import split_cost_model as cm
+from sglang_mixgraph.core.decode_tail import DecodeTail
+from sglang_mixgraph.core.mixed_boundary import assemble_rows
+from sglang_mixgraph.kits import cost_fit as fit
+from sglang_mixgraph.kits.synthetic_step import (
     StepSpec,
     build_step,
     fill_random,
@@ -56,8 +56,8 @@ from sglang_mixgraph.kits.synthetic_step import (  # noqa: E402
     split_attention,
     unsplit_attention,
 )
-from sglang_mixgraph.reference import v4_kv_layout as kvl  # noqa: E402
-from sglang_mixgraph.reference.v4_dequant import dequantize_v4  # noqa: E402
+from sglang_mixgraph.reference import v4_kv_layout as kvl
+from sglang_mixgraph.reference.v4_dequant import dequantize_v4
 
 LAYERS = [("csa_c4_top1024", 4), ("hca_c128", 128)]
 CONTEXTS = [1024, 2048, 4096, 8192, 16384, 32768]

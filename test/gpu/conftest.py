@@ -30,7 +30,7 @@ def _flash_mla_error():
 
 
 def pytest_collection_modifyitems(config, items):
-    here = os.path.dirname(os.path.abspath(__file__))
+    here = os.path.dirname(os.path.abspath(__file__)) + os.sep  # the folder, not a name prefix
     ours = [it for it in items if str(it.fspath).startswith(here)]
     for it in ours:
         it.add_marker(pytest.mark.gpu)

@@ -30,7 +30,7 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    here = os.path.dirname(os.path.abspath(__file__))
+    here = os.path.dirname(os.path.abspath(__file__)) + os.sep  # the folder, not a name prefix
     ours = [it for it in items if str(it.fspath).startswith(here)]
     reason = _skip_reason()
     for it in ours:

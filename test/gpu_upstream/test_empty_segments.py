@@ -22,16 +22,16 @@ pytest.importorskip(
     "prepare.sh carries its wheel (re-run it to fetch it)",
 )
 
-from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph import (  # noqa: E402
+from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph import (
     breakable_cuda_graph as bcg,
 )
 
-from sglang_mixgraph import counters  # noqa: E402
+from sglang_mixgraph import counters
 from sglang_mixgraph import upstream_attrs as attrs
-from sglang_mixgraph.core.graph_segments import GRAPH  # noqa: E402
-from sglang_mixgraph.kits.bcg_capture import capture  # noqa: E402
-from sglang_mixgraph.kits.install import installed  # noqa: E402
-from sglang_mixgraph.patches import drop_empty_segments as des  # noqa: E402
+from sglang_mixgraph.core.graph_segments import GRAPH
+from sglang_mixgraph.kits.bcg_capture import capture
+from sglang_mixgraph.kits.install import installed
+from sglang_mixgraph.patches import drop_empty_segments as des
 
 DEV = "cuda"
 FLAG = des.DROP_FLAG.name
