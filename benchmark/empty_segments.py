@@ -6,8 +6,9 @@ with the layer count of the embedded GLM-5 config: per layer RMSNorm + q_a proje
 indexer eager break, nothing (RoPE fused into attention: one empty segment), the bmm+attention
 eager break, o_proj and one rank's expert GEMMs (gate/up + down) at ``--tokens`` rows. Upstream's
 graph is captured and replayed by upstream's own code; the other is captured and replayed with
-the patch installed through the plugin registry (test/install_kit.py). Replays alternate A B B A,
-each timed by CUDA events from an idle GPU (the GPU waits for the host as in a server step).
+the patch installed through the plugin registry (``kits.install``), both captured by
+``kits.bcg_capture`` as the GPU tests capture theirs. Replays alternate A B B A, each timed by
+CUDA events from an idle GPU (the GPU waits for the host as in a server step).
 Also: N back-to-back ``break_graph`` breaks (every segment empty), per-empty-segment launch cost.
 
     bash tools/gpu-upstream/device.sh python3 benchmark/empty_segments.py --out $OUT
@@ -24,9 +25,6 @@ import sys
 import time
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-for _sub in ("python", "test", os.path.join("test", "gpu_upstream")):  # kits and capture()
-    sys.path.insert(0, os.path.join(_ROOT, _sub))
-
 CONFIG = os.path.join(_ROOT, "python", "sglang_mixgraph", "data", "glm5", "config.json")
 DEV = "cuda"
 # Written before any run (issue 11 asks for a prediction up front).
@@ -134,13 +132,13 @@ def summary(samples: list) -> dict:
 
 def measure(args) -> dict:
     import torch
-    from install_kit import installed
     from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph import (
         breakable_cuda_graph as bcg,
     )
-    from test_empty_segments import capture
 
     from sglang_mixgraph import counters
+    from sglang_mixgraph.kits.bcg_capture import capture
+    from sglang_mixgraph.kits.install import installed
     from sglang_mixgraph.patches import drop_empty_segments as des
 
     deadline = time.perf_counter() + args.budget_s

@@ -5,10 +5,10 @@ Input: a results JSON of benchmark/mixed_split_inserver.py (upstream's ``forward
 off and ``always``, per layer kind, context, decode rows D and prefill rows P), best run with
 ``--queue-ahead-ms`` so its times are GPU work only, as in a replayed step whose host launches run
 ahead. Output: the per-ratio coefficients of ``sglang_mixgraph.core.split_cost_model`` fitted by
-``split_cost_fit.fit_coefficients`` (non-negative, relative error), written as the package's
+``kits.cost_fit.fit_coefficients`` (non-negative, relative error), written as the package's
 ``data/split_cost_<arch>.json``, and each point's measured vs predicted times on stdout.
 
-``--eager`` adds the eager regime's terms (``split_cost_fit.fit_eager_terms``) from a second
+``--eager`` adds the eager regime's terms (``kits.cost_fit.fit_eager_terms``) from a second
 results JSON run without ``--queue-ahead-ms`` (the host exposed: each call's wall and host time),
 on top of the GPU coefficients just fitted. ``--report`` writes the re-evaluation page: what
 ``adaptive`` picks at every recorded point in its regime, before (GPU model only) and after, and
@@ -26,19 +26,12 @@ import argparse
 import dataclasses
 import datetime
 import json
-import os
 import statistics
 import sys
 import time
 
-sys.path[:0] = [
-    os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"),
-    os.path.dirname(os.path.abspath(__file__)),
-]
-
-import split_cost_fit as fit  # noqa: E402
-
-from sglang_mixgraph.core import split_cost_model as cm  # noqa: E402
+from sglang_mixgraph.core import split_cost_model as cm
+from sglang_mixgraph.kits import cost_fit as fit
 
 RATIO_OF_LAYER = {"csa_c4_top1024": 4, "hca_c128": 128}
 COMMAND = (

@@ -33,14 +33,12 @@ import sys
 import time
 from types import SimpleNamespace
 
+import torch
+
+from sglang_mixgraph.core import split_cost_model as cm
+from sglang_mixgraph.reference import v4_kv_layout as kvl
+
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-for _sub in ("python", "test"):  # test/: the kits' server-args context
-    sys.path.insert(0, os.path.join(_ROOT, _sub))
-
-import torch  # noqa: E402
-
-from sglang_mixgraph.core import split_cost_model as cm  # noqa: E402
-from sglang_mixgraph.reference import v4_kv_layout as kvl  # noqa: E402
 
 DEV = "cuda"
 PAGE = 256
@@ -448,7 +446,7 @@ def main() -> None:
             write_report(json.load(f), md)
         return
 
-    import mixed_split_kit as kit
+    from sglang_mixgraph.kits import dsv4_cpu as kit
 
     kernel = kernel_prediction(os.path.join(_ROOT, "docs", "results", "mixed_split_h200.json"))
     flush = torch.empty(256 << 20, dtype=torch.uint8, device=DEV)

@@ -22,7 +22,8 @@ Outputs (``--out DIR``): ``mixed_split_h200.json`` (the points),
 timings, allocation counts, environment), ``split_cost_<arch>.json`` (fitted coefficients),
 ``mixed_split_h200.png``.
 
-Run on the GPU machine: ``python3 benchmark/mixed_split_kernel.py --out $OUT``.
+Run on the GPU machine: ``PYTHONPATH=python python3 benchmark/mixed_split_kernel.py --out $OUT``
+(``PYTHONPATH=python:.whl/site`` with FlashMLA's wheel unpacked there, docs/mixed-split-kernels.md).
 CPU dry run (reference kernels, tiny shapes; checks the script, times nothing meaningful):
 ``PYTHONPATH=python python benchmark/mixed_split_kernel.py --dry-run-cpu --out /tmp/x``.
 """
@@ -38,18 +39,13 @@ import statistics
 import sys
 import time
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-for _p in (
-    os.path.join(_ROOT, "python"),
-    os.path.join(_ROOT, "benchmark"),
-    os.path.join(_ROOT, ".whl", "site"),
-):
-    if os.path.isdir(_p) and _p not in sys.path:
-        sys.path.insert(0, _p)
+import torch
 
-import split_cost_fit as fit  # noqa: E402
-import torch  # noqa: E402
-from mixed_step import (  # noqa: E402
+from sglang_mixgraph.core import split_cost_model as cm
+from sglang_mixgraph.core.decode_tail import DecodeTail
+from sglang_mixgraph.core.mixed_boundary import assemble_rows
+from sglang_mixgraph.kits import cost_fit as fit
+from sglang_mixgraph.kits.synthetic_step import (
     StepSpec,
     build_step,
     fill_random,
@@ -60,12 +56,8 @@ from mixed_step import (  # noqa: E402
     split_attention,
     unsplit_attention,
 )
-
-from sglang_mixgraph.core import split_cost_model as cm  # noqa: E402
-from sglang_mixgraph.core.decode_tail import DecodeTail  # noqa: E402
-from sglang_mixgraph.core.mixed_boundary import assemble_rows  # noqa: E402
-from sglang_mixgraph.reference import v4_kv_layout as kvl  # noqa: E402
-from sglang_mixgraph.reference.v4_dequant import dequantize_v4  # noqa: E402
+from sglang_mixgraph.reference import v4_kv_layout as kvl
+from sglang_mixgraph.reference.v4_dequant import dequantize_v4
 
 LAYERS = [("csa_c4_top1024", 4), ("hca_c128", 128)]
 CONTEXTS = [1024, 2048, 4096, 8192, 16384, 32768]

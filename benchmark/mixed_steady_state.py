@@ -28,14 +28,10 @@ import sys
 import time
 from types import SimpleNamespace
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, _HERE)
+import mixed_split_inserver as ins  # the DSV4 deployment and batches (benchmark/, beside this)
+import torch
 
-import mixed_split_inserver as ins  # noqa: E402  (also puts python/ and test/ on the path)
-
-sys.path.insert(0, os.path.join(ins._ROOT, "test", "gpu_upstream"))
-import gpu_kit  # noqa: E402  (the breakable-graph replay contexts, shared with the GPU tests)
-import torch  # noqa: E402
+from sglang_mixgraph.kits import dsv4_gpu  # the breakable-graph replay contexts of the GPU tests
 
 DEV = "cuda"
 DECODE, PREFILL, BUCKET = 256, 2560, 2816
@@ -77,7 +73,7 @@ class Step:
         self.metadata = None
 
     def contexts(self, static_fb):
-        return gpu_kit.bcg_replay_contexts(self.dep.backend, static_fb, self.layer_objs)
+        return dsv4_gpu.bcg_replay_contexts(self.dep.backend, static_fb, self.layer_objs)
 
     def body(self):
         from sglang.srt.models.deepseek_v4 import bcg_deepseek_v4_attention_with_output
@@ -140,7 +136,7 @@ class Step:
 
 
 def static_batch(live, context):
-    import mixed_split_kit as kit
+    from sglang_mixgraph.kits import dsv4_cpu as kit
 
     static = kit.replay_static_batch(live, BUCKET)
     static.max_seq_len_override = context  # the capture's context width (the pool's)
@@ -319,7 +315,7 @@ def main():
         write_report(data, os.path.join(args.out, f"{args.name}.md"))
         write_plot(data, os.path.join(args.out, f"{args.name}.png"))
         return
-    import mixed_split_kit as kit
+    from sglang_mixgraph.kits import dsv4_cpu as kit
 
     ratios = model_ratios()
     points = []

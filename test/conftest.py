@@ -9,13 +9,20 @@ probes tell the truth.
 The folders in REAL_GPU_DIRS run upstream code on a real GPU and must see the real platform: a
 pytest run given only those folders leaves the platform alone; a run that mixes them with the
 CPU tests describes the GPU and those folders skip (run them in their own pytest process).
+
+SGLang loads plugins once per process, and the registry installs a patch only if its flag is on
+at that moment; `graph_config` reads its flags again whenever its hooks run. So the plugin is
+loaded here, once, with `graph_config` switched on: every in-process resolution sees the same
+hooks, whichever test happens to resolve first.
 """
 
+import importlib.util
 import os
 
-from sglang_mixgraph.resolve import select_described_platform
+from sglang_mixgraph.resolve import load_plugins, select_described_platform
 
 REAL_GPU_DIRS = ("gpu_upstream",)
+GRAPH_CONFIG_SWITCH = "SGLANG_MIXGRAPH_PREFILL_BUCKETS"
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -27,7 +34,21 @@ def _inside_real_gpu_dirs(arg: str) -> bool:
     )
 
 
+def _load_the_plugin_with_graph_config_on() -> None:
+    saved = os.environ.get(GRAPH_CONFIG_SWITCH)
+    os.environ[GRAPH_CONFIG_SWITCH] = "auto"
+    try:
+        load_plugins()
+    finally:
+        if saved is None:
+            os.environ.pop(GRAPH_CONFIG_SWITCH)
+        else:
+            os.environ[GRAPH_CONFIG_SWITCH] = saved
+
+
 def pytest_configure(config):
     args = [a for a in config.args if not a.startswith("-")]
     if not args or not all(_inside_real_gpu_dirs(a) for a in args):
         select_described_platform()
+        if importlib.util.find_spec("sglang") is not None:  # test/gpu runs without sglang
+            _load_the_plugin_with_graph_config_on()

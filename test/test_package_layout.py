@@ -1,5 +1,7 @@
-"""The package's layout: what the server runs imports nothing of `sglang_mixgraph.reference`
-(tests and benchmarks only), and no module imports one that imports it back."""
+"""The layout: what the server runs imports neither `sglang_mixgraph.kits` nor
+`sglang_mixgraph.reference` (tests and benchmarks only), no module imports one that imports it
+back, and tests, benchmarks and tools get the kits as package modules: no `sys.path` edits, no
+benchmark importing a test module or the other way round."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ def test_serving_code_does_not_import_the_references():
     loaded = proc.stdout
     assert "sglang_mixgraph.core.mixed_boundary" in loaded  # the test can see imports
     assert "sglang_mixgraph.reference" not in loaded
+    assert "sglang_mixgraph.kits" not in loaded
 
 
 PACKAGE = Path(__file__).resolve().parents[1] / "python" / "sglang_mixgraph"
@@ -53,6 +56,75 @@ def _imports(path: Path, modules: set[str]) -> set[str]:
                 full = f"{base}.{alias.name}"
                 found.add(full if full in modules else base)
     return (found & modules) - {name}
+
+
+KITS, REFERENCE = "sglang_mixgraph.kits", "sglang_mixgraph.reference"
+
+
+def _within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def test_serving_code_imports_neither_the_kits_nor_the_references():
+    """Statically, counting function-local imports: no module outside `kits/` and `reference/`
+    imports either of them, and `reference/` (what the kits build on) imports no kit."""
+    paths = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    modules = set(paths)
+    found = []
+    for name, path in sorted(paths.items()):
+        if _within(name, KITS):
+            continue  # a kit may import anything of the package
+        banned = (KITS,) if _within(name, REFERENCE) else (KITS, REFERENCE)
+        for imported in sorted(_imports(path, modules)):
+            if any(_within(imported, b) for b in banned):
+                found.append(f"{name} imports {imported}")
+    assert found == []
+    # the check sees such imports: the CPU kit runs on the torch references
+    assert f"{REFERENCE}.sparse_mla" in _imports(paths[f"{KITS}.dsv4_cpu"], modules)
+
+
+ROOT = PACKAGE.parents[1]
+
+
+def _scripts(*folders: str) -> list[Path]:
+    return sorted(p for folder in folders for p in (ROOT / folder).rglob("*.py"))
+
+
+def test_tests_benchmarks_and_tools_leave_the_import_path_alone():
+    """PYTHONPATH (the command's, or device.sh's) is the one way a folder gets importable."""
+    edits = []
+    for path in _scripts("test", "benchmark", "tools"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr == "path"
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "sys"
+            ):
+                edits.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert edits == []
+
+
+def _top_level_imports(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name.partition(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.add(node.module.partition(".")[0])
+    return names
+
+
+def test_benchmarks_and_tests_do_not_import_each_other():
+    benchmarks, tests = _scripts("benchmark"), _scripts("test")
+    bench_names, test_names = {p.stem for p in benchmarks}, {p.stem for p in tests}
+    crossing = [
+        f"{p.relative_to(ROOT)} imports {sorted(_top_level_imports(p) & other)}"
+        for paths, other in ((benchmarks, test_names), (tests, bench_names))
+        for p in paths
+        if _top_level_imports(p) & other
+    ]
+    assert crossing == []
 
 
 def test_no_module_imports_one_that_imports_it_back():

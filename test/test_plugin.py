@@ -80,13 +80,13 @@ def test_sglang_plugins_allowlist_without_mixgraph_skips_it():
 IDENTITIES = """
     import inspect, json, pkgutil
     from sglang_mixgraph.patches import all_patches
-    from sglang_mixgraph.registry import _resolve
+    from sglang_mixgraph.registry import resolve_target
 
     def identities():
         out = {}
         for patch in all_patches():
             for hook in patch.hooks:
-                owner, attr, _ = _resolve(hook.target)
+                owner, attr, _ = resolve_target(hook.target)
                 out[hook.target] = id(inspect.getattr_static(owner, attr))
         return out
 
@@ -487,11 +487,11 @@ UPSTREAM_SHIPS_SPLIT_FLAG = """
     upstream = EnvBool(False)
     upstream.name = "SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN"
     setattr(Envs, upstream.name, upstream)
-    from sglang_mixgraph.registry import _resolve
+    from sglang_mixgraph.registry import resolve_target
     from sglang_mixgraph.patches.mixed_split import PATCH as SPLIT
 
     def identities():
-        return {h.target: id(inspect.getattr_static(*_resolve(h.target)[:2])) for h in SPLIT.hooks}
+        return {h.target: id(inspect.getattr_static(*resolve_target(h.target)[:2])) for h in SPLIT.hooks}
 
     before = identities()
     from sglang.srt.plugins import load_plugins

@@ -162,7 +162,7 @@ def describe_signature(fn: Callable[..., Any]) -> str:
     return ", ".join(parts)
 
 
-def _resolve(path: str) -> tuple[Any, str, Any]:
+def resolve_target(path: str) -> tuple[Any, str, Any]:
     """Import the longest module prefix of `path`; return (owner, attribute name, raw attribute)."""
     parts = path.split(".")
     module = None
@@ -264,7 +264,7 @@ def incompatibility(needed: str, target_fn: Callable[..., Any], hook_fn: Callabl
 def check_hook(hook: Hook) -> TargetCheck:
     expected = f"{hook.kind} with ({hook.signature})"
     try:
-        owner, _attr, raw = _resolve(hook.target)
+        owner, _attr, raw = resolve_target(hook.target)
     except (LookupError, ImportError) as e:
         return TargetCheck(hook.target, expected, f"missing: {e}", False, "target missing")
     kind, fn = _kind_of(owner, raw)
@@ -283,7 +283,7 @@ def check_attribute(path: str, expected: type) -> TargetCheck:
     """An upstream attribute a hook reads: it must be there and of the expected type."""
     wanted = expected.__name__
     try:
-        owner, attr, _raw = _resolve(path)
+        owner, attr, _raw = resolve_target(path)
     except (LookupError, ImportError) as e:
         return TargetCheck(path, wanted, f"missing: {e}", False, "attribute missing")
     found = type(getattr(owner, attr)).__name__

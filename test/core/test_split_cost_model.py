@@ -1,7 +1,6 @@
 import dataclasses
 import json
 import os
-import sys
 
 import pytest
 import torch
@@ -9,10 +8,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from sglang_mixgraph.core import split_cost_model as m
-
-# Fitting is offline tooling (benchmark/split_cost_fit.py), not part of the package.
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmark"))
-import split_cost_fit as fitting  # noqa: E402
+from sglang_mixgraph.kits import cost_fit as fitting  # fitting: offline, never in the server
 
 
 @settings(max_examples=300, deadline=None)

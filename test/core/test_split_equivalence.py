@@ -3,7 +3,9 @@
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from mixed_step import (
+
+from sglang_mixgraph.core.decode_tail import DecodeTail
+from sglang_mixgraph.kits.synthetic_step import (
     StepSpec,
     build_step,
     plan_split_prefill,
@@ -12,8 +14,6 @@ from mixed_step import (
     split_attention,
     unsplit_attention,
 )
-
-from sglang_mixgraph.core.decode_tail import DecodeTail
 from sglang_mixgraph.reference.sparse_mla import (
     ReferenceSchedMeta,
     flash_mla_sparse_fwd_reference,

@@ -3,23 +3,14 @@ dequant against the torch one, split against unsplit with the real kernels.
 
 Every test here carries the ``gpu`` marker and is skipped when ``torch.cuda.is_available()`` is
 False (and when FlashMLA cannot be imported). FlashMLA may come from an installed
-``sgl-flash-mla`` or from the wheel unpacked at ``<repo>/.whl/site`` (docs/mixed-split-kernels.md).
+``sgl-flash-mla`` or from the wheel unpacked at ``.whl/site`` and put on ``PYTHONPATH``
+(docs/mixed-split-kernels.md).
 """
 
 import os
-import sys
 
 import pytest
 import torch
-
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-for _p in (
-    os.path.join(_ROOT, "python"),
-    os.path.join(_ROOT, "benchmark"),
-    os.path.join(_ROOT, ".whl", "site"),
-):
-    if os.path.isdir(_p) and _p not in sys.path:
-        sys.path.insert(0, _p)
 
 
 def pytest_configure(config):
@@ -34,12 +25,12 @@ def _flash_mla_error():
         if not flash_mla.has_legacy():
             return "FlashMLA has no legacy (SM90 / V4) kernels"
     except Exception as exc:  # pragma: no cover - depends on the machine
-        return f"FlashMLA unavailable: {exc}"
+        return f"FlashMLA unavailable: {exc} (an unpacked wheel: PYTHONPATH=python:.whl/site)"
     return None
 
 
 def pytest_collection_modifyitems(config, items):
-    here = os.path.dirname(os.path.abspath(__file__))
+    here = os.path.dirname(os.path.abspath(__file__)) + os.sep  # the folder, not a name prefix
     ours = [it for it in items if str(it.fspath).startswith(here)]
     for it in ours:
         it.add_marker(pytest.mark.gpu)

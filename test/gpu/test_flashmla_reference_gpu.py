@@ -2,9 +2,15 @@
 
 import pytest
 import torch
-from mixed_step import StepSpec, build_step, plan_workspace, rel_l2, softmax_scale
 
 from sglang_mixgraph.core.decode_tail import DecodeTail, SchedMetaShapeError
+from sglang_mixgraph.kits.synthetic_step import (
+    StepSpec,
+    build_step,
+    plan_workspace,
+    rel_l2,
+    softmax_scale,
+)
 from sglang_mixgraph.reference.sparse_mla import (
     sparse_decode_reference,
     sparse_prefill_reference,
@@ -184,7 +190,7 @@ def test_sparse_prefill_kernel_matches_reference(h_q, ratio, topk):
     b = step.boundary
     plan = plan_workspace(step, 4, b.decode_end)
     ws = torch.empty(plan.num_tokens, 1, 512, dtype=torch.bfloat16, device="cuda")
-    from mixed_step import fill_workspace
+    from sglang_mixgraph.kits.synthetic_step import fill_workspace
 
     fill_workspace(step, plan, dequantize_v4, ws)
     rows = plan.num_rows

@@ -5,7 +5,9 @@ for the decode rows."""
 
 import pytest
 import torch
-from mixed_step import (
+
+from sglang_mixgraph.core.decode_tail import DecodeTail
+from sglang_mixgraph.kits.synthetic_step import (
     StepSpec,
     build_step,
     plan_split_prefill,
@@ -15,8 +17,6 @@ from mixed_step import (
     split_attention,
     unsplit_attention,
 )
-
-from sglang_mixgraph.core.decode_tail import DecodeTail
 from sglang_mixgraph.reference.sparse_mla import sparse_decode_reference
 from sglang_mixgraph.reference.v4_dequant import dequantize_v4
 

@@ -12,15 +12,18 @@ check ``war_snapshot_check`` raises on a shared-table read after it. Its baselin
 ``<graph>-<split>`` phases plus ``bcg-off-rd`` and ``bcg-always-rd`` (the graph mode that replays
 prefill and MIXED steps, without and with the split).
 
-``UPSTREAM_ENV`` selects, through upstream's own flags, the kernels that exist on the GPU
-machine (no deep_gemm, TileLang or FP4 MoE there). No sglang import here: the CPU tests and the
-driver read it without starting anything.
+``UPSTREAM_ENV`` (``sglang_mixgraph.kits.gpu_machine``, shared with tools/rank-slice) selects,
+through upstream's own flags, the kernels that exist on the GPU machine (no deep_gemm, TileLang
+or FP4 MoE there). No sglang import here: the CPU tests and the driver read it without starting
+anything.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Dict, List, Mapping
+
+from sglang_mixgraph.kits.gpu_machine import RADIX_CORE_ENV, UPSTREAM_ENV
 
 GRAPHS = ("eager", "dgraph", "bcg")
 SPLITS = ("off", "always", "adaptive")
@@ -33,7 +36,6 @@ RD_SUFFIX = "-rd"
 DES_ENV = {"SGLANG_OPT_BCG_DROP_EMPTY_SEGMENTS": "1"}
 DES_SUFFIX = "-des"
 DEFAULT_RD = ("bcg-off", "bcg-always")  # the <graph>-<split> phases run also as -rd by default
-RADIX_CORE_ENV = "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"
 
 # Chunked prefill: every prompt longer than this is split into MIXED steps. With the radix cache
 # on, upstream's PrefillAdder floors a chunk to whole 256-token pages after the decode rows, so a
@@ -41,17 +43,6 @@ RADIX_CORE_ENV = "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"
 CHUNK = 512
 MAX_RUNNING = 24
 MAX_TOTAL_TOKENS = 327680  # the long segment's 16 x 16k prompts and their decoding, with room
-
-UPSTREAM_ENV = {
-    "SGLANG_DSV4_FP4_EXPERTS": "0",  # bf16 experts: the triton MoE runner, not flashinfer mxfp4
-    "SGLANG_FP8_PAGED_MQA_LOGITS_TORCH": "1",  # indexer logits in torch, not deep_gemm
-    "SGLANG_OPT_DSV4_NONPAGED_INDEXER_MIN_QUERY_TOKENS": "1000000000",  # no deep_gemm fp8_mqa_logits
-    "SGLANG_OPT_USE_TOPK_V2": "0",
-    "SGLANG_OPT_USE_TILELANG_MHC_PRE": "0",  # mHC pre/post in torch + Triton, not TileLang
-    "SGLANG_OPT_USE_TILELANG_MHC_POST": "0",
-    "SGLANG_OPT_FUSE_MHC_POST_PRE": "0",  # the cross-layer fused post+pre is TileLang only
-    "SGLANG_OPT_DEEPGEMM_HC_PRENORM": "0",  # hc prenorm GEMM in torch, not deep_gemm
-}
 
 _GRAPH_KWARGS = {
     "eager": {"disable_cuda_graph": True},

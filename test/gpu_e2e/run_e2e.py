@@ -35,18 +35,21 @@ import time
 from dataclasses import asdict
 from importlib import metadata
 
+import e2e_checks as C
+import e2e_phases as P
+import e2e_pool_log as PL
+import e2e_workload as W
+
+from sglang_mixgraph.kits import gpu_machine
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-ENGINE_DIR = os.path.join(ROOT, "tools", "gpu-upstream", "engine")
-# This checkout's plugin first, also when the driver runs from a copy of the repository.
+# The phases run this checkout's plugin, first on their PYTHONPATH, also when the driver runs from
+# a copy of the repository (the driver itself imports it from PYTHONPATH: device.sh puts it there).
 PYTHON_DIR = os.path.join(ROOT, "python")
-sys.path[:0] = [HERE, ENGINE_DIR, PYTHON_DIR]
-
-import e2e_checks as C  # noqa: E402
-import e2e_phases as P  # noqa: E402
-import e2e_pool_log as PL  # noqa: E402
-import e2e_workload as W  # noqa: E402
-from engine_standins import STANDIN_MARK, STUB_MARK  # noqa: E402
+ENGINE_DIR = str(gpu_machine.ENGINE_DIR)
+_STANDINS = gpu_machine.engine_standins()
+STANDIN_MARK, STUB_MARK = _STANDINS.STANDIN_MARK, _STANDINS.STUB_MARK
 
 COUNTER_INTERVAL_S = "0.5"
 PHASE_SCRIPT = os.path.join(HERE, "e2e_phase.py")  # the CPU test of this driver swaps it
@@ -65,7 +68,11 @@ class Log:
         self.f.flush()
 
 
-def _version(dist):
+def _version(dist, where=None):
+    """The version of ``dist`` as installed, or (``where``) of the one in that folder."""
+    if where is not None:
+        found = next(metadata.distributions(name=dist, path=[where]), None)
+        return found.version if found else "not installed"
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
@@ -84,7 +91,7 @@ def stack(log) -> dict:
         "sglang": _version("sglang"),
         "sgl-flash-mla": _version("sgl-flash-mla"),
         "sglang-mixgraph": _version("sglang-mixgraph"),
-        "sglang_kernel (metadata only)": _version("sglang_kernel"),
+        "sglang_kernel (metadata only)": _version("sglang_kernel", ENGINE_DIR),
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "none",
     }
     log("stack:", json.dumps(s))

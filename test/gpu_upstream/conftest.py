@@ -10,15 +10,9 @@ run this folder on its own, ``python -m pytest test/gpu_upstream``).
 
 import importlib.util
 import os
-import sys
 
 import pytest
 import torch
-
-_TEST = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-for _p in (os.path.join(os.path.dirname(_TEST), "python"), _TEST):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
 
 
 def _skip_reason():
@@ -36,7 +30,7 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    here = os.path.dirname(os.path.abspath(__file__))
+    here = os.path.dirname(os.path.abspath(__file__)) + os.sep  # the folder, not a name prefix
     ours = [it for it in items if str(it.fspath).startswith(here)]
     reason = _skip_reason()
     for it in ours:
@@ -48,7 +42,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def sglang_cuda():
     """Upstream's server-args and parallel context for a one-GPU DSV4 deployment."""
-    import mixed_split_kit as K
+    from sglang_mixgraph.kits import dsv4_cpu as K
 
     K.import_upstream()
     with K.sglang_context(device="cuda"):

@@ -5,12 +5,12 @@ attention break, replayed for live batches of different shapes and compared with
 With the split on, a replayed MIXED step splits inside the attention break and equals the
 patch-off replay; no plan survives into the next replay."""
 
-import gpu_kit as G
-import mixed_split_kit as K
 import pytest
 import torch
 
 from sglang_mixgraph import upstream_attrs as attrs
+from sglang_mixgraph.kits import dsv4_cpu as K
+from sglang_mixgraph.kits import dsv4_gpu as G
 from sglang_mixgraph.patches import mixed_split as ms
 
 BUCKET = 64
@@ -125,9 +125,9 @@ def test_replay_read_done_prebuilds_publishes_and_equals_upstream(bucket, split)
     split: the plan's prefill-only one), upstream's publisher records a real CUDA event, nothing
     reads the shared tables during the replay (the check would raise inside the attention
     break), and the outputs equal the patch-off replay (bit for bit without the split)."""
-    from install_kit import installed
     from sglang.srt.layers.attention.base_attn_backend import SharedReadEnds
 
+    from sglang_mixgraph.kits.install import installed
     from sglang_mixgraph.patches import replay_read_done as rd
     from sglang_mixgraph.patches import war_snapshot_check as wc
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from install_kit import installed
 
 pytest.importorskip(
     "cuda.bindings.runtime",
@@ -23,14 +22,16 @@ pytest.importorskip(
     "prepare.sh carries its wheel (re-run it to fetch it)",
 )
 
-from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph import (  # noqa: E402
+from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph import (
     breakable_cuda_graph as bcg,
 )
 
-from sglang_mixgraph import counters  # noqa: E402
+from sglang_mixgraph import counters
 from sglang_mixgraph import upstream_attrs as attrs
-from sglang_mixgraph.core.graph_segments import GRAPH  # noqa: E402
-from sglang_mixgraph.patches import drop_empty_segments as des  # noqa: E402
+from sglang_mixgraph.core.graph_segments import GRAPH
+from sglang_mixgraph.kits.bcg_capture import capture
+from sglang_mixgraph.kits.install import installed
+from sglang_mixgraph.patches import drop_empty_segments as des
 
 DEV = "cuda"
 FLAG = des.DROP_FLAG.name
@@ -121,20 +122,6 @@ class Launches:
         out = (self.torch_graphs, self.dedup)
         self.torch_graphs = self.dedup = 0
         return out
-
-
-def capture(run, registry):
-    """Warm up and capture ``run`` as upstream's breakable runner does; (graph, static output)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        run()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = bcg.BreakableCUDAGraph(registry)
-    with bcg.BreakableCUDAGraphCapture(graph, pool=torch.cuda.graph_pool_handle(), stream=stream):
-        out = run()
-    torch.cuda.synchronize()
-    return graph, out
 
 
 def launched_segments(graph) -> list[int]:

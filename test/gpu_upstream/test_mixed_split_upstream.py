@@ -3,11 +3,11 @@ split equals unsplit upstream, prefill rows bit-identical, one decode-kernel cal
 layer, one chunk-cache build per step, for both policies, both sparse-prefill paths (bf16
 workspace and SM90 Q8KV8)."""
 
-import gpu_kit as G
-import mixed_split_kit as K
 import pytest
 import torch
 
+from sglang_mixgraph.kits import dsv4_cpu as K
+from sglang_mixgraph.kits import dsv4_gpu as G
 from sglang_mixgraph.patches import mixed_split as ms
 
 # Decode rows come from another kernel (fp8 decode, bf16 q) and both sides round to bf16

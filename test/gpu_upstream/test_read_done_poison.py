@@ -11,12 +11,12 @@ publish, so the first attention break rebuilds it from the tables), must be caug
 comparison. The graph, the fixture and the runner stand-in are test_breakable_graph_upstream's.
 """
 
-import gpu_kit as G
 import pytest
 import torch
-from install_kit import installed
 from test_breakable_graph_upstream import _live, _ModelRunner, capture_bucket
 
+from sglang_mixgraph.kits import dsv4_gpu as G
+from sglang_mixgraph.kits.install import installed
 from sglang_mixgraph.patches import mixed_split as ms
 from sglang_mixgraph.patches import replay_read_done as rd
 from sglang_mixgraph.patches import war_snapshot_check as wc

@@ -1,10 +1,11 @@
 """Upstream's real metadata builder equals the CPU kit's torch metadata, which the CPU tests of
-the mixed split rely on (test/mixed_split_kit.py ``World.build_metadata``)."""
+the mixed split rely on (``sglang_mixgraph.kits.dsv4_cpu.World.build_metadata``)."""
 
-import gpu_kit as G
-import mixed_split_kit as K
 import pytest
 import torch
+
+from sglang_mixgraph.kits import dsv4_cpu as K
+from sglang_mixgraph.kits import dsv4_gpu as G
 
 
 def _extend():

@@ -28,14 +28,12 @@ import sys
 import tarfile
 import time
 
+import slice_arms as A
+
+from sglang_mixgraph.kits.gpu_machine import ENGINE_DIR, RADIX_CORE_ENV, UPSTREAM_ENV
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-ENGINE_DIR = os.path.join(ROOT, "tools", "gpu-upstream", "engine")
-E2E_DIR = os.path.join(ROOT, "test", "gpu_e2e")  # the kit's upstream kernel selection
-sys.path[:0] = [HERE, os.path.join(ROOT, "python"), ENGINE_DIR, E2E_DIR]
-
-import slice_arms as A  # noqa: E402
-from e2e_phases import RADIX_CORE_ENV, UPSTREAM_ENV  # noqa: E402
 
 
 def log_to(path):
@@ -57,7 +55,7 @@ def arm_env(arm: A.Arm, probe_dir: str, profile: str, radix: bool) -> dict:
         env[RADIX_CORE_ENV] = "python"  # the Rust radix core is built for another torch
     env.update(arm.env)
     env["PYTHONPATH"] = os.pathsep.join(
-        [os.path.join(ROOT, "python"), ENGINE_DIR, HERE, env.get("PYTHONPATH", "")]
+        [os.path.join(ROOT, "python"), str(ENGINE_DIR), HERE, env.get("PYTHONPATH", "")]
     )
     env["MIXGRAPH_E2E_STARTUP"] = "slice_probe"
     env["SLICE_PROBE_DIR"] = probe_dir

@@ -23,12 +23,6 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-sys.path[:0] = [str(HERE)]
-
-import make_slice_model  # noqa: E402  (stdlib only)
-
 CHUNK = 2816  # rows of one steady MIXED step: 2560 prefill tokens + 256 decode rows
 DECODE_ROWS = 256
 PROMPT = 2048  # the probe's prompts; a chunk spans the tail of one and the head of the next
@@ -222,13 +216,10 @@ def step_plan(config: dict, rows: int = CHUNK, widths=(LIVE_WIDTH, WIDE)) -> lis
 
 def _kit_setup() -> None:
     """The kit's kernel selection and its Engine stand-ins, before sglang is imported."""
-    sys.path[:0] = [str(ROOT / "tools" / "gpu-upstream" / "engine"), str(ROOT / "test" / "gpu_e2e")]
-    from e2e_phases import UPSTREAM_ENV
+    from sglang_mixgraph.kits import gpu_machine
 
-    os.environ.update(UPSTREAM_ENV)
-    import engine_standins
-
-    engine_standins.install()
+    os.environ.update(gpu_machine.UPSTREAM_ENV)
+    gpu_machine.engine_standins().install()
 
 
 def _installed(module: str) -> bool:
@@ -516,6 +507,8 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("standin_costs: no CUDA GPU here; nothing measured (run it on the GPU)")
         return 0
+    import make_slice_model  # beside this script; stdlib only
+
     _kit_setup()
     torch.manual_seed(0)
     config = make_slice_model.build_config(make_slice_model.load_pro_config())

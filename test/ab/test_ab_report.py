@@ -26,7 +26,7 @@ from sglang_mixgraph.ab import report
 from sglang_mixgraph.ab.config import CONCURRENCY, GOODPUT_METRICS, RATE, parse_config
 from sglang_mixgraph.ab.results import METRICS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_RUN = ROOT / "docs" / "results" / "ab_example"
 RAW_PARTS = ("run.json", "cells", "gsm8k")
 

@@ -1,6 +1,6 @@
 """The mixed split on upstream's DSV4 backend (CPU): split == unsplit, routing, workspace, fallbacks.
 
-See test/mixed_split_kit.py for what runs upstream code and what is ours.
+See sglang_mixgraph.kits.dsv4_cpu for what runs upstream code and what is ours.
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ import logging
 import sys
 from types import SimpleNamespace
 
-import mixed_split_kit as K
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -17,6 +16,7 @@ from hypothesis import strategies as st
 
 from sglang_mixgraph import fallback
 from sglang_mixgraph import upstream_attrs as attrs
+from sglang_mixgraph.kits import dsv4_cpu as K
 from sglang_mixgraph.target_gpu import described_gpu
 
 K.import_upstream()

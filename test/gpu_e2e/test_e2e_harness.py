@@ -13,18 +13,16 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import e2e_checks as C
+import e2e_phases as P
+import e2e_step_log as L
+import e2e_workload as W
 import pytest
 
 from sglang_mixgraph.core import split_cost_model as scm
+from sglang_mixgraph.kits import gpu_machine
 
-E2E = Path(__file__).resolve().parent / "gpu_e2e"
-sys.path.insert(0, str(E2E))
-
-import e2e_checks as C  # noqa: E402
-import e2e_phases as P  # noqa: E402
-import e2e_step_log as L  # noqa: E402
-import e2e_workload as W  # noqa: E402
-
+E2E = Path(__file__).resolve().parent
 CONFIG = json.loads((E2E / "tiny_dsv4_config.json").read_text())
 
 
@@ -782,7 +780,7 @@ def test_driver_exits_nonzero_when_the_split_never_acted(tmp_path, monkeypatch):
 
 # ---- the Engine-only stand-ins (tools/gpu-upstream/engine) -------------------------------------
 
-ENGINE = Path(__file__).resolve().parents[1] / "tools" / "gpu-upstream" / "engine"
+ENGINE = gpu_machine.ENGINE_DIR
 SHIM = ENGINE.parent / "shim"
 
 

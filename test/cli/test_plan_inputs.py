@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 
 import pytest
-from model_configs import write_model
 
 from sglang_mixgraph import cli, target_gpu
 from sglang_mixgraph.core.prefill_buckets import padding_profile
+from sglang_mixgraph.kits.model_configs import write_model
 from sglang_mixgraph.presets import DSV4_MODEL_DIR, MEGA_MOE_CAP_ENV
 from sglang_mixgraph.resolve import MAX_PLAN_LIST, MAX_PLAN_SIZE, PlanInputError, prepare_argv
 

@@ -10,13 +10,15 @@ from pathlib import Path
 
 import pytest
 
-SLICE = Path(__file__).resolve().parents[1] / "tools" / "rank-slice"
+SLICE = Path(__file__).resolve().parents[2] / "tools" / "rank-slice"
 
 
 def _load(name):
-    spec = importlib.util.spec_from_file_location(f"rank_slice_{name}", SLICE / f"{name}.py")
+    """A script of tools/rank-slice under its own name: the scripts import each other by it
+    (run_slice_probe imports slice_arms), and dataclasses look their module up there."""
+    spec = importlib.util.spec_from_file_location(name, SLICE / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up there
+    sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
     return mod
 

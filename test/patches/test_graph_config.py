@@ -20,10 +20,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from model_configs import write_model
 
 import sglang_mixgraph
 from sglang_mixgraph.core.prefill_buckets import padding_profile, replays
+from sglang_mixgraph.kits.model_configs import write_model
 from sglang_mixgraph.resolve import resolve
 
 DSV4 = str(Path(sglang_mixgraph.__file__).parent / "data" / "dsv4_pro")

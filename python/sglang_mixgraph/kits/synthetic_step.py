@@ -1,6 +1,6 @@
 """Synthetic DSV4 mixed steps at the kernel level: caches, per-row indices, workspaces, and the
 unsplit / split attention of one layer. Shared by ``benchmark/mixed_split_kernel.py``, the GPU
-tests (``test/gpu``) and the CPU equivalence tests (``test/core``).
+kernel tests (``test/gpu``) and the CPU equivalence tests (``test/core``). No sglang here.
 
 Row order is the MIXED batch order: the prefill requests' rows first, then one row per decode
 request, then padding. Per query row at position ``pos`` the keys are
@@ -14,7 +14,7 @@ Two encodings of the same keys are built:
 * decode kernel inputs (FlashMLA ``flash_mla_with_kvcache``): SWA slot indices ``(rows, 128)``
   + lengths, compressed-cache slot indices ``(rows, W_extra)`` + lengths (lengths clamped to at
   least 1 with ``-1`` entries, as upstream's ``*_topk_lengths_clamp1``,
-  ``deepseek_v4_backend.py:361-376``);
+  ``deepseek_v4_backend._low_ratio_compression_metadata``);
 * sparse-prefill inputs (``flash_mla_sparse_fwd``) over a bf16 workspace laid out as upstream's
   chunk cache does (``dsv4/sparse_prefill_utils.py``): all requests' compressed regions, then all
   requests' SWA gathers (``min(seq, extend + W - 1)`` positions each); per-row combined indices
@@ -103,7 +103,7 @@ class StepSpec:
 
 
 @dataclasses.dataclass
-class Step:
+class SyntheticStep:
     spec: StepSpec
     boundary: MixedBoundary
     q: torch.Tensor  # (num_rows, h_q, 512) bf16
@@ -147,7 +147,7 @@ def build_step(
     q_scale: float = 1.0,
     swa_cache: Optional[torch.Tensor] = None,
     extra_cache: Optional[torch.Tensor] = None,
-) -> Step:
+) -> SyntheticStep:
     """Build one step. ``swa_cache``/``extra_cache``: optional pre-filled pools (the benchmark
     reuses large pools across points); otherwise pools are allocated and filled here."""
     dev = torch.device(device)
@@ -284,7 +284,7 @@ def build_step(
         torch.bfloat16
     )
     sink = torch.randn(spec.h_q, device=dev, generator=gen).float()
-    return Step(
+    return SyntheticStep(
         spec=spec,
         boundary=boundary,
         q=q,
@@ -332,7 +332,9 @@ class WorkspacePlan:
         return self.num_tokens * kvl.HEAD_DIM * 2
 
 
-def plan_workspace(step: Step, num_reqs: int, num_rows: int, empty_rows: int = 0) -> WorkspacePlan:
+def plan_workspace(
+    step: SyntheticStep, num_reqs: int, num_rows: int, empty_rows: int = 0
+) -> WorkspacePlan:
     """Workspace + combined indices for the first ``num_reqs`` requests and their ``num_rows`` rows.
 
     ``empty_rows`` appends rows with no key at all (indices -1, length 0): the split runs the
@@ -419,7 +421,7 @@ DequantFn = Callable[..., torch.Tensor]
 
 
 def fill_workspace(
-    step: Step, plan: WorkspacePlan, dequant: DequantFn, ws: Optional[torch.Tensor] = None
+    step: SyntheticStep, plan: WorkspacePlan, dequant: DequantFn, ws: Optional[torch.Tensor] = None
 ) -> torch.Tensor:
     """Dequantize the plan's tokens into a ``(tokens, 1, 512)`` bf16 workspace (two launches)."""
     n = plan.num_tokens
@@ -438,7 +440,7 @@ def softmax_scale() -> float:
 
 
 def unsplit_attention(
-    step: Step,
+    step: SyntheticStep,
     plan_all: WorkspacePlan,
     dequant: DequantFn,
     sparse_fwd: Callable,
@@ -463,7 +465,7 @@ def unsplit_attention(
 
 
 def split_attention(
-    step: Step,
+    step: SyntheticStep,
     plan_pre: Optional[WorkspacePlan],
     dequant: DequantFn,
     sparse_fwd: Callable,
@@ -521,7 +523,7 @@ def split_attention(
     return assemble_rows(b, o_pre, o_dec, like=step.q)
 
 
-def plan_split_prefill(step: Step, join: str = "copy") -> Optional[WorkspacePlan]:
+def plan_split_prefill(step: SyntheticStep, join: str = "copy") -> Optional[WorkspacePlan]:
     """The split's prefill plan: ``join="copy"`` (empty decode/padding rows, copy-in) or ``"cat"``."""
     b = step.boundary
     if not b.num_prefill_reqs:

@@ -1,5 +1,5 @@
 """Install patches the way the plugin does (our registry + SGLang's ``HookRegistry``), and take
-them out again.
+them out again: the tests' and the benchmarks' one way to run a patch.
 
 ``installed(patches, env)`` sets the environment, runs ``registry.install`` +
 ``HookRegistry.apply_hooks`` and, on exit, restores every binding the hooks replaced: the
@@ -16,11 +16,11 @@ from typing import Dict, Iterable, List, Optional, Tuple
 
 
 def _bindings(targets: Iterable[str]) -> List[Tuple[object, str, object]]:
-    from sglang_mixgraph.registry import _resolve
+    from sglang_mixgraph.registry import resolve_target
 
     saved = []
     for target in targets:
-        owner, attr, raw = _resolve(target)
+        owner, attr, raw = resolve_target(target)
         saved.append((owner, attr, raw))
         if isinstance(owner, type):
             continue

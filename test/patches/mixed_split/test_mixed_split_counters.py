@@ -12,11 +12,11 @@ from __future__ import annotations
 import contextlib
 from types import SimpleNamespace
 
-import mixed_split_kit as K
 import pytest
 import torch
 
 from sglang_mixgraph import counters, fallback
+from sglang_mixgraph.kits import dsv4_cpu as K
 from sglang_mixgraph.target_gpu import described_gpu
 
 K.import_upstream()
@@ -251,8 +251,7 @@ def test_eager_mixed_step_publishes_read_done_and_reads_no_table_after_it(heads)
     nothing reads the shared tables after the publish (the snapshot check is on). A model of 32
     query heads (not a decode-kernel head count) is seen at plan time: no plan, upstream's
     snapshot builds its own one cache before the publish, and the output is upstream's."""
-    from install_kit import installed
-
+    from sglang_mixgraph.kits.install import installed
     from sglang_mixgraph.patches import war_snapshot_check as wc
 
     env = {

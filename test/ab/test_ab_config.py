@@ -33,7 +33,7 @@ from sglang_mixgraph.ab.server import ServerError, launch_argv, launch_problems
 from sglang_mixgraph.ab.stats import estimate, paired_ratio, t975, t_quantile, wilson
 from sglang_mixgraph.ab.tools import TIMED_OUT, subprocess_invoker
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "ab_dsv4.toml"
 RAW = tomllib.loads(EXAMPLE.read_text())
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tools" / "rank-slice" / "make_slice_model.py"
 PRO = json.loads((ROOT / "python/sglang_mixgraph/data/dsv4_pro/config.json").read_text())
 VOCAB = 129280

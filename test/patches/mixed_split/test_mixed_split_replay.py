@@ -9,12 +9,12 @@ that has none. The real graphs are proven on the GPU (test/gpu_upstream).
 
 from __future__ import annotations
 
-import mixed_split_kit as K
 import pytest
 import torch
 
 from sglang_mixgraph import counters
 from sglang_mixgraph import upstream_attrs as attrs
+from sglang_mixgraph.kits import dsv4_cpu as K
 from sglang_mixgraph.target_gpu import described_gpu
 
 K.import_upstream()

@@ -1,23 +1,25 @@
-"""CPU kit for the mixed-split tests: upstream's DSV4 backend with our hooks and torch leaf kernels.
+"""CPU kit of the mixed-split tests: upstream's DSV4 backend with our hooks and torch leaf kernels.
 
 What is upstream here and what is ours:
 * ``DeepseekV4AttnBackend`` is upstream's class, built as upstream's test kits build objects they
-  cannot construct on the machine at hand (``object.__new__`` plus the attributes the path reads;
-  sglang/test/kits/dsa_metadata_kit.py:31), and its ``init_forward_metadata`` /
-  ``_forward_attention`` / ``_forward_prefill_sparse(_q8kv8)`` / ``_build_sparse_prefill_chunk_cache``
-  and ``SparsePrefillChunkCache`` run unchanged;
+  cannot construct on the machine at hand (``object.__new__`` plus the attributes the path reads,
+  as ``make_backend`` in sglang/test/kits/dsa_metadata_kit.py does), and its
+  ``init_forward_metadata`` / ``_forward_attention`` / ``_forward_prefill_sparse(_q8kv8)`` /
+  ``_build_sparse_prefill_chunk_cache`` and ``SparsePrefillChunkCache`` run unchanged;
 * ``DeepSeekV4TokenToKVPool`` is upstream's pool, allocated on CPU as upstream's DSV4 attention
-  kit does (sglang/test/kits/attention_unittest/attention_methods/dsv4_attention.py:395-420);
+  kit does (``MockDSV4ModelRunner`` in sglang/test/kits/attention_unittest/attention_methods/
+  dsv4_attention.py);
 * the GPU leaf kernels (FlashMLA sparse prefill / fp8 decode / sched meta, the Triton dequant,
   SWA-id and index-combine kernels, the SM90 Q8KV8 kernels) are replaced by our torch references
   (:mod:`sglang_mixgraph.reference.sparse_mla`,
   :mod:`sglang_mixgraph.reference.sparse_prefill_kernels`);
 * the step's attention metadata (``DSV4Metadata``/``DSV4AttnMetadata``, upstream's classes) is
-  filled by :func:`build_metadata` below in torch, because upstream's builder
-  (``_build_forward_metadata``, 3045-3165) is a chain of Triton/CUDA kernels (causal SWA page
-  indices, compression metadata, compressor plans) that cannot run here. It stands in for
-  that builder plus the indexer's per-layer top-k write (indexer.py:948-1000), which in a MIXED
-  step fills both the raw (request-local) and the page-mapped top-k for every row.
+  filled by :meth:`World.build_metadata` in torch, because upstream's builder
+  (``DeepseekV4AttnBackend._build_forward_metadata``) is a chain of Triton/CUDA kernels (causal
+  SWA page indices, compression metadata, compressor plans) that cannot run here. It stands in
+  for that builder plus the indexer's per-layer top-k write (the top-k transform in
+  ``forward_c4_indexer``, sglang/srt/layers/attention/dsv4/indexer.py), which in a MIXED step
+  fills both the raw (request-local) and the page-mapped top-k for every row.
 """
 
 from __future__ import annotations
@@ -239,9 +241,8 @@ def _restore(store, saved: dict) -> None:
 
 @contextlib.contextmanager
 def patch_installed(flag_on: bool = True, policy: Optional[str] = "always"):
-    """Install the mixed_split patch (test/install_kit.py); upstream is restored afterwards."""
-    from install_kit import installed
-
+    """Install the mixed_split patch (kits.install); upstream is restored afterwards."""
+    from sglang_mixgraph.kits.install import installed
     from sglang_mixgraph.patches import mixed_split
 
     env = {"SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN": "1" if flag_on else "0"}
@@ -320,8 +321,8 @@ class World:
     """Pool + request placement + backend for one step.
 
     On ``device="cpu"`` (this kit) the backend is built with ``object.__new__`` and its metadata
-    by :meth:`build_metadata`; the GPU kit (test/gpu_upstream/gpu_kit.py) builds the same world
-    on CUDA with upstream's real ``__init__`` and metadata builder.
+    by :meth:`build_metadata`; the GPU kit (:mod:`sglang_mixgraph.kits.dsv4_gpu`) builds the same
+    world on CUDA with upstream's real ``__init__`` and metadata builder.
     """
 
     def __init__(self, step: Step, *, q8kv8: bool = False, backend_cls=None, device: str = "cpu"):
@@ -399,7 +400,7 @@ class World:
         from sglang.srt.layers.attention.dsv4.sparse_prefill_utils import SparsePrefillKVBuffer
 
         b = object.__new__(cls)
-        # The attributes DeepseekV4AttnBackend.__init__ (1207-1340) sets that this path reads.
+        # The attributes DeepseekV4AttnBackend.__init__ sets that this path reads.
         b.page_size = PAGE
         b.token_to_kv_pool = self.pool
         b.req_to_token = self.req_to_token

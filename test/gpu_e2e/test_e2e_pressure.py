@@ -4,7 +4,7 @@ on, client aborts mid-generation, read-done and the snapshot check on.
 What is checked here without a GPU: the workload's shape (demand against the pool, the aborts,
 the radix reuse), the pool log's wrappers (on stand-ins and against upstream's real classes), the
 new checks on phase records they must pass and fail, and the driver run end to end with a
-stand-in phase process (test_gpu_e2e_harness.py's) under ``--workload pressure``.
+stand-in phase process (test_e2e_harness.py's) under ``--workload pressure``.
 """
 
 from __future__ import annotations
@@ -12,19 +12,14 @@ from __future__ import annotations
 import inspect
 import json
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
+import e2e_checks as C
+import e2e_phases as P
+import e2e_pool_log as PL
+import e2e_workload as W
 import pytest
-
-E2E = Path(__file__).resolve().parent / "gpu_e2e"
-sys.path.insert(0, str(E2E))
-
-import e2e_checks as C  # noqa: E402
-import e2e_phases as P  # noqa: E402
-import e2e_pool_log as PL  # noqa: E402
-import e2e_workload as W  # noqa: E402
-import test_gpu_e2e_harness as H  # noqa: E402
+import test_e2e_harness as H
 
 PAGE = 256  # DeepSeek-V4's page (sglang's deepseek_v4 model override)
 
@@ -297,7 +292,7 @@ def test_the_pool_check_belongs_to_the_pressure_workload_only():
 
 # ---- the driver ----------------------------------------------------------------------------
 
-# Appended to test_gpu_e2e_harness's stand-in phase (which has written out.json): the pool log a
+# Appended to test_e2e_harness's stand-in phase (which has written out.json): the pool log a
 # pressed pool leaves, and a request the client aborted.
 FAKE_PRESSURE = """
 d = os.environ["MIXGRAPH_E2E_STEP_LOG"]

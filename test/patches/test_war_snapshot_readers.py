@@ -14,11 +14,11 @@ import importlib
 from pathlib import Path
 from types import SimpleNamespace
 
-import mixed_split_kit as K
 import pytest
 import torch
-from install_kit import installed
 
+from sglang_mixgraph.kits import dsv4_cpu as K
+from sglang_mixgraph.kits.install import installed
 from sglang_mixgraph.target_gpu import described_gpu
 
 K.import_upstream()
@@ -40,7 +40,7 @@ SEARCHED = (
 )
 TABLE_NAMES = ("req_to_token", "full_to_swa")
 ON = {"SGLANG_DEBUG_WAR_SNAPSHOT": "1"}
-DOC = Path(__file__).resolve().parents[1] / "docs" / "war-read-done.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "war-read-done.md"
 
 for _target, _kind, _tables in wc.READERS:  # import every reader's module now (see above)
     importlib.import_module(_target.rsplit(".", 2 if _kind == "method" else 1)[0])

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ab_kit import free_port, small_sweep, standin_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tools" / "rank-slice" / "device_ab.sh"
 ARMS = """[[arm]]
 name = "base"

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-import mixed_split_kit as K
 import pytest
 import torch
-from install_kit import installed
 
 from sglang_mixgraph import counters
+from sglang_mixgraph.kits import dsv4_cpu as K
+from sglang_mixgraph.kits.install import installed
 from sglang_mixgraph.target_gpu import described_gpu
 
 K.import_upstream()
@@ -334,12 +334,12 @@ def test_unpublished_read_done_is_reported(world):
 
 def test_flags_off_leave_upstream_untouched():
     targets = {h.target for p in (rd.PATCH, wc.PATCH) for h in p.hooks}
-    from sglang_mixgraph.registry import _resolve
+    from sglang_mixgraph.registry import resolve_target
 
-    raw = {t: _resolve(t)[2] for t in targets}
+    raw = {t: resolve_target(t)[2] for t in targets}
     with installed((rd.PATCH, wc.PATCH), env()) as statuses:
         assert [s.enabled for s in statuses] == [False, False]
-        assert {t: _resolve(t)[2] for t in targets} == raw
+        assert {t: resolve_target(t)[2] for t in targets} == raw
 
 
 @pytest.mark.parametrize("name", ["SGLANG_OPT_DSV4_REPLAY_READ_DONE", "SGLANG_DEBUG_WAR_SNAPSHOT"])

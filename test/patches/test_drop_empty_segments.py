@@ -9,7 +9,6 @@ import types
 
 import pytest
 import torch
-from install_kit import installed
 from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph import (
     breakable_cuda_graph as bcg,
 )
@@ -18,6 +17,7 @@ from sglang.srt.plugins.hook_registry import HookRegistry
 from sglang_mixgraph import counters
 from sglang_mixgraph import upstream_attrs as attrs
 from sglang_mixgraph.core.graph_segments import BREAK, GRAPH
+from sglang_mixgraph.kits.install import installed
 from sglang_mixgraph.patches import drop_empty_segments as des
 from sglang_mixgraph.registry import PatchCheckError, check_attribute, evaluate
 
@@ -225,9 +225,9 @@ def test_flag_off_installs_nothing():
 
 
 def _raw(target):
-    from sglang_mixgraph.registry import _resolve
+    from sglang_mixgraph.registry import resolve_target
 
-    return _resolve(target)[2]
+    return resolve_target(target)[2]
 
 
 def test_an_attribute_the_hooks_read_is_checked(monkeypatch):

@@ -1,4 +1,4 @@
-"""GPU kit: the CPU kit's steps (test/mixed_split_kit.py) on upstream's real code on a CUDA GPU.
+"""GPU kit: the CPU kit's steps (kits.dsv4_cpu) on upstream's real code on a CUDA GPU.
 
 What is upstream here that the CPU kit stands in for:
 * ``DeepseekV4AttnBackend`` built by its real ``__init__`` (from a model-runner stand-in that
@@ -23,15 +23,12 @@ import copy
 from types import SimpleNamespace
 from typing import Dict, List, Sequence
 
-import mixed_split_kit as K
 import torch
 
+from sglang_mixgraph.kits import dsv4_cpu as K
+from sglang_mixgraph.kits.synthetic_step import rel_l2  # noqa: F401  (the GPU tests' G.rel_l2)
+
 DEV = "cuda"
-
-
-def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.float(), b.float()
-    return float((a - b).norm() / b.norm().clamp_min(1e-12))
 
 
 class GpuWorld(K.World):

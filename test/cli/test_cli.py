@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from model_configs import write_model
 
 from sglang_mixgraph.flags import FLAGS
+from sglang_mixgraph.kits.model_configs import write_model
 from sglang_mixgraph.patches import all_patches
 from sglang_mixgraph.presets import DSV4_MODEL_DIR, MEGA_MOE_CAP_ENV
 

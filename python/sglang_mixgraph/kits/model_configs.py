@@ -1,4 +1,9 @@
-"""config.json files of small models the CPU tests resolve (no weights): one writer, shared."""
+"""config.json files of small models that the CPU tests resolve server arguments for (no weights).
+
+``write_model(directory, config, **overrides)`` writes one; ``DENSE_LLAMA``, the default, is a
+small dense Llama, a model the graph configuration is not designed for (its resolution must stay
+upstream's). Used by the CLI and graph-configuration tests.
+"""
 
 from __future__ import annotations
 

@@ -10,8 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tools" / "rank-slice" / "standin_costs.py"
+MAKE_MODEL = ROOT / "tools" / "rank-slice" / "make_slice_model.py"
 
 
 def _load(name, path):
@@ -22,7 +23,7 @@ def _load(name, path):
 
 
 SC = _load("rank_slice_standin_costs", SCRIPT)
-MSM = _load("rank_slice_make_model", ROOT / "tools" / "rank-slice" / "make_slice_model.py")
+MSM = _load("rank_slice_make_model", MAKE_MODEL)
 
 
 def _slice_config(layers=None):
@@ -123,9 +124,11 @@ def test_totals_add_each_width_once_and_skip_rows_inside_others():
 def test_the_plan_imports_neither_torch_nor_sglang():
     code = (
         "import importlib.util, sys, json\n"
-        f"s = importlib.util.spec_from_file_location('sc', {str(SCRIPT)!r})\n"
-        "m = importlib.util.module_from_spec(s); s.loader.exec_module(m)\n"
-        "c = m.make_slice_model.build_config(m.make_slice_model.load_pro_config())\n"
+        "def load(name, path):\n"
+        "    s = importlib.util.spec_from_file_location(name, path)\n"
+        "    m = importlib.util.module_from_spec(s); s.loader.exec_module(m); return m\n"
+        f"m, msm = load('sc', {str(SCRIPT)!r}), load('msm', {str(MAKE_MODEL)!r})\n"
+        "c = msm.build_config(msm.load_pro_config())\n"
         "m.step_plan(c); m.row_contexts()\n"
         "print(json.dumps(sorted(k for k in sys.modules if k.split('.')[0] in "
         "('torch', 'sglang', 'sgl_kernel'))))\n"

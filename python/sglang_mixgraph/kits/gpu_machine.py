@@ -1,0 +1,53 @@
+"""What the GPU drivers read of the bare-torch GPU machine's set-up (tools/gpu-upstream).
+
+That folder is machine set-up, not a kit: ``device.sh`` puts its import shim on PYTHONPATH, and
+the end-to-end and rank-slice drivers put ``engine/`` (stand-ins for the binary-only kernels an
+Engine reaches, with its own ``sitecustomize``) first on the PYTHONPATH of the Engine processes
+they start. What a driver's own process needs of it comes from here, not from ``sys.path``
+edits: ``UPSTREAM_ENV``, upstream's own flags that select the kernels such a machine has;
+``RADIX_CORE_ENV``, the flag that keeps the radix cache off its Rust core (built for another
+torch); ``ENGINE_DIR``; and ``engine_standins()``, that folder's module loaded from its file.
+The folder exists only in a checkout (``PYTHONPATH=python``), not in an installed package.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+UPSTREAM_ENV = {
+    "SGLANG_DSV4_FP4_EXPERTS": "0",  # bf16 experts: the triton MoE runner, not flashinfer mxfp4
+    "SGLANG_FP8_PAGED_MQA_LOGITS_TORCH": "1",  # indexer logits in torch, not deep_gemm
+    "SGLANG_OPT_DSV4_NONPAGED_INDEXER_MIN_QUERY_TOKENS": "1000000000",  # no deep_gemm fp8_mqa_logits
+    "SGLANG_OPT_USE_TOPK_V2": "0",
+    "SGLANG_OPT_USE_TILELANG_MHC_PRE": "0",  # mHC pre/post in torch + Triton, not TileLang
+    "SGLANG_OPT_USE_TILELANG_MHC_POST": "0",
+    "SGLANG_OPT_FUSE_MHC_POST_PRE": "0",  # the cross-layer fused post+pre is TileLang only
+    "SGLANG_OPT_DEEPGEMM_HC_PRENORM": "0",  # hc prenorm GEMM in torch, not deep_gemm
+}
+RADIX_CORE_ENV = "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"
+
+CHECKOUT = Path(__file__).resolve().parents[3]
+ENGINE_DIR = CHECKOUT / "tools" / "gpu-upstream" / "engine"
+ENGINE_STANDINS = "engine_standins"  # the name the Engine processes import it by
+
+
+def engine_standins() -> ModuleType:
+    """``tools/gpu-upstream/engine/engine_standins.py``, imported from its file under the name the
+    Engine processes use; the same module on every call. Its ``install()`` needs the shim on
+    PYTHONPATH (``device.sh`` puts it there)."""
+    if ENGINE_STANDINS in sys.modules:
+        return sys.modules[ENGINE_STANDINS]
+    path = ENGINE_DIR / f"{ENGINE_STANDINS}.py"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} is missing: the GPU machine's set-up is in a checkout of this repository; "
+            "import sglang_mixgraph from its python/ folder (PYTHONPATH=python)"
+        )
+    spec = importlib.util.spec_from_file_location(ENGINE_STANDINS, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[ENGINE_STANDINS] = module
+    spec.loader.exec_module(module)
+    return module
