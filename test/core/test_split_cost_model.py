@@ -1,6 +1,7 @@
 import dataclasses
 import json
 import os
+import sys
 
 import pytest
 import torch

@@ -41,7 +41,8 @@ z.extractall("/tmp/cutlass_hdr", [n for n in z.namelist() if n.startswith(("deep
 PY
 fi
 [[ -d /tmp/cutlass_hdr ]] && export CUTLASS_INCLUDE=/tmp/cutlass_hdr/deep_gemm/include
-# shim/ holds sitecustomize.py, stubs.py and a metadata-only sglang_kernel dist-info.
+# shim/ holds sitecustomize.py and stubs.py; engine/ (put first by kit_server.sh and the Engine drivers) the
+# Engine stand-ins and a metadata-only sglang_kernel dist-info.
 export PYTHONPATH="$SITE:$HERE/shim:$ROOT/python${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1 MAX_JOBS="${MAX_JOBS:-16}" MIXGRAPH_GPU_UPSTREAM_KIT=1
 echo "gpu-upstream: install $(( $(date +%s) - T0 ))s; $(python3 -c 'import torch,triton;print("torch",torch.__version__,"triton",triton.__version__,torch.cuda.get_device_name())')"
