@@ -151,6 +151,28 @@ class TailInputs:
         )
 
 
+def _sparse_decode_kwargs(
+    sched_meta, softmax_scale, swa_indices, extra_indices, swa_lengths, extra_lengths, use_legacy
+) -> dict:
+    """FlashMLA's sparse fp8 decode arguments other than the query, caches and sink: the same
+    for the plan's prepared inputs and the per-call path."""
+    return dict(
+        block_table=None,
+        cache_seqlens=None,
+        head_dim_v=HEAD_DIM,
+        tile_scheduler_metadata=sched_meta,
+        num_splits=None,
+        softmax_scale=softmax_scale,
+        causal=False,
+        is_fp8_kvcache=True,
+        indices=swa_indices,
+        extra_indices_in_kvcache=extra_indices,
+        topk_length=swa_lengths,
+        extra_topk_length=extra_lengths,
+        use_legacy=use_legacy,
+    )
+
+
 def tail_inputs(
     ratio: int,
     b0: int,
@@ -182,20 +204,14 @@ def tail_inputs(
     extra_idx = (
         None if extra_indices is None else _as_3d_indices(rows(extra_indices), "extra_indices")
     )
-    kwargs = dict(
-        block_table=None,
-        cache_seqlens=None,
-        head_dim_v=HEAD_DIM,
-        tile_scheduler_metadata=sched_meta,
-        num_splits=None,
-        softmax_scale=softmax_scale,
-        causal=False,
-        is_fp8_kvcache=True,
-        indices=swa_idx,
-        extra_indices_in_kvcache=extra_idx,
-        topk_length=rows(swa_lengths),
-        extra_topk_length=rows(extra_lengths),
-        use_legacy=use_legacy,
+    kwargs = _sparse_decode_kwargs(
+        sched_meta,
+        softmax_scale,
+        swa_idx,
+        extra_idx,
+        rows(swa_lengths),
+        rows(extra_lengths),
+        use_legacy,
     )
     return TailInputs(
         ratio=ratio,
@@ -271,21 +287,17 @@ def run_decode_tail(
     out, _lse = fn(
         q=q,
         k_cache=swa_k_cache,
-        block_table=None,
-        cache_seqlens=None,
-        head_dim_v=HEAD_DIM,
-        tile_scheduler_metadata=sched_meta,
-        num_splits=None,
-        softmax_scale=softmax_scale,
-        causal=False,
-        is_fp8_kvcache=True,
-        indices=swa_indices,
         attn_sink=attn_sink,
         extra_k_cache=extra_k_cache,
-        extra_indices_in_kvcache=extra_indices,
-        topk_length=swa_lengths,
-        extra_topk_length=extra_lengths,
-        use_legacy=use_legacy,
+        **_sparse_decode_kwargs(
+            sched_meta,
+            softmax_scale,
+            swa_indices,
+            extra_indices,
+            swa_lengths,
+            extra_lengths,
+            use_legacy,
+        ),
     )
     return out.squeeze(1)
 
