@@ -596,6 +596,22 @@ def test_flags_add_to_a_configuration():
     assert config.sweep.input_len == 512
 
 
+def test_only_arms_keeps_the_named_arms_in_the_configurations_order():
+    argv = ["run", str(EXAMPLE), "--arm", "adaptive:SGLANG_MIXGRAPH_SPLIT_POLICY=adaptive"]
+    args = ab_cli._parser().parse_args([*argv, "--only-arms", "adaptive, baseline"])
+    config = parse_config(ab_cli._apply_overrides(read_toml(EXAMPLE), args))
+    assert [a.name for a in config.arms] == ["baseline", "adaptive"]
+    assert config.arms[1].env["SGLANG_MIXGRAPH_SPLIT_POLICY"] == "adaptive"
+
+
+@pytest.mark.parametrize("spec", ["baseline,splt", ","])
+def test_only_arms_naming_no_arm_is_a_one_line_error(spec, capsys):
+    assert ab_cli.main(["run", str(EXAMPLE), "--only-arms", spec, "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert f"--only-arms {spec!r}: no arm named" in err and "(the arms: baseline, split)" in err
+    assert err.count("\n") == 1
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

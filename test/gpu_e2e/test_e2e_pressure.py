@@ -38,6 +38,7 @@ def test_pressure_workload_overloads_the_pool_it_runs_against():
     assert W.engine_overrides(W.PRESSURE) == {
         "max_total_tokens": W.PRESSURE_POOL_TOKENS,
         "swa_full_tokens_ratio": W.PRESSURE_SWA_RATIO,
+        "schedule_conservativeness": W.PRESSURE_SCHEDULE_CONSERVATIVENESS,
     }
     assert W.engine_overrides("full") == W.engine_overrides("short") == {}
     pool_pages = W.PRESSURE_POOL_TOKENS // PAGE
@@ -56,6 +57,25 @@ def test_pressure_workload_overloads_the_pool_it_runs_against():
     # 128-token window, plus two chunks in flight), so the full pool is the one that runs out.
     swa_pages = W.PRESSURE_SWA_RATIO * W.PRESSURE_POOL_TOKENS // PAGE
     assert swa_pages >= 2 * len(press.first) + 2 * _pages(P.CHUNK)
+
+
+def test_pressure_admission_reserves_too_little_decode_room_so_decoding_must_retract():
+    # SGLang's admission reserves init_ratio * max_new decode tokens per request (upstream's
+    # NewTokenRatioTracker.from_config); admit the streamed load in order as it would, then the
+    # admitted requests' full decode must outgrow the pool.
+    from sglang.srt.environ import envs
+
+    ratio = envs.SGLANG_INIT_NEW_TOKEN_RATIO.get() * W.PRESSURE_SCHEDULE_CONSERVATIVENESS
+    pool = W.PRESSURE_POOL_TOKENS
+    admitted, reserved = [], 0
+    for r in W.build(workload=W.PRESSURE)[1].first:
+        need = _pages(len(r.prompt)) * PAGE + int(ratio * r.max_new)
+        if reserved + need > pool:
+            break
+        admitted.append(r)
+        reserved += need
+    grown = sum(_pages(len(r.prompt) + r.max_new) * PAGE for r in admitted)
+    assert len(admitted) >= 8 and grown > 1.3 * pool
 
 
 def test_pressure_aborts_are_mid_generation_and_only_in_the_streamed_requests():

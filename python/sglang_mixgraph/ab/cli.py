@@ -82,6 +82,12 @@ def _parser() -> argparse.ArgumentParser:
         help="an arm with its environment (repeatable; the first is the baseline); added to "
         "the configuration's arms",
     )
+    run.add_argument(
+        "--only-arms",
+        metavar="NAME,...",
+        help="run only these arms of the configuration, in the configuration's order (the "
+        "first of them is the baseline); gates on other arms are left out",
+    )
     run.add_argument("--input-len", type=int, help="sets [sweep] input_len")
     run.add_argument("--output-len", type=int, help="sets [sweep] output_len")
     run.add_argument(
@@ -152,6 +158,19 @@ def _arm_from_flag(spec: str) -> dict[str, Any]:
     return {"name": name, "env": env}
 
 
+def _only_arms(arms: list[Any], spec: str) -> list[Any]:
+    wanted = [n.strip() for n in spec.split(",") if n.strip()]
+    names = [a.get("name") for a in arms if isinstance(a, dict)]
+    unknown = [n for n in wanted if n not in names]
+    if not wanted or unknown:
+        raise ConfigError(
+            f"--only-arms {spec!r}: "
+            + (f"no arm named {', '.join(map(repr, unknown))}" if unknown else "no arm named")
+            + f" (the arms: {', '.join(map(str, names)) or 'none'})"
+        )
+    return [a for a in arms if isinstance(a, dict) and a.get("name") in wanted]
+
+
 def _apply_overrides(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     raw = copy.deepcopy(raw)
     sets_server = args.model_path or args.server_args or args.launch_prefix is not None
@@ -170,6 +189,14 @@ def _apply_overrides(raw: dict[str, Any], args: argparse.Namespace) -> dict[str,
             raise ConfigError(f"--launch-prefix: {e}") from None
     if args.arm:
         raw.setdefault("arm", []).extend(_arm_from_flag(spec) for spec in args.arm)
+    if args.only_arms is not None:
+        raw["arm"] = _only_arms(raw.get("arm", []), args.only_arms)
+        kept = {a["name"] for a in raw["arm"]}
+        raw["gate"] = [
+            g
+            for g in raw.get("gate", [])
+            if not isinstance(g, dict) or {g.get("candidate"), g.get("baseline")} <= kept
+        ]
     for flag, key in (("input_len", "input_len"), ("output_len", "output_len")):
         if getattr(args, flag) is not None:
             raw.setdefault("sweep", {})[key] = getattr(args, flag)
