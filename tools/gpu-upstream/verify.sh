@@ -24,7 +24,7 @@ mkdir -p "$OUT"
 for c in "${CHECKS[@]}"; do
   s=$((TOTAL * WEIGHT[$c] / SUM))
   case $c in
-    gpu_upstream) cmd=(python3 -m pytest test/gpu_upstream -q -p no:cacheprovider) ;;
+    gpu_upstream) cmd=(python3 -m pytest test/gpu_upstream -q -p no:cacheprovider --durations=12) ;;
     # run_e2e.py stops its phases at --budget-s; the timeout only guards against a hang.
     e2e_*) w=${c#e2e_}
       cmd=(python3 test/gpu_e2e/run_e2e.py --workload "$w" --budget-s $((s - 15)) --out "/tmp/$c" --label "verify-$w") ;;
