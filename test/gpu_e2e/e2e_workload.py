@@ -47,11 +47,13 @@ PRESSURE_MAX_NEW = 512
 # share the full pool is what runs out, and several requests decode when it does.
 PRESSURE_SWA_RATIO = 1.0
 ABORT_AFTER = 24  # tokens an aborted request streams before the client aborts it
-# SGLang admits a request only when the pool can also hold the running requests' expected decode
-# tokens (``NewTokenRatioTracker``: 0.7 of max_new, times this): at 1.0 the H200 run never ran out
-# mid-decode (17 evictions, 0 retractions). Near zero it admits on prompt room alone, so decoding
-# requests outgrow the pool and SGLang must retract some.
-PRESSURE_SCHEDULE_CONSERVATIVENESS = 0.05
+# SGLang admits a request only with room for its prompt and up to this many of its new tokens,
+# and counts each running request's remaining ones up to it too (schedule_policy's
+# CLIP_MAX_NEW_TOKENS, from this variable, 4096 by default). Every phase ignores EOS, which makes
+# that reservation exact: with the default the H200 run never ran out mid-decode (25 evictions,
+# 0 retractions). At 32 the scheduler admits on prompt room, and decoding requests outgrow the
+# pool, so SGLang must retract some.
+PRESSURE_ENV = {"SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION": "32"}
 
 
 @dataclass(frozen=True)
@@ -88,8 +90,12 @@ def engine_overrides(workload: str) -> Dict[str, object]:
     return {
         "max_total_tokens": PRESSURE_POOL_TOKENS,
         "swa_full_tokens_ratio": PRESSURE_SWA_RATIO,
-        "schedule_conservativeness": PRESSURE_SCHEDULE_CONSERVATIVENESS,
     }
+
+
+def engine_env(workload: str) -> Dict[str, str]:
+    """Environment a workload's phases need (the pressure workload's admission clip)."""
+    return dict(PRESSURE_ENV) if workload == PRESSURE else {}
 
 
 def _pressure_segments(rng: random.Random) -> List[Segment]:

@@ -107,6 +107,7 @@ def patch_flag_off_values() -> dict:
 def _phase_env(phase, off_values, radix, steps_dir, workload):
     env = dict(os.environ)
     env["MIXGRAPH_E2E_WORKLOAD"] = workload
+    env.update(W.engine_env(workload))
     env.update(phase.env(off_values, radix=radix))
     env["PYTHONPATH"] = os.pathsep.join([PYTHON_DIR, ENGINE_DIR, HERE, env.get("PYTHONPATH", "")])
     env["MIXGRAPH_E2E_STARTUP"] = "e2e_step_log,e2e_pool_log"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import sys
 from types import SimpleNamespace
 
@@ -38,7 +39,6 @@ def test_pressure_workload_overloads_the_pool_it_runs_against():
     assert W.engine_overrides(W.PRESSURE) == {
         "max_total_tokens": W.PRESSURE_POOL_TOKENS,
         "swa_full_tokens_ratio": W.PRESSURE_SWA_RATIO,
-        "schedule_conservativeness": W.PRESSURE_SCHEDULE_CONSERVATIVENESS,
     }
     assert W.engine_overrides("full") == W.engine_overrides("short") == {}
     pool_pages = W.PRESSURE_POOL_TOKENS // PAGE
@@ -60,22 +60,36 @@ def test_pressure_workload_overloads_the_pool_it_runs_against():
 
 
 def test_pressure_admission_reserves_too_little_decode_room_so_decoding_must_retract():
-    # SGLang's admission reserves init_ratio * max_new decode tokens per request (upstream's
-    # NewTokenRatioTracker.from_config); admit the streamed load in order as it would, then the
-    # admitted requests' full decode must outgrow the pool.
-    from sglang.srt.environ import envs
+    # Admit the streamed load in order as upstream's PrefillAdder.add_one_req would (prompt pages
+    # plus min(max_new, clip) per request, running ones at their clipped remainder): the admitted
+    # requests' full decode must outgrow the pool. At SGLang's default clip (4096) it never does.
+    import sglang.srt.managers.schedule_policy as policy
 
-    ratio = envs.SGLANG_INIT_NEW_TOKEN_RATIO.get() * W.PRESSURE_SCHEDULE_CONSERVATIVENESS
-    pool = W.PRESSURE_POOL_TOKENS
-    admitted, reserved = [], 0
-    for r in W.build(workload=W.PRESSURE)[1].first:
-        need = _pages(len(r.prompt)) * PAGE + int(ratio * r.max_new)
-        if reserved + need > pool:
-            break
-        admitted.append(r)
-        reserved += need
-    grown = sum(_pages(len(r.prompt) + r.max_new) * PAGE for r in admitted)
-    assert len(admitted) >= 8 and grown > 1.3 * pool
+    def admitted_growth(clip: int) -> tuple[int, int]:
+        admitted, reserved = [], 0
+        for r in W.build(workload=W.PRESSURE)[1].first:
+            need = _pages(len(r.prompt)) * PAGE + min(r.max_new, clip)
+            if reserved + need > W.PRESSURE_POOL_TOKENS:
+                break
+            admitted.append(r)
+            reserved += need
+        return len(admitted), sum(_pages(len(r.prompt) + r.max_new) * PAGE for r in admitted)
+
+    clip = int(W.engine_env(W.PRESSURE)["SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION"])
+    n, grown = admitted_growth(clip)
+    assert n >= 8 and grown > 1.3 * W.PRESSURE_POOL_TOKENS
+    assert admitted_growth(policy.CLIP_MAX_NEW_TOKENS)[1] <= W.PRESSURE_POOL_TOKENS
+    assert W.engine_env("full") == W.engine_env("short") == {}
+
+
+def test_only_the_pressure_phases_run_with_the_admission_clip(tmp_path):
+    import run_e2e
+
+    phase = P.Phase("bcg", "always", read_done=True)
+    env = {w: run_e2e._phase_env(phase, {}, True, str(tmp_path), w) for w in W.WORKLOADS}
+    clip = "SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION"
+    assert env[W.PRESSURE][clip] == W.PRESSURE_ENV[clip]
+    assert env["short"].get(clip) == env["full"].get(clip) == os.environ.get(clip)
 
 
 def test_pressure_aborts_are_mid_generation_and_only_in_the_streamed_requests():
