@@ -6,9 +6,10 @@
 # - restores the cells of earlier calls from RUN.tgz when it exists (e.g. ab_runs/slice.tgz:
 #   carry ab_runs);
 # - unless this machine's Triton cache says it has served CONFIG already (a marker file in the
-#   cache, so it also travels in a carried triton_cache.txz), first serves one short throwaway
-#   visit (warm_caches.py; WARM_ARM=NAME picks its arm, default the first): a fresh machine's
-#   first eager server ran 16-20% slower than later ones. A cache warmed by another model does
+#   cache, so it also travels in a carried triton_cache.txz), first serves one throwaway visit
+#   of one whole cell (warm_caches.py; WARM_ARM=NAME picks its arm, default the first): a fresh
+#   machine's first eager server ran 13-18% slower than later ones, compiling a metadata kernel
+#   per range of running requests that a shorter warm-up never reached. A cache warmed by another model does
 #   not count (other kernel shapes), nor did a breakable-graph arm's visit warm the eager arms
 #   on the H200, so keep an eager arm first or as WARM_ARM;
 # - runs `ab run` until SECONDS have passed, then SIGTERM: ab stops the server, keeps finished
