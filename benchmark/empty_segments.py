@@ -208,7 +208,7 @@ def environment(argv: list) -> dict:
     import triton
 
     return dict(
-        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         gpu=torch.cuda.get_device_name(),
         torch=torch.__version__,
         cuda=torch.version.cuda,

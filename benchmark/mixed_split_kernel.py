@@ -485,7 +485,7 @@ class Bench:
 
     def environment(self):
         env = dict(
-            date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             python=platform.python_version(),
             torch=torch.__version__,
             argv=sys.argv,

@@ -17,7 +17,7 @@ import json
 import logging
 import os
 import threading
-from typing import Any, Dict, Optional, Tuple
+from typing import Any
 
 from sglang_mixgraph.flags import FlagValueError, seconds_flag
 
@@ -32,11 +32,11 @@ INTERVAL_FLAG = seconds_flag(
     "a count changed); 0 logs only at exit.",
 )
 
-_events: Dict[Tuple[str, str], int] = {}
-_fallbacks: Dict[Tuple[str, str], int] = {}
+_events: dict[tuple[str, str], int] = {}
+_fallbacks: dict[tuple[str, str], int] = {}
 _changes = 0  # bumped on every count; the reporter logs when it moved
 _logged_at = 0  # _changes when the last line was logged
-_reporter: Optional[threading.Thread] = None
+_reporter: threading.Thread | None = None
 _reporter_stop = threading.Event()
 _exit_line_registered = False  # inherited by a forked child, whose exit handlers are the parent's
 _start_lock = threading.Lock()
@@ -62,14 +62,14 @@ def count_fallback(patch: str, reason: str) -> None:
         _start_reporter()
 
 
-def _nest(flat: Dict[Tuple[str, str], int]) -> Dict[str, Dict[str, int]]:
-    out: Dict[str, Dict[str, int]] = {}
+def _nest(flat: dict[tuple[str, str], int]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
     for (patch, name), n in sorted(dict(flat).items()):  # dict(): a copy taken under the GIL
         out.setdefault(patch, {})[name] = n
     return out
 
 
-def snapshot() -> Dict[str, Any]:
+def snapshot() -> dict[str, Any]:
     """``{"pid", "events": {patch: {event: n}}, "fallbacks": {patch: {reason: n}}}``."""
     return {"pid": os.getpid(), "events": _nest(_events), "fallbacks": _nest(_fallbacks)}
 
@@ -94,7 +94,7 @@ def format_line() -> str:
     return LOG_PREFIX + json.dumps(snapshot(), sort_keys=True)
 
 
-def parse_line(line: str) -> Optional[Dict[str, Any]]:
+def parse_line(line: str) -> dict[str, Any] | None:
     """The snapshot in one log line (any prefix SGLang's log format adds), or None."""
     at = line.find(LOG_PREFIX)
     if at < 0:

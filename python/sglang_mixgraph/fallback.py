@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from typing import Optional
 
 from sglang_mixgraph import counters
 
@@ -12,7 +11,7 @@ logger = logging.getLogger("sglang_mixgraph")
 _said: set[tuple[str, str]] = set()
 
 
-def fallback_once(patch_id: str, reason: str, *, key: Optional[str] = None) -> bool:
+def fallback_once(patch_id: str, reason: str, *, key: str | None = None) -> bool:
     """Count a fallback of `patch_id` to the upstream path because of `reason` (under the short
     `key` when given, else the reason text) and log it the first time only.
 

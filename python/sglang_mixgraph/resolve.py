@@ -33,9 +33,10 @@ import os
 import re
 import types
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from sglang_mixgraph import target_gpu
 from sglang_mixgraph.target_gpu import DEFAULT_GPU, PLATFORM_PLUGIN_NAME, GpuSpec

@@ -29,8 +29,8 @@ import contextlib
 import os
 import sys
 import types
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 PLATFORM_PLUGIN_NAME = "mixgraph_target"
 

@@ -21,9 +21,10 @@ import importlib
 import inspect
 import textwrap
 import types
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any
 
 DSA = "sglang.srt.layers.attention.dsa"
 SPLIT_OP_MODULE = f"{DSA}.dsa_prefill_cuda_graph"

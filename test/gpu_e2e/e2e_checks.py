@@ -26,8 +26,8 @@ Pure Python but for the cost model (CPU torch), which :class:`AdaptivePolicy` im
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence
 
 PATCH = "mixed_split"
 RD_PATCH = "replay_read_done"
@@ -39,7 +39,7 @@ RATIOS = (0, 4, 128)
 @dataclass(frozen=True)
 class Mismatch:
     rid: str
-    first_diff: Optional[int]  # first differing token position; None when one side is missing
+    first_diff: int | None  # first differing token position; None when one side is missing
     baseline_len: int
     phase_len: int
 
@@ -62,13 +62,13 @@ class PhaseRecord:
     read_done: bool = False  # the -rd variant: replay_read_done and war_snapshot_check on
     drop_empty: bool = False  # the -des variant: drop_empty_segments on
     error: str = ""
-    outputs: Dict[str, List[int]] = field(default_factory=dict)
-    expected_lens: Dict[str, int] = field(default_factory=dict)
-    steps: List[dict] = field(default_factory=list)
+    outputs: dict[str, list[int]] = field(default_factory=dict)
+    expected_lens: dict[str, int] = field(default_factory=dict)
+    steps: list[dict] = field(default_factory=list)
     counters: dict = field(default_factory=dict)
-    stub_calls: List[str] = field(default_factory=list)
-    abort_targets: Dict[str, int] = field(default_factory=dict)  # rid -> tokens before abort
-    finish_reasons: Dict[str, str] = field(default_factory=dict)  # of the aborted requests
+    stub_calls: list[str] = field(default_factory=list)
+    abort_targets: dict[str, int] = field(default_factory=dict)  # rid -> tokens before abort
+    finish_reasons: dict[str, str] = field(default_factory=dict)  # of the aborted requests
     pool: dict = field(default_factory=dict)  # e2e_pool_log.summarize of the phase
     pool_pressure: bool = False  # the pressure workload: retractions and evictions required
 
@@ -91,11 +91,11 @@ class AdaptivePolicy:
     layers: Mapping[int, int]  # {compress ratio: layers}
 
     @property
-    def ratios(self) -> FrozenSet[int]:
+    def ratios(self) -> frozenset[int]:
         return frozenset(r for r, n in self.layers.items() if n)
 
     @classmethod
-    def for_model(cls, config: Mapping, arch: str = "sm90") -> "AdaptivePolicy":
+    def for_model(cls, config: Mapping, arch: str = "sm90") -> AdaptivePolicy:
         """From the model's config.json; ``sm90`` is the H200 the run is on. The layers are the
         pool's (``compression_ratios`` over the model's ``num_hidden_layers``)."""
         from sglang_mixgraph.core import split_cost_model as scm
@@ -103,7 +103,7 @@ class AdaptivePolicy:
         mix = scm.layer_mix(config["compress_ratios"][: config["num_hidden_layers"]])
         return cls(scm.load_coefficients(arch), int(config["index_topk"]), mix)
 
-    def splits(self, step: Mapping) -> Optional[bool]:
+    def splits(self, step: Mapping) -> bool | None:
         """Whether the cost model splits this logged MIXED step; None when the log lacks its
         shape (no decode count: the split did not record one) or the shape is inconsistent."""
         from sglang_mixgraph.core import split_cost_model as scm
@@ -129,7 +129,7 @@ class AdaptivePolicy:
 
 def compare_tokens(
     baseline: Mapping[str, Sequence[int]], phase: Mapping[str, Sequence[int]]
-) -> List[Mismatch]:
+) -> list[Mismatch]:
     """Per request (every request of either side), where the phase's tokens leave the baseline's."""
     out = []
     for rid in sorted(set(baseline) | set(phase)):
@@ -159,7 +159,7 @@ def split_stub_calls(calls: Sequence[str]) -> tuple:
 def merge_counters(snapshots: Iterable[Mapping]) -> dict:
     """Totals over processes from their counter lines: the last line of each pid (counts are
     cumulative per process), summed across pids."""
-    last: Dict[int, Mapping] = {}
+    last: dict[int, Mapping] = {}
     for snap in snapshots:
         last[snap.get("pid", 0)] = snap
     total: dict = {"events": {}, "fallbacks": {}}
@@ -172,13 +172,13 @@ def merge_counters(snapshots: Iterable[Mapping]) -> dict:
     return total
 
 
-def steps_by_mode(steps: Iterable[Mapping]) -> Dict[str, int]:
+def steps_by_mode(steps: Iterable[Mapping]) -> dict[str, int]:
     """``{"MIXED/eager": n, "DECODE/graph": n, ...}`` (mode at entry to the forward)."""
     c = Counter(f"{s['mode']}/{'graph' if s.get('graph') else 'eager'}" for s in steps)
     return dict(sorted(c.items()))
 
 
-def _of_mode(steps: Iterable[Mapping], mode: str, graph: bool) -> List[Mapping]:
+def _of_mode(steps: Iterable[Mapping], mode: str, graph: bool) -> list[Mapping]:
     return [s for s in steps if s["mode"] == mode and bool(s.get("graph")) == graph]
 
 
@@ -186,17 +186,17 @@ def _mixed(steps: Iterable[Mapping], graph: bool) -> int:
     return len(_of_mode(steps, "MIXED", graph))
 
 
-def _events(rec: PhaseRecord, patch: str = PATCH) -> Dict[str, int]:
+def _events(rec: PhaseRecord, patch: str = PATCH) -> dict[str, int]:
     return dict(rec.counters.get("events", {}).get(patch, {}))
 
 
-def _fallbacks(rec: PhaseRecord, patch: str = PATCH) -> Dict[str, int]:
+def _fallbacks(rec: PhaseRecord, patch: str = PATCH) -> dict[str, int]:
     return dict(rec.counters.get("fallbacks", {}).get(patch, {}))
 
 
 def check_phase(
-    rec: PhaseRecord, baseline: Optional[PhaseRecord], policy: AdaptivePolicy
-) -> List[Check]:
+    rec: PhaseRecord, baseline: PhaseRecord | None, policy: AdaptivePolicy
+) -> list[Check]:
     """Every check of one phase; ``baseline`` is its ``<graph>-off`` phase (None for a baseline),
     ``policy`` what the adaptive split decides with."""
     checks = [Check(rec.name, "ran to the end", rec.ran, rec.error)]
@@ -314,7 +314,7 @@ def _pool_pressure(rec: PhaseRecord) -> Check:
     )
 
 
-def _tokens_equal(rec: PhaseRecord, baseline: Optional[PhaseRecord]) -> Check:
+def _tokens_equal(rec: PhaseRecord, baseline: PhaseRecord | None) -> Check:
     if baseline is None or not baseline.ran:
         return Check(rec.name, "tokens equal the off phase", False, "the off phase did not run")
     # Where the client aborted a request its tokens depend on when the abort landed.
@@ -331,7 +331,7 @@ def _tokens_equal(rec: PhaseRecord, baseline: Optional[PhaseRecord]) -> Check:
     )
 
 
-def _read_done(rec: PhaseRecord) -> List[Check]:
+def _read_done(rec: PhaseRecord) -> list[Check]:
     """The read-done variant: the event published where replays ran, the debug check armed by
     it, and no replay handed back to upstream's whole-forward barrier."""
     ev, fb = _events(rec, RD_PATCH), _fallbacks(rec, RD_PATCH)
@@ -386,10 +386,10 @@ def _acted(
     rec: PhaseRecord,
     mixed_eager: int,
     mixed_graph: int,
-    ev: Dict[str, int],
-    fb: Dict[str, int],
+    ev: dict[str, int],
+    fb: dict[str, int],
     policy: AdaptivePolicy,
-) -> List[Check]:
+) -> list[Check]:
     out = []
     if mixed_eager == 0 and mixed_graph == 0:
         return [
@@ -451,7 +451,7 @@ def _decided(
     split: int,
     kept: int,
     policy: AdaptivePolicy,
-) -> List[Check]:
+) -> list[Check]:
     n = len(steps)
     if rec.split == "always":
         return [
@@ -503,7 +503,7 @@ def _as_cost_model(
     return Check(rec.name, name, ok, detail)
 
 
-def summarize(rec: PhaseRecord) -> List[str]:
+def summarize(rec: PhaseRecord) -> list[str]:
     """Lines for the log: steps by mode and graph, the counters of the split and the read-done
     patches, and every patch's fallbacks."""
     lines = [f"steps: {steps_by_mode(rec.steps)}"]

@@ -20,8 +20,8 @@ anything.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Dict, List, Mapping
 
 from sglang_mixgraph.kits.gpu_machine import RADIX_CORE_ENV, UPSTREAM_ENV
 
@@ -80,9 +80,9 @@ class Phase:
     def is_baseline(self) -> bool:
         return self.name == self.baseline
 
-    def engine_kwargs(self, model_dir: str, *, radix: bool, slot: int) -> Dict[str, object]:
+    def engine_kwargs(self, model_dir: str, *, radix: bool, slot: int) -> dict[str, object]:
         """``sglang.Engine`` arguments; ``slot`` keeps concurrent phases' ports apart."""
-        kwargs: Dict[str, object] = dict(
+        kwargs: dict[str, object] = dict(
             model_path=model_dir,
             skip_tokenizer_init=True,
             load_format="dummy",
@@ -105,7 +105,7 @@ class Phase:
         kwargs.update(_GRAPH_KWARGS[self.graph])
         return kwargs
 
-    def env(self, patch_flag_off_values: Mapping[str, str], *, radix: bool) -> Dict[str, str]:
+    def env(self, patch_flag_off_values: Mapping[str, str], *, radix: bool) -> dict[str, str]:
         """Environment of the phase: upstream kernel selection, every patch flag off but the
         split's, and the split as the phase says."""
         env = dict(UPSTREAM_ENV)
@@ -122,7 +122,7 @@ class Phase:
         return env
 
 
-def parse(names: List[str]) -> List[Phase]:
+def parse(names: list[str]) -> list[Phase]:
     """Phase names (``all`` or none: the default eleven), in the order a run needs them."""
     if not names or names == ["all"]:
         names = [f"{g}-{s}" for s in SPLITS for g in GRAPHS] + [n + RD_SUFFIX for n in DEFAULT_RD]

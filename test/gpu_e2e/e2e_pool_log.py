@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 FILE_PREFIX = "pool_"
 EVICTORS = (

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
 
 VOCAB = 4096
 LONG_PROMPT = 16384
@@ -59,9 +58,9 @@ PRESSURE_ENV = {"SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION": "32"}
 @dataclass(frozen=True)
 class Request:
     rid: str
-    prompt: Tuple[int, ...]
+    prompt: tuple[int, ...]
     max_new: int
-    abort_after: Optional[int] = None  # the client aborts after this many streamed tokens
+    abort_after: int | None = None  # the client aborts after this many streamed tokens
 
 
 @dataclass(frozen=True)
@@ -70,11 +69,11 @@ class Segment:
     every request of ``first`` has produced its first token."""
 
     name: str
-    first: Tuple[Request, ...]
-    then: Tuple[Request, ...] = ()
+    first: tuple[Request, ...]
+    then: tuple[Request, ...] = ()
 
 
-def _prompt(rng: random.Random, n: int) -> Tuple[int, ...]:
+def _prompt(rng: random.Random, n: int) -> tuple[int, ...]:
     # Token ids away from the special ids at both ends of the vocabulary.
     return tuple(rng.randrange(10, VOCAB - 10) for _ in range(n))
 
@@ -83,7 +82,7 @@ PRESSURE = "pressure"
 WORKLOADS = ("full", "short", PRESSURE)  # short: without the long segment (a quick run)
 
 
-def engine_overrides(workload: str) -> Dict[str, object]:
+def engine_overrides(workload: str) -> dict[str, object]:
     """Engine arguments a workload needs (the pressure workload's small pools)."""
     if workload != PRESSURE:
         return {}
@@ -93,12 +92,12 @@ def engine_overrides(workload: str) -> Dict[str, object]:
     }
 
 
-def engine_env(workload: str) -> Dict[str, str]:
+def engine_env(workload: str) -> dict[str, str]:
     """Environment a workload's phases need (the pressure workload's admission clip)."""
     return dict(PRESSURE_ENV) if workload == PRESSURE else {}
 
 
-def _pressure_segments(rng: random.Random) -> List[Segment]:
+def _pressure_segments(rng: random.Random) -> list[Segment]:
     warm = tuple(Request(f"warm{i}", _prompt(rng, 700), 8) for i in range(4))
     # Three requests reuse a warm prompt's first two pages (radix hits while they last).
     reused = [warm[i].prompt[:512] + _prompt(rng, n) for i, n in enumerate((200, 320, 260))]
@@ -119,19 +118,19 @@ def _pressure_segments(rng: random.Random) -> List[Segment]:
     return [Segment("warm", warm), Segment("pressure", first, then)]
 
 
-def abort_targets(segments: List[Segment]) -> Dict[str, int]:
+def abort_targets(segments: list[Segment]) -> dict[str, int]:
     """The requests the client aborts, with the tokens each streams first."""
     return {r.rid: r.abort_after for r in all_requests(segments) if r.abort_after is not None}
 
 
-def build(seed: int = 0, chunk: int = 256, workload: str = "full") -> List[Segment]:
+def build(seed: int = 0, chunk: int = 256, workload: str = "full") -> list[Segment]:
     if workload not in WORKLOADS:
         raise ValueError(f"workload must be one of {WORKLOADS}, got {workload!r}")
     rng = random.Random(seed)
     if workload == PRESSURE:
         return _pressure_segments(rng)
 
-    def reqs(prefix: str, lens, max_new) -> Tuple[Request, ...]:
+    def reqs(prefix: str, lens, max_new) -> tuple[Request, ...]:
         news = max_new if isinstance(max_new, (list, tuple)) else [max_new] * len(lens)
         return tuple(
             Request(f"{prefix}{i}", _prompt(rng, n), m)
@@ -158,10 +157,10 @@ def build(seed: int = 0, chunk: int = 256, workload: str = "full") -> List[Segme
     return segments if workload == "full" else segments[:2]
 
 
-def all_requests(segments: List[Segment]) -> List[Request]:
+def all_requests(segments: list[Segment]) -> list[Request]:
     return [r for s in segments for r in s.first + s.then]
 
 
-def peak_tokens(segments: List[Segment]) -> int:
+def peak_tokens(segments: list[Segment]) -> int:
     """The most KV tokens one segment holds at once (segments run one after another)."""
     return max(sum(len(r.prompt) + r.max_new for r in s.first + s.then) for s in segments)

@@ -4,7 +4,6 @@ probe's shape and kernel-table readers, and the driver's step summary (tools/ran
 from __future__ import annotations
 
 import dataclasses
-
 import importlib.util
 import sys
 import types

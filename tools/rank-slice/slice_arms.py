@@ -11,7 +11,6 @@ this module.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List
 
 CHUNK = 2816  # chunked prefill per rank: 2560 prefill tokens + 256 decode rows when steady
 RUNNING = 256  # running requests per rank
@@ -33,11 +32,11 @@ NO_PLUGIN = {"SGLANG_PLUGINS": "none"}
 class Arm:
     name: str
     what: str
-    env: Dict[str, str] = field(default_factory=dict)
-    engine: Dict[str, object] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    engine: dict[str, object] = field(default_factory=dict)
 
 
-def _bcg(**extra) -> Dict[str, object]:
+def _bcg(**extra) -> dict[str, object]:
     return {"cuda_graph_backend_prefill": "breakable", **extra}
 
 
@@ -84,7 +83,7 @@ def ceil_page(n: int) -> int:
     return -(-n // PAGE) * PAGE
 
 
-def pool_sizes(requests: int, input_len: int, output_len: int) -> Dict[str, object]:
+def pool_sizes(requests: int, input_len: int, output_len: int) -> dict[str, object]:
     """KV pool and SWA ratio so that every request of the burst fits and the SWA pool holds the
     running requests' windows (each up to two pages) plus two chunks in flight. Upstream's
     DeepSeek-V4 default ratio (0.1) ran out at 173 decode rows of a 700k-token pool."""
@@ -106,10 +105,10 @@ def engine_kwargs(
     output_len: int,
     radix: bool,
     context_length: int,
-) -> Dict[str, object]:
+) -> dict[str, object]:
     """``context_length`` is also the width breakable-graph metadata is built at (upstream's
     ``DeepseekV4AttnBackend._prefill_graph_context_width``) unless an arm cuts it."""
-    kwargs: Dict[str, object] = dict(
+    kwargs: dict[str, object] = dict(
         model_path=model_dir,
         load_format="dummy",
         skip_tokenizer_init=True,
@@ -132,7 +131,7 @@ def engine_kwargs(
     return kwargs
 
 
-def parse(names: List[str]) -> List[Arm]:
+def parse(names: list[str]) -> list[Arm]:
     unknown = [n for n in names if n not in ARMS]
     if unknown:
         raise ValueError(f"unknown arm(s) {unknown}; known: {sorted(ARMS)}")

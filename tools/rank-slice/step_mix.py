@@ -16,7 +16,7 @@ import json
 import re
 import sys
 from collections import Counter
-from typing import Dict, Iterable
+from collections.abc import Iterable
 
 _PREFILL = re.compile(
     r"Prefill batch(?: \[\d+\])?, #new-seq: (?P<seqs>\d+), #new-token: (?P<tokens>\d+),"
@@ -26,7 +26,7 @@ _DECODE = re.compile(r"Decode batch(?: \[\d+\])?, #running-req: (?P<running>\d+)
 _GRAPH = re.compile(r"(?:cuda|cpu|npu|musa) graph: (?P<graph>True|False)")
 
 
-def step_mix(lines: Iterable[str]) -> Dict[str, object]:
+def step_mix(lines: Iterable[str]) -> dict[str, object]:
     """Counts per step kind (MIXED, EXTEND, DECODE) split by replayed or eager, the decode rows
     MIXED steps carried, and the prefill tokens per kind."""
     steps: Counter = Counter()

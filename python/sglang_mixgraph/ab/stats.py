@@ -76,7 +76,7 @@ def t_quantile(p: float, df: int) -> float:
     return (low + high) / 2
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def t975(df: int) -> float:
     """The two-sided 95% quantile t(0.975, df)."""
     return t_quantile(0.975, df)

@@ -18,10 +18,8 @@ count while the attention sees another.
 
 from __future__ import annotations
 
-from typing import Optional
 
-
-def replay_attention_rows(global_num_token_non_padded_cpu: Optional[int], static_rows: int) -> int:
+def replay_attention_rows(global_num_token_non_padded_cpu: int | None, static_rows: int) -> int:
     """Rows of the replayed attention break: ``static_rows`` (the static batch's padded token
     rows, i.e. the bucket) sliced to ``global_num_token_non_padded_cpu`` exactly as the break
     slices its query, so None keeps the whole bucket and a count past the bucket is cut to it.

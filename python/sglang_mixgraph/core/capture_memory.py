@@ -47,8 +47,8 @@ decode graphs (`reserve_for_graph_mb`), DeepEP buffers (`reserve_for_deepep_a2a_
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 MiB = 1 << 20
 GiB = 1 << 30

@@ -22,7 +22,8 @@ The kernel is injectable (``kernel=``) so CPU tests run the same code with
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 
@@ -30,7 +31,7 @@ HEAD_DIM = 512
 # DeepseekV4AttnBackend._forward_attention asserts both index widths are multiples of 64.
 INDEX_ALIGN = 64
 
-KernelFn = Callable[..., Tuple[torch.Tensor, torch.Tensor]]
+KernelFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 MetaFactory = Callable[[], Any]
 
 
@@ -43,7 +44,7 @@ class TailShape:
     batch: int
     h_q: int
     topk: int
-    extra_topk: Optional[int]
+    extra_topk: int | None
 
 
 def default_meta_factory() -> Any:
@@ -67,16 +68,16 @@ class SchedMetaCache:
     :class:`SchedMetaShapeError`. Call :meth:`reset` when a new step (new metadata) starts.
     """
 
-    def __init__(self, factory: Optional[MetaFactory] = None):
+    def __init__(self, factory: MetaFactory | None = None):
         self._factory = factory or default_meta_factory
-        self._entries: Dict[int, Tuple[TailShape, Any]] = {}
+        self._entries: dict[int, tuple[TailShape, Any]] = {}
 
     def get(
         self,
         ratio: int,
         batch: int,
         topk: int,
-        extra_topk: Optional[int] = None,
+        extra_topk: int | None = None,
         h_q: int = 128,
     ) -> Any:
         shape = TailShape(
@@ -95,7 +96,7 @@ class SchedMetaCache:
             )
         return meta
 
-    def bound_shape(self, ratio: int) -> Optional[TailShape]:
+    def bound_shape(self, ratio: int) -> TailShape | None:
         entry = self._entries.get(ratio)
         return None if entry is None else entry[0]
 
@@ -135,7 +136,7 @@ class TailInputs:
     ratio: int
     num_rows: int
     kernel_kwargs: Mapping[str, Any]
-    sources: Tuple[Optional[torch.Tensor], ...]
+    sources: tuple[torch.Tensor | None, ...]
 
     @property
     def sched_meta(self) -> Any:
@@ -178,12 +179,12 @@ def tail_inputs(
     b0: int,
     num_decode: int,
     swa_indices: torch.Tensor,
-    swa_lengths: Optional[torch.Tensor],
-    extra_indices: Optional[torch.Tensor] = None,
-    extra_lengths: Optional[torch.Tensor] = None,
+    swa_lengths: torch.Tensor | None,
+    extra_indices: torch.Tensor | None = None,
+    extra_lengths: torch.Tensor | None = None,
     *,
     sched_meta: Any,
-    softmax_scale: Optional[float] = None,
+    softmax_scale: float | None = None,
     use_legacy: bool = True,
 ) -> TailInputs:
     """The decode tail's inputs of one ratio for one step: rows ``[b0, b0 + num_decode)`` of
@@ -226,7 +227,7 @@ def run_tail(
     q: torch.Tensor,
     swa_k_cache: torch.Tensor,
     attn_sink: torch.Tensor,
-    extra_k_cache: Optional[torch.Tensor],
+    extra_k_cache: torch.Tensor | None,
     kernel: KernelFn,
 ) -> torch.Tensor:
     """The decode kernel on ``q`` (``(D, 1, h_q, 512)``, the tail rows of the layer's query)
@@ -245,15 +246,15 @@ def run_decode_tail(
     q: torch.Tensor,
     swa_k_cache: torch.Tensor,
     swa_indices: torch.Tensor,
-    swa_lengths: Optional[torch.Tensor],
+    swa_lengths: torch.Tensor | None,
     attn_sink: torch.Tensor,
     sched_meta: Any,
     *,
-    extra_k_cache: Optional[torch.Tensor] = None,
-    extra_indices: Optional[torch.Tensor] = None,
-    extra_lengths: Optional[torch.Tensor] = None,
-    softmax_scale: Optional[float] = None,
-    kernel: Optional[KernelFn] = None,
+    extra_k_cache: torch.Tensor | None = None,
+    extra_indices: torch.Tensor | None = None,
+    extra_lengths: torch.Tensor | None = None,
+    softmax_scale: float | None = None,
+    kernel: KernelFn | None = None,
     use_legacy: bool = True,
 ) -> torch.Tensor:
     """Sparse fp8 decode of the tail rows; returns ``(D, h_q, 512)`` (the kernel's dtype, bf16).
@@ -312,8 +313,8 @@ class DecodeTail:
 
     def __init__(
         self,
-        kernel: Optional[KernelFn] = None,
-        meta_factory: Optional[MetaFactory] = None,
+        kernel: KernelFn | None = None,
+        meta_factory: MetaFactory | None = None,
         use_legacy: bool = True,
     ):
         self.kernel = kernel
@@ -329,13 +330,13 @@ class DecodeTail:
         q: torch.Tensor,
         swa_k_cache: torch.Tensor,
         swa_indices: torch.Tensor,
-        swa_lengths: Optional[torch.Tensor],
+        swa_lengths: torch.Tensor | None,
         attn_sink: torch.Tensor,
         *,
-        extra_k_cache: Optional[torch.Tensor] = None,
-        extra_indices: Optional[torch.Tensor] = None,
-        extra_lengths: Optional[torch.Tensor] = None,
-        softmax_scale: Optional[float] = None,
+        extra_k_cache: torch.Tensor | None = None,
+        extra_indices: torch.Tensor | None = None,
+        extra_lengths: torch.Tensor | None = None,
+        softmax_scale: float | None = None,
     ) -> torch.Tensor:
         d = q.shape[0]
         if d == 0:

@@ -12,7 +12,8 @@ last, consecutive, all). Pure Python; the ``drop_empty_segments`` patch runs the
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 GRAPH = "graph"
 BREAK = "break"

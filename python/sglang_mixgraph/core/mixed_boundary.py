@@ -21,7 +21,7 @@ DP-attention decode batch that upstream relabels to a 1-token EXTEND
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, List, Optional, Sequence, Tuple
+from collections.abc import Iterable, Sequence
 
 import torch
 
@@ -72,7 +72,7 @@ class MixedBoundary:
         return self.b0 > 0
 
 
-def _host_ints(values: Iterable, name: str) -> List[int]:
+def _host_ints(values: Iterable, name: str) -> list[int]:
     if isinstance(values, torch.Tensor):
         # A device tensor here would force a synchronization; the boundary is host math.
         raise TypeError(f"{name} must be a host list of ints, not a tensor")
@@ -93,7 +93,7 @@ def _host_ints(values: Iterable, name: str) -> List[int]:
 def compute_mixed_boundary(
     extend_seq_lens: Sequence[int],
     num_decode_reqs: int,
-    num_rows: Optional[int] = None,
+    num_rows: int | None = None,
 ) -> MixedBoundary:
     """The boundary of one step from the per-request extend lengths (host list).
 
@@ -119,7 +119,7 @@ def compute_mixed_boundary(
     return MixedBoundary(num_prefill_reqs=p, num_decode_reqs=d, b0=b0, num_rows=rows)
 
 
-def slice_rows(x: Optional[torch.Tensor], rows: slice) -> Optional[torch.Tensor]:
+def slice_rows(x: torch.Tensor | None, rows: slice) -> torch.Tensor | None:
     """``x[rows]`` along dim 0 as a view (never a copy); ``None`` passes through."""
     if x is None:
         return None
@@ -139,11 +139,11 @@ class DecodeTailRows:
 
     q: torch.Tensor
     swa_indices: torch.Tensor
-    swa_lengths: Optional[torch.Tensor]
-    extra_indices: Optional[torch.Tensor] = None
-    extra_lengths: Optional[torch.Tensor] = None
+    swa_lengths: torch.Tensor | None
+    extra_indices: torch.Tensor | None = None
+    extra_lengths: torch.Tensor | None = None
 
-    def tensors(self) -> Tuple[Optional[torch.Tensor], ...]:
+    def tensors(self) -> tuple[torch.Tensor | None, ...]:
         return (self.q, self.swa_indices, self.swa_lengths, self.extra_indices, self.extra_lengths)
 
 
@@ -151,9 +151,9 @@ def slice_decode_tail(
     boundary: MixedBoundary,
     q: torch.Tensor,
     swa_indices: torch.Tensor,
-    swa_lengths: Optional[torch.Tensor],
-    extra_indices: Optional[torch.Tensor] = None,
-    extra_lengths: Optional[torch.Tensor] = None,
+    swa_lengths: torch.Tensor | None,
+    extra_indices: torch.Tensor | None = None,
+    extra_lengths: torch.Tensor | None = None,
 ) -> DecodeTailRows:
     """Views of rows ``[b0, b0 + D)`` of ``q`` and of the per-row metadata.
 
@@ -173,10 +173,10 @@ def slice_decode_tail(
 
 def assemble_rows(
     boundary: MixedBoundary,
-    prefill_out: Optional[torch.Tensor],
-    decode_out: Optional[torch.Tensor],
-    out: Optional[torch.Tensor] = None,
-    like: Optional[torch.Tensor] = None,
+    prefill_out: torch.Tensor | None,
+    decode_out: torch.Tensor | None,
+    out: torch.Tensor | None = None,
+    like: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One ``(num_rows, ...)`` output in the original row order; padding rows are zero.
 
@@ -208,7 +208,7 @@ def assemble_rows(
 
 
 def copy_in_join(
-    boundary: MixedBoundary, all_rows_out: torch.Tensor, decode_out: Optional[torch.Tensor]
+    boundary: MixedBoundary, all_rows_out: torch.Tensor, decode_out: torch.Tensor | None
 ) -> torch.Tensor:
     """The split's join: ``all_rows_out`` is the sparse prefill over every row of the step with
     a workspace of the prefill requests only, so its decode and padding rows hold no keys and
@@ -229,7 +229,7 @@ def workspace_tokens(
     extend_seq_lens: Sequence[int],
     compress_ratio: int,
     swa_window: int = 128,
-) -> Tuple[int, int]:
+) -> tuple[int, int]:
     """Rows of the bf16 sparse-prefill workspace for these requests: ``(compressed, swa)``.
 
     Mirrors upstream's sizing: the SWA gather covers ``min(seq, extend + W - 1)`` positions per

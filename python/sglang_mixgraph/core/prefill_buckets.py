@@ -31,8 +31,8 @@ capped by the MoE per-rank cap.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 # The prefill runner's replay cap: a bucket replays only up to this many times the
 # live token count (`prefill_cuda_graph_runner._MAX_PREFILL_CUDA_GRAPH_PADDING_FACTOR`).

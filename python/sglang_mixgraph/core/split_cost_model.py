@@ -52,8 +52,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from collections.abc import Mapping, Sequence
 from importlib import resources
-from typing import List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
@@ -100,7 +100,7 @@ def _sum_floor_div(n: int, r: int) -> int:
     return r * q * (q - 1) // 2 + q * (rem + 1)
 
 
-def sum_min_floor_div(lo: int, hi: int, r: int, cap: Optional[int]) -> int:
+def sum_min_floor_div(lo: int, hi: int, r: int, cap: int | None) -> int:
     """sum_{x=lo}^{hi} min(floor(x / r), cap) (cap None: no cap); 0 when hi < lo."""
     if hi < lo:
         return 0
@@ -129,7 +129,7 @@ def sum_min_linear(lo: int, hi: int, cap: int) -> int:
 
 
 def request_keys(
-    seq_len: int, extend_len: int, ratio: int, topk: Optional[int], swa: int = SWA_WINDOW
+    seq_len: int, extend_len: int, ratio: int, topk: int | None, swa: int = SWA_WINDOW
 ) -> int:
     """Valid (row, key) pairs of one request's query rows.
 
@@ -173,9 +173,9 @@ class StepShape:
         seq_lens: Sequence[int],
         extend_seq_lens: Sequence[int],
         num_decode: int,
-        topk: Optional[int] = C4_TOPK,
+        topk: int | None = C4_TOPK,
         swa: int = SWA_WINDOW,
-    ) -> "StepShape":
+    ) -> StepShape:
         """From per-request host lists, prefill requests first (the MIXED batch order)."""
         seqs = [int(s) for s in seq_lens]
         exts = [int(e) for e in extend_seq_lens]
@@ -206,9 +206,9 @@ class StepShape:
         context: int,
         decode_rows: int,
         prefill_rows: int,
-        topk: Optional[int] = C4_TOPK,
+        topk: int | None = C4_TOPK,
         swa: int = SWA_WINDOW,
-    ) -> "StepShape":
+    ) -> StepShape:
         """The benchmark's step: ``decode_rows`` requests at ``context`` tokens plus (when
         ``prefill_rows > 0``) one prefill request whose chunk of ``prefill_rows`` tokens ends at
         ``max(context, prefill_rows)``."""
@@ -218,9 +218,9 @@ class StepShape:
 
 def uniform_step_lists(
     context: int, decode_rows: int, prefill_rows: int
-) -> Tuple[List[int], List[int]]:
-    seqs: List[int] = []
-    exts: List[int] = []
+) -> tuple[list[int], list[int]]:
+    seqs: list[int] = []
+    exts: list[int] = []
     if prefill_rows > 0:
         seqs.append(max(context, prefill_rows))
         exts.append(prefill_rows)
@@ -229,7 +229,7 @@ def uniform_step_lists(
     return seqs, exts
 
 
-def _workspace(seqs: List[int], exts: List[int], ratio: int, swa: int) -> Tuple[int, int]:
+def _workspace(seqs: list[int], exts: list[int], ratio: int, swa: int) -> tuple[int, int]:
     # Same sizing as core.mixed_boundary.workspace_tokens (kept local to avoid the int checks
     # on hot paths); see that function for the upstream references.
     if not seqs:
@@ -265,8 +265,8 @@ class StepCounts:
     swa_dec: int  # sum over decode requests of min(seq, swa): their SWA keys and SWA rows
     # per compressed ratio: (prefill requests, decode requests) workspace rows and key pairs;
     # c128's workspace follows the longest request instead (see ``_workspace``)
-    comp_ws: Mapping[int, Tuple[int, int]]
-    comp_keys: Mapping[int, Tuple[int, int]]
+    comp_ws: Mapping[int, tuple[int, int]]
+    comp_keys: Mapping[int, tuple[int, int]]
 
     @classmethod
     def from_lists(
@@ -274,10 +274,10 @@ class StepCounts:
         seq_lens,
         extend_seq_lens: Sequence[int],
         num_decode: int,
-        topk: Optional[int] = C4_TOPK,
+        topk: int | None = C4_TOPK,
         swa: int = SWA_WINDOW,
         ratios: Sequence[int] = (4, 128),
-    ) -> "StepCounts":
+    ) -> StepCounts:
         """``seq_lens``: a host list or a 1-D CPU tensor (every request, prefill ones first);
         ``extend_seq_lens``: a host list. ``ratios``: the compressed ratios to count (SWA-only
         layers need none). c128 layers attend every compressed entry (no top-k cap)."""
@@ -352,7 +352,7 @@ class StepCounts:
         )
 
 
-def _decode_sums_list(dec: List[int], comp: Sequence[int], topk: Optional[int], swa: int):
+def _decode_sums_list(dec: list[int], comp: Sequence[int], topk: int | None, swa: int):
     """(sum min(s, swa), max s, {r: sum s // r}, {r: sum min(s // r, cap)}) over decode lengths."""
     ws, keys = {}, {}
     for r in comp:
@@ -390,7 +390,7 @@ def layer_mix(compress_ratios: Sequence[int]) -> dict:
     return mix
 
 
-def features(shape: StepShape) -> Tuple[List[float], List[float]]:
+def features(shape: StepShape) -> tuple[list[float], list[float]]:
     """Design rows (unsplit, split) over ``COEFF_NAMES``."""
     b0, d = shape.prefill_rows, shape.num_decode
     has_pre = 1.0 if b0 > 0 else 0.0
@@ -422,10 +422,10 @@ class Coefficients:
     margin: float = KNOWN_ARCH_MARGIN
     source: str = ""
     # Eager-regime terms (``EAGER_NAMES``) per ratio; None: eager steps use the GPU model.
-    eager: Optional[Mapping[int, Mapping[str, float]]] = None
+    eager: Mapping[int, Mapping[str, float]] | None = None
     eager_source: str = ""
     # Step terms (``STEP_NAMES``); None: ``DEFAULT_STEP_TERMS``.
-    step: Optional[Mapping[str, float]] = None
+    step: Mapping[str, float] | None = None
     step_source: str = ""
 
     def step_terms(self) -> Mapping[str, float]:
@@ -434,7 +434,7 @@ class Coefficients:
     def for_ratio(self, ratio: int) -> Mapping[str, float]:
         return _pick_ratio(self.per_ratio, ratio)
 
-    def eager_for_ratio(self, ratio: int) -> Optional[Mapping[str, float]]:
+    def eager_for_ratio(self, ratio: int) -> Mapping[str, float] | None:
         return _pick_ratio(self.eager, ratio) if self.eager else None
 
     def to_json(self) -> dict:
@@ -461,7 +461,7 @@ class Coefficients:
         return out
 
     @classmethod
-    def from_json(cls, data: Mapping) -> "Coefficients":
+    def from_json(cls, data: Mapping) -> Coefficients:
         per_ratio = _read_terms(data["coefficients"], COEFF_NAMES)
         eager = data.get("eager")
         step = data.get("step")
@@ -528,14 +528,14 @@ def arch_key(major: int, minor: int) -> str:
     return f"sm{major}{minor}"
 
 
-def detect_arch(device: Optional[int] = None) -> Optional[str]:
+def detect_arch(device: int | None = None) -> str | None:
     if not torch.cuda.is_available():
         return None
     major, minor = torch.cuda.get_device_capability(device)
     return arch_key(major, minor)
 
 
-def _read_package_json(name: str) -> Optional[dict]:
+def _read_package_json(name: str) -> dict | None:
     try:
         res = resources.files(_DATA_PACKAGE).joinpath(_DATA_DIR, name)
         if not res.is_file():
@@ -545,7 +545,7 @@ def _read_package_json(name: str) -> Optional[dict]:
         return None
 
 
-def load_coefficients(arch: Optional[str]) -> Coefficients:
+def load_coefficients(arch: str | None) -> Coefficients:
     """Calibrated coefficients for ``arch`` (e.g. ``"sm90"``), or the conservative fallback.
 
     Unknown architectures get the sm90 calibration (else the built-in estimate) with
@@ -569,7 +569,7 @@ def load_coefficients(arch: Optional[str]) -> Coefficients:
 # --------------------------------------------------------------------------------------------
 
 
-def predict(shape: StepShape, coeffs: Coefficients) -> Tuple[float, float]:
+def predict(shape: StepShape, coeffs: Coefficients) -> tuple[float, float]:
     """Predicted ``(unsplit_ms, split_ms)`` of one layer of this kind."""
     c = coeffs.for_ratio(shape.ratio)
     w = [c[k] for k in COEFF_NAMES]
@@ -581,7 +581,7 @@ def predict(shape: StepShape, coeffs: Coefficients) -> Tuple[float, float]:
     return unsplit, split
 
 
-def predict_eager(shape: StepShape, coeffs: Coefficients) -> Optional[Tuple[float, float]]:
+def predict_eager(shape: StepShape, coeffs: Coefficients) -> tuple[float, float] | None:
     """Predicted eager wall ``(unsplit_ms, split_ms)`` of one layer call of this kind, or None
     when ``coeffs`` have no eager terms."""
     e = coeffs.eager_for_ratio(shape.ratio)
@@ -614,7 +614,7 @@ def _warn_no_eager(coeffs: Coefficients) -> None:
 
 def layer_walls(
     shape: StepShape, coeffs: Coefficients, regime: str = REPLAY
-) -> Tuple[float, float]:
+) -> tuple[float, float]:
     """``(unsplit_ms, split_ms)`` of one layer call of this kind in ``regime``: the GPU model
     (``replay``) or the eager wall model (``eager``; the GPU model, said once, when ``coeffs``
     have no eager terms)."""
@@ -631,7 +631,7 @@ def layer_walls(
 def should_split(
     shape: StepShape,
     coeffs: Coefficients,
-    margin: Optional[float] = None,
+    margin: float | None = None,
     *,
     regime: str = REPLAY,
 ) -> bool:
@@ -697,7 +697,7 @@ def decide_step(
     counts: StepCounts,
     layers: Mapping[int, int],
     coeffs: Coefficients,
-    margin: Optional[float] = None,
+    margin: float | None = None,
     *,
     regime: str = REPLAY,
 ) -> bool:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from typing import Dict, Iterable, List, Optional, Tuple
+from collections.abc import Iterable
 
 import torch
 
@@ -32,7 +32,7 @@ from sglang_mixgraph.core.split_cost_model import (
 
 # (shape, unsplit host ms, split host ms, unsplit wall ms, split wall ms) of one eager point;
 # the split pair is ignored where the shape has no decode rows.
-EagerSample = Tuple[StepShape, float, Optional[float], float, Optional[float]]
+EagerSample = tuple[StepShape, float, float | None, float, float | None]
 
 
 def _nnls(a: torch.Tensor, b: torch.Tensor, iters: int = 50) -> torch.Tensor:
@@ -59,7 +59,7 @@ def _nnls(a: torch.Tensor, b: torch.Tensor, iters: int = 50) -> torch.Tensor:
 
 
 def fit_coefficients(
-    samples: Iterable[Tuple[StepShape, float, float]],
+    samples: Iterable[tuple[StepShape, float, float]],
     arch: str,
     margin: float = KNOWN_ARCH_MARGIN,
     source: str = "",
@@ -69,7 +69,7 @@ def fit_coefficients(
     Minimizes relative squared error (each equation divided by its measured time) with all
     coefficients non-negative.
     """
-    by_ratio: Dict[int, List[Tuple[List[float], float]]] = {}
+    by_ratio: dict[int, list[tuple[list[float], float]]] = {}
     for shape, unsplit_ms, split_ms in samples:
         fu, fs = features(shape)
         rows = by_ratio.setdefault(shape.ratio, [])
@@ -95,8 +95,8 @@ def fit_coefficients(
 
 
 def relative_errors(
-    samples: Iterable[Tuple[StepShape, float, float]], coeffs: Coefficients
-) -> List[Tuple[float, float]]:
+    samples: Iterable[tuple[StepShape, float, float]], coeffs: Coefficients
+) -> list[tuple[float, float]]:
     """Per sample ``(unsplit_rel_err, split_rel_err)`` of the model (NaN where not measured)."""
     out = []
     for shape, u, s in samples:
@@ -122,7 +122,7 @@ def fit_eager_terms(
     with ``G`` the GPU model of ``coeffs`` and ``H`` the fitted host time, clamped to [0, 1]
     (the GPU cannot wait longer than the host works).
     """
-    by_ratio: Dict[int, List[EagerSample]] = {}
+    by_ratio: dict[int, list[EagerSample]] = {}
     for sample in samples:
         by_ratio.setdefault(sample[0].ratio, []).append(sample)
     eager = {}

@@ -29,8 +29,8 @@ import dataclasses
 import functools
 import sys
 import types
+from collections.abc import Sequence
 from types import SimpleNamespace
-from typing import Dict, List, Optional, Sequence
 
 import torch
 
@@ -240,7 +240,7 @@ def _restore(store, saved: dict) -> None:
 
 
 @contextlib.contextmanager
-def patch_installed(flag_on: bool = True, policy: Optional[str] = "always"):
+def patch_installed(flag_on: bool = True, policy: str | None = "always"):
     """Install the mixed_split patch (kits.install); upstream is restored afterwards."""
     from sglang_mixgraph.kits.install import installed
     from sglang_mixgraph.patches import mixed_split
@@ -259,18 +259,18 @@ def patch_installed(flag_on: bool = True, policy: Optional[str] = "always"):
 
 @dataclasses.dataclass
 class Step:
-    prefill: List[tuple]  # (prefix_len, extend_len)
-    decode: List[int]  # context lengths before the decode token
+    prefill: list[tuple]  # (prefix_len, extend_len)
+    decode: list[int]  # context lengths before the decode token
     padding: int = 0
     holes: bool = True  # -1 holes inside the c4 top-k span (not for the Q8KV8 path)
     seed: int = 0
 
     @property
-    def seq_lens(self) -> List[int]:
+    def seq_lens(self) -> list[int]:
         return [p + e for p, e in self.prefill] + [c + 1 for c in self.decode]
 
     @property
-    def extend_lens(self) -> List[int]:
+    def extend_lens(self) -> list[int]:
         return [e for _, e in self.prefill] + [1] * len(self.decode)
 
     @property
@@ -282,7 +282,7 @@ class Step:
         return sum(e for _, e in self.prefill)
 
 
-def replay_static_batch(live, size: int, live_rows: Optional[int] = None):
+def replay_static_batch(live, size: int, live_rows: int | None = None):
     """The static EXTEND batch a breakable prefill graph replays with, built from the live batch
     as upstream's ``PrefillCudaGraphRunner.load_batch`` builds it: the live lengths, token
     tensors padded to the bucket's ``size``, and the live row count (``live_rows``, default the
@@ -361,7 +361,7 @@ class World:
         n_reqs = len(step.seq_lens)
         pages_needed = [-(-s // PAGE) for s in step.seq_lens]
         perm = (torch.randperm(SWA_SIZE // PAGE - 1, generator=g) + 1).tolist()
-        self.pages: List[List[int]] = []
+        self.pages: list[list[int]] = []
         for r in range(n_reqs):
             own = perm[: pages_needed[r]]
             perm = perm[pages_needed[r] :]
@@ -437,7 +437,7 @@ class World:
 
     # ---- forward batch --------------------------------------------------------------------
 
-    def forward_batch(self, mode=None, num_decode_attr: Optional[int] = "auto", original_mode=None):
+    def forward_batch(self, mode=None, num_decode_attr: int | None = "auto", original_mode=None):
         from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 
         from sglang_mixgraph.patches import mixed_split
@@ -599,7 +599,7 @@ class World:
                 attn_sink=sink,
             )
 
-    def run_step(self, fb, layers: Sequence[int] = (0, 1, 2)) -> Dict[int, torch.Tensor]:
+    def run_step(self, fb, layers: Sequence[int] = (0, 1, 2)) -> dict[int, torch.Tensor]:
         from sglang.srt.environ import envs
 
         with envs.SGLANG_OPT_FLASHMLA_SPARSE_PREFILL.override(True):

@@ -20,8 +20,8 @@ cache); seeded random scores feed upstream's top-k instead.
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from types import SimpleNamespace
-from typing import Dict, List, Sequence
 
 import torch
 
@@ -66,7 +66,7 @@ class GpuWorld(K.World):
             backend.dsv4_prefill_backend = "flashmla_sparse_q8"
         return backend
 
-    def view(self, step: K.Step) -> "GpuWorld":
+    def view(self, step: K.Step) -> GpuWorld:
         """The same requests (pool, caches, backend) batched differently: ``step`` must keep the
         sequence lengths of this world's first ``len(step.seq_lens)`` requests."""
         n = len(step.seq_lens)
@@ -134,12 +134,12 @@ class GpuWorld(K.World):
 
     def run_step(
         self, fb, layers: Sequence[int] = (0, 1, 2), q=None, sink=None
-    ) -> Dict[int, torch.Tensor]:
+    ) -> dict[int, torch.Tensor]:
         self.upstream_metadata(fb)
         return {layer: self.run_layer(fb, layer, q=q, sink=sink) for layer in layers}
 
 
-def compare_metadata(real, standin, rows: int) -> List[str]:
+def compare_metadata(real, standin, rows: int) -> list[str]:
     """Upstream's metadata against the CPU kit's for the first ``rows`` rows, field by field
     over what the attention reads: causal lengths and positions, the SWA window (as a set per
     row: upstream orders it by its own kernel), c4 top-k lengths, c128 indices and lengths."""
@@ -219,7 +219,7 @@ class BreakableBucket:
         ]
         self.graph = None
         self.metadata = None
-        self.outputs: Dict[int, torch.Tensor] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
         self.read_ends = None  # the last replay's read-done answer, when prepared via a runner
 
     def static_batch(self, live):
@@ -295,7 +295,7 @@ class BreakableBucket:
 
     def replay(
         self, world: GpuWorld, live, q_live, model_runner=None, after_publish=None
-    ) -> Dict[int, torch.Tensor]:
+    ) -> dict[int, torch.Tensor]:
         """Refresh the captured metadata for ``live`` and replay; the bucket's outputs (all rows).
 
         With ``model_runner`` (a stand-in holding ``attn_backend``, ``spec_algorithm`` and the

@@ -12,10 +12,10 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from typing import Dict, Iterable, List, Optional, Tuple
+from collections.abc import Iterable
 
 
-def _bindings(targets: Iterable[str]) -> List[Tuple[object, str, object]]:
+def _bindings(targets: Iterable[str]) -> list[tuple[object, str, object]]:
     from sglang_mixgraph.registry import resolve_target
 
     saved = []
@@ -36,7 +36,7 @@ def _bindings(targets: Iterable[str]) -> List[Tuple[object, str, object]]:
 
 
 @contextlib.contextmanager
-def installed(patches, env: Dict[str, Optional[str]]):
+def installed(patches, env: dict[str, str | None]):
     """Install ``patches`` with ``env`` set (None: unset); yields the install statuses."""
     from sglang.srt.plugins.hook_registry import HookRegistry
 

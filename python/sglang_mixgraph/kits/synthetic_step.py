@@ -27,7 +27,7 @@ and the torch reference on the CPU.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, List, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -51,7 +51,7 @@ def _ceil(a: int, b: int) -> int:
 def fill_random(
     cache: torch.Tensor,
     page_size: int,
-    gen: Optional[torch.Generator] = None,
+    gen: torch.Generator | None = None,
     chunk_pages: int = 4096,
 ) -> None:
     """Fill a V4 cache with valid random tokens cheaply (no per-token quantization).
@@ -86,8 +86,8 @@ def fill_random(
 @dataclasses.dataclass
 class StepSpec:
     ratio: int  # 4 or 128 (0: SWA only)
-    seq_lens: List[int]
-    extend_lens: List[int]
+    seq_lens: list[int]
+    extend_lens: list[int]
     num_decode: int
     topk: int = 1024  # c4 top-k width (index_topk)
     h_q: int = 128
@@ -109,33 +109,33 @@ class SyntheticStep:
     q: torch.Tensor  # (num_rows, h_q, 512) bf16
     attn_sink: torch.Tensor  # (h_q,) fp32
     swa_cache: torch.Tensor  # (pages, page_bytes) u8
-    extra_cache: Optional[torch.Tensor]
+    extra_cache: torch.Tensor | None
     swa_page_size: int
     extra_page_size: int
     # decode-kernel encoding, (num_rows, ...) rows (padding rows: one -1 key)
     swa_indices: torch.Tensor
     swa_lengths: torch.Tensor
-    extra_indices: Optional[torch.Tensor]
-    extra_lengths: Optional[torch.Tensor]
+    extra_indices: torch.Tensor | None
+    extra_lengths: torch.Tensor | None
     # logical keys (for workspaces)
     row_req: torch.Tensor
     row_pos: torch.Tensor
-    sel: Optional[torch.Tensor]  # (rows, W) compressed entry ids, -1 padded
+    sel: torch.Tensor | None  # (rows, W) compressed entry ids, -1 padded
     n_sel: torch.Tensor
     n_swa: torch.Tensor
     swa_cols: torch.Tensor  # (rows, 128) window column in the request's SWA gather, -1 padded
-    comp_slots: Optional[torch.Tensor]  # (reqs, c_max) extra-cache slot per compressed entry
+    comp_slots: torch.Tensor | None  # (reqs, c_max) extra-cache slot per compressed entry
     swa_slots: torch.Tensor  # (reqs, g_max) SWA-cache slot per gathered position
     gather_first: torch.Tensor  # (reqs,) first position of each request's SWA gather
-    gather_lens: List[int]
-    comp_lens: List[int]
+    gather_lens: list[int]
+    comp_lens: list[int]
 
     @property
     def swa_view(self) -> torch.Tensor:
         return kvl.kernel_view(self.swa_cache, self.swa_page_size)
 
     @property
-    def extra_view(self) -> Optional[torch.Tensor]:
+    def extra_view(self) -> torch.Tensor | None:
         if self.extra_cache is None:
             return None
         return kvl.kernel_view(self.extra_cache, self.extra_page_size)
@@ -145,8 +145,8 @@ def build_step(
     spec: StepSpec,
     device="cpu",
     q_scale: float = 1.0,
-    swa_cache: Optional[torch.Tensor] = None,
-    extra_cache: Optional[torch.Tensor] = None,
+    swa_cache: torch.Tensor | None = None,
+    extra_cache: torch.Tensor | None = None,
 ) -> SyntheticStep:
     """Build one step. ``swa_cache``/``extra_cache``: optional pre-filled pools (the benchmark
     reuses large pools across points); otherwise pools are allocated and filled here."""
@@ -210,8 +210,8 @@ def build_step(
         comp_slots = page_tab[:, j // extra_page] * extra_page + (j % extra_page)
 
     # ---- rows ----
-    row_req_l: List[int] = []
-    row_pos_l: List[int] = []
+    row_req_l: list[int] = []
+    row_pos_l: list[int] = []
     for r, (s, e) in enumerate(zip(seqs, exts, strict=False)):
         row_req_l += [r] * e
         row_pos_l += list(range(s - e, s))
@@ -317,7 +317,7 @@ class WorkspacePlan:
 
     num_reqs: int
     num_rows: int
-    comp_ids: Optional[torch.Tensor]  # extra-cache slots to dequantize, (n_comp,)
+    comp_ids: torch.Tensor | None  # extra-cache slots to dequantize, (n_comp,)
     swa_ids: torch.Tensor  # SWA-cache slots to dequantize, (n_swa,)
     indices: torch.Tensor  # (num_rows, width) int32 into the workspace
     lengths: torch.Tensor  # (num_rows,) int32
@@ -421,7 +421,7 @@ DequantFn = Callable[..., torch.Tensor]
 
 
 def fill_workspace(
-    step: SyntheticStep, plan: WorkspacePlan, dequant: DequantFn, ws: Optional[torch.Tensor] = None
+    step: SyntheticStep, plan: WorkspacePlan, dequant: DequantFn, ws: torch.Tensor | None = None
 ) -> torch.Tensor:
     """Dequantize the plan's tokens into a ``(tokens, 1, 512)`` bf16 workspace (two launches)."""
     n = plan.num_tokens
@@ -444,7 +444,7 @@ def unsplit_attention(
     plan_all: WorkspacePlan,
     dequant: DequantFn,
     sparse_fwd: Callable,
-    ws: Optional[torch.Tensor] = None,
+    ws: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Upstream's path: every real row through the bf16 workspace and sparse prefill."""
     b = step.boundary
@@ -466,12 +466,12 @@ def unsplit_attention(
 
 def split_attention(
     step: SyntheticStep,
-    plan_pre: Optional[WorkspacePlan],
+    plan_pre: WorkspacePlan | None,
     dequant: DequantFn,
     sparse_fwd: Callable,
     tail: DecodeTail,
-    ratio_key: Optional[int] = None,
-    ws: Optional[torch.Tensor] = None,
+    ratio_key: int | None = None,
+    ws: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The split: prefill rows through a prefill-only workspace, decode rows through the fp8
     decode kernel (``core.decode_tail``), one output in row order.
@@ -523,7 +523,7 @@ def split_attention(
     return assemble_rows(b, o_pre, o_dec, like=step.q)
 
 
-def plan_split_prefill(step: SyntheticStep, join: str = "copy") -> Optional[WorkspacePlan]:
+def plan_split_prefill(step: SyntheticStep, join: str = "copy") -> WorkspacePlan | None:
     """The split's prefill plan: ``join="copy"`` (empty decode/padding rows, copy-in) or ``"cat"``."""
     b = step.boundary
     if not b.num_prefill_reqs:

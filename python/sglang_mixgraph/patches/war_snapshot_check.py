@@ -16,8 +16,6 @@ own snapshot assertions.
 
 from __future__ import annotations
 
-from typing import Optional
-
 from sglang.srt.plugins.hook_registry import HookType
 
 from sglang_mixgraph import counters
@@ -62,7 +60,7 @@ class _Published:
     def clear(self) -> None:
         self._runner = None
 
-    def active(self) -> Optional[str]:
+    def active(self) -> str | None:
         """The published forward, described, while it is still the current one."""
         runner = self._runner
         if runner is None or getattr(runner, "forward_pass_id", -1) != self._pass_id:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Optional, Tuple
+from typing import Any
 
 import torch
 
@@ -50,7 +50,7 @@ class ReferenceSchedMeta:
     """
 
     have_initialized: bool = False
-    config: Optional[tuple] = None
+    config: tuple | None = None
 
 
 def _bind_sched_meta(meta: Any, key: tuple) -> None:
@@ -74,8 +74,8 @@ def _bind_sched_meta(meta: Any, key: tuple) -> None:
 def _scope_keys(
     k_cache: torch.Tensor,
     indices: torch.Tensor,
-    topk_length: Optional[torch.Tensor],
-) -> Tuple[torch.Tensor, torch.Tensor]:
+    topk_length: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Gather ``(rows, topk, 512)`` fp32 keys and a ``(rows, topk)`` usable mask for one cache."""
     pages, page_size = kvl.pages_from_kernel_view(k_cache)
     rows, topk = indices.shape
@@ -102,8 +102,8 @@ def _attend(
     keys: torch.Tensor,
     usable: torch.Tensor,
     scale: float,
-    attn_sink: Optional[torch.Tensor],
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    attn_sink: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q ``(rows, h, 512)``, keys ``(rows, K, 512)`` -> out fp32, max_logits, lse (rows, h)."""
     qf = q.float()
     scores = torch.einsum("rhd,rkd->rhk", qf, keys) * scale
@@ -130,14 +130,14 @@ def sparse_decode_reference(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     indices: torch.Tensor,
-    topk_length: Optional[torch.Tensor] = None,
-    attn_sink: Optional[torch.Tensor] = None,
-    extra_k_cache: Optional[torch.Tensor] = None,
-    extra_indices: Optional[torch.Tensor] = None,
-    extra_topk_length: Optional[torch.Tensor] = None,
-    softmax_scale: Optional[float] = None,
+    topk_length: torch.Tensor | None = None,
+    attn_sink: torch.Tensor | None = None,
+    extra_k_cache: torch.Tensor | None = None,
+    extra_indices: torch.Tensor | None = None,
+    extra_topk_length: torch.Tensor | None = None,
+    softmax_scale: float | None = None,
     row_chunk: int = 16,
-) -> Tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Sparse decode over V4 fp8 caches; returns fp32 ``out (b, s_q, h, 512)``, ``lse (b, h, s_q)``.
 
     ``k_cache``/``extra_k_cache`` are kernel views ``(pages, page_size, 1, 584)``; ``indices``
@@ -177,22 +177,22 @@ def sparse_decode_reference(
 def flash_mla_with_kvcache_reference(
     q: torch.Tensor,
     k_cache: torch.Tensor,
-    block_table: Optional[torch.Tensor],
-    cache_seqlens: Optional[torch.Tensor],
+    block_table: torch.Tensor | None,
+    cache_seqlens: torch.Tensor | None,
     head_dim_v: int,
     tile_scheduler_metadata: Any,
     num_splits: None = None,
-    softmax_scale: Optional[float] = None,
+    softmax_scale: float | None = None,
     causal: bool = False,
-    is_fp8_kvcache: Optional[bool] = None,
-    indices: Optional[torch.Tensor] = None,
-    attn_sink: Optional[torch.Tensor] = None,
-    extra_k_cache: Optional[torch.Tensor] = None,
-    extra_indices_in_kvcache: Optional[torch.Tensor] = None,
-    topk_length: Optional[torch.Tensor] = None,
-    extra_topk_length: Optional[torch.Tensor] = None,
+    is_fp8_kvcache: bool | None = None,
+    indices: torch.Tensor | None = None,
+    attn_sink: torch.Tensor | None = None,
+    extra_k_cache: torch.Tensor | None = None,
+    extra_indices_in_kvcache: torch.Tensor | None = None,
+    topk_length: torch.Tensor | None = None,
+    extra_topk_length: torch.Tensor | None = None,
     **_ignored: Any,
-) -> Tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Drop-in for ``flash_mla.flash_mla_with_kvcache`` (sparse fp8 V4 path only).
 
     Checks the same call contract the kernel asserts (sparse needs indices, no causal, fp8,
@@ -246,10 +246,10 @@ def sparse_prefill_reference(
     indices: torch.Tensor,
     sm_scale: float,
     d_v: int = HEAD_DIM_V,
-    attn_sink: Optional[torch.Tensor] = None,
-    topk_length: Optional[torch.Tensor] = None,
+    attn_sink: torch.Tensor | None = None,
+    topk_length: torch.Tensor | None = None,
     row_chunk: int = 64,
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sparse prefill over a workspace; fp32 ``(out (s_q, h, d_v), max_logits, lse (s_q, h))``."""
     if q.dim() != 3:
         raise ValueError(f"q must be (s_q, h_q, d), got {tuple(q.shape)}")
@@ -284,11 +284,11 @@ def flash_mla_sparse_fwd_reference(
     indices: torch.Tensor,
     sm_scale: float,
     d_v: int = HEAD_DIM_V,
-    attn_sink: Optional[torch.Tensor] = None,
-    topk_length: Optional[torch.Tensor] = None,
+    attn_sink: torch.Tensor | None = None,
+    topk_length: torch.Tensor | None = None,
     use_legacy: bool = False,
-    return_log2_lse: Optional[bool] = None,
-) -> Tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
+    return_log2_lse: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Drop-in for ``flash_mla.flash_mla_sparse_fwd``: ``(out bf16, max_logits, lse)``.
 
     ``return_log2_lse=True`` reports both statistics in base 2 (the legacy kernel's option),

@@ -26,8 +26,6 @@ Each was written from the upstream docstring and kernel contract named below (re
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
-
 import torch
 
 from . import v4_kv_layout as kvl
@@ -50,7 +48,7 @@ def build_swa_token_ids(
     full_to_swa: torch.Tensor,
     swa_window: int,
     total_swa: int,
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     device = seq_lens.device
     gather_lens = torch.minimum(seq_lens, extend_seq_lens + (swa_window - 1)).to(torch.int32)
     first_pos = (seq_lens - gather_lens).to(torch.int32)
@@ -78,11 +76,11 @@ def combine_topk_swa_indices(
     window_size: int,
     compress_ratio: int,
     topk: int,
-    out_indices: Optional[torch.Tensor] = None,
-    out_lens: Optional[torch.Tensor] = None,
-    swa_indices: Optional[torch.Tensor] = None,
-    swa_lengths: Optional[torch.Tensor] = None,
-) -> Tuple[torch.Tensor, torch.Tensor]:
+    out_indices: torch.Tensor | None = None,
+    out_lens: torch.Tensor | None = None,
+    swa_indices: torch.Tensor | None = None,
+    swa_lengths: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     assert compress_ratio >= 1
     num_tokens = topk_indices.shape[0]
     width = combined_topk_width(topk, window_size)
@@ -138,7 +136,7 @@ def dequantize_k_cache_paged_dsv4(
     quant_k_cache: torch.Tensor,
     page_table_1_flattened: torch.Tensor,
     page_size: int,
-    out: Optional[torch.Tensor] = None,
+    out: torch.Tensor | None = None,
     layout=None,
 ) -> torch.Tensor:
     if layout is not None and getattr(layout, "name", str(layout)) not in ("V4", "v4"):
@@ -157,7 +155,7 @@ def gather_dequant_requant_fp8_paged_dsv4(
     page_table_1_flattened: torch.Tensor,
     page_size: int,
     extra_rows: int = 0,
-    out: Optional[torch.Tensor] = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     cache = quant_k_cache.view(torch.uint8)
     n = page_table_1_flattened.shape[0]
@@ -179,9 +177,9 @@ def q8kv8_padded_num_heads(num_heads: int) -> int:
 
 def cast_q_fp8_for_q8kv8_prefill(
     q: torch.Tensor,
-    padded_num_heads: Optional[int] = None,
-    out: Optional[torch.Tensor] = None,
-) -> Tuple[torch.Tensor, torch.Tensor]:
+    padded_num_heads: int | None = None,
+    out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     num_tokens, num_heads, head_dim = q.shape
     padded = padded_num_heads or q8kv8_padded_num_heads(num_heads)
     if out is None:
@@ -200,13 +198,13 @@ def sparse_mla_q8kv8_prefill_fwd(
     q_scale: torch.Tensor,
     kv_scale: torch.Tensor,
     d_v: int = 512,
-    attn_sink: Optional[torch.Tensor] = None,
-    topk_length: Optional[torch.Tensor] = None,
+    attn_sink: torch.Tensor | None = None,
+    topk_length: torch.Tensor | None = None,
     *,
-    out: Optional[torch.Tensor] = None,
-    max_logits: Optional[torch.Tensor] = None,
-    lse: Optional[torch.Tensor] = None,
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    out: torch.Tensor | None = None,
+    max_logits: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     if q.dtype != FP8 or kv.dtype != FP8:
         raise ValueError("q and kv must be float8_e4m3fn")
     qf = q.float() * float(q_scale)

@@ -17,7 +17,6 @@ selects the fallback explicitly (the GPU tests compare the two bit for bit).
 from __future__ import annotations
 
 import os
-from typing import Optional
 
 import torch
 
@@ -101,7 +100,7 @@ def dequantize_v4(
     cache: torch.Tensor,
     page_size: int,
     slots: torch.Tensor,
-    out: Optional[torch.Tensor] = None,
+    out: torch.Tensor | None = None,
     force_torch: bool = False,
     block_t: int = 8,
 ) -> torch.Tensor:

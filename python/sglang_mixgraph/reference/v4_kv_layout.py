@@ -29,8 +29,6 @@ into a workspace is :mod:`sglang_mixgraph.reference.v4_dequant`, which is checke
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
-
 import torch
 
 NOPE_DIM = 448
@@ -59,7 +57,7 @@ def page_bytes(page_size: int) -> int:
 
 
 def allocate_cache(
-    num_pages: int, page_size: int, device: Optional[torch.device | str] = None
+    num_pages: int, page_size: int, device: torch.device | str | None = None
 ) -> torch.Tensor:
     """A zeroed ``(num_pages, page_bytes(page_size))`` uint8 cache, the shape sglang allocates."""
     return torch.zeros(num_pages, page_bytes(page_size), dtype=torch.uint8, device=device)
@@ -109,7 +107,7 @@ def page_views(cache: torch.Tensor, page_size: int):
     return nope, rope, scales
 
 
-def pages_from_kernel_view(k_cache: torch.Tensor) -> Tuple[torch.Tensor, int]:
+def pages_from_kernel_view(k_cache: torch.Tensor) -> tuple[torch.Tensor, int]:
     """Inverse of :func:`kernel_view`: ``(pages (num_pages, page_stride) uint8, page_size)``.
 
     Rebuilds the padded page rows over the same storage, so the scale rows that follow the data
@@ -139,7 +137,7 @@ def pages_from_kernel_view(k_cache: torch.Tensor) -> Tuple[torch.Tensor, int]:
 # --------------------------------------------------------------------------------------------
 
 
-def quantize_tokens(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def quantize_tokens(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Quantize ``x`` ``(n, 512)`` into ``(nope fp8 (n, 448), rope bf16 (n, 64), scale bytes (n, 7))``.
 
     Per 64-value tile: exponent ``e = ceil(log2(max(amax, eps) / 448))``, stored byte
@@ -223,7 +221,7 @@ def write_quantized(
 
 def read_quantized(
     cache: torch.Tensor, page_size: int, slots: torch.Tensor
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The raw parts at ``slots``: ``(nope fp8 (n, 448), rope bf16 (n, 64), scale bytes (n, 7))``."""
     nope_v, rope_v, scale_v = page_views(cache, page_size)
     slots = slots.reshape(-1).to(device=nope_v.device, dtype=torch.int64)

@@ -8,8 +8,6 @@ runs, because ``EagerRunner.execute`` relabels a MIXED batch to EXTEND and copie
 
 from __future__ import annotations
 
-from typing import Optional
-
 from sglang_mixgraph.upstream_attrs import FORWARD_BATCH_BUILT_MIXED, FORWARD_BATCH_NUM_DECODE
 
 
@@ -53,7 +51,7 @@ def after_eager_load_batch(result, runner, forward_batch, pp_proxy_tensors=None,
     return None
 
 
-def decode_tail_of(forward_batch) -> Optional[tuple]:
+def decode_tail_of(forward_batch) -> tuple | None:
     """``(decode requests at the end of this step's batch, how the step was recognised)``, or
     None when unknown / not a candidate. The ways, as counted in ``steps_seen.<way>``:
 
@@ -85,7 +83,7 @@ def decode_tail_of(forward_batch) -> Optional[tuple]:
     return None
 
 
-def num_decode_requests(forward_batch) -> Optional[int]:
+def num_decode_requests(forward_batch) -> int | None:
     """Decode requests at the end of this step's batch, or None when unknown / not a candidate."""
     tail = decode_tail_of(forward_batch)
     return tail[0] if tail else None

@@ -12,7 +12,7 @@ per-ratio inputs, and the step's one chunk cache (prefill-only) installed before
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, FrozenSet, Optional
+from typing import Any
 
 from sglang_mixgraph.core.attention_rows import batch_attention_rows
 from sglang_mixgraph.core.decode_tail import tail_inputs
@@ -31,7 +31,7 @@ from sglang_mixgraph.upstream_attrs import BACKEND_SPLIT_LAYERS, METADATA_SPLIT_
 logger = logging.getLogger(__name__)
 
 
-def _unsupported_reason(backend, forward_batch, metadata) -> Optional[str]:
+def _unsupported_reason(backend, forward_batch, metadata) -> str | None:
     from sglang.srt.layers.attention import deepseek_v4_backend as dsv4
     from sglang.srt.layers.cp.utils import is_cp_active
     from sglang.srt.runtime_context import get_platform
@@ -87,7 +87,7 @@ def _unsupported_reason(backend, forward_batch, metadata) -> Optional[str]:
     return None
 
 
-_coeff_cache: Dict[str, Any] = {}
+_coeff_cache: dict[str, Any] = {}
 
 
 def _cost_coefficients():
@@ -103,14 +103,14 @@ def _cost_coefficients():
     return _coeff_cache[key]
 
 
-def _present_ratios(backend) -> FrozenSet[int]:
+def _present_ratios(backend) -> frozenset[int]:
     """Ratios some layer of this model has: SWA-only always, c4/c128 as the backend lists."""
     present = {0}
     present.update(int(r) for r in getattr(backend, "present_ratios", ()) or ())
     return frozenset(present)
 
 
-def layer_mix(backend) -> Dict[int, int]:
+def layer_mix(backend) -> dict[int, int]:
     """``{compress ratio: layers}`` of the layers this backend runs: the pool's per-layer
     ``compression_ratios`` over its pipeline stage (``DeepSeekV4TokenToKVPool.__init__``),
     counted once per pool and kept on the backend."""
@@ -128,7 +128,7 @@ def layer_mix(backend) -> Dict[int, int]:
     return mix
 
 
-def _model_heads(backend) -> Optional[int]:
+def _model_heads(backend) -> int | None:
     """The model's query heads (``num_attention_heads`` of its config, ``MqaAttentionBase.n_heads``
     in ``models.deepseek_v4``), or None where the backend has no model config.
 
@@ -146,7 +146,7 @@ def _model_heads(backend) -> Optional[int]:
 
 
 def _adaptive_splits(
-    backend, boundary: MixedBoundary, live, exts, mix: Dict[int, int], *, replay: bool
+    backend, boundary: MixedBoundary, live, exts, mix: dict[int, int], *, replay: bool
 ) -> bool:
     """Whether the cost model splits this step (``split_cost_model.decide_step``: every layer
     of the step one way, each way with its one chunk cache). A fixed number of operations
@@ -171,7 +171,7 @@ def _adaptive_splits(
     )
 
 
-def plan_split(backend, forward_batch) -> Optional[SplitPlan]:
+def plan_split(backend, forward_batch) -> SplitPlan | None:
     """Decide the split of an eager step; store it (or None) on ``backend.forward_metadata``."""
     from sglang.srt.layers.attention.deepseek_v4_backend import DSV4Metadata
 
@@ -183,7 +183,7 @@ def plan_split(backend, forward_batch) -> Optional[SplitPlan]:
     return _plan(backend, metadata, forward_batch, forward_batch, num_rows, replay=False)
 
 
-def _plan(backend, metadata, live, target, num_rows: int, *, replay: bool) -> Optional[SplitPlan]:
+def _plan(backend, metadata, live, target, num_rows: int, *, replay: bool) -> SplitPlan | None:
     """The split of one step whose scheduler batch is ``live``; the attention will see
     ``target`` (the same batch in eager steps, the replay's static batch under a breakable
     graph) and ``num_rows`` query rows. Stores the plan on ``metadata`` and installs the
