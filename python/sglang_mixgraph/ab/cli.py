@@ -26,6 +26,7 @@ import copy
 import shlex
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -171,6 +172,13 @@ def _only_arms(arms: list[Any], spec: str) -> list[Any]:
     return [a for a in arms if isinstance(a, dict) and a.get("name") in wanted]
 
 
+def _comma_list(text: str, convert: Callable[[str], Any], flag: str, what: str) -> list[Any]:
+    try:
+        return [convert(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ConfigError(f"{flag} {text!r}: {what}, comma-separated") from None
+
+
 def _apply_overrides(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     raw = copy.deepcopy(raw)
     sets_server = args.model_path or args.server_args or args.launch_prefix is not None
@@ -218,21 +226,13 @@ def _apply_overrides(raw: dict[str, Any], args: argparse.Namespace) -> dict[str,
     if args.repeats is not None:
         raw.setdefault("sweep", {})["repeats"] = args.repeats
     if args.concurrencies is not None:
-        try:
-            values = [int(v) for v in args.concurrencies.split(",") if v.strip()]
-        except ValueError:
-            raise ConfigError(
-                f"--concurrencies {args.concurrencies!r}: integers, comma-separated"
-            ) from None
-        raw.setdefault("sweep", {})["concurrencies"] = values
+        raw.setdefault("sweep", {})["concurrencies"] = _comma_list(
+            args.concurrencies, int, "--concurrencies", "integers"
+        )
     if args.request_rates is not None:
-        try:
-            rates = [float(v) for v in args.request_rates.split(",") if v.strip()]
-        except ValueError:
-            raise ConfigError(
-                f"--request-rates {args.request_rates!r}: numbers, comma-separated"
-            ) from None
-        raw.setdefault("sweep", {})["request_rates"] = rates
+        raw.setdefault("sweep", {})["request_rates"] = _comma_list(
+            args.request_rates, float, "--request-rates", "numbers"
+        )
     if not (0 < args.progress_every <= 86400):
         raise ConfigError(
             f"--progress-every {args.progress_every:g}: must be above 0 and at most 86400 s"

@@ -308,6 +308,29 @@ def _prefix(value: Any, where: str) -> tuple[str, ...]:
     return _str_list(value, where)
 
 
+def _file_name(value: Any, where: str) -> str:
+    """An arm's or a shape's name: it names files."""
+    name = _typed(value, str, where)
+    if not _ARM_NAME.match(name):
+        raise ConfigError(
+            f"{where} {name!r}: use letters, digits, '.', '_' and '-' (it names files)"
+        )
+    return name
+
+
+def _check_unique_names(names: list[str], section: str) -> None:
+    for name in names:
+        if names.count(name) > 1:
+            raise ConfigError(f"{section}: the name {name!r} is used twice")
+
+
+def _range_ratio(value: Any, where: str) -> float:
+    ratio = _number(value, where)
+    if ratio > 1:
+        raise ConfigError(f"{where}: must be between 0 and 1")
+    return ratio
+
+
 def _env(value: Any, where: str) -> dict[str, str]:
     _typed(value, dict, where)
     env = {}
@@ -385,11 +408,7 @@ def _arms(items: Any) -> tuple[Arm, ...]:
         _take(table, where, {"name", "env", "args", "url", "gpus", "launch_prefix"})
         if "name" not in table:
             raise ConfigError(f"{where}: missing key 'name'")
-        name = _typed(table["name"], str, f"{where} name")
-        if not _ARM_NAME.match(name):
-            raise ConfigError(
-                f"{where} name {name!r}: use letters, digits, '.', '_' and '-' (it names files)"
-            )
+        name = _file_name(table["name"], f"{where} name")
         where = f"arm {name!r}"
         arms.append(
             Arm(
@@ -405,10 +424,7 @@ def _arms(items: Any) -> tuple[Arm, ...]:
                 ),
             )
         )
-    names = [a.name for a in arms]
-    for name in names:
-        if names.count(name) > 1:
-            raise ConfigError(f"[[arm]]: the name {name!r} is used twice")
+    _check_unique_names([a.name for a in arms], "[[arm]]")
     return tuple(arms)
 
 
@@ -480,9 +496,7 @@ def _sweep(table: dict[str, Any]) -> Sweep:
         if key in table:
             kwargs[key] = _typed(table[key], str, f"{where} {key}")
     if "range_ratio" in table:
-        kwargs["range_ratio"] = _number(table["range_ratio"], f"{where} range_ratio")
-        if kwargs["range_ratio"] > 1:
-            raise ConfigError(f"{where} range_ratio: must be between 0 and 1")
+        kwargs["range_ratio"] = _range_ratio(table["range_ratio"], f"{where} range_ratio")
     if "warmup_requests" in table:
         if "warmup_per_concurrency" in table:
             raise ConfigError(
@@ -541,21 +555,12 @@ def _shapes(items: Any, sweep_table: dict[str, Any], sweep: Sweep) -> Sweep:
         output_len = _positive_int(table["output_len"], f"{where} output_len")
         name = f"in{input_len}_out{output_len}"
         if "name" in table:
-            name = _typed(table["name"], str, f"{where} name")
-            if not _ARM_NAME.match(name):
-                raise ConfigError(
-                    f"{where} name {name!r}: use letters, digits, '.', '_' and '-' (it names files)"
-                )
+            name = _file_name(table["name"], f"{where} name")
         range_ratio = sweep.range_ratio
         if "range_ratio" in table:
-            range_ratio = _number(table["range_ratio"], f"{where} range_ratio")
-            if range_ratio > 1:
-                raise ConfigError(f"{where} range_ratio: must be between 0 and 1")
+            range_ratio = _range_ratio(table["range_ratio"], f"{where} range_ratio")
         shapes.append(Shape(name, input_len, output_len, range_ratio))
-    names = [s.name for s in shapes]
-    for name in names:
-        if names.count(name) > 1:
-            raise ConfigError(f"[[shape]]: the name {name!r} is used twice")
+    _check_unique_names([s.name for s in shapes], "[[shape]]")
     return replace(sweep, shapes=tuple(shapes))
 
 

@@ -439,6 +439,27 @@ def softmax_scale() -> float:
     return kvl.HEAD_DIM**-0.5
 
 
+def _sparse_prefill(
+    step: SyntheticStep,
+    plan: WorkspacePlan,
+    dequant: DequantFn,
+    sparse_fwd: Callable,
+    ws: torch.Tensor | None,
+) -> torch.Tensor:
+    """The sparse prefill over the plan's rows, through its bf16 workspace."""
+    ws = fill_workspace(step, plan, dequant, ws)
+    out, _, _ = sparse_fwd(
+        step.q[: plan.num_rows],
+        ws,
+        plan.indices.unsqueeze(1),
+        softmax_scale(),
+        kvl.HEAD_DIM,
+        step.attn_sink,
+        plan.lengths,
+    )
+    return out
+
+
 def unsplit_attention(
     step: SyntheticStep,
     plan_all: WorkspacePlan,
@@ -448,17 +469,7 @@ def unsplit_attention(
 ) -> torch.Tensor:
     """Upstream's path: every real row through the bf16 workspace and sparse prefill."""
     b = step.boundary
-    ws = fill_workspace(step, plan_all, dequant, ws)
-    rows = plan_all.num_rows
-    out, _, _ = sparse_fwd(
-        step.q[:rows],
-        ws,
-        plan_all.indices.unsqueeze(1),
-        softmax_scale(),
-        kvl.HEAD_DIM,
-        step.attn_sink,
-        plan_all.lengths,
-    )
+    out = _sparse_prefill(step, plan_all, dequant, sparse_fwd, ws)
     if b.num_padding_rows:
         return assemble_rows(b, out[: b.b0], out[b.b0 :], like=out)
     return out
@@ -503,17 +514,8 @@ def split_attention(
         if b.num_padding_rows == 0:
             return o_dec
         return assemble_rows(b, None, o_dec, like=step.q)
-    ws = fill_workspace(step, plan_pre, dequant, ws)
+    o_pre = _sparse_prefill(step, plan_pre, dequant, sparse_fwd, ws)
     n = plan_pre.num_rows
-    o_pre, _, _ = sparse_fwd(
-        step.q[:n],
-        ws,
-        plan_pre.indices.unsqueeze(1),
-        softmax_scale(),
-        kvl.HEAD_DIM,
-        step.attn_sink,
-        plan_pre.lengths,
-    )
     if n == b.num_rows:  # decode (and padding) rows came out empty: the patch's join
         return copy_in_join(b, o_pre, o_dec)
     if n != b.b0:

@@ -160,21 +160,17 @@ def _tail_of(plan: SplitPlan, backend, core, compress_ratio: int):
     return tail
 
 
-def _split_forward(
-    original,
-    backend,
-    q,
-    layer_id,
-    compress_ratio,
-    forward_batch,
-    pool,
-    core,
-    attn_sink,
-    extra_kwargs,
-):
+def _split_forward(original, backend, call: dict):
+    """The layer's split attention (``call``: upstream's keyword arguments), or None where
+    upstream's body runs instead (no plan for the step, or the layer does not match it)."""
+    forward_batch = call["forward_batch"]
     plan = get_plan(backend)
     if plan is None or not plan.matches(forward_batch):
         return None
+    if call.get("cos_sin_cache") is not None:
+        return _mismatch(backend, plan, "mega")
+    q, layer_id, compress_ratio = call["q"], call["layer_id"], call["compress_ratio"]
+    pool, core, attn_sink = call["token_to_kv_pool"], call["core_attn_metadata"], call["attn_sink"]
     b = plan.boundary
     heads = q.shape[-2]
     if q.shape[0] != b.num_rows:
@@ -190,17 +186,7 @@ def _split_forward(
     if b.b0:
         # Upstream's sparse prefill over every row with the prefill-only workspace, first:
         # the layer's longest kernel is queued before the decode tail's host work.
-        o_all = original(
-            backend,
-            q=q,
-            layer_id=layer_id,
-            compress_ratio=compress_ratio,
-            forward_batch=forward_batch,
-            token_to_kv_pool=pool,
-            core_attn_metadata=core,
-            attn_sink=attn_sink,
-            **extra_kwargs,
-        )
+        o_all = original(backend, **call)
     swa_cache, extra_cache = _layer_caches(backend, pool, layer_id, compress_ratio)
     q4 = q if q.dim() == 4 else q.unsqueeze(1)
     o_dec = run_tail(
@@ -216,6 +202,13 @@ def _split_forward(
     return copy_in_join(b, o_all, o_dec)
 
 
+def _split_or_upstream(original, backend, call: dict):
+    out = _split_forward(original, backend, call)
+    return original(backend, **call) if out is None else out
+
+
+# The two AROUNDs name upstream's parameters one by one: the drift check
+# (``registry.incompatibility``) reads what a hook passes on from its own signature.
 def around_forward_prefill_sparse(
     original,
     backend,
@@ -238,24 +231,7 @@ def around_forward_prefill_sparse(
         attn_sink=attn_sink,
         cos_sin_cache=cos_sin_cache,
     )
-    if cos_sin_cache is not None:
-        plan = get_plan(backend)
-        if plan is not None and plan.matches(forward_batch):
-            _mismatch(backend, plan, "mega")
-        return original(backend, **call)
-    out = _split_forward(
-        original,
-        backend,
-        q,
-        layer_id,
-        compress_ratio,
-        forward_batch,
-        token_to_kv_pool,
-        core_attn_metadata,
-        attn_sink,
-        {"cos_sin_cache": None},
-    )
-    return original(backend, **call) if out is None else out
+    return _split_or_upstream(original, backend, call)
 
 
 def around_forward_prefill_sparse_q8kv8(
@@ -269,27 +245,13 @@ def around_forward_prefill_sparse_q8kv8(
     core_attn_metadata,
     attn_sink,
 ):
-    out = _split_forward(
-        original,
-        backend,
-        q,
-        layer_id,
-        compress_ratio,
-        forward_batch,
-        token_to_kv_pool,
-        core_attn_metadata,
-        attn_sink,
-        {},
+    call = dict(
+        q=q,
+        layer_id=layer_id,
+        compress_ratio=compress_ratio,
+        forward_batch=forward_batch,
+        token_to_kv_pool=token_to_kv_pool,
+        core_attn_metadata=core_attn_metadata,
+        attn_sink=attn_sink,
     )
-    if out is None:
-        return original(
-            backend,
-            q=q,
-            layer_id=layer_id,
-            compress_ratio=compress_ratio,
-            forward_batch=forward_batch,
-            token_to_kv_pool=token_to_kv_pool,
-            core_attn_metadata=core_attn_metadata,
-            attn_sink=attn_sink,
-        )
-    return out
+    return _split_or_upstream(original, backend, call)
