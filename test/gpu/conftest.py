@@ -45,3 +45,26 @@ def pytest_collection_modifyitems(config, items):
         for it in ours:
             if "needs_flash_mla" in it.keywords:
                 it.add_marker(skip)
+
+
+@pytest.fixture
+def decode_reference():
+    """The fp32 reference of a synthetic step's decode rows: ``reference(step) -> (out, lse)``."""
+    from sglang_mixgraph.kits.synthetic_step import softmax_scale
+    from sglang_mixgraph.reference.sparse_mla import sparse_decode_reference
+
+    def reference(step):
+        rows = step.boundary.decode_rows
+        return sparse_decode_reference(
+            step.q[rows],
+            step.swa_view,
+            step.swa_indices[rows],
+            step.swa_lengths[rows],
+            step.attn_sink,
+            step.extra_view,
+            step.extra_indices[rows],
+            step.extra_lengths[rows],
+            softmax_scale(),
+        )
+
+    return reference

@@ -65,7 +65,7 @@ CASES += [(128, 7, 1024, 128), (128, 256, 1024, 128), (64, 64, 1024, 128)]
 
 
 @pytest.mark.parametrize("h_q,tail,topk,ratio", CASES)
-def test_decode_kernel_matches_reference(h_q, tail, topk, ratio):
+def test_decode_kernel_matches_reference(decode_reference, h_q, tail, topk, ratio):
     step = _decode_step(h_q, tail, topk, ratio, seed=tail * 7 + h_q + topk + ratio)
     kernel = _decode_kernel()
     lse_seen = {}
@@ -91,17 +91,7 @@ def test_decode_kernel_matches_reference(h_q, tail, topk, ratio):
         softmax_scale=softmax_scale(),
     )
     out = dt.forward(ratio, *args, **kw)
-    ref, ref_lse = sparse_decode_reference(
-        step.q[rows],
-        step.swa_view,
-        step.swa_indices[rows],
-        step.swa_lengths[rows],
-        step.attn_sink,
-        step.extra_view,
-        step.extra_indices[rows],
-        step.extra_lengths[rows],
-        softmax_scale(),
-    )
+    ref, ref_lse = decode_reference(step)
     err = _check(out, ref[:, 0], lse_seen["lse"], ref_lse)
     print(f"decode h_q={h_q} tail={tail} topk={topk} c{ratio}: rel_l2={err:.2e}")
     # the same metadata object serves the next layer of the step, bit-identically
@@ -142,33 +132,26 @@ def test_flash_mla_itself_refuses_a_reused_meta_with_another_batch():
     meta = get_mla_metadata()[0]
     k = _decode_kernel()
     q = step.q.unsqueeze(1)
-    k(
-        q=q,
-        k_cache=step.swa_view,
-        block_table=None,
-        cache_seqlens=None,
-        head_dim_v=512,
-        tile_scheduler_metadata=meta,
-        is_fp8_kvcache=True,
-        indices=step.swa_indices.unsqueeze(1),
-        topk_length=step.swa_lengths,
-        attn_sink=step.attn_sink,
-        use_legacy=True,
-    )
-    with pytest.raises(AssertionError):
-        k(
-            q=q[:3],
+
+    def run(n):
+        """The kernel on the first ``n`` rows (None: all), with the one metadata object."""
+        return k(
+            q=q[:n],
             k_cache=step.swa_view,
             block_table=None,
             cache_seqlens=None,
             head_dim_v=512,
             tile_scheduler_metadata=meta,
             is_fp8_kvcache=True,
-            indices=step.swa_indices[:3].unsqueeze(1),
-            topk_length=step.swa_lengths[:3],
+            indices=step.swa_indices[:n].unsqueeze(1),
+            topk_length=step.swa_lengths[:n],
             attn_sink=step.attn_sink,
             use_legacy=True,
         )
+
+    run(None)
+    with pytest.raises(AssertionError):
+        run(3)
 
 
 @pytest.mark.parametrize("h_q", [64, 128])
@@ -194,17 +177,8 @@ def test_sparse_prefill_kernel_matches_reference(h_q, ratio, topk):
 
     fill_workspace(step, plan, dequantize_v4, ws)
     rows = plan.num_rows
-    out, _, lse = flash_mla_sparse_fwd(
-        step.q[:rows],
-        ws,
-        plan.indices.unsqueeze(1),
-        softmax_scale(),
-        512,
-        step.attn_sink,
-        plan.lengths,
-        use_legacy=True,
-    )
-    ref, _, ref_lse = sparse_prefill_reference(
+    # the kernel and the reference on the same inputs
+    args = (
         step.q[:rows],
         ws,
         plan.indices.unsqueeze(1),
@@ -213,5 +187,7 @@ def test_sparse_prefill_kernel_matches_reference(h_q, ratio, topk):
         step.attn_sink,
         plan.lengths,
     )
+    out, _, lse = flash_mla_sparse_fwd(*args, use_legacy=True)
+    ref, _, ref_lse = sparse_prefill_reference(*args)
     err = _check(out, ref, lse, ref_lse)
     print(f"prefill h_q={h_q} c{ratio} topk={topk}: rel_l2={err:.2e}")

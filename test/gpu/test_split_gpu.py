@@ -13,11 +13,9 @@ from sglang_mixgraph.kits.synthetic_step import (
     plan_split_prefill,
     plan_workspace,
     rel_l2,
-    softmax_scale,
     split_attention,
     unsplit_attention,
 )
-from sglang_mixgraph.reference.sparse_mla import sparse_decode_reference
 from sglang_mixgraph.reference.v4_dequant import dequantize_v4
 
 pytestmark = [pytest.mark.gpu, pytest.mark.needs_flash_mla]
@@ -51,7 +49,7 @@ BATCHES = {
 @pytest.mark.parametrize("join", ["copy", "cat"])
 @pytest.mark.parametrize("ratio", [4, 128])
 @pytest.mark.parametrize("name", list(BATCHES))
-def test_split_equals_unsplit_real_kernels(ratio, name, join):
+def test_split_equals_unsplit_real_kernels(decode_reference, ratio, name, join):
     seqs, exts, d, pad = BATCHES[name]
     spec = StepSpec(
         ratio=ratio,
@@ -86,17 +84,7 @@ def test_split_equals_unsplit_real_kernels(ratio, name, join):
         assert rel_l2(split[: b.b0].float(), unsplit[: b.b0].float()) <= BOUND
     # and the decode rows agree with the fp32 reference
     rows = b.decode_rows
-    ref, _ = sparse_decode_reference(
-        step.q[rows],
-        step.swa_view,
-        step.swa_indices[rows],
-        step.swa_lengths[rows],
-        step.attn_sink,
-        step.extra_view,
-        step.extra_indices[rows],
-        step.extra_lengths[rows],
-        softmax_scale(),
-    )
+    ref, _ = decode_reference(step)
     assert rel_l2(split[rows].float(), ref[:, 0]) <= BOUND
     if plan_pre is not None:
         assert plan_pre.num_tokens < plan_all.num_tokens

@@ -5,6 +5,8 @@ attention break, replayed for live batches of different shapes and compared with
 With the split on, a replayed MIXED step splits inside the attention break and equals the
 patch-off replay; no plan survives into the next replay."""
 
+import contextlib
+
 import pytest
 import torch
 
@@ -117,6 +119,38 @@ class _ModelRunner:
         self.shared_read_done_event = None
         self.forward_pass_id = 0
 
+    def next_pass(self):
+        """A new forward pass, no read-done event recorded for it yet."""
+        self.forward_pass_id += 1
+        self.shared_read_done_event = None
+
+
+def read_done_env(split: bool, check: bool = True):
+    """Replay read-done on, the snapshot check on (``check``), the split always or off."""
+    return {
+        "SGLANG_OPT_DSV4_REPLAY_READ_DONE": "1",
+        "SGLANG_DEBUG_WAR_SNAPSHOT": "1" if check else "0",
+        "SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN": "1" if split else "0",
+        "SGLANG_MIXGRAPH_SPLIT_POLICY": "always",
+    }
+
+
+@contextlib.contextmanager
+def read_done_patches(world, env):
+    """The split, read-done and snapshot-check patches installed with ``env``; yields a runner
+    stand-in. The snapshot check's published replays are cleared before and after."""
+    from sglang_mixgraph.kits.install import installed
+    from sglang_mixgraph.patches import replay_read_done as rd
+    from sglang_mixgraph.patches import war_snapshot_check as wc
+
+    runner = _ModelRunner(world.backend)
+    wc.PUBLISHED.clear()
+    try:
+        with installed((ms.PATCH, rd.PATCH, wc.PATCH), env):
+            yield runner
+    finally:
+        wc.PUBLISHED.clear()
+
 
 @pytest.mark.parametrize("split", [False, True], ids=["unsplit", "split"])
 def test_replay_read_done_prebuilds_publishes_and_equals_upstream(bucket, split):
@@ -127,49 +161,31 @@ def test_replay_read_done_prebuilds_publishes_and_equals_upstream(bucket, split)
     break), and the outputs equal the patch-off replay (bit for bit without the split)."""
     from sglang.srt.layers.attention.base_attn_backend import SharedReadEnds
 
-    from sglang_mixgraph.kits.install import installed
-    from sglang_mixgraph.patches import replay_read_done as rd
-    from sglang_mixgraph.patches import war_snapshot_check as wc
-
     world, b = bucket
     names = ("mixed_b", "extend")
     off = {}
     for name in names:
         view, fb = _live(world, name)
         off[name] = b.replay(view, fb, view.q())
-    env = {
-        "SGLANG_OPT_DSV4_REPLAY_READ_DONE": "1",
-        "SGLANG_DEBUG_WAR_SNAPSHOT": "1",
-        "SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN": "1" if split else "0",
-        "SGLANG_MIXGRAPH_SPLIT_POLICY": "always",
-    }
-    runner = _ModelRunner(world.backend)
     on = {}
-    wc.PUBLISHED.clear()
-    try:
-        with installed((ms.PATCH, rd.PATCH, wc.PATCH), env):
-            for name in names:
-                runner.forward_pass_id += 1
-                runner.shared_read_done_event = None
-                view, fb = _live(world, name)
-                with K.cache_builds() as builds:
-                    on[name] = b.replay(view, fb, view.q(), model_runner=runner)
-                # One chunk cache per replay, before the publish: the split's prefill-only one
-                # for a split MIXED step, upstream's over every request otherwise.
-                split_step = split and name.startswith("mixed")
-                assert builds == [len(view.step.prefill if split_step else view.step.seq_lens)]
-                assert b.read_ends is SharedReadEnds.PRE_REPLAY
-                assert isinstance(runner.shared_read_done_event, torch.cuda.Event)
-                assert b.metadata.sparse_prefill_cache is not None
-                plan = getattr(b.metadata, attrs.METADATA_SPLIT_PLAN, None)
-                if split and name.startswith("mixed"):
-                    assert (
-                        plan is not None and b.metadata.sparse_prefill_cache is plan.prefill_cache
-                    )
-                else:
-                    assert plan is None
-    finally:
-        wc.PUBLISHED.clear()
+    with read_done_patches(world, read_done_env(split)) as runner:
+        for name in names:
+            runner.next_pass()
+            view, fb = _live(world, name)
+            with K.cache_builds() as builds:
+                on[name] = b.replay(view, fb, view.q(), model_runner=runner)
+            # One chunk cache per replay, before the publish: the split's prefill-only one
+            # for a split MIXED step, upstream's over every request otherwise.
+            split_step = split and name.startswith("mixed")
+            assert builds == [len(view.step.prefill if split_step else view.step.seq_lens)]
+            assert b.read_ends is SharedReadEnds.PRE_REPLAY
+            assert isinstance(runner.shared_read_done_event, torch.cuda.Event)
+            assert b.metadata.sparse_prefill_cache is not None
+            plan = getattr(b.metadata, attrs.METADATA_SPLIT_PLAN, None)
+            if split and name.startswith("mixed"):
+                assert plan is not None and b.metadata.sparse_prefill_cache is plan.prefill_cache
+            else:
+                assert plan is None
     for name in names:
         view, _ = _live(world, name)
         rows, b0 = view.step.num_rows, view.step.b0

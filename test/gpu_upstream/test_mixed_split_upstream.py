@@ -43,6 +43,16 @@ def _compare(world, split, base, plan, q8kv8):
         assert torch.count_nonzero(out[live:]) == 0, "padding rows must stay zero"
 
 
+def _upstream_then_patched(world, policy):
+    """The step run by upstream, then with the patch at ``policy``: (base, out, plan, builds)."""
+    base = world.run_step(world.forward_batch(num_decode_attr=None))
+    with K.patch_installed(policy=policy), K.cache_builds() as builds:
+        out = world.run_step(world.forward_batch())
+        plan = ms.get_plan(world.backend)
+    torch.cuda.synchronize()
+    return base, out, plan, builds
+
+
 def _holes_off(step):
     return K.Step(step.prefill, step.decode, step.padding, holes=False, seed=step.seed)
 
@@ -52,12 +62,7 @@ def _holes_off(step):
 def test_split_always_equals_unsplit(sglang_cuda, q8kv8, idx):
     step = _holes_off(STEPS[idx]) if q8kv8 else STEPS[idx]
     world = G.GpuWorld(step, q8kv8=q8kv8)
-    base = world.run_step(world.forward_batch(num_decode_attr=None))
-    with K.patch_installed(policy="always"), K.cache_builds() as builds:
-        fb = world.forward_batch()
-        out = world.run_step(fb)
-        plan = ms.get_plan(world.backend)
-    torch.cuda.synchronize()
+    base, out, plan, builds = _upstream_then_patched(world, "always")
     assert plan is not None and plan.boundary.b0 == step.b0
     assert plan.decode_calls == {r: 1 for r in K.LAYER_RATIOS}
     # The step's one chunk cache: prefill-only (none without prefill rows).
@@ -69,12 +74,7 @@ def test_split_always_equals_unsplit(sglang_cuda, q8kv8, idx):
 def test_split_adaptive_equals_unsplit(sglang_cuda, idx):
     step = STEPS[idx]
     world = G.GpuWorld(step)
-    base = world.run_step(world.forward_batch(num_decode_attr=None))
-    with K.patch_installed(policy="adaptive"), K.cache_builds() as builds:
-        fb = world.forward_batch()
-        out = world.run_step(fb)
-        plan = ms.get_plan(world.backend)
-    torch.cuda.synchronize()
+    base, out, plan, builds = _upstream_then_patched(world, "adaptive")
     # adaptive decides the whole step: every layer split with the prefill-only cache, or none
     # with upstream's; one chunk cache either way.
     if plan is not None:
@@ -95,11 +95,7 @@ def test_adaptive_either_way_builds_one_cache_and_equals_upstream(sglang_cuda, d
     monkeypatch.setattr(scm, "decide_step", lambda *a, **k: decide)
     step = STEPS[0]
     world = G.GpuWorld(step)
-    base = world.run_step(world.forward_batch(num_decode_attr=None))
-    with K.patch_installed(policy="adaptive"), K.cache_builds() as builds:
-        out = world.run_step(world.forward_batch())
-        plan = ms.get_plan(world.backend)
-    torch.cuda.synchronize()
+    base, out, plan, builds = _upstream_then_patched(world, "adaptive")
     assert (plan is not None) == decide
     assert builds == ([len(step.prefill)] if decide else [len(step.seq_lens)])
     _compare(world, out, base, plan, False)

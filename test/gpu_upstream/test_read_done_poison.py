@@ -13,13 +13,9 @@ comparison. The graph, the fixture and the runner stand-in are test_breakable_gr
 
 import pytest
 import torch
-from test_breakable_graph_upstream import _live, _ModelRunner, capture_bucket
+from test_breakable_graph_upstream import _live, capture_bucket, read_done_env, read_done_patches
 
 from sglang_mixgraph.kits import dsv4_gpu as G
-from sglang_mixgraph.kits.install import installed
-from sglang_mixgraph.patches import mixed_split as ms
-from sglang_mixgraph.patches import replay_read_done as rd
-from sglang_mixgraph.patches import war_snapshot_check as wc
 
 NAMES = ("mixed_b", "extend")
 
@@ -65,47 +61,32 @@ class Poison:
         torch.cuda.synchronize()
 
 
-def _env(split: bool, check: bool = True):
-    return {
-        "SGLANG_OPT_DSV4_REPLAY_READ_DONE": "1",
-        "SGLANG_DEBUG_WAR_SNAPSHOT": "1" if check else "0",
-        "SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN": "1" if split else "0",
-        "SGLANG_MIXGRAPH_SPLIT_POLICY": "always",
-    }
-
-
 def _replays(b, world, env, *, poison: bool, late_reader=None):
     """Each live batch replayed with the patches of ``env``; ``poison``: the tables overwritten
     after its read-done; ``late_reader``: run right after the publish, before the poison."""
-    runner = _ModelRunner(world.backend)
     outputs = {}
-    wc.PUBLISHED.clear()
-    try:
-        with installed((ms.PATCH, rd.PATCH, wc.PATCH), env):
-            for name in NAMES:
-                runner.forward_pass_id += 1
-                runner.shared_read_done_event = None
-                view, fb = _live(world, name)
-                p = Poison(world, view) if poison else None
+    with read_done_patches(world, env) as runner:
+        for name in NAMES:
+            runner.next_pass()
+            view, fb = _live(world, name)
+            p = Poison(world, view) if poison else None
 
-                def after_publish(model_runner, p=p):
-                    if late_reader is not None:
-                        late_reader()
-                    if p is not None:
-                        p(model_runner)
-
-                try:
-                    outputs[name] = b.replay(
-                        view, fb, view.q(), model_runner=runner, after_publish=after_publish
-                    )
-                finally:
-                    if p is not None:
-                        p.restore()
-                assert b.read_ends is not None and runner.shared_read_done_event is not None
+            def after_publish(model_runner, p=p):
+                if late_reader is not None:
+                    late_reader()
                 if p is not None:
-                    assert p.landed, f"{name}: the poison did not reach both tables"
-    finally:
-        wc.PUBLISHED.clear()
+                    p(model_runner)
+
+            try:
+                outputs[name] = b.replay(
+                    view, fb, view.q(), model_runner=runner, after_publish=after_publish
+                )
+            finally:
+                if p is not None:
+                    p.restore()
+            assert b.read_ends is not None and runner.shared_read_done_event is not None
+            if p is not None:
+                assert p.landed, f"{name}: the poison did not reach both tables"
     return outputs
 
 
@@ -116,8 +97,8 @@ def test_tables_overwritten_after_read_done_leave_the_replay_unchanged(bucket, s
     them by order 1), and the snapshot check stays silent (it would raise inside the attention
     break)."""
     world, b = bucket
-    clean = _replays(b, world, _env(split), poison=False)
-    poisoned = _replays(b, world, _env(split), poison=True)
+    clean = _replays(b, world, read_done_env(split), poison=False)
+    poisoned = _replays(b, world, read_done_env(split), poison=True)
     for name in NAMES:
         view, _ = _live(world, name)
         b0, rows = view.step.b0, view.step.num_rows
@@ -141,7 +122,7 @@ def test_a_late_reader_is_caught_by_the_same_poison(bucket):
     equals the prebuilt cache; poisoned, the output changes, so the comparison above sees a
     late reader."""
     world, b = bucket
-    env = _env(False, check=False)
+    env = read_done_env(False, check=False)
     reference = _replays(b, world, env, poison=False)
 
     def drop_cache():
