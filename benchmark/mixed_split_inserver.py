@@ -306,6 +306,23 @@ def time_arm(dep, layer, d, p, reps, flush, arm, kit, ahead_ms=0.0):
         return time_point(dep, layer, d, p, reps, flush, ahead_ms)
 
 
+def environment(**fields) -> dict:
+    """The run's date, GPU, torch, sglang and Triton (where importable), ``fields``, command."""
+    env = dict(
+        date=datetime.date.today().isoformat(),
+        gpu=torch.cuda.get_device_name(),
+        torch=torch.__version__,
+    )
+    try:
+        import sglang
+        import triton
+
+        env.update(sglang=sglang.__version__, triton=triton.__version__)
+    except Exception:  # noqa: BLE001
+        pass
+    return dict(env, **fields, command=" ".join(sys.argv))
+
+
 def kernel_prediction(path: str):
     try:
         with open(path) as f:
@@ -495,22 +512,7 @@ def main() -> None:
                         print(json.dumps(rec), flush=True)
             del dep
             torch.cuda.empty_cache()
-    env = dict(
-        date=datetime.date.today().isoformat(),
-        gpu=torch.cuda.get_device_name(),
-        torch=torch.__version__,
-        reps=args.reps,
-        rounds=args.rounds,
-        queue_ahead_ms=args.queue_ahead_ms,
-        command=" ".join(sys.argv),
-    )
-    try:
-        import sglang
-        import triton
-
-        env.update(sglang=sglang.__version__, triton=triton.__version__)
-    except Exception:  # noqa: BLE001
-        pass
+    env = environment(reps=args.reps, rounds=args.rounds, queue_ahead_ms=args.queue_ahead_ms)
     data = dict(environment=env, points=results)
     with open(os.path.join(args.out, f"{args.name}.json"), "w") as f:
         json.dump(data, f, indent=1)

@@ -20,11 +20,9 @@ the one of its ratio N - 2 layers back, so no layer finds its neighbour's cache 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import statistics
-import sys
 import time
 from types import SimpleNamespace
 
@@ -326,20 +324,11 @@ def main():
             )
             print(json.dumps({k: v for k, v in rec.items()}, default=str)[:2000], flush=True)
             points.append(rec)
-    import sglang
-    import triton
-
-    env = dict(
-        date=datetime.date.today().isoformat(),
-        gpu=torch.cuda.get_device_name(),
-        torch=torch.__version__,
-        sglang=sglang.__version__,
-        triton=triton.__version__,
+    env = ins.environment(
         arms=args.arms,
         reps=args.reps,
         rounds=args.rounds,
         layers={r: ratios.count(r) for r in sorted(set(ratios))},
-        command=" ".join(sys.argv),
     )
     data = dict(environment=env, points=points)
     os.makedirs(args.out, exist_ok=True)

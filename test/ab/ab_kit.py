@@ -97,19 +97,22 @@ def expected_accuracy(num_shots: int, num_examples: int, wrong_every: int) -> fl
 def standin_config(
     tmp: Path,
     *,
-    port: int,
+    port: int | None = None,
     arms: str,
     sweep: str,
     gsm8k: str = "enabled = false",
     extra: str = "",
     server: str = "",
 ) -> Path:
+    """An `ab` config that launches the stand-in, on a free port unless `port` is given."""
     model = tmp / "model"
     if not model.exists():
         write_model_dir(model)
     data = tmp / "gsm8k.jsonl"
     if not data.exists():
         write_gsm8k(data)
+    if port is None:
+        port = free_port()
     path = tmp / "ab.toml"
     path.write_text(
         f"""

@@ -96,10 +96,16 @@ def _run(config: Path, run_dir: Path, invoker, *extra: str) -> int:
     return ab_cli.main(["run", str(config), "--run-dir", str(run_dir), *extra], invoker=invoker)
 
 
+def _run_passes(config: Path, run_dir: Path, capsys) -> Recorder:
+    """`_run` with a new Recorder, which must exit 0 (stderr is the failure message)."""
+    recorder = Recorder()
+    assert _run(config, run_dir, recorder) == 0, capsys.readouterr().err
+    return recorder
+
+
 def test_sweep_numbers_accuracy_order_and_resume(tmp_path, capsys):
     config = standin_config(
         tmp_path,
-        port=free_port(),
         arms=TWO_ARMS,
         sweep="""concurrencies = [2]
 dataset = "random-ids"
@@ -117,8 +123,7 @@ concurrency = 2
 max_ratio = 0.75""",
     )
     run_dir = tmp_path / "run"
-    recorder = Recorder()
-    assert _run(config, run_dir, recorder) == 0, capsys.readouterr().err
+    recorder = _run_passes(config, run_dir, capsys)
 
     # Interleaved: base, split (repeat 1), then split, base (repeat 2); GSM8K on first visits.
     assert [m for m, _ in recorder.calls] == [GSM8K_MODULE, BENCH_MODULE] * 2 + [BENCH_MODULE] * 2
@@ -166,7 +171,6 @@ max_ratio = 0.75""",
 def test_dead_server_fails_its_cell_keeps_the_rest_and_resumes(tmp_path, monkeypatch, capsys):
     config = standin_config(
         tmp_path,
-        port=free_port(),
         arms=TWO_ARMS,
         sweep="""concurrencies = [1, 2]
 dataset = "random-ids"
@@ -200,12 +204,7 @@ repeats = 1""",
 
 
 def test_ctrl_c_stops_the_server_and_keeps_finished_cells(tmp_path, capsys):
-    config = standin_config(
-        tmp_path,
-        port=free_port(),
-        arms=TWO_ARMS,
-        sweep=small_sweep("[1, 2]"),
-    )
+    config = standin_config(tmp_path, arms=TWO_ARMS, sweep=small_sweep("[1, 2]"))
     run_dir = tmp_path / "run"
     assert _run(config, run_dir, Recorder(interrupt_at=2)) == ab_cli.EXIT_INTERRUPTED
     assert "run the same command to resume" in capsys.readouterr().err
@@ -233,12 +232,7 @@ def test_ctrl_c_stops_the_server_and_keeps_finished_cells(tmp_path, capsys):
     ],
 )
 def test_server_that_never_becomes_healthy(tmp_path, capsys, command, message):
-    config = standin_config(
-        tmp_path,
-        port=free_port(),
-        arms=TWO_ARMS,
-        sweep="concurrencies = [1]\nrepeats = 1",
-    )
+    config = standin_config(tmp_path, arms=TWO_ARMS, sweep="concurrencies = [1]\nrepeats = 1")
     text = config.read_text().replace(
         f'command = ["{sys.executable}", "{STANDIN}"]', f"command = {json.dumps(command)}"
     )
@@ -311,7 +305,6 @@ def test_launch_prefix_global_per_arm_and_none(tmp_path, monkeypatch, capsys):
     own = write_wrapper(tmp_path / "wrap_own.sh", "own", executable=True)  # run directly
     config = standin_config(
         tmp_path,
-        port=free_port(),
         server=f'launch_prefix = ["bash", "{shared}"]',
         arms=f"""
 [[arm]]
@@ -328,7 +321,7 @@ launch_prefix = []
         sweep=small_sweep("[1]"),
     )
     run_dir = tmp_path / "run"
-    assert _run(config, run_dir, Recorder()) == 0, capsys.readouterr().err
+    _run_passes(config, run_dir, capsys)
 
     results = json.loads((run_dir / "results.json").read_text())
     raw = {c["arm"]: c["raw"] for c in results["cells"] if c["kind"] == "bench"}
@@ -358,7 +351,6 @@ def test_stop_kills_the_wrapper_and_the_server_it_started(tmp_path, monkeypatch)
     wrapper = write_wrapper(tmp_path / "wrap.sh", "shared")
     path = standin_config(
         tmp_path,
-        port=free_port(),
         server=f'launch_prefix = "bash {wrapper}"',  # a string is split like a shell
         arms=TWO_ARMS,
         sweep="concurrencies = [1]",
@@ -411,7 +403,7 @@ def test_a_signal_during_stop_still_kills_the_whole_group(
     """The server ignores SIGTERM (a long shutdown); a signal during the 120 s grace must not
     abort the stop: the group is SIGKILLed at once, and the interrupt comes after."""
     monkeypatch.setenv("STANDIN_TRAP_SIGTERM", "1")
-    path = standin_config(tmp_path, port=free_port(), arms=TWO_ARMS, sweep="concurrencies = [1]")
+    path = standin_config(tmp_path, arms=TWO_ARMS, sweep="concurrencies = [1]")
     path.write_text(path.read_text().replace("stop_timeout_s = 10", "stop_timeout_s = 120"))
     config = parse_config(read_toml(path))
     log = tmp_path / "server.log"
@@ -431,12 +423,7 @@ def test_a_signal_during_stop_still_kills_the_whole_group(
 def test_second_signal_after_ctrl_c_leaves_no_server(tmp_path, monkeypatch, capsys, sig):
     """Ctrl-C mid-cell, then a second Ctrl-C (or SIGTERM) while the server shuts down."""
     monkeypatch.setenv("STANDIN_TRAP_SIGTERM", "1")
-    config = standin_config(
-        tmp_path,
-        port=free_port(),
-        arms=TWO_ARMS,
-        sweep=small_sweep("[1, 2]"),
-    )
+    config = standin_config(tmp_path, arms=TWO_ARMS, sweep=small_sweep("[1, 2]"))
     config.write_text(config.read_text().replace("stop_timeout_s = 10", "stop_timeout_s = 120"))
     run_dir = tmp_path / "run"
 
@@ -469,12 +456,7 @@ def test_pids_that_outlive_sigkill_are_printed(monkeypatch, capsys):
 
 
 def test_a_changed_version_measures_finished_cells_again(tmp_path, monkeypatch, capsys):
-    config = standin_config(
-        tmp_path,
-        port=free_port(),
-        arms=TWO_ARMS,
-        sweep=small_sweep("[1]"),
-    )
+    config = standin_config(tmp_path, arms=TWO_ARMS, sweep=small_sweep("[1]"))
     run_dir = tmp_path / "run"
     env = {
         "sglang": "0.5.23",
@@ -485,7 +467,7 @@ def test_a_changed_version_measures_finished_cells_again(tmp_path, monkeypatch, 
         "gpus": {"count": 8, "names": ["NVIDIA H200"] * 8},
     }
     monkeypatch.setattr(ab_versions, "environment", lambda: dict(env))
-    assert _run(config, run_dir, Recorder()) == 0, capsys.readouterr().err
+    _run_passes(config, run_dir, capsys)
     results = json.loads((run_dir / "results.json").read_text())
     assert all(c["versions"] == env for c in results["cells"])
     report = (run_dir / "report.md").read_text()
@@ -552,7 +534,6 @@ def test_goodput_from_bench_serving_per_arm_and_concurrency_and_in_a_gate(tmp_pa
     (18 against 13 ms). Goodput is bench_serving's own number, and a gate can use it."""
     config = standin_config(
         tmp_path,
-        port=free_port(),
         arms=SLO_ARMS,
         sweep=small_sweep("[1, 4]")
         .replace("output_len = 2", "output_len = 6")
@@ -570,8 +551,7 @@ concurrency = 1
 min_ratio = 1.0""",
     )
     run_dir = tmp_path / "run"
-    recorder = Recorder()
-    assert _run(config, run_dir, recorder) == 0, capsys.readouterr().err
+    recorder = _run_passes(config, run_dir, capsys)
     for _, argv in recorder.calls:
         assert argv[argv.index("--goodput") :][:3] == ["--goodput", "ttft:1000", "tpot:15"]
     results = json.loads((run_dir / "results.json").read_text())
@@ -617,7 +597,6 @@ def test_slo_names_are_bench_servings():
 def test_request_rates_shapes_and_counts_in_multiples_of_concurrency(tmp_path, capsys):
     config = standin_config(
         tmp_path,
-        port=free_port(),
         arms=TWO_ARMS,
         sweep="""concurrencies = [2]
 request_rates = [40]
@@ -643,8 +622,7 @@ request_rate = 40
 max_ratio = 0.75""",
     )
     run_dir = tmp_path / "run"
-    recorder = Recorder()
-    assert _run(config, run_dir, recorder) == 0, capsys.readouterr().err
+    recorder = _run_passes(config, run_dir, capsys)
 
     def flag(argv, name):
         return argv[argv.index(name) + 1] if name in argv else None
@@ -695,7 +673,7 @@ max_ratio = 0.75""",
 
 
 def test_progress_during_server_start_and_during_a_cell(tmp_path, capsys):
-    config = standin_config(tmp_path, port=free_port(), arms=TWO_ARMS, sweep=small_sweep("[1]"))
+    config = standin_config(tmp_path, arms=TWO_ARMS, sweep=small_sweep("[1]"))
     config.write_text(
         config.read_text().replace('"--ttft-ms", "30"', '"--ttft-ms", "30", "--startup-s", "1.5"')
     )
@@ -737,7 +715,7 @@ def test_progress_during_server_start_and_during_a_cell(tmp_path, capsys):
 
 
 def test_an_interrupted_run_is_incomplete_not_failed(tmp_path, capsys):
-    config = standin_config(tmp_path, port=free_port(), arms=TWO_ARMS, sweep=small_sweep("[1, 2]"))
+    config = standin_config(tmp_path, arms=TWO_ARMS, sweep=small_sweep("[1, 2]"))
     run_dir = tmp_path / "run"
     assert _run(config, run_dir, Recorder(interrupt_at=2)) == ab_cli.EXIT_INTERRUPTED
     captured = capsys.readouterr()

@@ -12,7 +12,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from ab_kit import free_port, small_sweep, standin_config
+from ab_kit import small_sweep, standin_config
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tools" / "rank-slice" / "device_ab.sh"
@@ -66,7 +66,7 @@ def _cells(packed: Path, tmp: Path) -> list[tuple[str, str]]:
 
 
 def test_a_run_split_over_two_calls_resumes_and_warms_a_cold_machine(tmp_path):
-    config = standin_config(tmp_path, port=free_port(), arms=ARMS, sweep=small_sweep("[2]"))
+    config = standin_config(tmp_path, arms=ARMS, sweep=small_sweep("[2]"))
     resume = tmp_path / "carried" / "slice.tgz"
 
     # Call 1 on a cache that served this configuration: no throwaway visit, both cells packed.

@@ -18,12 +18,18 @@ batches = st.tuples(
 )
 
 
+def _boundary(batch):
+    """A drawn batch's extend lengths (prefill, then decode) and its boundary."""
+    pre, d, pad = batch
+    lens = pre + [1] * d
+    return lens, compute_mixed_boundary(lens, d, sum(lens) + pad)
+
+
 @settings(max_examples=200, deadline=None)
 @given(batches)
 def test_boundary_partitions_rows(batch):
     pre, d, pad = batch
-    lens = pre + [1] * d
-    b = compute_mixed_boundary(lens, d, sum(lens) + pad)
+    lens, b = _boundary(batch)
     assert b.num_prefill_reqs == len(pre)
     assert b.b0 == sum(pre) == b.num_prefill_rows
     assert b.decode_end == b.b0 + d
@@ -63,9 +69,8 @@ def test_boundary_rejects_bad_inputs():
 @settings(max_examples=100, deadline=None)
 @given(batches, st.sampled_from([64, 128]))
 def test_decode_tail_slices_are_views_of_the_right_rows(batch, width):
-    pre, d, pad = batch
-    lens = pre + [1] * d
-    b = compute_mixed_boundary(lens, d, sum(lens) + pad)
+    _, d, _ = batch
+    _, b = _boundary(batch)
     n = b.num_rows
     q = torch.randn(n, 2, 8)
     swa = torch.arange(n * width, dtype=torch.int32).view(n, width)
@@ -95,9 +100,8 @@ def test_slice_rows_none_and_bounds():
 @settings(max_examples=50, deadline=None)
 @given(batches)
 def test_assemble_rows_keeps_order_and_zeroes_padding(batch):
-    pre, d, pad = batch
-    lens = pre + [1] * d
-    b = compute_mixed_boundary(lens, d, sum(lens) + pad)
+    _, d, _ = batch
+    _, b = _boundary(batch)
     full = torch.randn(b.num_rows, 3)
     o_pre = full[: b.b0].clone() if b.b0 else None
     o_dec = full[b.b0 : b.decode_end].clone() if d else None

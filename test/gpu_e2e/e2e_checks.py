@@ -395,40 +395,39 @@ def _acted(
         return [
             Check(rec.name, "mixed_split acted", False, "no MIXED step: nothing shows the split")
         ]
-    if mixed_eager:
-        seen = ev.get("steps_seen.mixed_run_as_extend", 0) + ev.get("steps_seen.mixed", 0)
-        out.append(
-            Check(
-                rec.name,
-                "every eager MIXED step recognised (run as EXTEND)",
-                seen == mixed_eager,
-                f"recognised {seen} of {mixed_eager}",
-            )
-        )
-        out += _decided(
-            rec,
+    # Eager and replayed MIXED steps: (count, graph, what, check, the counters of the steps
+    # seen, split and kept unsplit).
+    kinds = (
+        (
+            mixed_eager,
+            False,
             "eager MIXED step",
-            _of_mode(rec.steps, "MIXED", graph=False),
-            ev.get("steps_split", 0),
-            ev.get("steps_unsplit_adaptive", 0),
-            policy,
-        )
-    if mixed_graph:
-        seen = ev.get("replays_seen", 0)
-        out.append(
-            Check(
-                rec.name,
-                "every replayed MIXED step recognised",
-                seen == mixed_graph,
-                f"recognised {seen} of {mixed_graph}",
-            )
-        )
+            "every eager MIXED step recognised (run as EXTEND)",
+            ("steps_seen.mixed_run_as_extend", "steps_seen.mixed"),
+            "steps_split",
+            "steps_unsplit_adaptive",
+        ),
+        (
+            mixed_graph,
+            True,
+            "replayed MIXED step",
+            "every replayed MIXED step recognised",
+            ("replays_seen",),
+            "replays_split",
+            "replays_unsplit_adaptive",
+        ),
+    )
+    for count, graph, what, check, seen_by, split, kept in kinds:
+        if not count:
+            continue
+        seen = sum(ev.get(k, 0) for k in seen_by)
+        out.append(Check(rec.name, check, seen == count, f"recognised {seen} of {count}"))
         out += _decided(
             rec,
-            "replayed MIXED step",
-            _of_mode(rec.steps, "MIXED", graph=True),
-            ev.get("replays_split", 0),
-            ev.get("replays_unsplit_adaptive", 0),
+            what,
+            _of_mode(rec.steps, "MIXED", graph=graph),
+            ev.get(split, 0),
+            ev.get(kept, 0),
             policy,
         )
     if rec.split == "always":

@@ -52,6 +52,25 @@ def reference(chunk_per_rank=2816, tp=8, dp=8, extra=()):
     ]
 
 
+def dsv4_mixed(chunk, *extra):
+    """DeepSeek-V4 on 8 GPUs without attention DP, mixed chunk, `chunk`-token prefill chunks."""
+    return [
+        "--model-path",
+        DSV4,
+        "--tp",
+        "8",
+        "--enable-mixed-chunk",
+        "--chunked-prefill-size",
+        str(chunk),
+        *extra,
+    ]
+
+
+def as_json(resolved):
+    """A resolution's server arguments as JSON has them (what the baseline scripts print)."""
+    return json.loads(json.dumps(resolved, default=str))
+
+
 # DeepSeek-V4 with an MoE all-to-all backend upstream has not validated under BCG: two rules hold.
 TWO_RULES = [*dsv4_dp(), "--moe-a2a-backend", "mori"]
 
@@ -241,19 +260,7 @@ def test_dsv4_table(flags, row):
 
 def test_reference_without_dp_attention(flags):
     flags(**{CAP_ENV: 8192})
-    argv = [
-        "--model-path",
-        DSV4,
-        "--tp",
-        "8",
-        "--enable-mixed-chunk",
-        "--chunked-prefill-size",
-        "8192",
-        "--max-running-requests",
-        "2048",
-        "--moe-a2a-backend",
-        "megamoe",
-    ]
+    argv = dsv4_mixed(8192, "--max-running-requests", "2048", "--moe-a2a-backend", "megamoe")
     _, d = plan_of(argv)
     assert d["deployment"]["dp_attention"] is False
     assert d["deployment"]["running_per_rank"] == 2048
@@ -511,17 +518,7 @@ def test_mixed_chunk_off_is_left_to_upstream(flags, models):
 
 IDENTITY_ROWS = {
     "reference": reference(),
-    "no-dp-attention": [
-        "--model-path",
-        DSV4,
-        "--tp",
-        "8",
-        "--enable-mixed-chunk",
-        "--chunked-prefill-size",
-        "2816",
-        "--moe-a2a-backend",
-        "megamoe",
-    ],
+    "no-dp-attention": dsv4_mixed(2816, "--moe-a2a-backend", "megamoe"),
     "explicit-bs": reference(extra=("--cuda-graph-bs-prefill", "512", "1024", "2048")),
     "glm5": ["--model-path", "{glm5}", "--tp", "8", "--enable-mixed-chunk"],
     "dense": ["--model-path", "{dense}", "--enable-mixed-chunk", "--chunked-prefill-size", "4096"],
@@ -581,19 +578,14 @@ def test_flags_off_resolve_exactly_like_upstream(flags, models):
     for value in ("upstream", None):  # off, and unset: the default is off
         flags(**{BUCKETS_ENV: value})
         for name, argv in rows.items():
-            ours = json.loads(json.dumps(resolve(argv).resolved, default=str))
+            ours = as_json(resolve(argv).resolved)
             assert ours == baseline[name], (value, name)
     # switched on, deployments out of the patch's scope still resolve exactly as upstream
     flags(**{BUCKETS_ENV: "auto"})
     for name in OUT_OF_SCOPE:
-        assert (
-            json.loads(json.dumps(resolve(rows[name]).resolved, default=str)) == baseline[name]
-        ), name
+        assert as_json(resolve(rows[name]).resolved) == baseline[name], name
     # and the reference does change (the test can fail)
-    assert (
-        json.loads(json.dumps(resolve(rows["reference"]).resolved, default=str))
-        != baseline["reference"]
-    )
+    assert as_json(resolve(rows["reference"]).resolved) != baseline["reference"]
 
 
 @pytest.mark.parametrize("chunk", ["0", "-1"])
@@ -602,21 +594,11 @@ def test_unchunked_dsv4_settles_the_deferred_rule_as_upstream(flags, chunk):
     defers upstream's DSV4 rule, and no bucket list is left to estimate. The deferral used to
     stay open, leaving a breakable prefill graph with 0 buckets where SGLang alone turns it
     off; now upstream's rule stands and the resolution equals SGLang's own."""
-    argv = [
-        "--model-path",
-        DSV4,
-        "--tp",
-        "8",
-        "--enable-mixed-chunk",
-        "--chunked-prefill-size",
-        chunk,
-        "--random-seed",
-        "7",
-    ]
+    argv = dsv4_mixed(chunk, "--random-seed", "7")
     baseline, _ = _run_rows(_BASELINE, "BASELINE", {"row": argv}, SGLANG_PLUGINS="mixgraph_target")
     assert baseline["row"]["cuda_graph_config"]["prefill"]["backend"] == "disabled"
     r, d = plan_of(argv)
-    assert json.loads(json.dumps(r.resolved, default=str)) == baseline["row"]
+    assert as_json(r.resolved) == baseline["row"]
     pg = d["prefill_graph"]
     assert pg["backend"] == "disabled" and pg["buckets"] == []
     assert pg["decided_by"] == {

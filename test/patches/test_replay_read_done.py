@@ -53,6 +53,15 @@ def env(**on):
     return e
 
 
+# Read-done, the snapshot check and the split (always) on.
+SPLIT_READ_DONE = env(
+    SGLANG_OPT_DSV4_REPLAY_READ_DONE="1",
+    SGLANG_DEBUG_WAR_SNAPSHOT="1",
+    SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN="1",
+    SGLANG_MIXGRAPH_SPLIT_POLICY="always",
+)
+
+
 class _Event:
     def record(self):
         pass
@@ -182,13 +191,7 @@ def test_split_replay_publishes_with_the_plans_cache(world):
     w, capture, runner, replay = world
     with installed(PATCHES, env()):
         base = _layers(w, replay(MIXED, ForwardMode.MIXED)[0])
-    on = env(
-        SGLANG_OPT_DSV4_REPLAY_READ_DONE="1",
-        SGLANG_DEBUG_WAR_SNAPSHOT="1",
-        SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN="1",
-        SGLANG_MIXGRAPH_SPLIT_POLICY="always",
-    )
-    with installed(PATCHES, on):
+    with installed(PATCHES, SPLIT_READ_DONE):
         builds = _builds(w)
         static, ends = replay(MIXED, ForwardMode.MIXED)
         plan = ms.get_plan(w.backend)
@@ -218,14 +221,8 @@ def test_heads_the_plan_refuses_leave_the_replay_to_upstream_with_one_cache(worl
 
     with installed(PATCHES, env()):
         base = layers(replay(MIXED, ForwardMode.MIXED)[0])  # upstream: lazy build, no publish
-    on = env(
-        SGLANG_OPT_DSV4_REPLAY_READ_DONE="1",
-        SGLANG_DEBUG_WAR_SNAPSHOT="1",
-        SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN="1",
-        SGLANG_MIXGRAPH_SPLIT_POLICY="always",
-    )
     heads = counters.get_fallback(ms.PATCH_ID, "heads")
-    with installed(PATCHES, on):
+    with installed(PATCHES, SPLIT_READ_DONE):
         builds = _builds(w)
         static, ends = replay(MIXED, ForwardMode.MIXED)
         assert ends is SharedReadEnds.PRE_REPLAY and ms.get_plan(w.backend) is None
@@ -244,14 +241,8 @@ def test_a_layer_contradicting_the_plan_after_the_publish_raises_and_reads_no_ta
     upstream would make its lazy build read the shared tables after the publish. No fallback
     cache is built for that: the layer raises before it builds or launches anything."""
     w, capture, runner, replay = world
-    on = env(
-        SGLANG_OPT_DSV4_REPLAY_READ_DONE="1",
-        SGLANG_DEBUG_WAR_SNAPSHOT="1",
-        SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN="1",
-        SGLANG_MIXGRAPH_SPLIT_POLICY="always",
-    )
     violations = _events(wc.PATCH_ID).get("violations", 0)
-    with installed(PATCHES, on):
+    with installed(PATCHES, SPLIT_READ_DONE):
         static, ends = replay(MIXED, ForwardMode.MIXED)
         plan = ms.get_plan(w.backend)
         assert ends is SharedReadEnds.PRE_REPLAY and plan is not None and plan.may_publish
@@ -495,14 +486,8 @@ def test_split_and_read_done_size_the_rows_the_break_sees(padded_world, non_padd
     expected = BUCKET.num_rows if non_padded is None else MIXED.num_rows
     with installed(PATCHES, env()):
         base = _breaks(w, replay(non_padded)[0])  # upstream alone: lazy build in layer 0
-    on = env(
-        SGLANG_OPT_DSV4_REPLAY_READ_DONE="1",
-        SGLANG_DEBUG_WAR_SNAPSHOT="1",
-        SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN="1",
-        SGLANG_MIXGRAPH_SPLIT_POLICY="always",
-    )
     abandoned = counters.get_fallback(ms.PATCH_ID, "shape")
-    with installed(PATCHES, on):
+    with installed(PATCHES, SPLIT_READ_DONE):
         builds = _builds(w)
         static, ends = replay(non_padded)
         plan = ms.get_plan(w.backend)
