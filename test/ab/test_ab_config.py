@@ -604,11 +604,14 @@ def test_only_arms_keeps_the_named_arms_in_the_configurations_order():
     assert config.arms[1].env["SGLANG_MIXGRAPH_SPLIT_POLICY"] == "adaptive"
 
 
-@pytest.mark.parametrize("spec", ["baseline,splt", ","])
-def test_only_arms_naming_no_arm_is_a_one_line_error(spec, capsys):
+@pytest.mark.parametrize(
+    ("spec", "problem"),
+    [("baseline,splt", "no arm named 'splt'"), (",", "give arm names, comma-separated")],
+)
+def test_only_arms_naming_no_arm_is_a_one_line_error(spec, problem, capsys):
     assert ab_cli.main(["run", str(EXAMPLE), "--only-arms", spec, "--dry-run"]) == 2
     err = capsys.readouterr().err
-    assert f"--only-arms {spec!r}: no arm named" in err and "(the arms: baseline, split)" in err
+    assert f"--only-arms {spec!r}: {problem} (the arms: baseline, split)" in err
     assert err.count("\n") == 1
 
 

@@ -164,10 +164,13 @@ def _only_arms(arms: list[Any], spec: str) -> list[Any]:
     names = [a.get("name") for a in arms if isinstance(a, dict)]
     unknown = [n for n in wanted if n not in names]
     if not wanted or unknown:
+        problem = (
+            f"no arm named {', '.join(map(repr, unknown))}"
+            if unknown
+            else "give arm names, comma-separated"
+        )
         raise ConfigError(
-            f"--only-arms {spec!r}: "
-            + (f"no arm named {', '.join(map(repr, unknown))}" if unknown else "no arm named")
-            + f" (the arms: {', '.join(map(str, names)) or 'none'})"
+            f"--only-arms {spec!r}: {problem} (the arms: {', '.join(map(str, names)) or 'none'})"
         )
     return [a for a in arms if isinstance(a, dict) and a.get("name") in wanted]
 
