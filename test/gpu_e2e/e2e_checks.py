@@ -320,12 +320,17 @@ def _tokens_equal(rec: PhaseRecord, baseline: PhaseRecord | None) -> Check:
     # Where the client aborted a request its tokens depend on when the abort landed.
     aborted = set(rec.abort_targets) | set(baseline.abort_targets)
     mism = [m for m in compare_tokens(baseline.outputs, rec.outputs) if m.rid not in aborted]
+    # A retracted request is prefilled again over its output: named, still a failure.
+    retracted = set(rec.pool.get("retracted_rids", ())) | set(
+        baseline.pool.get("retracted_rids", ())
+    )
     return Check(
         rec.name,
         f"tokens equal {baseline.name}" + (" (surviving requests)" if aborted else ""),
         not mism,
         "; ".join(
             f"{m.rid}: first differs at {m.first_diff} ({m.baseline_len} vs {m.phase_len} tokens)"
+            + (" (retracted)" if m.rid in retracted else "")
             for m in mism
         ),
     )

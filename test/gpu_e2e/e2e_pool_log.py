@@ -4,7 +4,8 @@ Imported at start-up of every process of a phase (``MIXGRAPH_E2E_STARTUP``, besi
 log); only the scheduler retracts and evicts. One JSON line per event that freed something, in
 ``$MIXGRAPH_E2E_STEP_LOG/pool_<pid>.jsonl``:
 
-* ``{"event": "retract", "reqs": n, "aborted": m}`` after ``ScheduleBatch.retract_decode``
+* ``{"event": "retract", "reqs": n, "aborted": m, "rids": [...]}`` after
+  ``ScheduleBatch.retract_decode``
   (what ``Scheduler.update_running_batch`` calls when the next decode step does not fit);
 * ``{"event": "evict", "tokens": n, "swa_tokens": m}`` after an eviction of the radix cache:
   ``UnifiedRadixCache._evict`` (behind its ``evict`` and ``evict_for_alloc``) and
@@ -44,7 +45,10 @@ def _wrap_retract(cls, name: str) -> None:
         out = retract(self, *args, **kwargs)
         retracted, _ratio, aborted = out
         if retracted or aborted:
-            _record({"event": "retract", "reqs": len(retracted), "aborted": len(aborted)})
+            rids = [str(getattr(r, "rid", "?")) for r in retracted]
+            _record(
+                {"event": "retract", "reqs": len(retracted), "aborted": len(aborted), "rids": rids}
+            )
         return out
 
     setattr(cls, name, recorded)
@@ -68,14 +72,17 @@ def summarize(events: Iterable[Mapping]) -> dict:
     """Totals of a phase's pool events (every process)."""
     out = {"retractions": 0, "retracted_reqs": 0, "evictions": 0, "evicted_tokens": 0}
     out["evicted_swa_tokens"] = 0
+    rids = set()
     for e in events:
         if e.get("event") == "retract":
             out["retractions"] += 1
             out["retracted_reqs"] += int(e.get("reqs", 0))
+            rids.update(e.get("rids", ()))
         elif e.get("event") == "evict":
             out["evictions"] += 1
             out["evicted_tokens"] += int(e.get("tokens", 0))
             out["evicted_swa_tokens"] += int(e.get("swa_tokens", 0))
+    out["retracted_rids"] = sorted(rids)
     return out
 
 

@@ -201,7 +201,7 @@ def test_pool_log_records_retractions_and_evictions_that_freed_something(tmp_pat
 
     PL._wrap_retract(Batch, "retract_decode")
     PL._wrap_evict(Cache, "evict")
-    retracted = (["a", "b"], 0.5, [])
+    retracted = ([SimpleNamespace(rid="a"), SimpleNamespace(rid="b")], 0.5, [])
     assert Batch(retracted).retract_decode() is retracted  # the caller sees upstream's result
     Batch(([], 0.7, [])).retract_decode()  # nothing retracted: no line
     Batch(([], 0.7, ["c"])).retract_decode()
@@ -211,8 +211,8 @@ def test_pool_log_records_retractions_and_evictions_that_freed_something(tmp_pat
     (log,) = tmp_path.glob(f"{PL.FILE_PREFIX}*.jsonl")
     events = [json.loads(line) for line in log.read_text().splitlines()]
     assert events == [
-        {"event": "retract", "reqs": 2, "aborted": 0},
-        {"event": "retract", "reqs": 0, "aborted": 1},
+        {"event": "retract", "reqs": 2, "aborted": 0, "rids": ["a", "b"]},
+        {"event": "retract", "reqs": 0, "aborted": 1, "rids": []},
         {"event": "evict", "tokens": 512, "swa_tokens": 0},
         {"event": "evict", "tokens": 0, "swa_tokens": 128},
     ]
@@ -222,6 +222,7 @@ def test_pool_log_records_retractions_and_evictions_that_freed_something(tmp_pat
         "evictions": 2,
         "evicted_tokens": 512,
         "evicted_swa_tokens": 128,
+        "retracted_rids": ["a", "b"],
     }
 
 
@@ -299,6 +300,16 @@ def test_pressure_phase_fails_where_a_survivor_differs_or_the_pool_never_pressed
     short = _press(outputs={"r0": [1, 2], "r1": [4, 5], "ab": [7] * 30})
     assert "every request got all its tokens (but those the client aborted)" in H._failed(
         H._check(short, base)
+    )
+
+
+def test_a_retracted_request_whose_tokens_differ_fails_and_is_named():
+    base = _press("bcg-off", pool=dict(POOL, retracted_rids=["r1"]))
+    rec = _press(outputs={"r0": [1, 2, 9], "r1": [4, 6], "ab": [7] * 30})
+    (tokens,) = [c for c in H._check(rec, base) if c.name.startswith("tokens equal")]
+    assert not tokens.ok
+    assert tokens.detail == (
+        "r0: first differs at 2 (3 vs 3 tokens); r1: first differs at 1 (2 vs 2 tokens) (retracted)"
     )
 
 
