@@ -12,8 +12,9 @@
   refit from in-server timings, 16 rows at 12k stay unsplit).
 
 The ``pressure`` workload instead runs against a KV pool of ``PRESSURE_POOL_TOKENS``
-(``engine_overrides``), far less than it needs, so that the scheduler evicts cached prefixes and
-retracts decoding requests, while the client aborts some requests mid-generation:
+(``engine_overrides``), far less than it needs, and with SGLang's admission clip small
+(``engine_env``), so that the scheduler evicts cached prefixes and retracts decoding requests,
+while the client aborts some requests mid-generation:
 
 * ``warm``: four prompts that finish at once and leave their KV in the radix cache;
 * ``pressure``: twelve streamed requests (three reuse the first 512 tokens of a warm prompt),
