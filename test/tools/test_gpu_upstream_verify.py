@@ -28,7 +28,7 @@ def test_checks_share_the_seconds_and_log_one_file_each(tmp_path):
     assert p.returncode == 0, p.stderr
     out = tmp_path / "out"
     assert (out / "gpu_upstream.log").read_text() == (
-        "ran: -m pytest test/gpu_upstream -q -p no:cacheprovider\n"
+        "ran: -m pytest test/gpu_upstream -q -p no:cacheprovider --durations=12\n"
     )
     assert (out / "e2e_pressure.log").read_text() == (
         "ran: test/gpu_e2e/run_e2e.py --workload pressure --budget-s 270 "
