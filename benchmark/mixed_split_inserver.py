@@ -36,6 +36,7 @@ from types import SimpleNamespace
 import torch
 
 from sglang_mixgraph.core import split_cost_model as cm
+from sglang_mixgraph.kits import dsv4_cpu, dsv4_gpu
 from sglang_mixgraph.reference import v4_kv_layout as kvl
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -55,8 +56,6 @@ class Deployment:
 
     def __init__(self, context: int, max_decode: int, ratios=RATIOS, max_prefill: int = 0):
         from sglang.srt.layers.attention.deepseek_v4_backend import DeepseekV4AttnBackend
-        from sglang.srt.mem_cache.deepseek_v4_memory_pool import DeepSeekV4TokenToKVPool
-        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
         self.context = context
         self.num_reqs = 1 + max_decode
@@ -64,29 +63,7 @@ class Deployment:
         self.pages_per_req = -(-max(context, max_prefill) // PAGE)
         num_pages = self.num_reqs * self.pages_per_req + 1  # page 0 stays unused
         size = num_pages * PAGE
-        self.pool = DeepSeekV4TokenToKVPool(
-            max_num_reqs=self.num_reqs,
-            swa_size=size,
-            c4_size=size,
-            c128_size=size,
-            c4_state_pool_size=self.num_reqs,
-            c128_state_pool_size=self.num_reqs,
-            page_size=PAGE,
-            swa_page_size=PAGE,
-            dtype=torch.float8_e4m3fn,
-            c4_state_dtype=torch.bfloat16,
-            c128_state_dtype=torch.bfloat16,
-            qk_nope_head_dim=448,
-            qk_rope_head_dim=64,
-            indexer_head_dim=128,
-            layer_num=len(ratios),
-            device=DEV,
-            enable_memory_saver=False,
-            compression_ratios=list(ratios),
-            kv_source_layers=[],
-            full_size=size,
-        )
-        self.pool.register_mapping(torch.arange(size, dtype=torch.int64, device=DEV))
+        self.pool = dsv4_cpu.kv_pool(max_reqs=self.num_reqs, size=size, ratios=ratios, device=DEV)
         g = torch.Generator(device=DEV).manual_seed(0)
         perm = torch.randperm(num_pages - 1, generator=g, device=DEV) + 1
         self.pages = perm[: self.num_reqs * self.pages_per_req].view(
@@ -102,22 +79,13 @@ class Deployment:
                     self.pool.get_extra_key_page_size(layer),
                     g,
                 )
-        cfg = SimpleNamespace(model_type="deepseek_v4", index_topk=TOPK, num_attention_heads=HEADS)
-        runner = SimpleNamespace(
-            device=DEV,
-            page_size=PAGE,
-            token_to_kv_pool=self.pool,
-            req_to_token_pool=SimpleNamespace(req_to_token=self.req_to_token, size=self.num_reqs),
-            model_config=SimpleNamespace(
-                context_len=self.pages_per_req * PAGE,
-                head_dim=512,
-                v_head_dim=512,
-                hf_text_config=cfg,
-                hf_config=cfg,
-            ),
-            hisparse_coordinator=None,
-            spec_algorithm=SpeculativeAlgorithm.NONE,
-            is_draft_worker=False,
+        runner = dsv4_gpu.model_runner(
+            self.pool,
+            self.req_to_token,
+            num_reqs=self.num_reqs,
+            context_len=self.pages_per_req * PAGE,
+            topk=TOPK,
+            heads=HEADS,
         )
         self.backend = DeepseekV4AttnBackend(runner)
         torch.cuda.synchronize()

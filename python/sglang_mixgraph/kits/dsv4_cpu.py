@@ -317,6 +317,37 @@ def replay_static_batch(live, size: int, live_rows: int | None = None):
     )
 
 
+def kv_pool(*, max_reqs: int, size: int, ratios: Sequence[int], device: str):
+    """Upstream's DeepSeek-V4 KV pool with DSV4-Pro's head dims, fp8 keys, ``size`` slots in
+    every cache (full == SWA locations, identity mapping) and one layer per entry of ``ratios``."""
+    from sglang.srt.mem_cache.deepseek_v4_memory_pool import DeepSeekV4TokenToKVPool
+
+    pool = DeepSeekV4TokenToKVPool(
+        max_num_reqs=max_reqs,
+        swa_size=size,
+        c4_size=size,
+        c128_size=size,
+        c4_state_pool_size=max_reqs,
+        c128_state_pool_size=max_reqs,
+        page_size=PAGE,
+        swa_page_size=PAGE,
+        dtype=torch.float8_e4m3fn,
+        c4_state_dtype=torch.bfloat16,
+        c128_state_dtype=torch.bfloat16,
+        qk_nope_head_dim=448,
+        qk_rope_head_dim=64,
+        indexer_head_dim=128,
+        layer_num=len(ratios),
+        device=device,
+        enable_memory_saver=False,
+        compression_ratios=list(ratios),
+        kv_source_layers=[],
+        full_size=size,
+    )
+    pool.register_mapping(torch.arange(size, dtype=torch.int64, device=device))
+    return pool
+
+
 class World:
     """Pool + request placement + backend for one step.
 
@@ -327,35 +358,12 @@ class World:
 
     def __init__(self, step: Step, *, q8kv8: bool = False, backend_cls=None, device: str = "cpu"):
         from sglang.srt.layers.attention import deepseek_v4_backend as dsv4
-        from sglang.srt.mem_cache.deepseek_v4_memory_pool import DeepSeekV4TokenToKVPool
 
         self.step = step
         self.device = device
         g = torch.Generator().manual_seed(step.seed)
         self.g = g
-        self.pool = DeepSeekV4TokenToKVPool(
-            max_num_reqs=MAX_REQS,
-            swa_size=SWA_SIZE,
-            c4_size=SWA_SIZE,
-            c128_size=SWA_SIZE,
-            c4_state_pool_size=MAX_REQS,
-            c128_state_pool_size=MAX_REQS,
-            page_size=PAGE,
-            swa_page_size=PAGE,
-            dtype=torch.float8_e4m3fn,
-            c4_state_dtype=torch.bfloat16,
-            c128_state_dtype=torch.bfloat16,
-            qk_nope_head_dim=448,
-            qk_rope_head_dim=64,
-            indexer_head_dim=128,
-            layer_num=len(LAYER_RATIOS),
-            device=device,
-            enable_memory_saver=False,
-            compression_ratios=list(LAYER_RATIOS),
-            kv_source_layers=[],
-            full_size=SWA_SIZE,
-        )
-        self.pool.register_mapping(torch.arange(SWA_SIZE, dtype=torch.int64, device=device))
+        self.pool = kv_pool(max_reqs=MAX_REQS, size=SWA_SIZE, ratios=LAYER_RATIOS, device=device)
         self.req_to_token = torch.zeros(MAX_REQS, MAX_CTX, dtype=torch.int32)
         # Requests get shuffled, non-contiguous pages (page 0 stays unused).
         n_reqs = len(step.seq_lens)

@@ -31,37 +31,42 @@ from sglang_mixgraph.kits.synthetic_step import rel_l2  # noqa: F401  (the GPU t
 DEV = "cuda"
 
 
+def model_runner(
+    pool, req_to_token, *, num_reqs: int, context_len: int, topk: int = K.TOPK, heads: int = K.HEADS
+):
+    """A model-runner stand-in carrying what ``DeepseekV4AttnBackend.__init__`` reads."""
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    cfg = SimpleNamespace(model_type="deepseek_v4", index_topk=topk, num_attention_heads=heads)
+    return SimpleNamespace(
+        device=DEV,
+        page_size=K.PAGE,
+        token_to_kv_pool=pool,
+        req_to_token_pool=SimpleNamespace(req_to_token=req_to_token, size=num_reqs),
+        model_config=SimpleNamespace(
+            context_len=context_len,
+            head_dim=512,
+            v_head_dim=512,
+            hf_text_config=cfg,
+            hf_config=cfg,
+        ),
+        hisparse_coordinator=None,
+        spec_algorithm=SpeculativeAlgorithm.NONE,
+        is_draft_worker=False,
+    )
+
+
 class GpuWorld(K.World):
     """The CPU kit's world on CUDA, with upstream's backend and metadata builder."""
 
     def __init__(self, step: K.Step, *, q8kv8: bool = False):
         super().__init__(step, q8kv8=q8kv8, device=DEV)
 
-    def _model_runner(self):
-        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-        cfg = SimpleNamespace(
-            model_type="deepseek_v4", index_topk=K.TOPK, num_attention_heads=K.HEADS
-        )
-        return SimpleNamespace(
-            device=DEV,
-            page_size=K.PAGE,
-            token_to_kv_pool=self.pool,
-            req_to_token_pool=SimpleNamespace(req_to_token=self.req_to_token, size=K.MAX_REQS),
-            model_config=SimpleNamespace(
-                context_len=K.MAX_CTX,
-                head_dim=512,
-                v_head_dim=512,
-                hf_text_config=cfg,
-                hf_config=cfg,
-            ),
-            hisparse_coordinator=None,
-            spec_algorithm=SpeculativeAlgorithm.NONE,
-            is_draft_worker=False,
-        )
-
     def _make_backend(self, dsv4, cls, q8kv8: bool):
-        backend = cls(self._model_runner())
+        runner = model_runner(
+            self.pool, self.req_to_token, num_reqs=K.MAX_REQS, context_len=K.MAX_CTX
+        )
+        backend = cls(runner)
         if q8kv8:
             backend.dsv4_prefill_backend = "flashmla_sparse_q8"
         return backend
