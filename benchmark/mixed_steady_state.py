@@ -272,15 +272,14 @@ def write_report(data, path):
 def write_plot(data, path) -> bool:
     """Whole-step ms per arm and context (bars); False when matplotlib is missing."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        # The Figure API, not pyplot: pyplot's first figure probes IPython, a stub on the GPU kit.
+        from matplotlib.figure import Figure
     except ImportError:
         return False
     arms = data["environment"]["arms"]
     points = data["points"]
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig = Figure(figsize=(7, 4))
+    ax = fig.subplots()
     width = 0.8 / len(arms)
     for k, arm in enumerate(arms):
         xs = [i + k * width for i in range(len(points))]
@@ -297,7 +296,6 @@ def write_plot(data, path) -> bool:
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
     return True
 
 
