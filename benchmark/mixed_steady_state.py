@@ -34,6 +34,7 @@ import mixed_split_inserver as ins  # the DSV4 deployment and batches (benchmark
 import torch
 
 from sglang_mixgraph.kits import dsv4_gpu  # the breakable-graph replay contexts of the GPU tests
+from sglang_mixgraph.upstream_attrs import BACKEND_SPLIT_LAYERS
 
 DEV = "cuda"
 DECODE, PREFILL, BUCKET = 256, 2560, 2816
@@ -151,6 +152,9 @@ def run_context(context, ratios, arms, reps, rounds, kit, physical):
     from sglang_mixgraph.core import split_cost_model as cm
 
     dep = ins.Deployment(context, DECODE, ratios=ratios[:physical])
+    # The pool holds `physical` layers that the 61 layer calls reuse; adaptive must decide for
+    # the 61 layers a server's pool has (the plan counts its pool's layers once per pool).
+    setattr(dep.backend, BACKEND_SPLIT_LAYERS, (dep.backend.token_to_kv_pool, cm.layer_mix(ratios)))
     live, row_req, positions = ins.make_batch(dep, DECODE, PREFILL)
     static_fb = static_batch(live, dep.pages_per_req * ins.PAGE)
     g = torch.Generator(device=DEV).manual_seed(4)

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 PATCH = "mixed_split"
 RD_PATCH = "replay_read_done"
 DES_PATCH = "drop_empty_segments"
+LW_PATCH = "live_width_indexer"
 WAR_PATCH = "war_snapshot_check"
 RATIOS = (0, 4, 128)
 
@@ -61,6 +62,7 @@ class PhaseRecord:
     ran: bool
     read_done: bool = False  # the -rd variant: replay_read_done and war_snapshot_check on
     drop_empty: bool = False  # the -des variant: drop_empty_segments on
+    live_width: bool = False  # the -lw variant: live_width_indexer on
     error: str = ""
     outputs: dict[str, list[int]] = field(default_factory=dict)
     expected_lens: dict[str, int] = field(default_factory=dict)
@@ -75,7 +77,12 @@ class PhaseRecord:
     @property
     def is_baseline(self) -> bool:
         """A ``<graph>-off`` phase: the tokens every other phase of its graph mode must equal."""
-        return self.split == "off" and not self.read_done and not self.drop_empty
+        return (
+            self.split == "off"
+            and not self.read_done
+            and not self.drop_empty
+            and not self.live_width
+        )
 
 
 @dataclass(frozen=True)
@@ -262,7 +269,29 @@ def check_phase(
     checks.extend(_read_done(rec) if rec.read_done else [_read_done_inactive(rec)])
     if rec.drop_empty:
         checks.append(_drop_empty(rec))
+    if rec.live_width:
+        checks.append(_live_width(rec, mixed_graph))
     return checks
+
+
+def _live_width(rec: PhaseRecord, mixed_graph: int) -> Check:
+    """The live-width variant: every captured c4 indexer became a break, the breaks ran in the
+    replays and narrowed the page table there (the workload's contexts are far below the capture
+    width), and nothing fell back."""
+    ev, fb = _events(rec, LW_PATCH), _fallbacks(rec, LW_PATCH)
+    wrapped, ran, narrowed = (
+        ev.get("layers_wrapped", 0),
+        ev.get("breaks_run", 0),
+        ev.get("breaks_narrowed", 0),
+    )
+    ok = wrapped > 0 and mixed_graph > 0 and ran >= mixed_graph and narrowed > 0 and not fb
+    return Check(
+        rec.name,
+        "live_width_indexer ran the c4 indexer at the live width in replays",
+        ok,
+        f"{wrapped} indexer calls captured as breaks, {ran} breaks run ({narrowed} narrowed) "
+        f"over {mixed_graph} replayed MIXED steps; fallbacks {dict(fb) or 'none'}",
+    )
 
 
 def _drop_empty(rec: PhaseRecord) -> Check:

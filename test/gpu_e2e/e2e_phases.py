@@ -35,6 +35,10 @@ RD_SUFFIX = "-rd"
 # segments (patch drop_empty_segments). Not in the default list; run it by name.
 DES_ENV = {"SGLANG_OPT_BCG_DROP_EMPTY_SEGMENTS": "1"}
 DES_SUFFIX = "-des"
+# The live-width variant <graph>-<split>-lw: the c4 indexer runs at an eager break over the live
+# context in breakable replays (patch live_width_indexer). Not in the default list.
+LW_ENV = {"SGLANG_OPT_DSV4_BCG_LIVE_WIDTH_INDEXER": "1"}
+LW_SUFFIX = "-lw"
 DEFAULT_RD = ("bcg-off", "bcg-always")  # the <graph>-<split> phases run also as -rd by default
 
 # Chunked prefill: every prompt longer than this is split into MIXED steps. With the radix cache
@@ -65,11 +69,12 @@ class Phase:
     split: str
     read_done: bool = False
     drop_empty: bool = False
+    live_width: bool = False
 
     @property
     def name(self) -> str:
         suffix = (RD_SUFFIX if self.read_done else "") + (DES_SUFFIX if self.drop_empty else "")
-        return f"{self.graph}-{self.split}{suffix}"
+        return f"{self.graph}-{self.split}{suffix}{LW_SUFFIX if self.live_width else ''}"
 
     @property
     def baseline(self) -> str:
@@ -117,6 +122,8 @@ class Phase:
             env.update(READ_DONE_ENV)
         if self.drop_empty:
             env.update(DES_ENV)
+        if self.live_width:
+            env.update(LW_ENV)
         if radix:
             env[RADIX_CORE_ENV] = "python"  # the Rust radix core is built for another torch
         return env
@@ -129,6 +136,8 @@ def parse(names: list[str]) -> list[Phase]:
     phases = []
     for name in names:
         base = name
+        live_width = base.endswith(LW_SUFFIX)
+        base = base[: -len(LW_SUFFIX)] if live_width else base
         drop_empty = base.endswith(DES_SUFFIX)
         base = base[: -len(DES_SUFFIX)] if drop_empty else base
         read_done = base.endswith(RD_SUFFIX)
@@ -137,9 +146,9 @@ def parse(names: list[str]) -> list[Phase]:
         if graph not in GRAPHS or split not in SPLITS:
             raise ValueError(
                 f"unknown phase {name!r}: <{'|'.join(GRAPHS)}>-<{'|'.join(SPLITS)}>"
-                f"[{RD_SUFFIX}][{DES_SUFFIX}]"
+                f"[{RD_SUFFIX}][{DES_SUFFIX}][{LW_SUFFIX}]"
             )
-        phases.append(Phase(graph, split, read_done, drop_empty))
+        phases.append(Phase(graph, split, read_done, drop_empty, live_width))
     # Baselines first: every other phase is compared with them.
     return sorted(
         set(phases),
@@ -149,5 +158,6 @@ def parse(names: list[str]) -> list[Phase]:
             GRAPHS.index(p.graph),
             p.read_done,
             p.drop_empty,
+            p.live_width,
         ),
     )

@@ -216,6 +216,7 @@ def collect(phase, work, logs, seconds, timed_out, workload="full") -> dict:
         split=phase.split,
         read_done=phase.read_done,
         drop_empty=phase.drop_empty,
+        live_width=phase.live_width,
         ran=bool(out.get("ok")),
         error=error,
         outputs=out.get("outputs", {}),

@@ -231,6 +231,7 @@ def _rec(
     stubs=(),
     read_done=False,
     drop_empty=False,
+    live_width=False,
     patches=None,
     patch_fallbacks=None,
     ran=True,
@@ -244,6 +245,7 @@ def _rec(
         ran=ran,
         read_done=read_done,
         drop_empty=drop_empty,
+        live_width=live_width,
         outputs=outputs,
         expected_lens={"r0": 3, "r1": 2},
         steps=steps,
@@ -890,3 +892,48 @@ def test_drop_empty_phase_checks_every_capture_was_examined(events, fallbacks, o
     assert (name in _failed(checks)) is not ok
     assert "tokens equal bcg-off" in [c.name for c in checks]
     assert _detail(checks, name).startswith(f"{events.get('captures_checked', 0)} captures checked")
+
+
+# ---- the live-width indexer phases -----------------------------------------------------------
+
+
+def test_live_width_phase_name_env_and_baseline():
+    assert P.parse(["bcg-off-lw"]) == [P.Phase("bcg", "off", live_width=True)]
+    assert P.parse(["bcg-always-rd-lw"]) == [P.Phase("bcg", "always", True, live_width=True)]
+    phase = P.Phase("bcg", "always", live_width=True)
+    assert phase.name == "bcg-always-lw" and phase.baseline == "bcg-off"
+    assert not phase.is_baseline
+    env = phase.env({"SGLANG_OPT_DSV4_BCG_LIVE_WIDTH_INDEXER": "0"}, radix=False)
+    assert env["SGLANG_OPT_DSV4_BCG_LIVE_WIDTH_INDEXER"] == "1"
+    assert not C.PhaseRecord("bcg-off-lw", "off", True, live_width=True).is_baseline
+
+
+@pytest.mark.parametrize(
+    "events, fallbacks, ok",
+    [
+        ({"layers_wrapped": 4, "breaks_run": 90, "breaks_narrowed": 80}, None, True),
+        ({}, None, False),  # the patch never acted
+        ({"layers_wrapped": 4}, None, False),  # captured as breaks, never run at replay
+        ({"layers_wrapped": 4, "breaks_run": 90}, None, False),  # ran, never narrowed
+        ({"layers_wrapped": 4, "breaks_run": 1, "breaks_narrowed": 1}, None, False),  # too few
+        (
+            {"layers_wrapped": 4, "breaks_run": 90, "breaks_narrowed": 80},
+            {"multi_stream": 1},
+            False,
+        ),
+    ],
+)
+def test_live_width_phase_checks_the_breaks_ran_narrowed_in_replays(events, fallbacks, ok):
+    base = _rec("bcg-off", "off", steps=RD_STEPS)
+    rec = _rec(
+        "bcg-off-lw",
+        "off",
+        steps=RD_STEPS,
+        live_width=True,
+        patches={"live_width_indexer": events},
+        patch_fallbacks={"live_width_indexer": fallbacks} if fallbacks else None,
+    )
+    checks = _check(rec, base)
+    name = "live_width_indexer ran the c4 indexer at the live width in replays"
+    assert (name in _failed(checks)) is not ok
+    assert "tokens equal bcg-off" in [c.name for c in checks]

@@ -8,7 +8,6 @@ import logging
 import types
 
 import pytest
-import torch
 from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph import (
     breakable_cuda_graph as bcg,
 )
@@ -17,6 +16,8 @@ from sglang.srt.plugins.hook_registry import HookRegistry
 from sglang_mixgraph import counters
 from sglang_mixgraph import upstream_attrs as attrs
 from sglang_mixgraph.core.graph_segments import BREAK, GRAPH
+from sglang_mixgraph.kits import bcg_cpu
+from sglang_mixgraph.kits.bcg_cpu import Registry
 from sglang_mixgraph.kits.install import installed
 from sglang_mixgraph.patches import drop_empty_segments as des
 from sglang_mixgraph.registry import PatchCheckError, check_attribute, evaluate
@@ -24,61 +25,9 @@ from sglang_mixgraph.registry import PatchCheckError, check_attribute, evaluate
 FLAG = des.DROP_FLAG.name
 
 
-class World:
-    """Stand-ins for what upstream's capture and replay touch on a CUDA device."""
-
-    def __init__(self):
-        self.log: list = []
-        self.capturing = None
-        self.graphs: list = []
-        world = self
-
-        class Graph:
-            def __init__(self, keep_graph=False):
-                self.keep_graph, self.nodes, self.instantiated = keep_graph, 0, False
-                self.id = len(world.graphs)
-                world.graphs.append(self)
-
-            def capture_begin(self, pool=None, capture_error_mode="global"):
-                world.capturing = self
-
-            def capture_end(self):
-                world.capturing = None
-                self.instantiated = not self.keep_graph
-
-            def instantiate(self):
-                self.instantiated = True
-
-            def replay(self):
-                world.log.append((GRAPH, self.id))
-
-        class Stream:
-            def wait_stream(self, other):
-                pass
-
-        self.Graph = Graph
-        self.device = types.SimpleNamespace(Stream=Stream, current_stream=Stream)
-
-    def kernel(self):
-        self.capturing.nodes += 1
-
-
-class Registry:
-    """The dedup registry's surface: ``register(graph)`` returns what replay launches."""
-
-    def __init__(self, world):
-        self.world, self.registered = world, []
-
-    def register(self, graph):
-        self.registered.append(graph)
-        return types.SimpleNamespace(replay=lambda: self.world.log.append((GRAPH, graph.id)))
-
-
 @pytest.fixture
 def world(monkeypatch):
-    w = World()
-    monkeypatch.setattr(torch.cuda, "CUDAGraph", w.Graph)
-    monkeypatch.setattr(bcg, "get_device_module", lambda: w.device)
+    w = bcg_cpu.install(monkeypatch)
     monkeypatch.setattr(des, "capture_node_count", lambda capture: capture._current_graph.nodes)
     counters.reset()
     return w

@@ -48,6 +48,18 @@ def test_arms_differ_only_in_their_own_settings():
     assert kwargs("split-eager")["cuda_graph_backend_prefill"] == "disabled"
 
 
+def test_every_arm_flag_is_a_plugin_or_sglang_flag():
+    """A misspelt flag would leave an arm silently equal to another."""
+    from sglang_mixgraph.patches import all_patches
+
+    known = {f.name for p in all_patches() for f in p.flags} | {"SGLANG_PLUGINS"}
+    for name, arm in A.ARMS.items():
+        assert set(arm.env) <= known, name
+    assert A.ARMS["bcg-auto-lw"].env == dict(
+        A.ARMS["bcg-auto"].env, SGLANG_OPT_DSV4_BCG_LIVE_WIDTH_INDEXER="1"
+    )
+
+
 def test_context_cut_arm_uses_the_workloads_longest_context_page_aligned():
     assert (
         kwargs("bcg-auto-ctx", input_len=2048, output_len=24)["cuda_graph_prefill_max_context"]

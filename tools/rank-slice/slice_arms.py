@@ -24,6 +24,7 @@ POLICY = "SGLANG_MIXGRAPH_SPLIT_POLICY"
 READ_DONE = "SGLANG_OPT_DSV4_REPLAY_READ_DONE"
 BUCKETS = "SGLANG_MIXGRAPH_PREFILL_BUCKETS"
 FORCE_BCG = "SGLANG_EXPERIMENTAL_FORCE_BCG"
+LIVE_WIDTH = "SGLANG_OPT_DSV4_BCG_LIVE_WIDTH_INDEXER"
 # An allowlist that names no installed plugin: SGLang loads none, so the arm is SGLang alone.
 NO_PLUGIN = {"SGLANG_PLUGINS": "none"}
 
@@ -62,6 +63,11 @@ ARMS = {
             "bcg-auto with the capture context width cut to the workload's longest context",
             {BUCKETS: "auto"},
             {"cuda_graph_prefill_max_context": "workload"},
+        ),
+        Arm(
+            "bcg-auto-lw",
+            "bcg-auto with the c4 indexer at an eager break over the live context",
+            {BUCKETS: "auto", LIVE_WIDTH: "1"},
         ),
         Arm(
             "bcg-split-rd-always",

@@ -14,6 +14,7 @@ def all_patches() -> tuple[Patch, ...]:
     from sglang_mixgraph.patches import (
         drop_empty_segments,
         graph_config,
+        live_width_indexer,
         mixed_split,
         replay_read_done,
         war_snapshot_check,
@@ -25,4 +26,5 @@ def all_patches() -> tuple[Patch, ...]:
         war_snapshot_check.PATCH,
         graph_config.PATCH,
         drop_empty_segments.PATCH,
+        live_width_indexer.PATCH,
     )

@@ -1,0 +1,202 @@
+"""SGLANG_OPT_DSV4_BCG_LIVE_WIDTH_INDEXER=1: DeepSeek-V4's c4 indexer scores the live context in
+breakable prefill/MIXED replays, not the capture width.
+
+Upstream captures the c4 indexer (``dsv4.indexer.C4Indexer.forward`` ->
+``C4IndexerBackendMixin.forward_c4_indexer``) inside the breakable graph, at the page table the
+replay metadata is built with: ``DeepseekV4AttnBackend._prefill_graph_context_width``, the pool's
+whole context unless ``--cuda-graph-prefill-max-context`` bounds it. Every replay then computes
+logits ``[rows, width / 4]`` (the torch fallback's work scales with it) and keeps them in the graph
+pool. Here the compressor stays captured and the rest of the indexer (Q, weights, logits, top-k)
+runs as one eager break per c4 layer (``eager_on_graph``, as upstream's V4.1 low-ratio sources
+do), over the page table narrowed to the live batch's longest sequence. Rows stay at the
+bucket's, so the captured DeepGEMM schedule and top-k plans stay valid.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+from collections.abc import Callable
+
+from sglang.srt.plugins.hook_registry import HookType
+
+from sglang_mixgraph import counters
+from sglang_mixgraph.fallback import fallback_once
+from sglang_mixgraph.flags import bool_flag
+from sglang_mixgraph.registry import Hook, Patch
+
+logger = logging.getLogger("sglang_mixgraph")
+
+PATCH_ID = "live_width_indexer"
+INDEXER = "sglang.srt.layers.attention.dsv4.indexer.C4Indexer"
+BCG_MODULE = (
+    "sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph.breakable_cuda_graph"
+)
+BCG_CONTEXT = "sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph.context"
+TC_CONTEXT = "sglang.srt.model_executor.runner_backend_utils.tc_piecewise_cuda_graph"
+REPLAY_TAIL = "sglang.srt.models.deepseek_v4_replay_tail"
+
+FLAG = bool_flag(
+    "SGLANG_OPT_DSV4_BCG_LIVE_WIDTH_INDEXER",
+    False,
+    "DeepSeek-V4 breakable prefill graph: the c4 indexer's logits and top-k run in an eager "
+    "break per c4 layer over the live context instead of the capture width (the compressor "
+    "stays captured).",
+)
+
+FALLBACKS = {
+    "multi_stream": "the c4 indexer runs on its own stream (multi-stream prefill): a break "
+    "there would begin the next segment's capture on that stream",
+    "replay_tail": "a decoder replay-tail graph: its capture pass never computed the "
+    "activations a break would score",
+}
+
+
+def live_pages(seq_lens_cpu, page_size: int, width_pages: int) -> int:
+    """Pages of the page table that hold the longest sequence of the step (at least one, at
+    most the captured width). Padded rows can only make this wider, never narrower."""
+    longest = int(max(seq_lens_cpu)) if len(seq_lens_cpu) else 0
+    return max(1, min(width_pages, -(-longest // page_size)))
+
+
+def _indexer_at_live_width(original, indexer, x, q_lora, attn_backend, q_lora_quant) -> None:
+    """The eager break: upstream's indexer minus its compressor, at the live width. Reads the
+    step from the forward context at run time (the break's arguments are the capture's)."""
+    tc = importlib.import_module(TC_CONTEXT)
+    forward_batch = tc.get_tc_piecewise_forward_context().forward_batch
+    if forward_batch.global_num_token_non_padded_cpu == 0:
+        return  # an idle rank's step: the attention break reads no top-k either
+    meta = attn_backend.forward_metadata.indexer_metadata
+    full = meta.page_table
+    pages = live_pages(forward_batch.seq_lens_cpu, meta.page_size, full.shape[1])
+    meta.page_table = full[:, :pages]  # a view: row stride kept, columns contiguous
+    try:
+        original(
+            indexer,
+            x=x,
+            q_lora=q_lora,
+            forward_batch=forward_batch,
+            attn_backend=attn_backend,
+            skip_compressor=True,
+            q_lora_quant=q_lora_quant,
+        )
+    finally:
+        meta.page_table = full
+    counters.count(PATCH_ID, "breaks_run")
+    if pages < full.shape[1]:
+        counters.count(PATCH_ID, "breaks_narrowed")
+
+
+@functools.cache
+def _break():
+    return importlib.import_module(BCG_MODULE).eager_on_graph(_indexer_at_live_width)
+
+
+def _acts_here(forward_batch, enable_multi_stream: bool) -> bool:
+    """Whether this call is a c4 indexer inside a breakable prefill/MIXED graph that the patch
+    handles; a handled-elsewhere case says why once."""
+    if not importlib.import_module(BCG_CONTEXT).is_in_breakable_cuda_graph():
+        return False
+    if not forward_batch.forward_mode.is_extend():
+        return False
+    if enable_multi_stream:
+        fallback_once(PATCH_ID, FALLBACKS["multi_stream"], key="multi_stream")
+        return False
+    if importlib.import_module(REPLAY_TAIL).in_replay_tail_graph():
+        fallback_once(PATCH_ID, FALLBACKS["replay_tail"], key="replay_tail")
+        return False
+    return True
+
+
+def around_c4_indexer_forward(
+    original,
+    self,
+    x,
+    q_lora,
+    forward_batch,
+    attn_backend,
+    enable_multi_stream=False,
+    q_lora_ready=None,
+    skip_compressor=False,
+    q_lora_quant=None,
+):
+    """Compressor captured, the rest of the indexer an eager break at the live width."""
+    if not FLAG.get() or not _acts_here(forward_batch, enable_multi_stream):
+        return original(
+            self,
+            x=x,
+            q_lora=q_lora,
+            forward_batch=forward_batch,
+            attn_backend=attn_backend,
+            enable_multi_stream=enable_multi_stream,
+            q_lora_ready=q_lora_ready,
+            skip_compressor=skip_compressor,
+            q_lora_quant=q_lora_quant,
+        )
+    if not skip_compressor:
+        # Upstream's _forward_prepare_normal runs it after Q and weights; nothing it writes
+        # is read by them, and the logits (in the break) still come after it.
+        attn_backend.forward_indexer_compressor(
+            x=x,
+            forward_batch=forward_batch,
+            layer_id=self.layer_id,
+            compressor=self.compressor,
+        )
+    counters.count(PATCH_ID, "layers_wrapped")
+    return _break()(original, self, x, q_lora, attn_backend, q_lora_quant)
+
+
+def explain_for_deployment(plan) -> str:
+    """For `plan`: whether this deployment's (a graph_plan.GraphPlan) c4 indexer breaks."""
+    facts, prefill = plan.facts, plan.prefill
+    if not facts.deepseek_v4:
+        return "not a DeepSeek-V4 model: no c4 indexer"
+    if prefill.backend != "breakable" or not prefill.buckets:
+        return "no breakable prefill graph: eager steps already score the live context"
+    return (
+        "each c4 layer's indexer logits and top-k run in an eager break at the live context "
+        "(one more segment per c4 layer); the compressor stays captured"
+    )
+
+
+HOOKS = (
+    Hook(
+        f"{INDEXER}.forward",
+        "method",
+        "self, x, q_lora, forward_batch, attn_backend, enable_multi_stream, q_lora_ready, "
+        "skip_compressor, q_lora_quant",
+        HookType.AROUND,
+        around_c4_indexer_forward,
+    ),
+)
+
+PATCH = Patch(
+    id=PATCH_ID,
+    summary="DSV4 breakable prefill graph: c4 indexer logits and top-k at the live context",
+    flags=(FLAG,),
+    hooks=HOOKS,
+    is_enabled=lambda: bool(FLAG.get()),
+    explain=explain_for_deployment,
+    why=(
+        "upstream captures DeepSeek-V4's c4 indexer in the breakable prefill graph at the "
+        "capture width (the whole context unless --cuda-graph-prefill-max-context bounds it): "
+        "every replay scores rows x width/4 logits, which the torch fallback pays in time and "
+        "every install in graph-pool memory"
+    ),
+    how=(
+        "the compressor stays captured; Q, weights, logits and top-k run in one eager break per "
+        "c4 layer (eager_on_graph) over the page table narrowed to the step's longest sequence; "
+        "rows stay the bucket's, so the captured schedules hold"
+    ),
+    retired_by=(
+        "upstream's C4Indexer running its logits at an eager break or at a live-width page "
+        "table in breakable replays (as its V4.1 low-ratio sources do)"
+    ),
+    reads=(
+        (f"{BCG_MODULE}.eager_on_graph", Callable),
+        (f"{BCG_CONTEXT}.is_in_breakable_cuda_graph", Callable),
+        (f"{TC_CONTEXT}.get_tc_piecewise_forward_context", Callable),
+        (f"{REPLAY_TAIL}.in_replay_tail_graph", Callable),
+    ),
+)
