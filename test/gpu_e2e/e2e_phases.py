@@ -36,8 +36,12 @@ RD_SUFFIX = "-rd"
 DES_ENV = {"SGLANG_OPT_BCG_DROP_EMPTY_SEGMENTS": "1"}
 DES_SUFFIX = "-des"
 # The live-width variant <graph>-<split>-lw: the c4 indexer runs at an eager break over the live
-# context in breakable replays (patch live_width_indexer). Not in the default list.
-LW_ENV = {"SGLANG_OPT_DSV4_BCG_LIVE_WIDTH_INDEXER": "1"}
+# context in breakable replays (patch live_width_indexer), which needs upstream's attention
+# stream overlap off (the indexer would run on a side stream in captures). Not in the default list.
+LW_ENV = {
+    "SGLANG_OPT_DSV4_BCG_LIVE_WIDTH_INDEXER": "1",
+    "SGLANG_OPT_USE_MULTI_STREAM_OVERLAP": "0",
+}
 LW_SUFFIX = "-lw"
 DEFAULT_RD = ("bcg-off", "bcg-always")  # the <graph>-<split> phases run also as -rd by default
 

@@ -905,6 +905,7 @@ def test_live_width_phase_name_env_and_baseline():
     assert not phase.is_baseline
     env = phase.env({"SGLANG_OPT_DSV4_BCG_LIVE_WIDTH_INDEXER": "0"}, radix=False)
     assert env["SGLANG_OPT_DSV4_BCG_LIVE_WIDTH_INDEXER"] == "1"
+    assert env["SGLANG_OPT_USE_MULTI_STREAM_OVERLAP"] == "0"  # the indexer on the main stream
     assert not C.PhaseRecord("bcg-off-lw", "off", True, live_width=True).is_baseline
 
 

@@ -205,3 +205,21 @@ def test_flag_off_leaves_upstream_untouched():
     with installed((lw.PATCH,), {lw.FLAG.name: "0"}) as (status,):
         assert not status.enabled
         assert upstream_indexer.C4Indexer.forward.__qualname__ == "C4Indexer.forward"
+
+
+@pytest.mark.parametrize(
+    ("overlap", "says"),
+    [(None, "falls back to upstream"), ("1", "falls back"), ("0", "eager break")],
+)
+def test_plan_says_what_the_patch_does_with_the_stream_overlap(monkeypatch, overlap, says):
+    if overlap is None:
+        monkeypatch.delenv(lw.MULTI_STREAM_FLAG, raising=False)  # upstream's default: on
+    else:
+        monkeypatch.setenv(lw.MULTI_STREAM_FLAG, overlap)
+    plan = types.SimpleNamespace(
+        facts=types.SimpleNamespace(deepseek_v4=True),
+        prefill=types.SimpleNamespace(backend="breakable", buckets=[2816]),
+    )
+    assert says in lw.explain_for_deployment(plan)
+    plan.prefill.backend = "disabled"
+    assert "no breakable prefill graph" in lw.explain_for_deployment(plan)

@@ -25,6 +25,7 @@ READ_DONE = "SGLANG_OPT_DSV4_REPLAY_READ_DONE"
 BUCKETS = "SGLANG_MIXGRAPH_PREFILL_BUCKETS"
 FORCE_BCG = "SGLANG_EXPERIMENTAL_FORCE_BCG"
 LIVE_WIDTH = "SGLANG_OPT_DSV4_BCG_LIVE_WIDTH_INDEXER"
+ONE_STREAM = {"SGLANG_OPT_USE_MULTI_STREAM_OVERLAP": "0"}  # upstream's DSV4 stream overlap off
 # An allowlist that names no installed plugin: SGLang loads none, so the arm is SGLang alone.
 NO_PLUGIN = {"SGLANG_PLUGINS": "none"}
 
@@ -65,9 +66,14 @@ ARMS = {
             {"cuda_graph_prefill_max_context": "workload"},
         ),
         Arm(
+            "bcg-auto-1s",
+            "bcg-auto with upstream's attention stream overlap off",
+            {BUCKETS: "auto", **ONE_STREAM},
+        ),
+        Arm(
             "bcg-auto-lw",
-            "bcg-auto with the c4 indexer at an eager break over the live context",
-            {BUCKETS: "auto", LIVE_WIDTH: "1"},
+            "bcg-auto-1s with the c4 indexer at an eager break over the live context",
+            {BUCKETS: "auto", LIVE_WIDTH: "1", **ONE_STREAM},
         ),
         Arm(
             "bcg-split-rd-always",

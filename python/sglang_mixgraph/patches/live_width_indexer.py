@@ -9,7 +9,9 @@ logits ``[rows, width / 4]`` (the torch fallback's work scales with it) and keep
 pool. Here the compressor stays captured and the rest of the indexer (Q, weights, logits, top-k)
 runs as one eager break per c4 layer (``eager_on_graph``, as upstream's V4.1 low-ratio sources
 do), over the page table narrowed to the live batch's longest sequence. Rows stay at the
-bucket's, so the captured DeepGEMM schedule and top-k plans stay valid.
+bucket's, so the captured DeepGEMM schedule and top-k plans stay valid. It acts with upstream's
+stream overlap off (SGLANG_OPT_USE_MULTI_STREAM_OVERLAP=0): with it on, the indexer runs on a
+side stream in captures, where a break cannot go; the patch then falls back and says so.
 """
 
 from __future__ import annotations
@@ -45,9 +47,14 @@ FLAG = bool_flag(
     "stays captured).",
 )
 
+# Upstream's own switch of the DSV4 attention's stream overlap (sglang.srt.environ.envs).
+MULTI_STREAM_FLAG = "SGLANG_OPT_USE_MULTI_STREAM_OVERLAP"
+
 FALLBACKS = {
-    "multi_stream": "the c4 indexer runs on its own stream (multi-stream prefill): a break "
-    "there would begin the next segment's capture on that stream",
+    "multi_stream": "the c4 indexer runs on a side stream in breakable captures (upstream's "
+    f"stream overlap, {MULTI_STREAM_FLAG}=1, its default): a break there would end the segment "
+    "with the side streams unjoined; set "
+    f"{MULTI_STREAM_FLAG}=0 for the live-width indexer (it gives up that overlap)",
     "replay_tail": "a decoder replay-tail graph: its capture pass never computed the "
     "activations a break would score",
 }
@@ -86,6 +93,12 @@ def _indexer_at_live_width(original, indexer, x, q_lora, attn_backend, q_lora_qu
     counters.count(PATCH_ID, "breaks_run")
     if pages < full.shape[1]:
         counters.count(PATCH_ID, "breaks_narrowed")
+
+
+def _multi_stream_on() -> bool:
+    from sglang.srt.environ import envs
+
+    return bool(getattr(envs, MULTI_STREAM_FLAG).get())
 
 
 @functools.cache
@@ -154,6 +167,8 @@ def explain_for_deployment(plan) -> str:
         return "not a DeepSeek-V4 model: no c4 indexer"
     if prefill.backend != "breakable" or not prefill.buckets:
         return "no breakable prefill graph: eager steps already score the live context"
+    if _multi_stream_on():
+        return f"falls back to upstream: {FALLBACKS['multi_stream']}"
     return (
         "each c4 layer's indexer logits and top-k run in an eager break at the live context "
         "(one more segment per c4 layer); the compressor stays captured"
