@@ -48,6 +48,15 @@ def test_arms_differ_only_in_their_own_settings():
     assert kwargs("split-eager")["cuda_graph_backend_prefill"] == "disabled"
 
 
+def test_probe_and_ab_configuration_leave_the_same_room_for_the_capture():
+    import tomllib
+
+    config = tomllib.loads((SLICE / "ab_slice.toml").read_text())
+    args = config["server"]["args"]
+    fraction = float(args[args.index("--mem-fraction-static") + 1])
+    assert kwargs("bcg-auto-lw")["mem_fraction_static"] == fraction == A.MEM_FRACTION
+
+
 def test_every_arm_flag_is_a_plugin_or_sglang_flag():
     """A misspelt flag would leave an arm silently equal to another."""
     from sglang.srt.environ import envs

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 CHUNK = 2816  # chunked prefill per rank: 2560 prefill tokens + 256 decode rows when steady
 RUNNING = 256  # running requests per rank
 PAGE = 256  # the DeepSeek-V4 backend's page size
+MEM_FRACTION = 0.75
 SWA_WINDOW = 128
 # Decode graph buckets: a short list keeps 61-layer decode capture quick; the same in every arm.
 DECODE_BUCKETS = [16, 32, 64, 128, 192, 256]
@@ -132,7 +133,10 @@ def engine_kwargs(
         dsa_topk_backend="torch",
         moe_runner_backend="triton",
         cuda_graph_bs_decode=DECODE_BUCKETS,
-        mem_fraction_static=0.85,
+        # The KV pool is capped by max_total_tokens (the same in every arm); at 0.85 the rest left
+        # too little room for the breakable capture estimate on the H200, which turned the
+        # graph off in the breakable arms (docs/results/rank_slice_h200.md). 0.75 as ab_slice.toml.
+        mem_fraction_static=MEM_FRACTION,
         disable_radix_cache=not radix,
         random_seed=1,
         log_level="info",
