@@ -863,16 +863,20 @@ def test_drop_empty_phase_name_env_and_baseline():
         P.parse(["bcg-off-dse"])
 
 
-def _des(events, fallbacks=None, **kw):
+def _variant(suffix, patch, events, fallbacks=None, **kw):
+    """A ``bcg-off<suffix>`` phase record whose one extra patch counted ``events``."""
     return _rec(
-        "bcg-off-des",
+        f"bcg-off{suffix}",
         "off",
         steps=RD_STEPS,
-        drop_empty=True,
-        patches={"drop_empty_segments": events},
-        patch_fallbacks={"drop_empty_segments": fallbacks} if fallbacks else None,
+        patches={patch: events},
+        patch_fallbacks={patch: fallbacks} if fallbacks else None,
         **kw,
     )
+
+
+def _des(events, fallbacks=None, **kw):
+    return _variant("-des", "drop_empty_segments", events, fallbacks, drop_empty=True, **kw)
 
 
 @pytest.mark.parametrize(
@@ -926,14 +930,7 @@ def test_live_width_phase_name_env_and_baseline():
 )
 def test_live_width_phase_checks_the_breaks_ran_narrowed_in_replays(events, fallbacks, ok):
     base = _rec("bcg-off", "off", steps=RD_STEPS)
-    rec = _rec(
-        "bcg-off-lw",
-        "off",
-        steps=RD_STEPS,
-        live_width=True,
-        patches={"live_width_indexer": events},
-        patch_fallbacks={"live_width_indexer": fallbacks} if fallbacks else None,
-    )
+    rec = _variant("-lw", "live_width_indexer", events, fallbacks, live_width=True)
     checks = _check(rec, base)
     name = "live_width_indexer ran the c4 indexer at the live width in replays"
     assert (name in _failed(checks)) is not ok
