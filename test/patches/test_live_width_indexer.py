@@ -6,6 +6,7 @@ end-to-end phase's question (``bcg-<split>-lw``)."""
 
 from __future__ import annotations
 
+import inspect
 import logging
 import types
 
@@ -202,9 +203,13 @@ def test_unhandled_captures_fall_back_to_upstream_and_say_so_once(world, monkeyp
 
 
 def test_flag_off_leaves_upstream_untouched():
+    raw = inspect.getattr_static(upstream_indexer.C4Indexer, "forward")
     with installed((lw.PATCH,), {lw.FLAG.name: "0"}) as (status,):
         assert not status.enabled
-        assert upstream_indexer.C4Indexer.forward.__qualname__ == "C4Indexer.forward"
+        assert inspect.getattr_static(upstream_indexer.C4Indexer, "forward") is raw
+    with installed((lw.PATCH,), ON) as (status,):  # the same check sees an installed hook
+        assert status.enabled
+        assert inspect.getattr_static(upstream_indexer.C4Indexer, "forward") is not raw
 
 
 @pytest.mark.parametrize(
