@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import logging
 from collections.abc import Callable
 
 from sglang.srt.plugins.hook_registry import HookType
@@ -27,8 +26,6 @@ from sglang_mixgraph import counters
 from sglang_mixgraph.fallback import fallback_once
 from sglang_mixgraph.flags import bool_flag
 from sglang_mixgraph.registry import Hook, Patch
-
-logger = logging.getLogger("sglang_mixgraph")
 
 PATCH_ID = "live_width_indexer"
 INDEXER = "sglang.srt.layers.attention.dsv4.indexer.C4Indexer"
