@@ -64,6 +64,17 @@ def test_boundary_rejects_bad_inputs():
         compute_mixed_boundary(torch.tensor([5, 1]), 1)  # no device/host tensors: host lists only
     with pytest.raises(TypeError):
         compute_mixed_boundary([5.5, 1], 1)
+    with pytest.raises(ValueError):
+        compute_mixed_boundary([-3, 1, 1], 1)
+    with pytest.raises(ValueError):
+        compute_mixed_boundary([4, 1, 0], 2)  # a decode request extending by 0
+
+
+def test_boundary_takes_plain_and_integral_lengths_alike():
+    plain = compute_mixed_boundary([300, 0, 1, 1], 2, num_rows=310)
+    assert (plain.num_prefill_reqs, plain.num_decode_reqs, plain.b0) == (2, 2, 300)
+    assert compute_mixed_boundary((300.0, 0, 1, 1.0), 2, num_rows=310) == plain
+    assert compute_mixed_boundary(iter([300, 0, 1, 1]), 2, num_rows=310) == plain
 
 
 @settings(max_examples=100, deadline=None)

@@ -76,8 +76,11 @@ def _host_ints(values: Iterable, name: str) -> list[int]:
     if isinstance(values, torch.Tensor):
         # A device tensor here would force a synchronization; the boundary is host math.
         raise TypeError(f"{name} must be a host list of ints, not a tensor")
+    listed = list(values)
+    if set(map(type, listed)) <= {int}:  # the scheduler's lists: plain ints, checked in C
+        return listed
     out = []
-    for v in values:
+    for v in listed:
         if isinstance(v, bool) or not isinstance(v, int):
             try:
                 iv = int(v)
@@ -106,10 +109,10 @@ def compute_mixed_boundary(
     if d < 0 or d > len(lens):
         raise ValueError(f"num_decode_reqs={d} outside [0, {len(lens)}]")
     p = len(lens) - d
-    if any(x < 0 for x in lens):
+    if lens and min(lens) < 0:
         raise ValueError("extend lengths must be non-negative")
     tail = lens[p:]
-    if any(x != 1 for x in tail):
+    if tail.count(1) != len(tail):
         raise ValueError(f"decode requests must extend by exactly 1 token, got {tail}")
     b0 = sum(lens[:p])
     total = b0 + d
