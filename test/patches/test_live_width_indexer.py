@@ -57,6 +57,7 @@ def _batch(seq_lens, mode=ForwardMode.MIXED, live_rows=ROWS):
     return types.SimpleNamespace(
         forward_mode=mode,
         seq_lens_cpu=torch.tensor(seq_lens),
+        input_ids=torch.zeros(ROWS, dtype=torch.int64),  # the bucket's rows
         global_num_token_non_padded_cpu=live_rows,
     )
 

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from sglang.srt.plugins.hook_registry import HookType
 
 from sglang_mixgraph import counters
+from sglang_mixgraph.core.attention_rows import batch_attention_rows
 from sglang_mixgraph.fallback import fallback_once
 from sglang_mixgraph.flags import bool_flag
 from sglang_mixgraph.registry import Hook, Patch
@@ -69,7 +70,7 @@ def _indexer_at_live_width(original, indexer, x, q_lora, attn_backend, q_lora_qu
     step from the forward context at run time (the break's arguments are the capture's)."""
     tc = importlib.import_module(TC_CONTEXT)
     forward_batch = tc.get_tc_piecewise_forward_context().forward_batch
-    if forward_batch.global_num_token_non_padded_cpu == 0:
+    if batch_attention_rows(forward_batch) == 0:
         return  # an idle rank's step: the attention break reads no top-k either
     meta = attn_backend.forward_metadata.indexer_metadata
     full = meta.page_table
