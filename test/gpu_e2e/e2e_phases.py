@@ -77,8 +77,12 @@ class Phase:
 
     @property
     def name(self) -> str:
-        suffix = (RD_SUFFIX if self.read_done else "") + (DES_SUFFIX if self.drop_empty else "")
-        return f"{self.graph}-{self.split}{suffix}{LW_SUFFIX if self.live_width else ''}"
+        suffix = (
+            (RD_SUFFIX if self.read_done else "")
+            + (DES_SUFFIX if self.drop_empty else "")
+            + (LW_SUFFIX if self.live_width else "")
+        )
+        return f"{self.graph}-{self.split}{suffix}"
 
     @property
     def baseline(self) -> str:
