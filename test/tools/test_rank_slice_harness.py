@@ -72,6 +72,11 @@ def test_every_arm_flag_is_a_plugin_or_sglang_flag():
     assert A.ARMS["bcg-auto-1s"].env == dict(
         A.ARMS["bcg-auto"].env, SGLANG_OPT_USE_MULTI_STREAM_OVERLAP="0"
     )
+    assert A.ARMS["bcg-split-rd-lw"].env == dict(
+        A.ARMS["bcg-split-rd-always"].env,
+        SGLANG_OPT_DSV4_BCG_LIVE_WIDTH_INDEXER="1",
+        SGLANG_OPT_USE_MULTI_STREAM_OVERLAP="0",
+    )
 
 
 def test_context_cut_arm_uses_the_workloads_longest_context_page_aligned():
@@ -257,3 +262,12 @@ def test_warm_config_serves_the_measured_cell_once():
     assert config.arms[0].name == "forced-bcg" and config.sweep.repeats == 1
     assert dataclasses.replace(config.sweep, repeats=full.sweep.repeats) == full.sweep
     assert config.server == full.server and not config.gsm8k.enabled
+
+
+def test_ab_arms_set_the_probe_arms_flags():
+    """An ab arm and the probe arm of the same name must be the same configuration."""
+    import tomllib
+
+    config = tomllib.loads((SLICE / "ab_slice.toml").read_text())
+    for arm in config["arm"]:
+        assert arm.get("env", {}) == A.ARMS[arm["name"]].env, arm["name"]

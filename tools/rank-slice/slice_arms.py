@@ -88,6 +88,12 @@ ARMS = {
             {BUCKETS: "auto", SPLIT: "1", POLICY: "adaptive", READ_DONE: "1"},
             _bcg(),
         ),
+        Arm(
+            "bcg-split-rd-lw",
+            "bcg-split-rd-always with the c4 indexer at the live width (stream overlap off)",
+            {BUCKETS: "auto", SPLIT: "1", POLICY: "always", READ_DONE: "1", LIVE_WIDTH: "1", **ONE_STREAM},
+            _bcg(),
+        ),
     ]
 }
 
