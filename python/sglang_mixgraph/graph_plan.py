@@ -252,6 +252,7 @@ def model_shape(server_args, prefill_max_context: int | None = None) -> ModelSha
     from sglang.srt.configs.model_config import is_deepseek_v4
 
     from sglang_mixgraph.core.capture_memory import SparseIndexerShape
+    from sglang_mixgraph.patches import live_width_indexer
 
     cfg = resolving_view(server_args)
     mc = model_config_of(server_args)
@@ -281,6 +282,7 @@ def model_shape(server_args, prefill_max_context: int | None = None) -> ModelSha
             swa_window=int(getattr(text, "sliding_window", 128) or 128),
             index_heads=int(getattr(text, "index_n_heads", 64) or 64),
             torch_logits=bool(envs.SGLANG_FP8_PAGED_MQA_LOGITS_TORCH.get()),
+            logits_eager=live_width_indexer.acts_in_captures(),
         )
     return ModelShape(hidden_size=hidden, hidden_multiplier=hc, sparse=sparse)
 

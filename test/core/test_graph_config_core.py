@@ -210,6 +210,30 @@ def test_graph_pool_keeps_the_largest_buckets_activations():
         assert 0.75 <= total / measured_mib <= 1.25, (width, total)
 
 
+def test_eager_indexer_logits_leave_the_graph_pool():
+    """The live-width indexer patch's capture of the 2816 bucket (W=8192, torch logits) took
+    6.5 GiB on the H200, against 16.2 GiB with the logits captured."""
+    from sglang_mixgraph.core.capture_memory import ACTIVATION_BYTES_PER_TOKEN
+
+    def shape(eager):
+        return ModelShape(
+            hidden_size=7168,
+            hidden_multiplier=4,
+            sparse=SparseIndexerShape(
+                index_topk=1024,
+                context_width=8192,
+                torch_logits=True,
+                logits_eager=eager,
+            ),
+        )
+
+    buckets = [16, 1408, 2816]
+    captured, eager = (estimate_capture_bytes(buckets, shape(e)).terms for e in (False, True))
+    assert eager["dsv4_indexer_logits"] == 0 < captured["dsv4_indexer_logits"]
+    assert eager["graph_pool_activations"] == 2816 * ACTIVATION_BYTES_PER_TOKEN
+    assert captured["graph_pool_activations"] > eager["graph_pool_activations"]
+    assert eager["dsv4_captured_metadata"] == captured["dsv4_captured_metadata"]
+
 def test_budget_and_verdict():
     decode = decode_graph_reserve_bytes(
         decode_max_bs=512, decode_graph_on=True, attn_dp_enabled=True, attn_dp_size=8

@@ -315,6 +315,23 @@ def test_reference_plan_contents(flags):
     )
 
 
+
+def test_live_width_indexer_takes_the_logits_out_of_the_estimate(flags):
+    """With the patch acting, the indexer's logits are eager: neither logits term is counted;
+    with upstream's stream overlap on the patch falls back, so the estimate keeps them."""
+    flags(SGLANG_FP8_PAGED_MQA_LOGITS_TORCH="1")
+    base = plan_of(reference())[1]["capture_memory"]["estimate"]
+    flags(SGLANG_OPT_DSV4_BCG_LIVE_WIDTH_INDEXER="1", SGLANG_OPT_USE_MULTI_STREAM_OVERLAP="1")
+    assert plan_of(reference())[1]["capture_memory"]["estimate"] == base
+    flags(SGLANG_OPT_USE_MULTI_STREAM_OVERLAP="0")
+    eager = plan_of(reference())[1]["capture_memory"]["estimate"]
+    assert eager["terms"]["dsv4_indexer_logits"] == 0 < base["terms"]["dsv4_indexer_logits"]
+    # the pool keeps the largest bucket's activations alone, not its per-head logits at 1M
+    assert eager["terms"]["graph_pool_activations"] == 2816 * int(1.5 * (1 << 20))
+    assert base["terms"]["graph_pool_activations"] > 300 * eager["terms"]["graph_pool_activations"]
+    # at the reference's 1M width only the estimate without the logits fits the mixed band
+    assert (base["buckets"], eager["buckets"]) == (10, 17)
+
 BAND = [2592, 2624, 2656, 2688, 2720, 2752, 2784]  # 256-token pages: mixed steps 2561..2816
 
 

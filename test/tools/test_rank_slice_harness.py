@@ -271,3 +271,16 @@ def test_ab_arms_set_the_probe_arms_flags():
     config = tomllib.loads((SLICE / "ab_slice.toml").read_text())
     for arm in config["arm"]:
         assert arm.get("env", {}) == A.ARMS[arm["name"]].env, arm["name"]
+
+
+def test_driver_compares_tokens_with_upstream_or_the_first_arm():
+    drv = _load("run_slice_probe")
+    a, b, c = ({"outputs": o} for o in ([[1, 2], [3]], [[1, 2], [4]], [[1, 2], [3]]))
+    assert drv.token_equality({"bcg-auto-1s": a, "bcg-auto-lw": b}) == [
+        "tokens equal to bcg-auto-1s: bcg-auto-lw: 1/2 requests"
+    ]
+    assert drv.token_equality({"bcg-auto": b, "upstream": a, "installed": c}) == [
+        "tokens equal to upstream: bcg-auto: 1/2 requests",
+        "tokens equal to upstream: installed: 2/2 requests",
+    ]
+    assert drv.token_equality({"upstream": a}) == []

@@ -141,6 +141,18 @@ def counters(log_text: str) -> dict:
     return last
 
 
+def token_equality(arms: dict) -> list[str]:
+    """Greedy tokens of each finished arm against upstream's where it ran, else the first arm's
+    (a patch's own baseline arm)."""
+    ref = "upstream" if "upstream" in arms else next(iter(arms), None)
+    lines = []
+    for n, a in arms.items():
+        if n != ref:
+            same = sum(x == y for x, y in zip(a["outputs"], arms[ref]["outputs"], strict=False))
+            lines.append(f"tokens equal to {ref}: {n}: {same}/{len(a['outputs'])} requests")
+    return lines
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("arms", nargs="+", help=f"of {sorted(A.ARMS)}")
@@ -246,12 +258,8 @@ def main() -> int:
         if not entry["ok"]:
             log(f"   log tail: {entry['log_tail'][-2500:]}")
     ok = {n: a for n, a in report["arms"].items() if a["ok"]}
-    if "upstream" in ok:
-        for n, a in ok.items():
-            same = sum(
-                x == y for x, y in zip(a["outputs"], ok["upstream"]["outputs"], strict=False)
-            )
-            log(f"tokens equal to upstream: {n}: {same}/{len(a['outputs'])} requests")
+    for line in token_equality(ok):
+        log(line)
     with open(os.path.join(args.out, "rank_slice_probe.json"), "w") as f:
         json.dump(report, f)
     with tarfile.open(os.path.join(args.out, "arm_logs.tgz"), "w:gz") as tar:

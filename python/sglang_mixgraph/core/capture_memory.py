@@ -37,6 +37,9 @@ Needed, for buckets b_1..b_n (tokens per rank), largest b_max:
     Upstream's DSV4 rule says this scratch "is pinned in the capture pool and OOMs"
     (`arg_groups.cuda_graph_hook.disable_breakable_cudagraph_if_incompatible`); we take
     that at its word and count it for every bucket (conservative).
+  Neither logits term is counted when the live-width indexer patch acts: it computes the
+  logits in an eager break, outside the pool (its capture of the 2816 bucket took 6.4 GiB
+  against 15.8 GiB without it, same launch, docs/results/rank_slice_h200.md).
 
 Available: the GPU memory outside the static fraction, total x (1 - mem_fraction_static)
 (weights and the KV pool live inside the fraction; `memory_hook.handle_gpu_memory_settings`),
@@ -92,6 +95,8 @@ class SparseIndexerShape:
     scalar_ints_per_token: int = 16
     index_heads: int = 64
     torch_logits: bool = False  # the indexer's logits in torch (per head), not deep_gemm
+    # The live-width indexer patch runs the logits in an eager break: outside the graph pool.
+    logits_eager: bool = False
 
     def metadata_bytes_per_token(self) -> int:
         ints = (
@@ -104,13 +109,15 @@ class SparseIndexerShape:
         return 4 * ints
 
     def logits_bytes_per_token(self) -> int:
+        if self.logits_eager:
+            return 0
         cols = _ceil_div(self.context_width, self.c4_ratio)
         cols = _ceil_div(cols, LOGITS_ROW_ALIGN) * LOGITS_ROW_ALIGN
         return cols * LOGITS_BYTES_PER_ELEM
 
     def torch_logits_peak_bytes_per_token(self) -> int:
         """Per-head fp32 logits over W/4 columns, the copies alive at the peak (torch path)."""
-        if not self.torch_logits:
+        if not self.torch_logits or self.logits_eager:
             return 0
         cols = _ceil_div(self.context_width, self.c4_ratio)
         return TORCH_LOGITS_LIVE_COPIES * self.index_heads * cols * LOGITS_BYTES_PER_ELEM

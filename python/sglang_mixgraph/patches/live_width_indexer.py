@@ -99,6 +99,12 @@ def _multi_stream_on() -> bool:
     return bool(getattr(envs, MULTI_STREAM_FLAG).get())
 
 
+def acts_in_captures() -> bool:
+    """Whether breakable captures of this process run the indexer's logits in the patch's eager
+    break (the capture-memory estimate then leaves them out of the graph pool)."""
+    return bool(FLAG.get()) and not _multi_stream_on()
+
+
 @functools.cache
 def _break():
     return importlib.import_module(BCG_MODULE).eager_on_graph(_indexer_at_live_width)
