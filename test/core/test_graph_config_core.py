@@ -234,6 +234,7 @@ def test_eager_indexer_logits_leave_the_graph_pool():
     assert captured["graph_pool_activations"] > eager["graph_pool_activations"]
     assert eager["dsv4_captured_metadata"] == captured["dsv4_captured_metadata"]
 
+
 def test_budget_and_verdict():
     decode = decode_graph_reserve_bytes(
         decode_max_bs=512, decode_graph_on=True, attn_dp_enabled=True, attn_dp_size=8

@@ -315,7 +315,6 @@ def test_reference_plan_contents(flags):
     )
 
 
-
 def test_live_width_indexer_takes_the_logits_out_of_the_estimate(flags):
     """With the patch acting, the indexer's logits are eager: neither logits term is counted;
     with upstream's stream overlap on the patch falls back, so the estimate keeps them."""
@@ -331,6 +330,7 @@ def test_live_width_indexer_takes_the_logits_out_of_the_estimate(flags):
     assert base["terms"]["graph_pool_activations"] > 300 * eager["terms"]["graph_pool_activations"]
     # at the reference's 1M width only the estimate without the logits fits the mixed band
     assert (base["buckets"], eager["buckets"]) == (10, 17)
+
 
 BAND = [2592, 2624, 2656, 2688, 2720, 2752, 2784]  # 256-token pages: mixed steps 2561..2816
 

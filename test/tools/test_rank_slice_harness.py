@@ -284,3 +284,19 @@ def test_driver_compares_tokens_with_upstream_or_the_first_arm():
         "tokens equal to upstream: installed: 2/2 requests",
     ]
     assert drv.token_equality({"upstream": a}) == []
+
+
+def test_host_table_sums_self_cpu_time_and_counts_launches():
+    ev = types.SimpleNamespace
+    events = [
+        ev(name="aten::copy_", device_type="DeviceType.CPU", self_cpu_time_total=300.0),
+        ev(name="aten::copy_", device_type="DeviceType.CPU", self_cpu_time_total=200.0),
+        ev(name="cudaLaunchKernel", device_type="DeviceType.CPU", self_cpu_time_total=50.0),
+        ev(name="cudaGraphLaunch", device_type="DeviceType.CPU", self_cpu_time_total=20.0),
+        ev(name="gemm", device_type="DeviceType.CUDA", self_cpu_time_total=0.0),
+    ]
+    table = probe.host_table(types.SimpleNamespace(events=lambda: events))
+    assert table["host_self_ms_total"] == 0.57
+    assert table["host_ops"][0] == {"name": "aten::copy_", "ms": 0.5, "count": 2}
+    assert table["launches"]["cudaLaunchKernel"] == 1 and table["launches"]["cudaGraphLaunch"] == 1
+    assert "gemm" not in [k["name"] for k in table["host_ops"]]

@@ -253,6 +253,13 @@ def main() -> int:
             log(
                 f"   profile step {json.dumps(p['step'])}: kernels {p['kernel_ms_total']} ms; {top}"
             )
+            if "host_ops" in p:
+                host = ", ".join(
+                    f"{k['name'][:60]} {k['ms']} x{k['count']}" for k in p["host_ops"][:12]
+                )
+                log(
+                    f"   host {p['host_self_ms_total']} ms self CPU; launches {json.dumps(p['launches'])}; {host}"
+                )
         if entry["counters"]:
             log(f"   counters {json.dumps(entry['counters'])}")
         if not entry["ok"]:

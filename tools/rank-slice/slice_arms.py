@@ -91,7 +91,14 @@ ARMS = {
         Arm(
             "bcg-split-rd-lw",
             "bcg-split-rd-always with the c4 indexer at the live width (stream overlap off)",
-            {BUCKETS: "auto", SPLIT: "1", POLICY: "always", READ_DONE: "1", LIVE_WIDTH: "1", **ONE_STREAM},
+            {
+                BUCKETS: "auto",
+                SPLIT: "1",
+                POLICY: "always",
+                READ_DONE: "1",
+                LIVE_WIDTH: "1",
+                **ONE_STREAM,
+            },
             _bcg(),
         ),
     ]

@@ -12,7 +12,9 @@ scheduler process runs forwards. Writes to ``$SLICE_PROBE_DIR``:
 * ``capture_<pid>.jsonl``: one line per captured prefill shape, free device memory before/after
   (``PrefillCudaGraphRunner.capture_one_shape``);
 * ``profile_<pid>_<k>.json``: for the k-th MIXED step of ``$SLICE_PROFILE_MIXED`` (comma list),
-  CUDA kernel time by kernel name from ``torch.profiler`` over that one forward.
+  CUDA kernel time by kernel name from ``torch.profiler`` over that one forward, and the host
+  side of it: self CPU time by op and the launch calls (kernels, graphs) the host made. The
+  profiler's own overhead inflates that step's host ms; the other steps are not profiled.
 """
 
 from __future__ import annotations
@@ -71,6 +73,31 @@ def kernel_table(prof, limit: int = 60) -> dict:
     }
 
 
+# CUDA runtime calls that put work on the GPU: how many the host issued in a profiled step.
+LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaGraphLaunch", "cudaMemcpyAsync")
+
+
+def host_table(prof, limit: int = 40) -> dict:
+    """Self CPU time by op over a profiled region (ms), the largest first, and launch counts."""
+    by, launches = {}, dict.fromkeys(LAUNCH_CALLS, 0)
+    for ev in prof.events():
+        if getattr(ev, "device_type", None) is None or "CPU" not in str(ev.device_type):
+            continue
+        n, c = by.get(ev.name, (0.0, 0))
+        by[ev.name] = (n + ev.self_cpu_time_total / 1e3, c + 1)
+        for call in LAUNCH_CALLS:
+            if ev.name.startswith(call):
+                launches[call] += 1
+    rows = sorted(by.items(), key=lambda kv: -kv[1][0])
+    return {
+        "host_self_ms_total": round(sum(v[0] for v in by.values()), 3),
+        "host_ops": [
+            {"name": k[:160], "ms": round(v[0], 3), "count": v[1]} for k, v in rows[:limit]
+        ],
+        "launches": launches,
+    }
+
+
 def _wrap_forward(model_runner_module) -> None:
     import torch
 
@@ -90,7 +117,8 @@ def _wrap_forward(model_runner_module) -> None:
         if mode == "MIXED":
             state["mixed"] += 1
             if state["mixed"] in wanted:
-                prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+                acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+                prof = torch.profiler.profile(activities=acts)
         torch.cuda.synchronize()
         if prof is not None:
             prof.__enter__()
@@ -109,7 +137,7 @@ def _wrap_forward(model_runner_module) -> None:
         if prof is not None:
             prof.__exit__(None, None, None)
             rec["profiled"] = state["mixed"]
-            table = {"step": rec, **kernel_table(prof)}
+            table = {"step": rec, **kernel_table(prof), **host_table(prof)}
             with open(f"{_out('profile')}_{state['mixed']}.json", "w") as f:
                 json.dump(table, f)
         _append(steps, rec)
