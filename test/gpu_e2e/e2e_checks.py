@@ -16,6 +16,14 @@ a pass:
   (``replay_read_done``), the debug check saw publications and no violation
   (``war_snapshot_check``), no ``replay_read_done`` fallback; in every other phase both patches
   are inactive, as is the split in the ``off`` phases;
+* attention DP over N > 1 ranks (``--dp N``, per rank: the step log's ``dp_rank`` and each
+  process's own counters): every rank ran steps and some ran IDLE ones; no rank planned a split
+  for more steps than it ran non-IDLE; with the split on, it acted on every rank that ran MIXED
+  steps and on the decode-only batches SGLang relabels to EXTEND (under the breakable prefill
+  graph, so that every rank replays it; the step log sees them as one-token EXTEND batches);
+  with read-done on, every rank that replayed MIXED steps published; every DP logits
+  gather (upstream's ``SGLANG_TRACE_LOGITS_E2E`` lines) held at most the running requests,
+  not a padded bucket of tokens;
 * the pressure workload (small pool, client aborts): the requests the client aborts are left out
   of the token comparison and of the length check, and must have stopped mid-generation with an
   abort; the pool log must show retractions and radix-cache evictions in every phase.
@@ -35,6 +43,9 @@ DES_PATCH = "drop_empty_segments"
 LW_PATCH = "live_width_indexer"
 WAR_PATCH = "war_snapshot_check"
 RATIOS = (0, 4, 128)
+# Upstream's trace of the DP logits gather (logits_processor._trace_e2e_logits), printed per step.
+LOGITS_TRACE_ENV = "SGLANG_TRACE_LOGITS_E2E"
+LOGITS_GATHER_STAGE = "stage=dp_metadata_returned"
 
 
 @dataclass(frozen=True)
@@ -73,6 +84,11 @@ class PhaseRecord:
     finish_reasons: dict[str, str] = field(default_factory=dict)  # of the aborted requests
     pool: dict = field(default_factory=dict)  # e2e_pool_log.summarize of the phase
     pool_pressure: bool = False  # the pressure workload: retractions and evictions required
+    graph: str = ""  # eager | dgraph | bcg
+    dp: int = 1  # attention-DP ranks
+    counters_by_pid: dict = field(default_factory=dict)  # each process's last counter line
+    logits_gather_rows: list[int] = field(default_factory=list)  # DP logits gather buffer rows
+    max_running: int = 0  # the Engine's max_running_requests (all ranks)
 
     @property
     def is_baseline(self) -> bool:
@@ -179,6 +195,23 @@ def merge_counters(snapshots: Iterable[Mapping]) -> dict:
     return total
 
 
+def last_counters_by_pid(snapshots: Iterable[Mapping]) -> dict[int, Mapping]:
+    """Each process's last counter line (its counts are cumulative)."""
+    last: dict[int, Mapping] = {}
+    for snap in snapshots:
+        last[int(snap.get("pid", 0))] = snap
+    return last
+
+
+def logits_gather_rows(line: str) -> int | None:
+    """The rows of a DP logits gather's buffer from upstream's trace line
+    (``... stage=dp_metadata_returned buffer_shape=(rows, hidden) ...``), else None."""
+    if LOGITS_GATHER_STAGE not in line or "buffer_shape=(" not in line:
+        return None
+    first = line.split("buffer_shape=(", 1)[1].split(",", 1)[0].split(")", 1)[0]
+    return int(first) if first.strip().isdigit() else None
+
+
 def steps_by_mode(steps: Iterable[Mapping]) -> dict[str, int]:
     """``{"MIXED/eager": n, "DECODE/graph": n, ...}`` (mode at entry to the forward)."""
     c = Counter(f"{s['mode']}/{'graph' if s.get('graph') else 'eager'}" for s in steps)
@@ -271,7 +304,109 @@ def check_phase(
         checks.append(_drop_empty(rec))
     if rec.live_width:
         checks.append(_live_width(rec, mixed_graph))
+    if rec.dp > 1:
+        checks.extend(_dp_checks(rec))
     return checks
+
+
+def _pid_events(snap: Mapping, patch: str) -> dict[str, int]:
+    return dict((snap.get("events") or {}).get(patch, {}))
+
+
+def _relabelled(step: Mapping) -> bool:
+    """A decode-only batch SGLang ran as EXTEND (``convert_decode_to_extend``: one token per
+    request), as the step log saw it at entry."""
+    return step["mode"] == "EXTEND" and 0 < int(step.get("bs", 0)) == int(step.get("rows", -1))
+
+
+def _dp_checks(rec: PhaseRecord) -> list[Check]:
+    """Attention DP: per rank, from the step log's ``dp_rank`` and each process's counters."""
+    by_pid: dict[int, list[Mapping]] = {}
+    for s in rec.steps:
+        by_pid.setdefault(int(s.get("pid", 0)), []).append(s)
+    rank_of = {
+        pid: next((s["dp_rank"] for s in steps if "dp_rank" in s), None)
+        for pid, steps in by_pid.items()
+    }
+    ranks = {r for r in rank_of.values() if r is not None}
+    idle = sum(1 for s in rec.steps if s["mode"] == "IDLE")
+    checks = [
+        Check(
+            rec.name,
+            f"every one of the {rec.dp} attention-DP ranks ran steps",
+            ranks == set(range(rec.dp)),
+            f"ranks seen {sorted(ranks)} in {len(by_pid)} processes",
+        ),
+        Check(rec.name, "some ranks ran IDLE steps (the workload idles them)", idle > 0, f"{idle}"),
+        _logits_gather(rec),
+    ]
+    if rec.graph == "bcg":
+        # Upstream relabels so that every rank replays the prefill graph (DPAttnAdapter's vote).
+        relabelled = sum(1 for s in rec.steps if _relabelled(s))
+        checks.append(
+            Check(
+                rec.name,
+                "SGLang ran decode-only batches as EXTEND on some rank",
+                relabelled > 0,
+                f"{relabelled} steps",
+            )
+        )
+    if rec.split != "off":
+        over, missing = [], []
+        for pid, steps in by_pid.items():
+            ev = _pid_events(rec.counters_by_pid.get(pid, {}), PATCH)
+            planned = sum(n for k, n in ev.items() if k.startswith("steps_seen.")) + ev.get(
+                "replays_seen", 0
+            )
+            busy = sum(1 for s in steps if s["mode"] != "IDLE")
+            if planned > busy:
+                over.append(f"rank {rank_of[pid]}: {planned} planned, {busy} non-IDLE steps")
+            owed = sum(1 for s in steps if s["mode"] == "MIXED" or _relabelled(s))
+            split = ev.get("steps_split", 0) + ev.get("replays_split", 0)
+            if split < owed:
+                missing.append(
+                    f"rank {rank_of[pid]}: {owed} MIXED or relabelled steps, {split} split"
+                )
+        checks.append(Check(rec.name, "idle ranks planned no split", not over, "; ".join(over)))
+        if rec.split == "always":
+            checks.append(
+                Check(
+                    rec.name,
+                    "the split acted on every rank's MIXED and relabelled decode-only steps",
+                    not missing,
+                    "; ".join(missing),
+                )
+            )
+    if rec.read_done:
+        silent = []
+        for pid, steps in by_pid.items():
+            replayed = sum(1 for s in steps if s["mode"] == "MIXED" and s.get("graph"))
+            ev = _pid_events(rec.counters_by_pid.get(pid, {}), RD_PATCH)
+            if replayed and not ev.get("replays_published.mixed", 0):
+                silent.append(f"rank {rank_of[pid]}: {replayed} MIXED replays, none published")
+        checks.append(
+            Check(
+                rec.name,
+                "read-done published on every rank that replayed MIXED steps",
+                not silent,
+                "; ".join(silent),
+            )
+        )
+    return checks
+
+
+def _logits_gather(rec: PhaseRecord) -> Check:
+    """Without logprobs a step's logits are one row per request, so a gather over the running
+    requests holds at most ``max_running`` rows; one over a padded bucket holds its tokens."""
+    rows = rec.logits_gather_rows
+    ok = bool(rows) and rec.max_running > 0 and max(rows) <= rec.max_running
+    return Check(
+        rec.name,
+        "every DP logits gather held the live rows, not a padded bucket",
+        ok,
+        f"{len(rows)} gathers, largest {max(rows) if rows else '-'} rows, "
+        f"{rec.max_running} running requests at most",
+    )
 
 
 def _live_width(rec: PhaseRecord, mixed_graph: int) -> Check:

@@ -25,6 +25,16 @@ def _params(max_new: int) -> dict:
     return {"temperature": 0.0, "max_new_tokens": max_new, "ignore_eos": True}
 
 
+def _route(*reqs: W.Request) -> dict:
+    """``routed_dp_rank`` for requests pinned to one attention-DP rank (one per call upstream)."""
+    ranks = {r.dp_rank for r in reqs}
+    if ranks == {None}:
+        return {}
+    if len(ranks) != 1:
+        raise ValueError(f"one call, one DP rank: {sorted(ranks, key=str)}")
+    return {"routed_dp_rank": ranks.pop()}
+
+
 async def _stream_to_end(gen, first):
     last = first
     async for chunk in gen:
@@ -36,14 +46,16 @@ async def _staggered(engine, seg: W.Segment) -> dict:
     """``first`` streamed; ``then`` sent once every ``first`` request has produced a token."""
     streams = [
         await engine.async_generate(
-            input_ids=list(r.prompt), sampling_params=_params(r.max_new), stream=True
+            input_ids=list(r.prompt), sampling_params=_params(r.max_new), stream=True, **_route(r)
         )
         for r in seg.first
     ]
     firsts = [await s.__anext__() for s in streams]  # each of them is decoding now
     late = [
         asyncio.ensure_future(
-            engine.async_generate(input_ids=list(r.prompt), sampling_params=_params(r.max_new))
+            engine.async_generate(
+                input_ids=list(r.prompt), sampling_params=_params(r.max_new), **_route(r)
+            )
         )
         for r in seg.then
     ]
@@ -63,7 +75,11 @@ async def _stream(engine, r: W.Request, started: asyncio.Event):
     tokens, finish, abort_sent = [], None, False
     try:
         gen = await engine.async_generate(
-            input_ids=list(r.prompt), sampling_params=_params(r.max_new), stream=True, rid=r.rid
+            input_ids=list(r.prompt),
+            sampling_params=_params(r.max_new),
+            stream=True,
+            rid=r.rid,
+            **_route(r),
         )
         async for chunk in gen:
             ids = list(chunk.get("output_ids") or ())
@@ -89,7 +105,9 @@ async def _with_aborts(engine, seg: W.Segment) -> tuple:
     await asyncio.gather(*(e.wait() for e in started.values()))
     late = [
         asyncio.ensure_future(
-            engine.async_generate(input_ids=list(r.prompt), sampling_params=_params(r.max_new))
+            engine.async_generate(
+                input_ids=list(r.prompt), sampling_params=_params(r.max_new), **_route(r)
+            )
         )
         for r in seg.then
     ]
@@ -107,9 +125,12 @@ def run(engine_kwargs: dict) -> dict:
     import sglang as sgl
 
     res: dict = {"ok": False, "timings": {}}
+    # Under attention DP SGLang splits the chunk among the ranks (parallel_hook).
+    dp = int(engine_kwargs.get("dp_size", 1)) if engine_kwargs.get("enable_dp_attention") else 1
     segments = W.build(
-        chunk=int(engine_kwargs.get("chunked_prefill_size", 256)),
+        chunk=int(engine_kwargs.get("chunked_prefill_size", 256)) // dp,
         workload=os.environ.get("MIXGRAPH_E2E_WORKLOAD", "full"),
+        dp=dp,
     )
     res["expected_lens"] = {r.rid: r.max_new for r in W.all_requests(segments)}
     res["abort_targets"] = W.abort_targets(segments)
@@ -130,6 +151,7 @@ def run(engine_kwargs: dict) -> dict:
             outs = engine.generate(
                 input_ids=[list(r.prompt) for r in seg.first],
                 sampling_params=[_params(r.max_new) for r in seg.first],
+                **_route(*seg.first),
             )
             outputs.update(
                 {r.rid: list(o["output_ids"]) for r, o in zip(seg.first, outs, strict=False)}

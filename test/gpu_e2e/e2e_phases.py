@@ -93,8 +93,12 @@ class Phase:
     def is_baseline(self) -> bool:
         return self.name == self.baseline
 
-    def engine_kwargs(self, model_dir: str, *, radix: bool, slot: int) -> dict[str, object]:
-        """``sglang.Engine`` arguments; ``slot`` keeps concurrent phases' ports apart."""
+    def engine_kwargs(
+        self, model_dir: str, *, radix: bool, slot: int, dp: int = 1
+    ) -> dict[str, object]:
+        """``sglang.Engine`` arguments; ``slot`` keeps concurrent phases' ports apart; ``dp`` > 1
+        runs attention data parallel over that many GPUs (tp = dp, as the reference deployment),
+        each rank with the chunk and the running requests one GPU has at dp 1."""
         kwargs: dict[str, object] = dict(
             model_path=model_dir,
             skip_tokenizer_init=True,
@@ -116,6 +120,14 @@ class Phase:
             log_level="info",
         )
         kwargs.update(_GRAPH_KWARGS[self.graph])
+        if dp > 1:
+            kwargs.update(
+                tp_size=dp,
+                dp_size=dp,
+                enable_dp_attention=True,
+                chunked_prefill_size=CHUNK * dp,  # SGLang divides it among the ranks
+                max_running_requests=MAX_RUNNING * dp,
+            )
         return kwargs
 
     def env(self, patch_flag_off_values: Mapping[str, str], *, radix: bool) -> dict[str, str]:

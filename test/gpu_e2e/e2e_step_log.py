@@ -13,6 +13,10 @@ A MIXED step's line also carries the shape the adaptive split decides on (plan.p
 and ``num_decode``, the decode requests at the end of the batch. ``ForwardBatch`` keeps no such
 count; the mixed split records its own in ``ForwardBatch.init_new`` (boundary.py), so
 ``num_decode`` is that record, and null in phases without the split.
+
+Under attention data parallelism a line also names the rank (``dp_rank``, upstream's
+``get_parallel().attn_dp_rank``) and every rank's tokens of the step as the scheduler synced them
+(``global_tokens``, ``ForwardBatch.global_num_tokens_cpu``).
 """
 
 from __future__ import annotations
@@ -36,6 +40,19 @@ def mixed_shape(forward_batch) -> dict:
     }
 
 
+def dp_fields(forward_batch) -> dict:
+    """The rank and the synced per-rank token counts of a step under attention DP, else {}."""
+    counts = getattr(forward_batch, "global_num_tokens_cpu", None)
+    if counts is None or len(counts) <= 1:
+        return {}
+    from sglang.srt.runtime_context import get_parallel
+
+    return {
+        "dp_rank": int(get_parallel().attn_dp_rank),
+        "global_tokens": [int(x) for x in counts],
+    }
+
+
 def _wrap_forward(model_runner_module) -> None:
     import torch
 
@@ -49,6 +66,7 @@ def _wrap_forward(model_runner_module) -> None:
         bs = int(forward_batch.batch_size)
         try:
             shape = mixed_shape(forward_batch) if getattr(mode, "name", "") == "MIXED" else {}
+            shape.update(dp_fields(forward_batch))
         except Exception as e:  # a log line must never break a step; the checks see no shape
             shape = {"shape_error": repr(e)}
         torch.cuda.synchronize()

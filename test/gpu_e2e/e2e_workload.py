@@ -21,6 +21,15 @@ while the client aborts some requests mid-generation:
   three of them aborted by the client once they have streamed ``ABORT_AFTER`` tokens; once every
   one of them has produced a token, two long prompts arrive, whose chunks run as MIXED steps.
 
+The ``dp`` workload is for attention data parallelism over ``dp`` ranks (``--dp N``): the
+``batch`` and ``staggered`` segments (SGLang spreads them round robin) and two segments that pin
+requests to ranks (``routed_dp_rank``):
+
+* ``dp_idle``: one prompt of three chunks on rank 0, so every other rank runs IDLE steps;
+* ``dp_mixed``: one request decoding on every rank, then a long prompt on rank 0 alone: rank 0
+  runs MIXED steps while the others have only decode rows, which SGLang relabels to EXTEND under
+  the breakable prefill graph (``convert_decode_to_extend``) to run one prefill graph on all ranks.
+
 Pure Python, no sglang: the CPU tests check the properties above.
 """
 
@@ -62,6 +71,7 @@ class Request:
     prompt: tuple[int, ...]
     max_new: int
     abort_after: int | None = None  # the client aborts after this many streamed tokens
+    dp_rank: int | None = None  # the attention-DP rank SGLang must run it on (routed_dp_rank)
 
 
 @dataclass(frozen=True)
@@ -80,7 +90,8 @@ def _prompt(rng: random.Random, n: int) -> tuple[int, ...]:
 
 
 PRESSURE = "pressure"
-WORKLOADS = ("full", "short", PRESSURE)  # short: without the long segment (a quick run)
+DP = "dp"
+WORKLOADS = ("full", "short", PRESSURE, DP)  # short: without the long segment (a quick run)
 
 
 def engine_overrides(workload: str) -> dict[str, object]:
@@ -124,9 +135,19 @@ def abort_targets(segments: list[Segment]) -> dict[str, int]:
     return {r.rid: r.abort_after for r in all_requests(segments) if r.abort_after is not None}
 
 
-def build(seed: int = 0, chunk: int = 256, workload: str = "full") -> list[Segment]:
+def _dp_segments(rng: random.Random, chunk: int, dp: int) -> list[Segment]:
+    idle = Segment("dp_idle", (Request("dp_idle0", _prompt(rng, 3 * chunk - 40), 24, dp_rank=0),))
+    decoding = tuple(Request(f"dp_dec{r}", _prompt(rng, 150), 96, dp_rank=r) for r in range(dp))
+    late = (Request("dp_late0", _prompt(rng, 3 * chunk - 60), 16, dp_rank=0),)
+    return [idle, Segment("dp_mixed", decoding, late)]
+
+
+def build(seed: int = 0, chunk: int = 256, workload: str = "full", dp: int = 1) -> list[Segment]:
+    """``chunk`` is the chunked prefill per rank; ``dp`` the attention-DP ranks (``dp`` workload)."""
     if workload not in WORKLOADS:
         raise ValueError(f"workload must be one of {WORKLOADS}, got {workload!r}")
+    if dp < 1:
+        raise ValueError(f"dp must be at least 1, got {dp}")
     rng = random.Random(seed)
     if workload == PRESSURE:
         return _pressure_segments(rng)
@@ -155,6 +176,8 @@ def build(seed: int = 0, chunk: int = 256, workload: str = "full") -> list[Segme
             reqs("long_late", [LATE_PROMPT], 16),
         ),
     ]
+    if workload == DP:
+        return segments[:2] + _dp_segments(rng, chunk, dp)
     return segments if workload == "full" else segments[:2]
 
 

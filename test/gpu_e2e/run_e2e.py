@@ -15,7 +15,8 @@ in e2e_checks.py; ``adaptive`` is checked against the cost model (sm90 coefficie
 model's top-k and compress ratios) at the shapes the step log recorded. The exit status is 1
 when a check fails. ``--workload pressure`` runs the phases against a small KV pool with client
 aborts (e2e_workload.py); the pool log (e2e_pool_log.py) then has to show retractions and
-evictions. Writes ``e2e_tiny_dsv4.log``, ``e2e_results.json`` and ``phase_logs.tgz`` to
+evictions. ``--dp N --workload dp`` runs every phase with attention data parallelism over N GPUs
+and adds per-rank checks (e2e_checks.py). Writes ``e2e_tiny_dsv4.log``, ``e2e_results.json`` and ``phase_logs.tgz`` to
 ``$OUT`` (or ``--out``).
 """
 
@@ -104,8 +105,11 @@ def patch_flag_off_values() -> dict:
     return {f.name: f.off_value for p in all_patches() for f in p.flags}
 
 
-def _phase_env(phase, off_values, radix, steps_dir, workload):
+def _phase_env(phase, off_values, radix, steps_dir, workload, dp=1):
     env = dict(os.environ)
+    if dp > 1:
+        # Upstream prints each logits gather's buffer shape (logits_processor._trace_e2e_logits).
+        env[C.LOGITS_TRACE_ENV] = "1"
     env["MIXGRAPH_E2E_WORKLOAD"] = workload
     env.update(W.engine_env(workload))
     env.update(phase.env(off_values, radix=radix))
@@ -126,7 +130,7 @@ def _kill_group(proc):
 
 
 def run_wave(
-    phases, *, radix, work, logs, off_values, deadline, parallel, log, workload, override
+    phases, *, radix, work, logs, off_values, deadline, parallel, log, workload, override, dp=1
 ) -> dict:
     pending = list(enumerate(phases))
     running = {}
@@ -137,11 +141,11 @@ def run_wave(
             d = os.path.join(work, phase.name)
             shutil.rmtree(d, ignore_errors=True)
             os.makedirs(os.path.join(d, "steps"))
-            kwargs = phase.engine_kwargs(os.path.join(work, "model"), radix=radix, slot=slot)
+            kwargs = phase.engine_kwargs(os.path.join(work, "model"), radix=radix, slot=slot, dp=dp)
             kwargs.update(override)
             with open(os.path.join(d, "kwargs.json"), "w") as f:
                 json.dump(kwargs, f)
-            env = _phase_env(phase, off_values, radix, os.path.join(d, "steps"), workload)
+            env = _phase_env(phase, off_values, radix, os.path.join(d, "steps"), workload, dp)
             logf = open(os.path.join(logs, f"{phase.name}.log"), "w")
             proc = subprocess.Popen(
                 [
@@ -169,7 +173,7 @@ def run_wave(
             proc.wait()
             logf.close()
             del running[name]
-            results[name] = collect(phase, work, logs, time.time() - t0, timed_out, workload)
+            results[name] = collect(phase, work, logs, time.time() - t0, timed_out, workload, dp=dp)
             r = results[name]
             log(
                 f"== {name}: {'ok' if r['record'].ran else 'FAILED'} in {time.time() - t0:.0f}s "
@@ -178,7 +182,7 @@ def run_wave(
     return results
 
 
-def collect(phase, work, logs, seconds, timed_out, workload="full") -> dict:
+def collect(phase, work, logs, seconds, timed_out, workload="full", dp=1) -> dict:
     from sglang_mixgraph.counters import parse_line
 
     d = os.path.join(work, phase.name)
@@ -190,8 +194,12 @@ def collect(phase, work, logs, seconds, timed_out, workload="full") -> dict:
     for fn in sorted(os.listdir(os.path.join(d, "steps"))):
         with open(os.path.join(d, "steps", fn)) as f:
             lines = [json.loads(line) for line in f if line.strip()]
-        (pool_events if fn.startswith(PL.FILE_PREFIX) else steps).extend(lines)
-    snapshots, standins, stubs, fallbacks, radix_lines = [], [], [], [], []
+        if fn.startswith(PL.FILE_PREFIX):
+            pool_events.extend(lines)
+        else:  # steps_<pid>.jsonl: the process (a DP rank's scheduler) each step ran in
+            pid = int(fn.rsplit("_", 1)[-1].split(".")[0])
+            steps.extend(dict(line, pid=pid) for line in lines)
+    snapshots, standins, stubs, fallbacks, radix_lines, gathers = [], [], [], [], [], []
     with open(os.path.join(logs, f"{phase.name}.log"), errors="replace") as f:
         text = f.read()
     for line in text.splitlines():
@@ -204,6 +212,10 @@ def collect(phase, work, logs, seconds, timed_out, workload="full") -> dict:
             stubs.append(line.split(STUB_MARK, 1)[1][:300])
         elif "falls back to upstream" in line:
             fallbacks.append(line.split("sglang-mixgraph: ", 1)[-1][:300])
+        elif C.LOGITS_TRACE_ENV in line:
+            rows = C.logits_gather_rows(line)
+            if rows is not None:
+                gathers.append(rows)
         elif "TreeCore" in line or "radix" in line.lower():
             radix_lines.append(line[:300])
     error = out.get("error", "")
@@ -223,6 +235,11 @@ def collect(phase, work, logs, seconds, timed_out, workload="full") -> dict:
         expected_lens=out.get("expected_lens", {}),
         steps=steps,
         counters=C.merge_counters(snapshots),
+        counters_by_pid=C.last_counters_by_pid(snapshots),
+        graph=phase.graph,
+        dp=dp,
+        logits_gather_rows=gathers,
+        max_running=int(kwargs_of(d).get("max_running_requests", 0)),
         stub_calls=stubs,
         abort_targets=out.get("abort_targets", {}),
         finish_reasons=out.get("finish_reasons", {}),
@@ -240,6 +257,14 @@ def collect(phase, work, logs, seconds, timed_out, workload="full") -> dict:
         "shutdown_error": out.get("shutdown_error"),
         "log_tail": "" if out.get("ok") else text[-3000:],
     }
+
+
+def kwargs_of(phase_dir) -> dict:
+    try:
+        with open(os.path.join(phase_dir, "kwargs.json")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
 
 
 def radix_unusable(results) -> str:
@@ -289,6 +314,12 @@ def main() -> int:
     ap.add_argument(
         "--engine-override", default="{}", help="JSON merged into every phase's Engine arguments"
     )
+    ap.add_argument(
+        "--dp",
+        type=int,
+        default=1,
+        help="attention data parallel over this many GPUs (tp = dp); use with --workload dp",
+    )
     args = ap.parse_args()
     t_start = time.time()
     deadline = t_start + args.budget_s
@@ -308,7 +339,9 @@ def main() -> int:
     versions = stack(log)
     phases = P.parse(args.phases)
     off_values = patch_flag_off_values()
-    segs = W.build(chunk=P.CHUNK, workload=args.workload)
+    if args.dp < 1:
+        ap.error(f"--dp {args.dp}: at least 1")
+    segs = W.build(chunk=P.CHUNK, workload=args.workload, dp=args.dp)
     with open(os.path.join(HERE, "tiny_dsv4_config.json")) as f:
         policy = C.AdaptivePolicy.for_model(json.load(f))
     # The workload's own arguments (the pressure workload's pool), then the command line's.
@@ -328,7 +361,8 @@ def main() -> int:
         f"{policy.coeffs.margin}), top-k {policy.topk}, ratios {sorted(policy.ratios)}"
     )
     example = dict(
-        phases[0].engine_kwargs("<model>", radix=args.radix != "off", slot=0), **override
+        phases[0].engine_kwargs("<model>", radix=args.radix != "off", slot=0, dp=args.dp),
+        **override,
     )
     log(
         f"workload {args.workload}; engine kwargs (bcg/dgraph/eager differ in graph settings; "
@@ -343,6 +377,7 @@ def main() -> int:
         log=log,
         workload=args.workload,
         override=override,
+        dp=args.dp,
     )
     baselines = [p for p in phases if p.is_baseline]
     rest = [p for p in phases if not p.is_baseline]
@@ -394,6 +429,8 @@ def main() -> int:
             "steps_by_mode": C.steps_by_mode(rec.steps),
             "step_times": step_times(rec.steps),
             "counters": rec.counters,
+            "counters_by_pid": rec.counters_by_pid if rec.dp > 1 else {},
+            "logits_gather_rows": sorted(set(rec.logits_gather_rows)),
             "pool": rec.pool,
             "finish_reasons": rec.finish_reasons,
             "standins": r["standins"],
