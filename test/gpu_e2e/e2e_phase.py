@@ -126,7 +126,7 @@ def run(engine_kwargs: dict) -> dict:
 
     res: dict = {"ok": False, "timings": {}}
     # Under attention DP SGLang splits the chunk among the ranks (parallel_hook).
-    dp = int(engine_kwargs.get("dp_size", 1)) if engine_kwargs.get("enable_dp_attention") else 1
+    dp = int(engine_kwargs.get("attn_dp_size", 1))
     segments = W.build(
         chunk=int(engine_kwargs.get("chunked_prefill_size", 256)) // dp,
         workload=os.environ.get("MIXGRAPH_E2E_WORKLOAD", "full"),

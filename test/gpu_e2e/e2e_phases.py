@@ -121,10 +121,10 @@ class Phase:
         )
         kwargs.update(_GRAPH_KWARGS[self.graph])
         if dp > 1:
+            # attn_dp_size is 0.5.23's name for `--dp-size N --enable-dp-attention`.
             kwargs.update(
                 tp_size=dp,
-                dp_size=dp,
-                enable_dp_attention=True,
+                attn_dp_size=dp,
                 chunked_prefill_size=CHUNK * dp,  # SGLang divides it among the ranks
                 max_running_requests=MAX_RUNNING * dp,
             )

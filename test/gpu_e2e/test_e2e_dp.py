@@ -54,23 +54,13 @@ def test_dp_engine_kwargs_keep_each_ranks_chunk_and_running_requests():
     one = phase.engine_kwargs("/m", radix=True, slot=0)
     assert phase.engine_kwargs("/m", radix=True, slot=0, dp=1) == one
     two = phase.engine_kwargs("/m", radix=True, slot=0, dp=DP)
-    assert {k: two[k] for k in ("tp_size", "dp_size", "enable_dp_attention")} == {
-        "tp_size": DP,
-        "dp_size": DP,
-        "enable_dp_attention": True,
-    }
+    assert (two["tp_size"], two["attn_dp_size"]) == (DP, DP)
     assert two["chunked_prefill_size"] == DP * one["chunked_prefill_size"]
     assert two["max_running_requests"] == DP * one["max_running_requests"]
     # the decode graph's batch is per rank
     assert two["cuda_graph_max_bs_decode"] == one["cuda_graph_max_bs_decode"]
     changed = {k for k in two if two[k] != one.get(k)}
-    assert changed == {
-        "tp_size",
-        "dp_size",
-        "enable_dp_attention",
-        "chunked_prefill_size",
-        "max_running_requests",
-    }
+    assert changed == {"tp_size", "attn_dp_size", "chunked_prefill_size", "max_running_requests"}
 
 
 def test_step_log_names_the_rank_only_under_dp(monkeypatch):
@@ -239,11 +229,14 @@ def test_driver_rejects_a_dp_below_one(monkeypatch, tmp_path):
     assert e.value.code == 2
 
 
-def test_upstream_engine_takes_a_routed_dp_rank_per_call():
-    """What the workload's pinned requests pass (``e2e_phase._route``)."""
+def test_upstream_engine_takes_a_routed_dp_rank_per_call_and_an_attention_dp_width():
+    """What the workload's pinned requests pass (``e2e_phase._route``) and the phases set."""
     import inspect
 
     from sglang.srt.entrypoints.engine import Engine
+    from sglang.srt.server_args import ServerArgs
 
     for fn in (Engine.generate, Engine.async_generate):
         assert "routed_dp_rank" in inspect.signature(fn).parameters, fn.__name__
+    fields = inspect.signature(ServerArgs).parameters
+    assert {"attn_dp_size", "tp_size", "chunked_prefill_size"} <= set(fields)
