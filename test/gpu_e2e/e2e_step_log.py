@@ -26,6 +26,8 @@ import os
 import sys
 import time
 
+from sglang_mixgraph.kits import gpu_machine
+
 
 def mixed_shape(forward_batch) -> dict:
     """The split's inputs of a MIXED step, read at entry to the forward (the eager runner relabels
@@ -37,19 +39,6 @@ def mixed_shape(forward_batch) -> dict:
         "seq_lens": [] if seq_lens is None else [int(x) for x in seq_lens.tolist()],
         "extend_seq_lens": [int(x) for x in forward_batch.extend_seq_lens_cpu or ()],
         "num_decode": getattr(forward_batch, FORWARD_BATCH_NUM_DECODE, None),
-    }
-
-
-def dp_fields(forward_batch) -> dict:
-    """The rank and the synced per-rank token counts of a step under attention DP, else {}."""
-    counts = getattr(forward_batch, "global_num_tokens_cpu", None)
-    if counts is None or len(counts) <= 1:
-        return {}
-    from sglang.srt.runtime_context import get_parallel
-
-    return {
-        "dp_rank": int(get_parallel().attn_dp_rank),
-        "global_tokens": [int(x) for x in counts],
     }
 
 
@@ -66,7 +55,7 @@ def _wrap_forward(model_runner_module) -> None:
         bs = int(forward_batch.batch_size)
         try:
             shape = mixed_shape(forward_batch) if getattr(mode, "name", "") == "MIXED" else {}
-            shape.update(dp_fields(forward_batch))
+            shape.update(gpu_machine.dp_step_fields(forward_batch))
         except Exception as e:  # a log line must never break a step; the checks see no shape
             shape = {"shape_error": repr(e)}
         torch.cuda.synchronize()

@@ -14,9 +14,10 @@ from types import SimpleNamespace
 import e2e_checks as C
 import e2e_phase as PH
 import e2e_phases as P
-import e2e_step_log as L
 import e2e_workload as W
 import pytest
+
+from sglang_mixgraph.kits import gpu_machine
 
 DP = 2
 
@@ -68,10 +69,11 @@ def test_step_log_names_the_rank_only_under_dp(monkeypatch):
 
     monkeypatch.setattr(rc, "get_parallel", lambda: SimpleNamespace(attn_dp_rank=1))
     fb = SimpleNamespace(global_num_tokens_cpu=[259, 3])
-    assert L.dp_fields(fb) == {"dp_rank": 1, "global_tokens": [259, 3]}
-    assert L.dp_fields(SimpleNamespace(global_num_tokens_cpu=[259])) == {}
-    assert L.dp_fields(SimpleNamespace(global_num_tokens_cpu=None)) == {}
-    assert L.dp_fields(SimpleNamespace()) == {}
+    fields = gpu_machine.dp_step_fields
+    assert fields(fb) == {"dp_rank": 1, "global_tokens": [259, 3]}
+    assert fields(SimpleNamespace(global_num_tokens_cpu=[259])) == {}
+    assert fields(SimpleNamespace(global_num_tokens_cpu=None)) == {}
+    assert fields(SimpleNamespace()) == {}
 
 
 def test_logits_gather_rows_read_upstreams_trace_line():

@@ -300,3 +300,28 @@ def test_host_table_sums_self_cpu_time_and_counts_launches():
     assert table["host_ops"][0] == {"name": "aten::copy_", "ms": 0.5, "count": 2}
     assert table["launches"]["cudaLaunchKernel"] == 1 and table["launches"]["cudaGraphLaunch"] == 1
     assert "gemm" not in [k["name"] for k in table["host_ops"]]
+
+
+def test_dp_serves_that_many_reference_ranks_each_with_one_ranks_shape():
+    one = kwargs("bcg-split-rd-always", requests=128)
+    assert kwargs("bcg-split-rd-always", requests=128, dp=1) == one
+    two = kwargs("bcg-split-rd-always", requests=256, dp=2)
+    assert (two["tp_size"], two["attn_dp_size"]) == (2, 2)
+    # SGLang divides the chunk and the running requests among the ranks: one rank's each
+    assert two["chunked_prefill_size"] == 2 * A.CHUNK
+    assert two["max_running_requests"] == 2 * A.RUNNING
+    # each rank's pool holds its share of the requests, as one GPU's does for that many
+    assert two["max_total_tokens"] == one["max_total_tokens"]
+    assert two["swa_full_tokens_ratio"] == one["swa_full_tokens_ratio"]
+    changed = {k for k in two if two[k] != one.get(k)}
+    assert changed == {"tp_size", "attn_dp_size", "chunked_prefill_size", "max_running_requests"}
+
+
+def test_driver_summarizes_steps_per_rank_only_under_dp():
+    drv = _load("run_slice_probe")
+    row = {"graph": True, "host_ms": 1, "wall_ms": 2, "n_dec": 1, "prefill_tokens": 9}
+    steps = [dict(row, mode="MIXED", dp_rank=0), dict(row, mode="IDLE", dp_rank=1)]
+    by = drv.steps_by_rank(steps)
+    assert set(by) == {"0", "1"} and set(by["1"]) == {"IDLE/graph"}
+    assert by["0"]["MIXED/graph"]["wall_ms"]["n"] == 1
+    assert drv.steps_by_rank([{k: v for k, v in s.items() if k != "dp_rank"} for s in steps]) == {}

@@ -130,6 +130,12 @@ def step_summary(steps) -> dict:
     return out
 
 
+def steps_by_rank(steps) -> dict:
+    """``step_summary`` per attention-DP rank (the probe's ``dp_rank``); {} without DP."""
+    ranks = sorted({s["dp_rank"] for s in steps if "dp_rank" in s})
+    return {str(r): step_summary([s for s in steps if s.get("dp_rank") == r]) for r in ranks}
+
+
 def counters(log_text: str) -> dict:
     from sglang_mixgraph.counters import parse_line
 
@@ -166,7 +172,12 @@ def main() -> int:
     ap.add_argument("--out", default=os.environ.get("OUT") or "/tmp/rank_slice_out")
     ap.add_argument("--work", default="/tmp/rank_slice")
     ap.add_argument("--budget-s", type=float, default=540)
+    ap.add_argument(
+        "--dp", type=int, default=1, help="ranks of the reference deployment, one per GPU"
+    )
     args = ap.parse_args()
+    if args.dp < 1:
+        ap.error(f"--dp {args.dp}: at least 1")
     deadline = time.time() + args.budget_s
     arms = A.parse(args.arms)
     os.makedirs(args.out, exist_ok=True)
@@ -205,6 +216,7 @@ def main() -> int:
             output_len=args.output_len,
             radix=args.radix == "on",
             context_length=args.context_length,
+            dp=args.dp,
         )
         env = arm_env(arm, os.path.join(d, "probe"), args.profile_mixed, args.radix == "on")
         log(f"== {arm.name}: {arm.what}; env {json.dumps(arm.env)}; engine {json.dumps(kwargs)}")
@@ -224,6 +236,7 @@ def main() -> int:
             "burst_s": res.get("burst_s"),
             "output_tokens": res.get("output_tokens"),
             "steps": step_summary(steps),
+            "steps_by_rank": steps_by_rank(steps),
             "capture": _jsonl(os.path.join(probe, "capture_*.jsonl")),
             "profiles": [json.load(open(p)) for p in sorted(glob.glob(probe + "/profile_*.json"))],
             "counters": counters(text),

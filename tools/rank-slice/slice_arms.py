@@ -131,9 +131,13 @@ def engine_kwargs(
     output_len: int,
     radix: bool,
     context_length: int,
+    dp: int = 1,
 ) -> dict[str, object]:
     """``context_length`` is also the width breakable-graph metadata is built at (upstream's
-    ``DeepseekV4AttnBackend._prefill_graph_context_width``) unless an arm cuts it."""
+    ``DeepseekV4AttnBackend._prefill_graph_context_width``) unless an arm cuts it. ``dp`` > 1
+    serves that many ranks of the reference deployment on as many GPUs (attention DP, tp = dp):
+    each rank with one rank's chunk, running requests and pool for its share of ``requests``."""
+    per_rank = -(-requests // dp)
     kwargs: dict[str, object] = dict(
         model_path=model_dir,
         load_format="dummy",
@@ -153,8 +157,17 @@ def engine_kwargs(
         disable_radix_cache=not radix,
         random_seed=1,
         log_level="info",
-        **pool_sizes(requests, input_len, output_len),
+        **pool_sizes(per_rank, input_len, output_len),
     )
+    if dp > 1:
+        # attn_dp_size is 0.5.23's name for `--dp-size N --enable-dp-attention`; SGLang divides
+        # the chunk and the running requests among the ranks.
+        kwargs.update(
+            tp_size=dp,
+            attn_dp_size=dp,
+            chunked_prefill_size=CHUNK * dp,
+            max_running_requests=RUNNING * dp,
+        )
     for k, v in arm.engine.items():
         kwargs[k] = ceil_page(input_len + output_len) if v == "workload" else v
     return kwargs

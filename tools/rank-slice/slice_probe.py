@@ -8,7 +8,8 @@ scheduler process runs forwards. Writes to ``$SLICE_PROBE_DIR``:
   relabels MIXED to EXTEND inside), rows, batch size, decode rows (trailing 1-token extends),
   prefill tokens, the longest context, whether a graph ran, host ms (entry to return: what the
   host spends preparing and launching) and wall ms (the GPU synchronized on both sides, so the
-  step's own time; this serializes steps, so it is a probe, not a serving number);
+  step's own time; this serializes steps, so it is a probe, not a serving number); under
+  attention DP also the rank and the synced per-rank tokens (``gpu_machine.dp_step_fields``);
 * ``capture_<pid>.jsonl``: one line per captured prefill shape, free device memory before/after
   (``PrefillCudaGraphRunner.capture_one_shape``);
 * ``profile_<pid>_<k>.json``: for the k-th MIXED step of ``$SLICE_PROFILE_MIXED`` (comma list),
@@ -101,6 +102,8 @@ def host_table(prof, limit: int = 40) -> dict:
 def _wrap_forward(model_runner_module) -> None:
     import torch
 
+    from sglang_mixgraph.kits.gpu_machine import dp_step_fields
+
     cls = model_runner_module.ModelRunner
     forward = cls.forward
     steps = _out("steps") + ".jsonl"
@@ -110,7 +113,7 @@ def _wrap_forward(model_runner_module) -> None:
     def probed_forward(self, forward_batch, *args, **kwargs):
         mode = getattr(forward_batch.forward_mode, "name", str(forward_batch.forward_mode))
         try:
-            shape = step_shape(forward_batch)
+            shape = dict(step_shape(forward_batch), **dp_step_fields(forward_batch))
         except Exception as e:  # noqa: BLE001
             shape = {"shape_error": repr(e)}
         prof = None

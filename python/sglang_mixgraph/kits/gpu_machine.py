@@ -6,8 +6,9 @@ Engine reaches, with its own ``sitecustomize``) first on the PYTHONPATH of the E
 they start. What a driver's own process needs of it comes from here, not from ``sys.path``
 edits: ``UPSTREAM_ENV``, upstream's own flags that select the kernels such a machine has;
 ``RADIX_CORE_ENV``, the flag that keeps the radix cache off its Rust core (built for another
-torch); ``ENGINE_DIR``; and ``engine_standins()``, that folder's module loaded from its file.
-The folder exists only in a checkout (``PYTHONPATH=python``), not in an installed package.
+torch); ``ENGINE_DIR``; ``engine_standins()``, that folder's module loaded from its file; and
+``dp_step_fields()``, what the drivers' step logs record of a step under attention DP. The folder
+exists only in a checkout (``PYTHONPATH=python``), not in an installed package.
 """
 
 from __future__ import annotations
@@ -51,3 +52,17 @@ def engine_standins() -> ModuleType:
     sys.modules[ENGINE_STANDINS] = module
     spec.loader.exec_module(module)
     return module
+
+
+def dp_step_fields(forward_batch) -> dict:
+    """The rank and the synced per-rank token counts of a step under attention DP
+    (``get_parallel().attn_dp_rank``, ``ForwardBatch.global_num_tokens_cpu``), else {}."""
+    counts = getattr(forward_batch, "global_num_tokens_cpu", None)
+    if counts is None or len(counts) <= 1:
+        return {}
+    from sglang.srt.runtime_context import get_parallel
+
+    return {
+        "dp_rank": int(get_parallel().attn_dp_rank),
+        "global_tokens": [int(x) for x in counts],
+    }
