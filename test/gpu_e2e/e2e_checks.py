@@ -315,7 +315,8 @@ def _pid_events(snap: Mapping, patch: str) -> dict[str, int]:
 
 def _relabelled(step: Mapping) -> bool:
     """A decode-only batch SGLang ran as EXTEND (``convert_decode_to_extend``: one token per
-    request), as the step log saw it at entry."""
+    request), as the step log saw it at entry. A prefill of one new token per request would look
+    the same; the workloads' random prompts never leave a radix hit one token short."""
     return step["mode"] == "EXTEND" and 0 < int(step.get("bs", 0)) == int(step.get("rows", -1))
 
 
