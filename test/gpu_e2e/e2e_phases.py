@@ -31,19 +31,32 @@ SPLIT_FLAG = "SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN"
 POLICY_FLAG = "SGLANG_MIXGRAPH_SPLIT_POLICY"
 READ_DONE_ENV = {"SGLANG_OPT_DSV4_REPLAY_READ_DONE": "1", "SGLANG_DEBUG_WAR_SNAPSHOT": "1"}
 RD_SUFFIX = "-rd"
-# The drop-empty-segments variant <graph>-<split>-des: breakable graphs never launch their empty
-# segments (patch drop_empty_segments). Not in the default list; run it by name.
-DES_ENV = {"SGLANG_OPT_BCG_DROP_EMPTY_SEGMENTS": "1"}
-DES_SUFFIX = "-des"
-# The live-width variant <graph>-<split>-lw: the c4 indexer runs at an eager break over the live
-# context in breakable replays (patch live_width_indexer), which needs upstream's attention
-# stream overlap off (the indexer would run on a side stream in captures). Not in the default list.
-LW_ENV = {
-    "SGLANG_OPT_DSV4_BCG_LIVE_WIDTH_INDEXER": "1",
-    "SGLANG_OPT_USE_MULTI_STREAM_OVERLAP": "0",
-}
-LW_SUFFIX = "-lw"
 DEFAULT_RD = ("bcg-off", "bcg-always")  # the <graph>-<split> phases run also as -rd by default
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A patch added to a ``<graph>-<split>`` phase: the Phase field, the name suffix, its env."""
+
+    field: str
+    suffix: str
+    env: Mapping[str, str]
+
+
+# In name order (``bcg-always-rd-des-lw``). Only -rd is in the default list; the others by name.
+VARIANTS = (
+    Variant("read_done", RD_SUFFIX, READ_DONE_ENV),
+    # breakable graphs never launch their empty segments (patch drop_empty_segments)
+    Variant("drop_empty", "-des", {"SGLANG_OPT_BCG_DROP_EMPTY_SEGMENTS": "1"}),
+    # the c4 indexer at an eager break over the live context in breakable replays (patch
+    # live_width_indexer), which needs upstream's attention stream overlap off (the indexer
+    # would run on a side stream in captures)
+    Variant(
+        "live_width",
+        "-lw",
+        {"SGLANG_OPT_DSV4_BCG_LIVE_WIDTH_INDEXER": "1", "SGLANG_OPT_USE_MULTI_STREAM_OVERLAP": "0"},
+    ),
+)
 
 # Chunked prefill: every prompt longer than this is split into MIXED steps. With the radix cache
 # on, upstream's PrefillAdder floors a chunk to whole 256-token pages after the decode rows, so a
@@ -77,11 +90,7 @@ class Phase:
 
     @property
     def name(self) -> str:
-        suffix = (
-            (RD_SUFFIX if self.read_done else "")
-            + (DES_SUFFIX if self.drop_empty else "")
-            + (LW_SUFFIX if self.live_width else "")
-        )
+        suffix = "".join(v.suffix for v in VARIANTS if getattr(self, v.field))
         return f"{self.graph}-{self.split}{suffix}"
 
     @property
@@ -138,12 +147,9 @@ class Phase:
         env[SPLIT_FLAG] = "0" if self.split == "off" else "1"
         if self.split != "off":
             env[POLICY_FLAG] = self.split
-        if self.read_done:
-            env.update(READ_DONE_ENV)
-        if self.drop_empty:
-            env.update(DES_ENV)
-        if self.live_width:
-            env.update(LW_ENV)
+        for v in VARIANTS:
+            if getattr(self, v.field):
+                env.update(v.env)
         if radix:
             env[RADIX_CORE_ENV] = "python"  # the Rust radix core is built for another torch
         return env
@@ -155,20 +161,17 @@ def parse(names: list[str]) -> list[Phase]:
         names = [f"{g}-{s}" for s in SPLITS for g in GRAPHS] + [n + RD_SUFFIX for n in DEFAULT_RD]
     phases = []
     for name in names:
-        base = name
-        live_width = base.endswith(LW_SUFFIX)
-        base = base[: -len(LW_SUFFIX)] if live_width else base
-        drop_empty = base.endswith(DES_SUFFIX)
-        base = base[: -len(DES_SUFFIX)] if drop_empty else base
-        read_done = base.endswith(RD_SUFFIX)
-        base = base[: -len(RD_SUFFIX)] if read_done else base
+        base, on = name, {}
+        for v in reversed(VARIANTS):  # the last suffix of the name first
+            on[v.field] = base.endswith(v.suffix)
+            base = base[: -len(v.suffix)] if on[v.field] else base
         graph, _, split = base.partition("-")
         if graph not in GRAPHS or split not in SPLITS:
             raise ValueError(
                 f"unknown phase {name!r}: <{'|'.join(GRAPHS)}>-<{'|'.join(SPLITS)}>"
-                f"[{RD_SUFFIX}][{DES_SUFFIX}][{LW_SUFFIX}]"
+                + "".join(f"[{v.suffix}]" for v in VARIANTS)
             )
-        phases.append(Phase(graph, split, read_done, drop_empty, live_width))
+        phases.append(Phase(graph, split, **on))
     # Baselines first: every other phase is compared with them.
     return sorted(
         set(phases),
@@ -176,8 +179,6 @@ def parse(names: list[str]) -> list[Phase]:
             not p.is_baseline,
             SPLITS.index(p.split),
             GRAPHS.index(p.graph),
-            p.read_done,
-            p.drop_empty,
-            p.live_width,
+            *(getattr(p, v.field) for v in VARIANTS),
         ),
     )

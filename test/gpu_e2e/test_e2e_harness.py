@@ -935,3 +935,20 @@ def test_live_width_phase_checks_the_breaks_ran_narrowed_in_replays(events, fall
     name = "live_width_indexer ran the c4 indexer at the live width in replays"
     assert (name in _failed(checks)) is not ok
     assert "tokens equal bcg-off" in [c.name for c in checks]
+
+
+def test_every_variant_combination_parses_back_to_its_name_and_env():
+    import itertools
+
+    for graph, split in itertools.product(P.GRAPHS, P.SPLITS):
+        for on in itertools.product((False, True), repeat=len(P.VARIANTS)):
+            name = f"{graph}-{split}" + "".join(
+                v.suffix for v, b in zip(P.VARIANTS, on, strict=True) if b
+            )
+            (phase,) = P.parse([name])
+            assert phase.name == name
+            env = phase.env({}, radix=False)
+            for v, b in zip(P.VARIANTS, on, strict=True):
+                assert all(env.get(k) == val for k, val in v.env.items()) == b, (name, v.suffix)
+    with pytest.raises(ValueError, match=r"\[-rd\]\[-des\]\[-lw\]"):
+        P.parse(["bcg-always-lw-rd"])  # suffixes in their one order
