@@ -179,28 +179,25 @@ def split_stub_calls(calls: Sequence[str]) -> tuple:
     return [c for c in calls if c not in at_import], at_import
 
 
-def merge_counters(snapshots: Iterable[Mapping]) -> dict:
-    """Totals over processes from their counter lines: the last line of each pid (counts are
-    cumulative per process), summed across pids."""
-    last: dict[int, Mapping] = {}
-    for snap in snapshots:
-        last[snap.get("pid", 0)] = snap
-    total: dict = {"events": {}, "fallbacks": {}}
-    for snap in last.values():
-        for kind in ("events", "fallbacks"):
-            for patch, counts in (snap.get(kind) or {}).items():
-                mine = total[kind].setdefault(patch, {})
-                for key, n in counts.items():
-                    mine[key] = mine.get(key, 0) + int(n)
-    return total
-
-
 def last_counters_by_pid(snapshots: Iterable[Mapping]) -> dict[int, Mapping]:
     """Each process's last counter line (its counts are cumulative)."""
     last: dict[int, Mapping] = {}
     for snap in snapshots:
         last[int(snap.get("pid", 0))] = snap
     return last
+
+
+def merge_counters(snapshots: Iterable[Mapping]) -> dict:
+    """Totals over processes from their counter lines: the last line of each pid (counts are
+    cumulative per process), summed across pids."""
+    total: dict = {"events": {}, "fallbacks": {}}
+    for snap in last_counters_by_pid(snapshots).values():
+        for kind in ("events", "fallbacks"):
+            for patch, counts in (snap.get(kind) or {}).items():
+                mine = total[kind].setdefault(patch, {})
+                for key, n in counts.items():
+                    mine[key] = mine.get(key, 0) + int(n)
+    return total
 
 
 def logits_gather_rows(line: str) -> int | None:

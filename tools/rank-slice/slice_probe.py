@@ -56,22 +56,29 @@ def step_shape(forward_batch) -> dict:
     }
 
 
+def _time_by_name(events, device: str, micros, limit: int) -> tuple[float, list[dict]]:
+    """(total ms, the ``limit`` largest ``{name, ms, count}``) of the events on ``device``,
+    each timed by ``micros(event)``."""
+    by = {}
+    for ev in events:
+        if getattr(ev, "device_type", None) is None or device not in str(ev.device_type):
+            continue
+        n, c = by.get(ev.name, (0.0, 0))
+        by[ev.name] = (n + micros(ev) / 1e3, c + 1)
+    rows = sorted(by.items(), key=lambda kv: -kv[1][0])
+    return round(sum(v[0] for v in by.values()), 3), [
+        {"name": k[:160], "ms": round(v[0], 3), "count": v[1]} for k, v in rows[:limit]
+    ]
+
+
+def _device_micros(ev) -> float:
+    return ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total
+
+
 def kernel_table(prof, limit: int = 60) -> dict:
     """CUDA kernel time by name over a profiled region (ms), the largest first."""
-    by = {}
-    for ev in prof.events():
-        if getattr(ev, "device_type", None) is None or "CUDA" not in str(ev.device_type):
-            continue
-        t = ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total
-        n, c = by.get(ev.name, (0.0, 0))
-        by[ev.name] = (n + t / 1e3, c + 1)
-    rows = sorted(by.items(), key=lambda kv: -kv[1][0])
-    return {
-        "kernel_ms_total": round(sum(v[0] for v in by.values()), 3),
-        "kernels": [
-            {"name": k[:160], "ms": round(v[0], 3), "count": v[1]} for k, v in rows[:limit]
-        ],
-    }
+    total, rows = _time_by_name(prof.events(), "CUDA", _device_micros, limit)
+    return {"kernel_ms_total": total, "kernels": rows}
 
 
 # CUDA runtime calls that put work on the GPU: how many the host issued in a profiled step.
@@ -80,23 +87,17 @@ LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaGraphLaunch", "cudaMe
 
 def host_table(prof, limit: int = 40) -> dict:
     """Self CPU time by op over a profiled region (ms), the largest first, and launch counts."""
-    by, launches = {}, dict.fromkeys(LAUNCH_CALLS, 0)
-    for ev in prof.events():
-        if getattr(ev, "device_type", None) is None or "CPU" not in str(ev.device_type):
-            continue
-        n, c = by.get(ev.name, (0.0, 0))
-        by[ev.name] = (n + ev.self_cpu_time_total / 1e3, c + 1)
-        for call in LAUNCH_CALLS:
-            if ev.name.startswith(call):
-                launches[call] += 1
-    rows = sorted(by.items(), key=lambda kv: -kv[1][0])
-    return {
-        "host_self_ms_total": round(sum(v[0] for v in by.values()), 3),
-        "host_ops": [
-            {"name": k[:160], "ms": round(v[0], 3), "count": v[1]} for k, v in rows[:limit]
-        ],
-        "launches": launches,
+    events = list(prof.events())
+    total, rows = _time_by_name(events, "CPU", lambda ev: ev.self_cpu_time_total, limit)
+    launches = {
+        call: sum(
+            1
+            for ev in events
+            if "CPU" in str(getattr(ev, "device_type", "")) and ev.name.startswith(call)
+        )
+        for call in LAUNCH_CALLS
     }
+    return {"host_self_ms_total": total, "host_ops": rows, "launches": launches}
 
 
 def _wrap_forward(model_runner_module) -> None:
