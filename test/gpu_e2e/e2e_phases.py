@@ -23,7 +23,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sglang_mixgraph.kits.gpu_machine import RADIX_CORE_ENV, UPSTREAM_ENV
+from sglang_mixgraph.kits.gpu_machine import (
+    RADIX_CORE_ENV,
+    UPSTREAM_ENV,
+    attention_dp_engine_kwargs,
+)
 
 GRAPHS = ("eager", "dgraph", "bcg")
 SPLITS = ("off", "always", "adaptive")
@@ -129,14 +133,7 @@ class Phase:
             log_level="info",
         )
         kwargs.update(_GRAPH_KWARGS[self.graph])
-        if dp > 1:
-            # attn_dp_size is 0.5.23's name for `--dp-size N --enable-dp-attention`.
-            kwargs.update(
-                tp_size=dp,
-                attn_dp_size=dp,
-                chunked_prefill_size=CHUNK * dp,  # SGLang divides it among the ranks
-                max_running_requests=MAX_RUNNING * dp,
-            )
+        kwargs.update(attention_dp_engine_kwargs(dp, CHUNK, MAX_RUNNING))
         return kwargs
 
     def env(self, patch_flag_off_values: Mapping[str, str], *, radix: bool) -> dict[str, str]:

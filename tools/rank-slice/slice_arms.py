@@ -4,13 +4,15 @@ One attention-DP rank of the reference deployment (DeepSeek-V4-Pro, 8 GPUs, atte
 chunked prefill 22528 and 2048 running requests in all) serves a 2816-token chunk and 256 running
 requests: ``engine_kwargs`` is that rank on one GPU (tp 1), mixed chunked prefill on, the radix
 cache on (Python tree core; random prompts only miss). An arm is a name, environment variables
-and Engine arguments on top; arms differ in nothing else. No sglang import: the CPU tests read
-this module.
+and Engine arguments on top; arms differ in nothing else. No sglang import (the one helper it takes
+from the package imports none): the CPU tests read this module.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from sglang_mixgraph.kits.gpu_machine import attention_dp_engine_kwargs
 
 CHUNK = 2816  # chunked prefill per rank: 2560 prefill tokens + 256 decode rows when steady
 RUNNING = 256  # running requests per rank
@@ -159,15 +161,7 @@ def engine_kwargs(
         log_level="info",
         **pool_sizes(per_rank, input_len, output_len),
     )
-    if dp > 1:
-        # attn_dp_size is 0.5.23's name for `--dp-size N --enable-dp-attention`; SGLang divides
-        # the chunk and the running requests among the ranks.
-        kwargs.update(
-            tp_size=dp,
-            attn_dp_size=dp,
-            chunked_prefill_size=CHUNK * dp,
-            max_running_requests=RUNNING * dp,
-        )
+    kwargs.update(attention_dp_engine_kwargs(dp, CHUNK, RUNNING))
     for k, v in arm.engine.items():
         kwargs[k] = ceil_page(input_len + output_len) if v == "workload" else v
     return kwargs

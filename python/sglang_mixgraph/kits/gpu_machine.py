@@ -6,7 +6,8 @@ Engine reaches, with its own ``sitecustomize``) first on the PYTHONPATH of the E
 they start. What a driver's own process needs of it comes from here, not from ``sys.path``
 edits: ``UPSTREAM_ENV``, upstream's own flags that select the kernels such a machine has;
 ``RADIX_CORE_ENV``, the flag that keeps the radix cache off its Rust core (built for another
-torch); ``ENGINE_DIR``; ``engine_standins()``, that folder's module loaded from its file; and
+torch); ``ENGINE_DIR``; ``engine_standins()``, that folder's module loaded from its file;
+``attention_dp_engine_kwargs()``, the Engine arguments of N attention-DP ranks; and
 ``dp_step_fields()``, what the drivers' step logs record of a step under attention DP. The folder
 exists only in a checkout (``PYTHONPATH=python``), not in an installed package.
 """
@@ -52,6 +53,21 @@ def engine_standins() -> ModuleType:
     sys.modules[ENGINE_STANDINS] = module
     spec.loader.exec_module(module)
     return module
+
+
+def attention_dp_engine_kwargs(dp: int, chunk: int, running: int) -> dict:
+    """``sglang.Engine`` arguments for ``dp`` attention-DP ranks on as many GPUs (tp = dp, as
+    the reference deployment), each rank with ``chunk`` and ``running``: SGLang divides the
+    chunked prefill and the running requests among the ranks. {} at one rank.
+    ``attn_dp_size`` is 0.5.23's name for ``--dp-size N --enable-dp-attention``."""
+    if dp <= 1:
+        return {}
+    return dict(
+        tp_size=dp,
+        attn_dp_size=dp,
+        chunked_prefill_size=chunk * dp,
+        max_running_requests=running * dp,
+    )
 
 
 def dp_step_fields(forward_batch) -> dict:
