@@ -107,6 +107,7 @@ def patch_flag_off_values() -> dict:
 
 def _phase_env(phase, off_values, radix, steps_dir, workload, dp=1):
     env = dict(os.environ)
+    env.update(gpu_machine.NO_MULTICAST_ENV)
     if dp > 1:
         # Upstream prints each logits gather's buffer shape (logits_processor._trace_e2e_logits).
         env[C.LOGITS_TRACE_ENV] = "1"

@@ -242,3 +242,28 @@ def test_upstream_engine_takes_a_routed_dp_rank_per_call_and_an_attention_dp_wid
         assert "routed_dp_rank" in inspect.signature(fn).parameters, fn.__name__
     fields = inspect.signature(ServerArgs).parameters
     assert {"attn_dp_size", "tp_size", "chunked_prefill_size"} <= set(fields)
+
+
+@pytest.mark.parametrize("dp", [1, DP])
+def test_every_phase_process_keeps_nvlink_multicast_off(tmp_path, monkeypatch, dp):
+    import run_e2e
+
+    for k in gpu_machine.NO_MULTICAST_ENV:
+        monkeypatch.setenv(k, "x")  # a parent that asks for it does not get it
+    env = run_e2e._phase_env(P.Phase("bcg", "always"), {}, True, str(tmp_path), W.DP, dp)
+    assert {k: env[k] for k in gpu_machine.NO_MULTICAST_ENV} == gpu_machine.NO_MULTICAST_ENV
+
+
+def test_device_sh_exports_the_same_multicast_rule():
+    """Servers that ab starts inherit device.sh's environment, not the drivers' dicts."""
+    import re
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "tools" / "gpu-upstream" / "device.sh"
+    exported = {}
+    for line in script.read_text().splitlines():
+        if line.startswith("export "):
+            exported.update(re.findall(r"(\w+)=(\S+)", line))
+    assert {k: exported.get(k) for k in gpu_machine.NO_MULTICAST_ENV} == (
+        gpu_machine.NO_MULTICAST_ENV
+    )

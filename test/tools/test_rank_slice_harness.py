@@ -325,3 +325,13 @@ def test_driver_summarizes_steps_per_rank_only_under_dp():
     assert set(by) == {"0", "1"} and set(by["1"]) == {"IDLE/graph"}
     assert by["0"]["MIXED/graph"]["wall_ms"]["n"] == 1
     assert drv.steps_by_rank([{k: v for k, v in s.items() if k != "dp_rank"} for s in steps]) == {}
+
+
+def test_probe_engines_keep_nvlink_multicast_off(monkeypatch):
+    from sglang_mixgraph.kits.gpu_machine import NO_MULTICAST_ENV
+
+    drv = _load("run_slice_probe")
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "1")
+    env = drv.arm_env(A.ARMS["bcg-split-rd-always"], "/tmp/p", "8", radix=True)
+    assert {k: env[k] for k in NO_MULTICAST_ENV} == NO_MULTICAST_ENV
+    assert env["SGLANG_OPT_DSV4_REPLAY_READ_DONE"] == "1"  # the arm's own flags still on top

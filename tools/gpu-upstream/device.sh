@@ -45,6 +45,9 @@ fi
 # Engine stand-ins and a metadata-only sglang_kernel dist-info.
 export PYTHONPATH="$SITE:$HERE/shim:$ROOT/python${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1 MAX_JOBS="${MAX_JOBS:-16}" MIXGRAPH_GPU_UPSTREAM_KIT=1
+# The lent machines' rule, for every process started from here (servers, Engine ranks): NVLink
+# multicast off. The same three as sglang_mixgraph.kits.gpu_machine.NO_MULTICAST_ENV.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 echo "gpu-upstream: install $(( $(date +%s) - T0 ))s; $(python3 -c 'import torch,triton;print("torch",torch.__version__,"triton",triton.__version__,torch.cuda.get_device_name())')"
 "$@"
 rc=$?

@@ -30,7 +30,12 @@ import time
 
 import slice_arms as A
 
-from sglang_mixgraph.kits.gpu_machine import ENGINE_DIR, RADIX_CORE_ENV, UPSTREAM_ENV
+from sglang_mixgraph.kits.gpu_machine import (
+    ENGINE_DIR,
+    NO_MULTICAST_ENV,
+    RADIX_CORE_ENV,
+    UPSTREAM_ENV,
+)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -50,6 +55,7 @@ def log_to(path):
 
 def arm_env(arm: A.Arm, probe_dir: str, profile: str, radix: bool) -> dict:
     env = dict(os.environ)
+    env.update(NO_MULTICAST_ENV)
     env.update(UPSTREAM_ENV)
     if radix:
         env[RADIX_CORE_ENV] = "python"  # the Rust radix core is built for another torch

@@ -6,7 +6,8 @@ Engine reaches, with its own ``sitecustomize``) first on the PYTHONPATH of the E
 they start. What a driver's own process needs of it comes from here, not from ``sys.path``
 edits: ``UPSTREAM_ENV``, upstream's own flags that select the kernels such a machine has;
 ``RADIX_CORE_ENV``, the flag that keeps the radix cache off its Rust core (built for another
-torch); ``ENGINE_DIR``; ``engine_standins()``, that folder's module loaded from its file;
+torch); ``NO_MULTICAST_ENV``, the lent machines' rule that keeps NVLink multicast off in every
+process; ``ENGINE_DIR``; ``engine_standins()``, that folder's module loaded from its file;
 ``attention_dp_engine_kwargs()``, the Engine arguments of N attention-DP ranks; and
 ``dp_step_fields()``, what the drivers' step logs record of a step under attention DP. The folder
 exists only in a checkout (``PYTHONPATH=python``), not in an installed package.
@@ -18,6 +19,14 @@ import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
+
+# The lent GPU machines' rule for every process started there: NVLink multicast off (NCCL's NVLS,
+# torch symmetric memory and NVSHMEM), so multi-GPU runs never call cuMulticastCreate.
+NO_MULTICAST_ENV = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
 
 UPSTREAM_ENV = {
     "SGLANG_DSV4_FP4_EXPERTS": "0",  # bf16 experts: the triton MoE runner, not flashinfer mxfp4
