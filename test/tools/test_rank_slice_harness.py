@@ -335,3 +335,10 @@ def test_probe_engines_keep_nvlink_multicast_off(monkeypatch):
     env = drv.arm_env(A.ARMS["bcg-split-rd-always"], "/tmp/p", "8", radix=True)
     assert {k: env[k] for k in NO_MULTICAST_ENV} == NO_MULTICAST_ENV
     assert env["SGLANG_OPT_DSV4_REPLAY_READ_DONE"] == "1"  # the arm's own flags still on top
+
+
+def test_the_split_only_arm_differs_from_bcg_auto_by_the_split_alone():
+    auto, split = A.ARMS["bcg-auto"], A.ARMS["bcg-split-always"]
+    assert kwargs("bcg-split-always") == kwargs("bcg-auto")
+    added = {k: v for k, v in split.env.items() if auto.env.get(k) != v}
+    assert added == {A.SPLIT: "1", A.POLICY: "always"} and set(auto.env) <= set(split.env)

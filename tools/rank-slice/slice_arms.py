@@ -79,6 +79,11 @@ ARMS = {
             {BUCKETS: "auto", LIVE_WIDTH: "1", **ONE_STREAM},
         ),
         Arm(
+            "bcg-split-always",
+            "bcg-auto with the split (always) alone: the split's own cost in replays",
+            {BUCKETS: "auto", SPLIT: "1", POLICY: "always"},
+        ),
+        Arm(
             "bcg-split-rd-always",
             "breakable prefill graph + split (always) + replay read-done",
             {BUCKETS: "auto", SPLIT: "1", POLICY: "always", READ_DONE: "1"},
