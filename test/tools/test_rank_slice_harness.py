@@ -327,6 +327,38 @@ def test_driver_summarizes_steps_per_rank_only_under_dp():
     assert drv.steps_by_rank([{k: v for k, v in s.items() if k != "dp_rank"} for s in steps]) == {}
 
 
+def test_driver_sums_capture_memory_per_rank_only_under_dp():
+    drv = _load("run_slice_probe")
+    rec = [
+        {"size": 2816, "device_mib": 900.0, "seconds": 5.0, "dp_rank": 0},
+        {"size": 16, "device_mib": 24.0, "seconds": 1.0, "dp_rank": 0},
+        {"size": 2816, "device_mib": 880.0, "seconds": 4.5, "dp_rank": 1},
+    ]
+    assert drv.capture_by_rank(rec) == {
+        "0": {"shapes": 2, "device_mib": 924.0, "seconds": 6.0},
+        "1": {"shapes": 1, "device_mib": 880.0, "seconds": 4.5},
+    }
+    assert drv.capture_by_rank([{k: v for k, v in c.items() if k != "dp_rank"} for c in rec]) == {}
+
+
+def test_a_process_names_its_rank_only_with_attention_dp(monkeypatch):
+    from types import SimpleNamespace
+
+    from sglang.srt import runtime_context as rc
+
+    from sglang_mixgraph.kits.gpu_machine import dp_rank_fields
+
+    assert {"attn_dp_enabled", "attn_dp_rank"} <= set(dir(rc.ParallelContext))  # 0.5.23's names
+    monkeypatch.setattr(
+        rc, "get_parallel", lambda: SimpleNamespace(attn_dp_enabled=True, attn_dp_rank=3)
+    )
+    assert dp_rank_fields() == {"dp_rank": 3}
+    monkeypatch.setattr(
+        rc, "get_parallel", lambda: SimpleNamespace(attn_dp_enabled=False, attn_dp_rank=0)
+    )
+    assert dp_rank_fields() == {}
+
+
 def test_probe_engines_keep_nvlink_multicast_off(monkeypatch):
     from sglang_mixgraph.kits.gpu_machine import NO_MULTICAST_ENV
 

@@ -142,6 +142,21 @@ def steps_by_rank(steps) -> dict:
     return {str(r): step_summary([s for s in steps if s.get("dp_rank") == r]) for r in ranks}
 
 
+def capture_by_rank(records) -> dict:
+    """Capture memory (MiB), shapes and seconds per attention-DP rank (each rank captures on its
+    own GPU); {} without DP."""
+    ranks = sorted({c["dp_rank"] for c in records if "dp_rank" in c})
+    out = {}
+    for r in ranks:
+        mine = [c for c in records if c.get("dp_rank") == r]
+        out[str(r)] = {
+            "shapes": len(mine),
+            "device_mib": round(sum(c["device_mib"] for c in mine), 1),
+            "seconds": round(sum(c["seconds"] for c in mine), 2),
+        }
+    return out
+
+
 def counters(log_text: str) -> dict:
     from sglang_mixgraph.counters import parse_line
 
@@ -232,6 +247,7 @@ def main() -> int:
             text = f.read()
         probe = os.path.join(d, "probe")
         steps = _jsonl(os.path.join(probe, "steps_*.jsonl"))
+        capture = _jsonl(os.path.join(probe, "capture_*.jsonl"))
         entry = {
             "what": arm.what,
             "env": arm.env,
@@ -243,7 +259,8 @@ def main() -> int:
             "output_tokens": res.get("output_tokens"),
             "steps": step_summary(steps),
             "steps_by_rank": steps_by_rank(steps),
-            "capture": _jsonl(os.path.join(probe, "capture_*.jsonl")),
+            "capture": capture,
+            "capture_by_rank": capture_by_rank(capture),
             "profiles": [json.load(open(p)) for p in sorted(glob.glob(probe + "/profile_*.json"))],
             "counters": counters(text),
             "fallback_lines": sorted(
@@ -262,11 +279,11 @@ def main() -> int:
             f"{entry['error'][:300]}"
         )
         log(f"   steps {json.dumps(entry['steps'])}")
-        if entry["capture"]:
-            total = sum(c["device_mib"] for c in entry["capture"])
-            log(
-                f"   capture {total:.0f} MiB over {len(entry['capture'])} shapes: {json.dumps(entry['capture'])}"
-            )
+        if capture:
+            total = sum(c["device_mib"] for c in capture)
+            log(f"   capture {total:.0f} MiB over {len(capture)} shapes: {json.dumps(capture)}")
+        if entry["capture_by_rank"]:
+            log(f"   capture by rank {json.dumps(entry['capture_by_rank'])}")
         for p in entry["profiles"]:
             top = ", ".join(f"{k['name'][:60]} {k['ms']}" for k in p["kernels"][:12])
             log(

@@ -11,7 +11,7 @@ scheduler process runs forwards. Writes to ``$SLICE_PROBE_DIR``:
   step's own time; this serializes steps, so it is a probe, not a serving number); under
   attention DP also the rank and the synced per-rank tokens (``gpu_machine.dp_step_fields``);
 * ``capture_<pid>.jsonl``: one line per captured prefill shape, free device memory before/after
-  (``PrefillCudaGraphRunner.capture_one_shape``);
+  (``PrefillCudaGraphRunner.capture_one_shape``) and, under attention DP, the rank;
 * ``profile_<pid>_<k>.json``: for the k-th MIXED step of ``$SLICE_PROFILE_MIXED`` (comma list),
   CUDA kernel time by kernel name from ``torch.profiler`` over that one forward, and the host
   side of it: self CPU time by op and the launch calls (kernels, graphs) the host made. The
@@ -157,7 +157,13 @@ def _wrap_capture(runner_module) -> None:
     capture_one_shape = cls.capture_one_shape
     path = _out("capture") + ".jsonl"
 
+    from sglang_mixgraph.kits.gpu_machine import dp_rank_fields
+
     def measured_capture_one_shape(self, size, *args, **kwargs):
+        try:
+            rank = dp_rank_fields()
+        except Exception as e:  # noqa: BLE001
+            rank = {"rank_error": repr(e)}
         torch.cuda.synchronize()
         free0, _ = torch.cuda.mem_get_info()
         reserved0 = torch.cuda.memory_reserved()
@@ -174,6 +180,7 @@ def _wrap_capture(runner_module) -> None:
                 "torch_reserved_mib": round((torch.cuda.memory_reserved() - reserved0) / 2**20, 1),
                 "free_after_gib": round(free1 / 2**30, 2),
                 "seconds": round(time.perf_counter() - t0, 2),
+                **rank,
             },
         )
 

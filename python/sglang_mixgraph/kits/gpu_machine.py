@@ -9,7 +9,8 @@ edits: ``UPSTREAM_ENV``, upstream's own flags that select the kernels such a mac
 torch); ``NO_MULTICAST_ENV``, the lent machines' rule that keeps NVLink multicast off in every
 process; ``ENGINE_DIR``; ``engine_standins()``, that folder's module loaded from its file;
 ``attention_dp_engine_kwargs()``, the Engine arguments of N attention-DP ranks; and
-``dp_step_fields()``, what the drivers' step logs record of a step under attention DP. The folder
+``dp_rank_fields()`` / ``dp_step_fields()``, what the drivers' logs record of a process and of a
+step under attention DP. The folder
 exists only in a checkout (``PYTHONPATH=python``), not in an installed package.
 """
 
@@ -77,6 +78,15 @@ def attention_dp_engine_kwargs(dp: int, chunk: int, running: int) -> dict:
         chunked_prefill_size=chunk * dp,
         max_running_requests=running * dp,
     )
+
+
+def dp_rank_fields() -> dict:
+    """This process's attention-DP rank (``{"dp_rank": r}``, upstream's
+    ``get_parallel().attn_dp_rank``) when attention DP is on, else {}."""
+    from sglang.srt.runtime_context import get_parallel
+
+    parallel = get_parallel()
+    return {"dp_rank": int(parallel.attn_dp_rank)} if parallel.attn_dp_enabled else {}
 
 
 def dp_step_fields(forward_batch) -> dict:
