@@ -10,8 +10,8 @@ torch); ``NO_MULTICAST_ENV``, the lent machines' rule that keeps NVLink multicas
 process; ``ENGINE_DIR``; ``engine_standins()``, that folder's module loaded from its file;
 ``attention_dp_engine_kwargs()``, the Engine arguments of N attention-DP ranks; and
 ``dp_rank_fields()`` / ``dp_step_fields()``, what the drivers' logs record of a process and of a
-step under attention DP. The folder
-exists only in a checkout (``PYTHONPATH=python``), not in an installed package.
+step under attention DP. The folder exists only in a checkout (``PYTHONPATH=python``), not in an
+installed package.
 """
 
 from __future__ import annotations
