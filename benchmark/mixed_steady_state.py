@@ -12,7 +12,9 @@ as in the server, the host launches each break ahead of the GPU. Arms: ``off`` (
 ``adaptive`` and ``always`` (the patch installed by the plugin registry), interleaved.
 Whole step = prepare (the runner's metadata refresh, with the patch its plan and chunk cache)
 plus replay, per step, the same work in every arm (upstream builds its chunk cache inside the
-replay, the patch at prepare); each arm's first steps after it is entered are untimed.
+replay, the patch at prepare); each arm's first steps after it is entered are untimed. The host
+time of the plan's parts (decision, decode-tail inputs, chunk cache) inside each step's prepare
+and replay is recorded beside it (``kits.host_timers`` around the server's own functions).
 Attention time = step replay minus the replay of the same graph without the breaks (the per-layer
 q copy is in both graphs). KV caches:
 ``--physical-layers N`` (the model's first N layers; 8 at 8k, 6 fit at 32k); layer i >= N reuses
@@ -24,6 +26,7 @@ the one of its ratio N - 2 layers back, so no layer finds its neighbour's cache 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import statistics
@@ -34,6 +37,7 @@ import mixed_split_inserver as ins  # the DSV4 deployment and batches (benchmark
 import torch
 
 from sglang_mixgraph.kits import dsv4_gpu  # the breakable-graph replay contexts of the GPU tests
+from sglang_mixgraph.kits.host_timers import call_timers
 from sglang_mixgraph.upstream_attrs import BACKEND_SPLIT_LAYERS
 
 DEV = "cuda"
@@ -117,27 +121,57 @@ class Step:
         torch.cuda.synchronize()
 
     def replay(self, live, static_fb, row_req, positions, q_live):
-        """(prepare ms, replay ms): prepare = the runner's metadata refresh (and the patch's plan
-        and chunk caches), host wall time with a sync; replay = CUDA events around the graph."""
+        """(prepare ms, replay ms, parts): prepare = the runner's metadata refresh (and the
+        patch's plan and chunk caches), host wall time with a sync; replay = CUDA events around
+        the graph; parts = the host ms of the server's functions named in ``PARTS`` within the
+        prepare and within the replay (upstream builds its chunk cache in the first break)."""
         backend = self.dep.backend
         with self.contexts(static_fb):
             torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            backend.prepare_forward_metadata_for_breakable_cuda_graph_replay(
-                self.metadata, live, static_forward_batch=static_fb
-            )
-            torch.cuda.synchronize()
-            prep = (time.perf_counter() - t0) * 1e3
+            with call_timers(part_targets(backend)) as in_prepare:
+                t0 = time.perf_counter()
+                backend.prepare_forward_metadata_for_breakable_cuda_graph_replay(
+                    self.metadata, live, static_forward_batch=static_fb
+                )
+                torch.cuda.synchronize()
+                prep = (time.perf_counter() - t0) * 1e3
             ins.write_c4_topk(self.dep, self.metadata.core_attn_metadata, row_req, positions)
             self.q[: q_live.shape[0]].copy_(q_live)
             self.q[q_live.shape[0] :].zero_()
             torch.cuda.synchronize()
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            self.graph.replay()
-            b.record()
-            torch.cuda.synchronize()
-        return prep, a.elapsed_time(b)
+            with call_timers(part_targets(backend)) as in_replay:
+                a.record()
+                self.graph.replay()
+                b.record()
+                torch.cuda.synchronize()
+        return prep, a.elapsed_time(b), {"prepare": dict(in_prepare), "replay": dict(in_replay)}
+
+
+# The parts of a step whose host time is reported (the patch's plan and what it calls, and the
+# chunk-cache builder that upstream calls lazily in the replay's first break).
+PARTS = ("plan", "decision", "tail_inputs", "chunk_cache")
+
+
+def part_targets(backend):
+    plan = importlib.import_module("sglang_mixgraph.patches.mixed_split.plan")
+    return [
+        ("plan", plan, "_plan"),
+        ("decision", plan, "_adaptive_splits"),
+        ("tail_inputs", plan, "_tail_inputs"),
+        ("chunk_cache", backend, "_build_sparse_prefill_chunk_cache"),
+    ]
+
+
+def part_medians(samples) -> dict:
+    """{phase: {part: median host ms per step}} over the steps' ``parts``."""
+    return {
+        phase: {
+            part: round(statistics.median(s[phase].get(part, 0.0) for s in samples), 3)
+            for part in PARTS
+        }
+        for phase in ("prepare", "replay")
+    }
 
 
 def static_batch(live, context):
@@ -166,7 +200,7 @@ def run_context(context, ratios, arms, reps, rounds, kit, physical):
         steps[with_breaks] = Step(dep, ratios, with_breaks, physical)
         steps[with_breaks].capture(live, static_fb)
     filler = []
-    samples = {arm: {"prepare": [], "replay": []} for arm in arms}
+    samples = {arm: {"prepare": [], "replay": [], "parts": []} for arm in arms}
     outs = {}
     for rnd in range(rounds):
         for arm in arms if rnd % 2 == 0 else arms[::-1]:
@@ -174,10 +208,13 @@ def run_context(context, ratios, arms, reps, rounds, kit, physical):
                 for i in range(WARMUP + reps):  # each arm's first steps untimed
                     live, row_req, positions = ins.make_batch(dep, DECODE, PREFILL)
                     static_fb = static_batch(live, dep.pages_per_req * ins.PAGE)
-                    prep, rep = steps[True].replay(live, static_fb, row_req, positions, q_live)
+                    prep, rep, parts = steps[True].replay(
+                        live, static_fb, row_req, positions, q_live
+                    )
                     if i >= WARMUP:
                         samples[arm]["prepare"].append(prep)
                         samples[arm]["replay"].append(rep)
+                        samples[arm]["parts"].append(parts)
                 outs[arm] = steps[True].out[: positions.numel()].float().clone()
         for _ in range(reps):
             live, row_req, positions = ins.make_batch(dep, DECODE, PREFILL)
@@ -223,6 +260,7 @@ def run_context(context, ratios, arms, reps, rounds, kit, physical):
             replay_ms=rep,
             attention_ms=rep - filler_ms,
             prepare_ms=statistics.median(samples[arm]["prepare"]),
+            host_parts_ms=part_medians(samples[arm]["parts"]),
             step_ms=statistics.median(steps_ms),
             replay_samples=samples[arm]["replay"],
             prepare_samples=samples[arm]["prepare"],
@@ -257,6 +295,24 @@ def write_report(data, path):
                 f"{off['attention_ms'] / a['attention_ms']:.3f}x | "
                 f"{a.get('max_abs_diff_vs_off', 0.0):.3g} |"
             )
+    lines += [
+        "",
+        "Host ms per step in the server's own functions (medians; no sync inside, so GPU work a "
+        "part launches is not in it; `plan` includes the three after it when the patch builds "
+        "them at prepare; upstream builds its chunk cache in the replay's first break):",
+        "",
+        "| context | arm | "
+        + " | ".join(f"prepare: {p}" for p in PARTS)
+        + " | replay: chunk_cache |",
+        "|---|---|" + "---|" * (len(PARTS) + 1),
+    ]
+    for r in data["points"]:
+        for arm in env["arms"]:
+            parts = r[arm].get("host_parts_ms")
+            if parts:
+                cells = [f"{parts['prepare'][p]:.3f}" for p in PARTS]
+                cells.append(f"{parts['replay']['chunk_cache']:.3f}")
+                lines.append(f"| {r['context']} | {arm} | " + " | ".join(cells) + " |")
     lines += [
         "",
         "Filler-only replay (the captured GEMMs, no attention): "

@@ -9,5 +9,6 @@ torch at the top and sglang inside functions. One module per kit:
 `bcg_capture` a breakable CUDA graph captured as upstream's runner captures it;
 `model_configs` config.json files of small models for server-argument resolution;
 `cost_fit` fitting the adaptive policy's cost model to measured timings;
+`host_timers` host time of named functions of the server's code inside a benchmark's phase;
 `gpu_machine` what the drivers read of the bare-torch GPU machine's set-up (tools/gpu-upstream).
 """
