@@ -26,7 +26,6 @@ the one of its ratio N - 2 layers back, so no layer finds its neighbour's cache 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import statistics
@@ -37,7 +36,14 @@ import mixed_split_inserver as ins  # the DSV4 deployment and batches (benchmark
 import torch
 
 from sglang_mixgraph.kits import dsv4_gpu  # the breakable-graph replay contexts of the GPU tests
-from sglang_mixgraph.kits.host_timers import call_timers
+from sglang_mixgraph.kits.host_timers import (
+    SPLIT_PLAN_PARTS as PARTS,
+)
+from sglang_mixgraph.kits.host_timers import (
+    call_timers,
+    part_medians,
+    split_plan_targets,
+)
 from sglang_mixgraph.upstream_attrs import BACKEND_SPLIT_LAYERS
 
 DEV = "cuda"
@@ -128,7 +134,7 @@ class Step:
         backend = self.dep.backend
         with self.contexts(static_fb):
             torch.cuda.synchronize()
-            with call_timers(part_targets(backend)) as in_prepare:
+            with call_timers(split_plan_targets(backend)) as in_prepare:
                 t0 = time.perf_counter()
                 backend.prepare_forward_metadata_for_breakable_cuda_graph_replay(
                     self.metadata, live, static_forward_batch=static_fb
@@ -140,38 +146,12 @@ class Step:
             self.q[q_live.shape[0] :].zero_()
             torch.cuda.synchronize()
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            with call_timers(part_targets(backend)) as in_replay:
+            with call_timers(split_plan_targets(backend)) as in_replay:
                 a.record()
                 self.graph.replay()
                 b.record()
                 torch.cuda.synchronize()
         return prep, a.elapsed_time(b), {"prepare": dict(in_prepare), "replay": dict(in_replay)}
-
-
-# The parts of a step whose host time is reported (the patch's plan and what it calls, and the
-# chunk-cache builder that upstream calls lazily in the replay's first break).
-PARTS = ("plan", "decision", "tail_inputs", "chunk_cache")
-
-
-def part_targets(backend):
-    plan = importlib.import_module("sglang_mixgraph.patches.mixed_split.plan")
-    return [
-        ("plan", plan, "_plan"),
-        ("decision", plan, "_adaptive_splits"),
-        ("tail_inputs", plan, "_tail_inputs"),
-        ("chunk_cache", backend, "_build_sparse_prefill_chunk_cache"),
-    ]
-
-
-def part_medians(samples) -> dict:
-    """{phase: {part: median host ms per step}} over the steps' ``parts``."""
-    return {
-        phase: {
-            part: round(statistics.median(s[phase].get(part, 0.0) for s in samples), 3)
-            for part in PARTS
-        }
-        for phase in ("prepare", "replay")
-    }
 
 
 def static_batch(live, context):

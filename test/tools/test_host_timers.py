@@ -51,32 +51,24 @@ def test_restores_everything_when_the_block_raises():
     assert (mod.part, mod.whole) == before
 
 
-def test_the_steady_state_benchmark_times_functions_that_exist():
-    """benchmark/mixed_steady_state.py's parts name the plugin's and upstream's functions (a
-    rename would time nothing silently), and its medians are per part and phase."""
-    import importlib
-    import sys
-    from pathlib import Path
+def test_the_split_plan_parts_name_functions_that_exist():
+    """The steady-state benchmark's parts name the plugin's and upstream's functions (a rename
+    would time nothing, silently), and its medians are per part and phase."""
     from types import SimpleNamespace
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmark"))
-    try:
-        bench = importlib.import_module("mixed_steady_state")
-    finally:
-        sys.path.pop(0)
     from sglang.srt.layers.attention.deepseek_v4_backend import DeepseekV4AttnBackend
 
-    backend = SimpleNamespace(
-        _build_sparse_prefill_chunk_cache=DeepseekV4AttnBackend._build_sparse_prefill_chunk_cache
-    )
-    targets = bench.part_targets(backend)
-    assert [name for name, _, _ in targets] == list(bench.PARTS)
+    from sglang_mixgraph.kits import host_timers as ht
+
+    method = DeepseekV4AttnBackend._build_sparse_prefill_chunk_cache
+    targets = ht.split_plan_targets(SimpleNamespace(_build_sparse_prefill_chunk_cache=method))
+    assert [name for name, _, _ in targets] == list(ht.SPLIT_PLAN_PARTS)
     for _, owner, attr in targets:
         assert callable(getattr(owner, attr)), attr
     steps = [
         {"prepare": {"plan": 1.0, "chunk_cache": 0.4}, "replay": {}},
         {"prepare": {"plan": 3.0, "chunk_cache": 0.6}, "replay": {"chunk_cache": 0.2}},
     ]
-    med = bench.part_medians(steps)
+    med = ht.part_medians(steps)
     assert med["prepare"] == {"plan": 2.0, "decision": 0.0, "tail_inputs": 0.0, "chunk_cache": 0.5}
     assert med["replay"]["chunk_cache"] == 0.1

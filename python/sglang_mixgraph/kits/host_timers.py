@@ -6,12 +6,16 @@ attributes, looked up by name where they are called) for the length of a ``with`
 adds each one's host wall time per call into a dict of milliseconds. It adds no device
 synchronization, so GPU work a part only launches is not in its figure, and a part that calls
 another includes it. Everything is put back on exit, also when the block raises.
+``split_plan_targets`` names the parts of the mixed split's step plan that way, and
+``part_medians`` summarizes the per-step figures.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
+import statistics
 import time
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
@@ -48,3 +52,34 @@ def call_timers(targets: Sequence[tuple[str, object, str]]) -> Iterator[dict[str
                 setattr(owner, attr, own)
             else:
                 delattr(owner, attr)
+
+
+# The parts of a step whose host time the steady-state benchmark reports: the mixed split's plan
+# and what it calls, and the backend's chunk-cache builder (upstream calls it lazily in the
+# replay's first break, the patch at prepare).
+SPLIT_PLAN_PARTS = ("plan", "decision", "tail_inputs", "chunk_cache")
+
+
+def split_plan_targets(backend) -> list[tuple[str, object, str]]:
+    """``call_timers`` targets for ``SPLIT_PLAN_PARTS`` on ``backend`` (a DSV4 attention
+    backend): the plan module's globals as ``mixed_split.plan._plan`` calls them."""
+    plan = importlib.import_module("sglang_mixgraph.patches.mixed_split.plan")
+    return [
+        ("plan", plan, "_plan"),
+        ("decision", plan, "_adaptive_splits"),
+        ("tail_inputs", plan, "_tail_inputs"),
+        ("chunk_cache", backend, "_build_sparse_prefill_chunk_cache"),
+    ]
+
+
+def part_medians(samples, parts: Sequence[str] = SPLIT_PLAN_PARTS) -> dict:
+    """{phase: {part: median host ms per step}} over per-step {phase: {part: ms}} records (a
+    part a step did not call counts 0)."""
+    phases = sorted({phase for s in samples for phase in s})
+    return {
+        phase: {
+            part: round(statistics.median(s.get(phase, {}).get(part, 0.0) for s in samples), 3)
+            for part in parts
+        }
+        for phase in phases
+    }
