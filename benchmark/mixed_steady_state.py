@@ -37,9 +37,7 @@ import torch
 
 from sglang_mixgraph.kits import dsv4_gpu  # the breakable-graph replay contexts of the GPU tests
 from sglang_mixgraph.kits.host_timers import (
-    SPLIT_PLAN_PARTS as PARTS,
-)
-from sglang_mixgraph.kits.host_timers import (
+    SPLIT_PLAN_PARTS,
     call_timers,
     part_medians,
     split_plan_targets,
@@ -129,8 +127,9 @@ class Step:
     def replay(self, live, static_fb, row_req, positions, q_live):
         """(prepare ms, replay ms, parts): prepare = the runner's metadata refresh (and the
         patch's plan and chunk caches), host wall time with a sync; replay = CUDA events around
-        the graph; parts = the host ms of the server's functions named in ``PARTS`` within the
-        prepare and within the replay (upstream builds its chunk cache in the first break)."""
+        the graph; parts = the host ms of the server's functions named in ``SPLIT_PLAN_PARTS``
+        within the prepare and within the replay (upstream builds its chunk cache in the first
+        break)."""
         backend = self.dep.backend
         with self.contexts(static_fb):
             torch.cuda.synchronize()
@@ -282,15 +281,15 @@ def write_report(data, path):
         "them at prepare; upstream builds its chunk cache in the replay's first break):",
         "",
         "| context | arm | "
-        + " | ".join(f"prepare: {p}" for p in PARTS)
+        + " | ".join(f"prepare: {p}" for p in SPLIT_PLAN_PARTS)
         + " | replay: chunk_cache |",
-        "|---|---|" + "---|" * (len(PARTS) + 1),
+        "|---|---|" + "---|" * (len(SPLIT_PLAN_PARTS) + 1),
     ]
     for r in data["points"]:
         for arm in env["arms"]:
             parts = r[arm].get("host_parts_ms")
             if parts:
-                cells = [f"{parts['prepare'][p]:.3f}" for p in PARTS]
+                cells = [f"{parts['prepare'][p]:.3f}" for p in SPLIT_PLAN_PARTS]
                 cells.append(f"{parts['replay']['chunk_cache']:.3f}")
                 lines.append(f"| {r['context']} | {arm} | " + " | ".join(cells) + " |")
     lines += [

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib
 import statistics
 import time
 from collections import defaultdict
@@ -63,7 +62,8 @@ SPLIT_PLAN_PARTS = ("plan", "decision", "tail_inputs", "chunk_cache")
 def split_plan_targets(backend) -> list[tuple[str, object, str]]:
     """``call_timers`` targets for ``SPLIT_PLAN_PARTS`` on ``backend`` (a DSV4 attention
     backend): the plan module's globals as ``mixed_split.plan._plan`` calls them."""
-    plan = importlib.import_module("sglang_mixgraph.patches.mixed_split.plan")
+    from sglang_mixgraph.patches.mixed_split import plan
+
     return [
         ("plan", plan, "_plan"),
         ("decision", plan, "_adaptive_splits"),
@@ -72,14 +72,14 @@ def split_plan_targets(backend) -> list[tuple[str, object, str]]:
     ]
 
 
-def part_medians(samples, parts: Sequence[str] = SPLIT_PLAN_PARTS) -> dict:
-    """{phase: {part: median host ms per step}} over per-step {phase: {part: ms}} records (a
-    part a step did not call counts 0)."""
+def part_medians(samples) -> dict:
+    """{phase: {part: median host ms per step}} of ``SPLIT_PLAN_PARTS`` over per-step
+    {phase: {part: ms}} records (a part a step did not call counts 0)."""
     phases = sorted({phase for s in samples for phase in s})
     return {
         phase: {
             part: round(statistics.median(s.get(phase, {}).get(part, 0.0) for s in samples), 3)
-            for part in parts
+            for part in SPLIT_PLAN_PARTS
         }
         for phase in phases
     }
