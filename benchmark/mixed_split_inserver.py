@@ -38,6 +38,7 @@ import torch
 from sglang_mixgraph.core import split_cost_model as cm
 from sglang_mixgraph.kits import dsv4_cpu, dsv4_gpu
 from sglang_mixgraph.reference import v4_kv_layout as kvl
+from sglang_mixgraph.upstream_attrs import BACKEND_SPLIT_LAYERS
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -49,6 +50,22 @@ RATIOS = (4, 128)  # layer 0: CSA, layer 1: HCA
 LAYER_NAMES = {4: "csa_c4_top1024", 128: "hca_c128"}
 SEED_PAGES = 64  # pages encoded with random keys; the rest of each pool repeats them
 SLEEP_CYCLES_PER_MS = 1.98e6  # torch.cuda._sleep spins clock cycles; H200 boost clock 1.98 GHz
+
+
+def model_ratios() -> list:
+    """DSV4-Pro's compress ratio per layer, from the config.json the package ships."""
+    with open(
+        os.path.join(_ROOT, "python", "sglang_mixgraph", "data", "dsv4_pro", "config.json")
+    ) as f:
+        cfg = json.load(f)
+    return list(cfg["compress_ratios"][: cfg["num_hidden_layers"]])
+
+
+def decide_for_model(dep, ratios) -> None:
+    """Make ``adaptive`` decide for the layers of ``ratios`` (a served model's), not for the few
+    the benchmark's pool holds: the plan counts its pool's layers once per pool
+    (``mixed_split.plan.layer_mix``) and keeps the count on the backend."""
+    setattr(dep.backend, BACKEND_SPLIT_LAYERS, (dep.backend.token_to_kv_pool, cm.layer_mix(ratios)))
 
 
 class Deployment:
@@ -259,7 +276,7 @@ def time_point(
         layer_wall_ms=statistics.median(wall),
         layer_host_ms=statistics.median(host),
         setup_ms=statistics.median(setup_ms),
-        split=plan is not None and plan.splits(ratio),
+        split=plan is not None,  # a plan splits every layer of its step
         decode_calls=dict(plan.decode_calls) if plan else {},
         out=out,
     )
@@ -440,6 +457,7 @@ def main() -> None:
     with kit.sglang_context(device=DEV):
         for c in args.contexts:
             dep = Deployment(c, max(args.decode), max_prefill=max(args.prefill))
+            decide_for_model(dep, model_ratios())
             for layer, ratio in enumerate(RATIOS):
                 for d in args.decode:
                     for p in args.prefill:

@@ -42,20 +42,11 @@ from sglang_mixgraph.kits.host_timers import (
     part_medians,
     split_plan_targets,
 )
-from sglang_mixgraph.upstream_attrs import BACKEND_SPLIT_LAYERS
 
 DEV = "cuda"
 DECODE, PREFILL, BUCKET = 256, 2560, 2816
 WARMUP = 2  # untimed steps each time an arm is entered (its patch just installed)
 FILLER = (7168, 8192)  # the stand-in GEMM per layer: (BUCKET x 7168) @ (7168 x 8192), bf16
-
-
-def model_ratios() -> list:
-    with open(
-        os.path.join(ins._ROOT, "python", "sglang_mixgraph", "data", "dsv4_pro", "config.json")
-    ) as f:
-        cfg = json.load(f)
-    return list(cfg["compress_ratios"][: cfg["num_hidden_layers"]])
 
 
 def physical_layer(i: int, physical: int) -> int:
@@ -165,9 +156,8 @@ def run_context(context, ratios, arms, reps, rounds, kit, physical):
     from sglang_mixgraph.core import split_cost_model as cm
 
     dep = ins.Deployment(context, DECODE, ratios=ratios[:physical])
-    # The pool holds `physical` layers that the 61 layer calls reuse; adaptive must decide for
-    # the 61 layers a server's pool has (the plan counts its pool's layers once per pool).
-    setattr(dep.backend, BACKEND_SPLIT_LAYERS, (dep.backend.token_to_kv_pool, cm.layer_mix(ratios)))
+    # The pool holds `physical` layers that the 61 layer calls reuse.
+    ins.decide_for_model(dep, ratios)
     live, row_req, positions = ins.make_batch(dep, DECODE, PREFILL)
     static_fb = static_batch(live, dep.pages_per_req * ins.PAGE)
     g = torch.Generator(device=DEV).manual_seed(4)
@@ -367,7 +357,7 @@ def main():
         return
     from sglang_mixgraph.kits import dsv4_cpu as kit
 
-    ratios = model_ratios()
+    ratios = ins.model_ratios()
     points = []
     with kit.sglang_context(device=DEV):
         for c in args.contexts:
