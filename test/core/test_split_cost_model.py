@@ -398,7 +398,7 @@ def _python_lines(fn):
 def test_a_steps_decision_takes_the_same_python_work_for_16_or_4096_decode_rows():
     """O(1) per step: from the decode lengths as a tensor (``ForwardBatch.seq_lens_cpu``), the
     counts and the decision run the same Python lines whatever the decode batch size (the
-    reductions run in torch); ``StepShape.from_lists``, three times, walks every request."""
+    reductions run in numpy); ``StepShape.from_lists``, three times, walks every request."""
     c = m.load_coefficients("sm90")
 
     def decide(d):
