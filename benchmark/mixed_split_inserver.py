@@ -15,8 +15,9 @@ Per point: the layer's forward (chunk cache already built, as for every layer af
 the workspace's compressed part dequantized anew, as for a layer with its own cache),
 CUDA-event time after an L2 flush (the GPU waits for the host too: launches are not queued
 ahead), wall time with a synchronize, and host time of the call; medians over ``--reps`` calls
-and ``--rounds`` rounds with the arms (off, always, adaptive) interleaved. Also the step set-up
-(metadata build, plus the patch's plan and prefill-only chunk cache when on).
+and ``--rounds`` rounds with the arms (off, always, adaptive) interleaved; ``adaptive`` decides
+each step for DSV4-Pro's 61 layers, as a server does. Also the step set-up (metadata build, plus
+the patch's plan and prefill-only chunk cache when on).
 
     bash tools/gpu-upstream/device.sh python3 benchmark/mixed_split_inserver.py --out $OUT
     python3 benchmark/mixed_split_inserver.py --out docs/results --report-only docs/results/mixed_split_inserver_h200.json
