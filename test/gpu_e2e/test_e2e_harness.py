@@ -926,6 +926,16 @@ def test_live_width_phase_name_env_and_baseline():
             {"multi_stream": 1},
             False,
         ),
+        (  # the long segment's steps keep the capture width by design
+            {"layers_wrapped": 4, "breaks_run": 90, "breaks_narrowed": 40},
+            {"long_rows": 50},
+            True,
+        ),
+        (
+            {"layers_wrapped": 4, "breaks_run": 90, "breaks_narrowed": 40},
+            {"long_rows": 50, "replay_tail": 1},
+            False,
+        ),
     ],
 )
 def test_live_width_phase_checks_the_breaks_ran_narrowed_in_replays(events, fallbacks, ok):

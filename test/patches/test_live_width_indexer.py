@@ -24,22 +24,24 @@ from sglang.srt.model_executor.runner_backend_utils.tc_piecewise_cuda_graph impo
     set_tc_piecewise_forward_context,
 )
 
-from sglang_mixgraph import counters
+from sglang_mixgraph import counters, fallback
 from sglang_mixgraph.kits import bcg_cpu
 from sglang_mixgraph.kits.install import installed
 from sglang_mixgraph.patches import live_width_indexer as lw
 
 ON = {lw.FLAG.name: "1"}
 ROWS, WIDTH_PAGES, PAGE = 8, 32, 256  # the capture's page table: 8192 tokens of context
+TOPK = 2048  # c4 entries a row keeps: every batch below but the long-row test's stays within it
 
 
 class Backend:
     """The attention backend's surface the indexer call touches; records each call."""
 
-    def __init__(self):
+    def __init__(self, topk: int = TOPK):
         table = torch.arange(ROWS * WIDTH_PAGES, dtype=torch.int32).view(ROWS, WIDTH_PAGES)
         meta = types.SimpleNamespace(page_table=table, page_size=PAGE)
-        self.forward_metadata = types.SimpleNamespace(indexer_metadata=meta)
+        core = types.SimpleNamespace(c4_sparse_page_indices=torch.zeros(ROWS, topk))
+        self.forward_metadata = types.SimpleNamespace(indexer_metadata=meta, core_metadata=core)
         self.calls: list = []
 
     def forward_indexer_compressor(self, x, forward_batch, layer_id, compressor):
@@ -133,6 +135,38 @@ def test_the_indexer_becomes_one_break_at_the_live_width(world):
     assert counters.get(lw.PATCH_ID, "layers_wrapped") == 1
     assert counters.get(lw.PATCH_ID, "breaks_run") == 4
     assert counters.get(lw.PATCH_ID, "breaks_narrowed") == 3
+
+
+def test_a_step_with_rows_beyond_the_topk_keeps_the_capture_width_and_says_so_once(
+    world, caplog, monkeypatch
+):
+    monkeypatch.setattr(fallback, "_said", set())  # "once" per process: this test's own once
+    backend = Backend(topk=256)  # rows of more than 1024 tokens see more than 256 c4 entries
+    with installed((lw.PATCH,), ON), caplog.at_level(logging.INFO, logger="sglang_mixgraph"):
+        graph = _capture(backend, _batch([600, 90]))
+        for seq_lens, pages in (([1200, 90], WIDTH_PAGES), ([1024, 7], 4), ([1500], WIDTH_PAGES)):
+            backend.calls.clear()
+            _replay(graph, _batch(seq_lens))
+            assert [c[1] for c in backend.calls] == [pages]
+            assert backend.forward_metadata.indexer_metadata.page_table.shape[1] == WIDTH_PAGES
+    assert counters.get(lw.PATCH_ID, "breaks_full_width") == 2
+    assert counters.get(lw.PATCH_ID, "breaks_narrowed") == 2  # the capture run and [1024, 7]
+    said = [r.getMessage() for r in caplog.records if lw.FALLBACKS["long_rows"] in r.getMessage()]
+    assert len(said) == 1
+
+
+@pytest.mark.parametrize(
+    ("seq_lens", "topk", "exact"),
+    [
+        ([4096], 1024, True),
+        ([4099], 1024, True),
+        ([4100], 1024, False),
+        ([10, 9000], 2048, False),
+        ([], 1, True),
+    ],
+)
+def test_narrowing_is_exact_while_no_request_sees_more_than_topk_entries(seq_lens, topk, exact):
+    assert lw.narrowing_is_exact(seq_lens, topk) is exact
 
 
 def test_a_compressor_already_run_is_not_run_again(world):

@@ -9,9 +9,12 @@ logits ``[rows, width / 4]`` (the torch fallback's work scales with it) and keep
 pool. Here the compressor stays captured and the rest of the indexer (Q, weights, logits, top-k)
 runs as one eager break per c4 layer (``eager_on_graph``, as upstream's V4.1 low-ratio sources
 do), over the page table narrowed to the live batch's longest sequence. Rows stay at the
-bucket's, so the captured DeepGEMM schedule and top-k plans stay valid. It acts with upstream's
-stream overlap off (SGLANG_OPT_USE_MULTI_STREAM_OVERLAP=0): with it on, the indexer runs on a
-side stream in captures, where a break cannot go; the patch then falls back and says so.
+bucket's, so the captured DeepGEMM schedule and top-k plans stay valid. It narrows only steps
+whose requests hold at most top-k c4 entries each: upstream's top-k returns such a row's entries
+in order whatever the width, while a longer row's picks may come in another order over a
+narrower table; those steps keep the capture width (said once). It acts with upstream's stream
+overlap off (SGLANG_OPT_USE_MULTI_STREAM_OVERLAP=0): with it on, the indexer runs on a side
+stream in captures, where a break cannot go; the patch then falls back and says so.
 """
 
 from __future__ import annotations
@@ -55,7 +58,12 @@ FALLBACKS = {
     f"{MULTI_STREAM_FLAG}=0 for the live-width indexer (it gives up that overlap)",
     "replay_tail": "a decoder replay-tail graph: its capture pass never computed the "
     "activations a break would score",
+    "long_rows": "a step with a request of more than top-k c4 entries: upstream's top-k may "
+    "return the same entries in another order over a narrower page table (another rounding in "
+    "the attention), so such steps keep the capture width",
 }
+
+C4_RATIO = 4
 
 
 def live_pages(seq_lens_cpu, page_size: int, width_pages: int) -> int:
@@ -63,6 +71,15 @@ def live_pages(seq_lens_cpu, page_size: int, width_pages: int) -> int:
     most the captured width). Padded rows can only make this wider, never narrower."""
     longest = int(max(seq_lens_cpu)) if len(seq_lens_cpu) else 0
     return max(1, min(width_pages, -(-longest // page_size)))
+
+
+def narrowing_is_exact(seq_lens_cpu, topk: int) -> bool:
+    """Whether the top-k of every row of the step is the same at any page-table width: each
+    row sees at most ``seq // 4`` c4 entries, and upstream returns a row with at most top-k of
+    them as those entries in order (the sequential rows of
+    ``dsv4.indexer._topk_transform_vectorized``), without ranking them over the width."""
+    longest = int(max(seq_lens_cpu)) if len(seq_lens_cpu) else 0
+    return longest // C4_RATIO <= topk
 
 
 def _indexer_at_live_width(original, indexer, x, q_lora, attn_backend, q_lora_quant) -> None:
@@ -75,6 +92,11 @@ def _indexer_at_live_width(original, indexer, x, q_lora, attn_backend, q_lora_qu
     meta = attn_backend.forward_metadata.indexer_metadata
     full = meta.page_table
     pages = live_pages(forward_batch.seq_lens_cpu, meta.page_size, full.shape[1])
+    topk = attn_backend.forward_metadata.core_metadata.c4_sparse_page_indices.shape[1]
+    if pages < full.shape[1] and not narrowing_is_exact(forward_batch.seq_lens_cpu, topk):
+        fallback_once(PATCH_ID, FALLBACKS["long_rows"], key="long_rows")
+        counters.count(PATCH_ID, "breaks_full_width")
+        pages = full.shape[1]
     meta.page_table = full[:, :pages]  # a view: row stride kept, columns contiguous
     try:
         original(
