@@ -282,11 +282,11 @@ class Step:
         return sum(e for _, e in self.prefill)
 
 
-def replay_static_batch(live, size: int, live_rows: int | None = None):
+def replay_static_batch(live, size: int, live_rows: int | None = None, max_ctx: int = MAX_CTX):
     """The static EXTEND batch a breakable prefill graph replays with, built from the live batch
     as upstream's ``PrefillCudaGraphRunner.load_batch`` builds it: the live lengths, token
-    tensors padded to the bucket's ``size``, and the live row count (``live_rows``, default the
-    live batch's rows; 0 for an idle DP rank)."""
+    tensors padded to the bucket's ``size``, the live row count (``live_rows``, default the
+    live batch's rows; 0 for an idle DP rank) and the capture's context width ``max_ctx``."""
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 
     rows = int(live.input_ids.shape[0])
@@ -313,7 +313,7 @@ def replay_static_batch(live, size: int, live_rows: int | None = None):
         extend_seq_lens_cpu=live.extend_seq_lens_cpu,
         extend_num_tokens=live.extend_num_tokens,
         global_num_token_non_padded_cpu=rows if live_rows is None else live_rows,
-        max_seq_len_override=MAX_CTX,
+        max_seq_len_override=max_ctx,
     )
 
 
@@ -356,15 +356,24 @@ class World:
     world on CUDA with upstream's real ``__init__`` and metadata builder.
     """
 
-    def __init__(self, step: Step, *, q8kv8: bool = False, backend_cls=None, device: str = "cpu"):
+    def __init__(
+        self,
+        step: Step,
+        *,
+        q8kv8: bool = False,
+        backend_cls=None,
+        device: str = "cpu",
+        max_ctx: int = MAX_CTX,
+    ):
         from sglang.srt.layers.attention import deepseek_v4_backend as dsv4
 
         self.step = step
         self.device = device
+        self.max_ctx = max_ctx  # the model's context length: the graphs' capture width
         g = torch.Generator().manual_seed(step.seed)
         self.g = g
         self.pool = kv_pool(max_reqs=MAX_REQS, size=SWA_SIZE, ratios=LAYER_RATIOS, device=device)
-        self.req_to_token = torch.zeros(MAX_REQS, MAX_CTX, dtype=torch.int32)
+        self.req_to_token = torch.zeros(MAX_REQS, max_ctx, dtype=torch.int32)
         # Requests get shuffled, non-contiguous pages (page 0 stays unused).
         n_reqs = len(step.seq_lens)
         pages_needed = [-(-s // PAGE) for s in step.seq_lens]

@@ -59,12 +59,12 @@ def model_runner(
 class GpuWorld(K.World):
     """The CPU kit's world on CUDA, with upstream's backend and metadata builder."""
 
-    def __init__(self, step: K.Step, *, q8kv8: bool = False):
-        super().__init__(step, q8kv8=q8kv8, device=DEV)
+    def __init__(self, step: K.Step, *, q8kv8: bool = False, max_ctx: int = K.MAX_CTX):
+        super().__init__(step, q8kv8=q8kv8, device=DEV, max_ctx=max_ctx)
 
     def _make_backend(self, dsv4, cls, q8kv8: bool):
         runner = model_runner(
-            self.pool, self.req_to_token, num_reqs=K.MAX_REQS, context_len=K.MAX_CTX
+            self.pool, self.req_to_token, num_reqs=K.MAX_REQS, context_len=self.max_ctx
         )
         backend = cls(runner)
         if q8kv8:
@@ -229,7 +229,7 @@ class BreakableBucket:
 
     def static_batch(self, live):
         """The padded EXTEND batch the replayed graph sees."""
-        return K.replay_static_batch(live, self.size)
+        return K.replay_static_batch(live, self.size, max_ctx=self.world.max_ctx)
 
     def _contexts(self, static_fb):
         return bcg_replay_contexts(self.world.backend, static_fb, self.layer_objs)
