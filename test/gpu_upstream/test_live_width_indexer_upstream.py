@@ -215,7 +215,7 @@ def test_upstream_over_a_narrowed_table_picks_the_same_entries(arms, name):
     from sglang.srt.layers.attention.dsv4.indexer import C4Indexer
 
     upstream, _ = arms
-    _, captured, rows = _replay_both(arms, name)
+    _, captured, _, _, rows = _replay_both(arms, name)
     meta = upstream.metadata.indexer_metadata
     full = meta.page_table
     pages = lw.live_pages(_live(upstream.world, name)[1].seq_lens_cpu, K.PAGE, full.shape[1])

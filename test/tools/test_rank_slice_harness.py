@@ -45,7 +45,9 @@ def test_arms_differ_only_in_their_own_settings():
         extra = {k: v for k, v in kwargs(name).items() if common.get(k) != v}
         assert set(extra) == set(arm.engine), name
     assert kwargs("bcg-split-rd-always")["cuda_graph_backend_prefill"] == "breakable"
-    assert kwargs("split-eager")["cuda_graph_backend_prefill"] == "disabled"
+    for eager in ("split-eager", "split-eager-adaptive"):
+        assert kwargs(eager)["cuda_graph_backend_prefill"] == "disabled"
+    assert A.ARMS["split-eager-adaptive"].env["SGLANG_MIXGRAPH_SPLIT_POLICY"] == "adaptive"
 
 
 def test_probe_and_ab_configuration_leave_the_same_room_for_the_capture():

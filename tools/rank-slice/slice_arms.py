@@ -56,6 +56,12 @@ ARMS = {
             {SPLIT: "1", POLICY: "always"},
             {"cuda_graph_backend_prefill": "disabled"},
         ),
+        Arm(
+            "split-eager-adaptive",
+            "the split (adaptive), prefill graph off",
+            {SPLIT: "1", POLICY: "adaptive"},
+            {"cuda_graph_backend_prefill": "disabled"},
+        ),
         Arm("forced-bcg", "SGLANG_EXPERIMENTAL_FORCE_BCG=1, nothing else", {FORCE_BCG: "1"}),
         Arm(
             "bcg-auto",
