@@ -376,3 +376,11 @@ def test_the_split_only_arm_differs_from_bcg_auto_by_the_split_alone():
     assert kwargs("bcg-split-always") == kwargs("bcg-auto")
     added = {k: v for k, v in split.env.items() if auto.env.get(k) != v}
     assert added == {A.SPLIT: "1", A.POLICY: "always"} and set(auto.env) <= set(split.env)
+
+
+def test_probe_arms_log_their_counters_while_they_serve():
+    """The probe reads each arm's patch counters from its log: with the interval at 0 they
+    would come only at exit, which SGLang's Engine.shutdown can skip."""
+    drv = _load("run_slice_probe")
+    env = drv.arm_env(A.ARMS["split-eager-adaptive"], "/tmp/p", "0", radix=True)
+    assert float(env["SGLANG_MIXGRAPH_COUNTERS_LOG_INTERVAL"]) > 0

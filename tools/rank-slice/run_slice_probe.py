@@ -38,6 +38,7 @@ from sglang_mixgraph.kits.gpu_machine import (
 )
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+COUNTERS_INTERVAL_S = "1"
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
@@ -66,7 +67,9 @@ def arm_env(arm: A.Arm, probe_dir: str, profile: str, radix: bool) -> dict:
     env["MIXGRAPH_E2E_STARTUP"] = "slice_probe"
     env["SLICE_PROBE_DIR"] = probe_dir
     env["SLICE_PROFILE_MIXED"] = profile
-    env["SGLANG_MIXGRAPH_COUNTERS_LOG_INTERVAL"] = "0"
+    # A line a second while counts change; the arm waits for the last one before shutting down
+    # (SGLang's Engine.shutdown can end the scheduler before its exit handlers run).
+    env["SGLANG_MIXGRAPH_COUNTERS_LOG_INTERVAL"] = COUNTERS_INTERVAL_S
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
