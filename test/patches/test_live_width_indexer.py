@@ -1,8 +1,10 @@
 """live_width_indexer on CPU: upstream's real ``C4Indexer.forward``, its breakable capture and
 replay (``kits.bcg_cpu`` stands in for the CUDA graph objects), its breakable-graph and forward
 contexts; the backend's ``forward_c4_indexer`` and compressor are stand-ins that record what
-they were given. Whether the narrowed indexer selects the same top-k as upstream's is the GPU
-end-to-end phase's question (``bcg-<split>-lw``)."""
+they were given. Whether the narrowed indexer selects the same top-k as upstream's is
+test_live_width_indexer_upstream_topk.py's question on the CPU, and on the GPU
+test/gpu_upstream/test_live_width_indexer_upstream.py's and the end-to-end phase's
+(``bcg-<split>-lw``)."""
 
 from __future__ import annotations
 
