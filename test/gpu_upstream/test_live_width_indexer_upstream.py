@@ -91,21 +91,26 @@ class IndexerBucket(G.BreakableBucket):
         stack.enter_context(enable_breakable_cuda_graph())
         return stack
 
-    def _body(self):
+    def run_indexer(self) -> None:
+        """Upstream's c4 indexer on the bucket's static batch, as the model calls it."""
         from sglang.srt.layers.attention.dsv4.indexer import C4Indexer
+
+        C4Indexer.forward(
+            self.indexer,
+            x=self.lora,
+            q_lora=self.lora,
+            forward_batch=self.static_fb,
+            attn_backend=self.world.backend,
+            skip_compressor=True,
+        )
+
+    def _body(self):
         from sglang.srt.models.deepseek_v4 import bcg_deepseek_v4_attention_with_output
 
         for layer in self.layers:
             q = self.q * 1.0
             if layer == C4:
-                C4Indexer.forward(
-                    self.indexer,
-                    x=self.lora,
-                    q_lora=self.lora,
-                    forward_batch=self.static_fb,
-                    attn_backend=self.world.backend,
-                    skip_compressor=True,
-                )
+                self.run_indexer()
             o = torch.empty_like(q)
             bcg_deepseek_v4_attention_with_output(
                 q, q, o, layer, K.LAYER_RATIOS[layer], self.sink, False
@@ -188,23 +193,23 @@ def _replay_both(arms, name):
     return want, want_topk, got, got_topk, rows
 
 
-@pytest.mark.parametrize("name", WITHIN)
-def test_within_the_topk_the_break_at_the_live_width_equals_upstreams_capture(arms, name):
+def _assert_patched_replay_equals_upstreams(arms, name, narrowed: int, full_width: int):
     want, want_topk, got, got_topk, rows = _replay_both(arms, name)
-    assert counters.get(lw.PATCH_ID, "breaks_narrowed") == 1
+    assert counters.get(lw.PATCH_ID, "breaks_narrowed") == narrowed
+    assert counters.get(lw.PATCH_ID, "breaks_full_width") == full_width
     assert torch.equal(got_topk, want_topk)
     for layer in want:
         assert torch.equal(got[layer][:rows], want[layer][:rows]), f"layer {layer} differs"
+
+
+@pytest.mark.parametrize("name", WITHIN)
+def test_within_the_topk_the_break_at_the_live_width_equals_upstreams_capture(arms, name):
+    _assert_patched_replay_equals_upstreams(arms, name, narrowed=1, full_width=0)
 
 
 @pytest.mark.parametrize("name", BEYOND)
 def test_beyond_the_topk_the_break_keeps_upstreams_selection(arms, name):
-    want, want_topk, got, got_topk, rows = _replay_both(arms, name)
-    assert counters.get(lw.PATCH_ID, "breaks_full_width") == 1
-    assert counters.get(lw.PATCH_ID, "breaks_narrowed") == 0
-    assert torch.equal(got_topk, want_topk)
-    for layer in want:
-        assert torch.equal(got[layer][:rows], want[layer][:rows]), f"layer {layer} differs"
+    _assert_patched_replay_equals_upstreams(arms, name, narrowed=0, full_width=1)
 
 
 @pytest.mark.parametrize("name", BEYOND)
@@ -212,7 +217,6 @@ def test_upstream_over_a_narrowed_table_picks_the_same_entries(arms, name):
     """Why the patch keeps the capture width there: upstream's indexer run eagerly over the
     replayed metadata with the table narrowed to the live pages picks each row's entries from
     the same set; whether it also returns them in the same order is printed (``-s``)."""
-    from sglang.srt.layers.attention.dsv4.indexer import C4Indexer
 
     upstream, _ = arms
     _, captured, _, _, rows = _replay_both(arms, name)
@@ -223,14 +227,7 @@ def test_upstream_over_a_narrowed_table_picks_the_same_entries(arms, name):
     meta.page_table = full[:, :pages]
     try:
         with torch.no_grad(), upstream._contexts(upstream.static_fb):
-            C4Indexer.forward(
-                upstream.indexer,
-                x=upstream.lora,
-                q_lora=upstream.lora,
-                forward_batch=upstream.static_fb,
-                attn_backend=upstream.world.backend,
-                skip_compressor=True,
-            )
+            upstream.run_indexer()
     finally:
         meta.page_table = full
     narrowed = upstream.topk(rows)
