@@ -197,7 +197,7 @@ def test_ab_configuration_selects_the_kits_kernels_like_the_probe():
     env = dict(server["env"])
     # The one addition: counters every 10 s, since a server ab stops logs no exit line.
     assert env.pop("SGLANG_MIXGRAPH_COUNTERS_LOG_INTERVAL") == "10"
-    assert env == {**drv.UPSTREAM_ENV, drv.RADIX_CORE_ENV: "python"}
+    assert env == {**drv.KERNEL_ENV["standin"], drv.RADIX_CORE_ENV: "python"}
     assert server["launch_prefix"] == ["bash", "tools/rank-slice/kit_server.sh"]
 
 

@@ -17,9 +17,13 @@ SITE=/tmp/site
 T0=$(date +%s)
 # Wheels are installed once per machine, each when it first travels: a call that leaves one out
 # (to stay under the carry limit) and a later call on the same machine that brings it both work.
+# A GPU machine's carry holds 64 MiB: the kit (.gpu-upstream, about 45 MB without chat/) and
+# TileLang (.gpu-tilelang, about 36 MB) travel on separate calls to one warm machine, whose
+# ignored folders stay between calls. chat/ (the DeepSeek-V4 chat encoder) only HTTP servers need.
 mkdir -p "$SITE"
+shopt -s nullglob
 NEW=()
-for w in "$U"/wheels/*.whl; do
+for w in "$U"/wheels/*.whl "$U"/chat/*.whl; do
   grep -qxF "${w##*/}" "$SITE/.installed" 2>/dev/null || NEW+=("$w")
 done
 if [[ ${#NEW[@]} -gt 0 ]]; then
@@ -27,7 +31,18 @@ if [[ ${#NEW[@]} -gt 0 ]]; then
     || { echo "gpu-upstream: pip install of the carried wheels failed (run tools/gpu-upstream/prepare.sh, carry .gpu-upstream)" >&2; exit 1; }
   printf '%s\n' "${NEW[@]##*/}" >> "$SITE/.installed"
 fi
-[[ -f "$SITE/.pruned" ]] || { tar xJf "$U/sglang_pruned.txz" -C "$SITE" && touch "$SITE/.pruned"; }
+if [[ ! -f "$SITE/.pruned" ]]; then
+  [[ -f "$U/sglang_pruned.txz" ]] || { echo "gpu-upstream: the kit is not on this machine: carry .gpu-upstream (run tools/gpu-upstream/prepare.sh)" >&2; exit 1; }
+  tar xJf "$U/sglang_pruned.txz" -C "$SITE" && touch "$SITE/.pruned"
+fi
+TL="$ROOT/.gpu-tilelang"
+if [[ -f "$TL/tilelang_site.txz" && ! -f "$SITE/.tilelang" ]]; then
+  tar xJf "$TL/tilelang_site.txz" -C "$SITE" && touch "$SITE/.tilelang"
+fi
+# TileLang compiles each kernel on first use (about 5 s each); its cache travels like the JIT's.
+export TILELANG_CACHE_DIR="${TILELANG_CACHE_DIR:-$HOME/.tilelang/cache}"
+mkdir -p "$TILELANG_CACHE_DIR"
+[[ -f "$TL/tilelang_cache.txz" ]] && tar xJf "$TL/tilelang_cache.txz" -C "$TILELANG_CACHE_DIR"
 CACHE="${SGLANG_CACHE_DIR:-$HOME/.cache/sglang}"
 mkdir -p "$CACHE"
 for a in jit_cache triton_cache; do
@@ -55,5 +70,6 @@ if [[ -n "${OUT:-}" ]]; then
   [[ -d "$CACHE/jit" ]] && XZ_OPT=-T0 tar cJf "$OUT/jit_cache.txz" -C "$CACHE" jit
   REST=$(cd "$CACHE" && ls -A | grep -vx jit)
   [[ -n "$REST" ]] && XZ_OPT=-T0 tar cJf "$OUT/triton_cache.txz" -C "$CACHE" $REST
+  [[ -n "$(ls -A "$TILELANG_CACHE_DIR")" ]] && XZ_OPT=-T0 tar cJf "$OUT/tilelang_cache.txz" -C "$TILELANG_CACHE_DIR" .
 fi
 exit $rc

@@ -22,7 +22,6 @@ dl() { python3 -m pip download -q --no-deps --only-binary=:all: --python-version
 SERVE=(uvicorn==0.54.0)           # http_server's HTTP server (imported at module level; click, h11 are there)
 SERVE+=(python-multipart==0.0.34) # FastAPI refuses to build http_server's Form(...) routes without it
 SERVE+=(xgrammar==0.2.7)          # the scheduler builds the default grammar backend when the tokenizer is on (binds via tvm-ffi)
-SERVE+=(deepseek-recipe==0.2.0)   # a DeepSeek-V4 checkpoint's chat encoder, built at server start (12 MB; Rust, no torch)
 SERVE+=(jsonschema==4.26.0)       # /v1/chat/completions checks each request tool's parameters schema with it
 SERVE+=(referencing==0.37.0)      # jsonschema's dependency
 SERVE+=(jsonschema-specifications==2025.9.1) # jsonschema's dependency
@@ -35,6 +34,11 @@ for w in msgspec==0.23.0 orjson==3.13.0 pybase64==1.5.1 pydantic==2.14.4 pydanti
          "${SERVE[@]}"; do
   ls "$U/wheels" | grep -qi "^$(echo "${w%%==*}" | tr '-' '_')-${w##*==}-" || dl "$U/wheels" "$w"
 done
+# A DeepSeek-V4 checkpoint's chat encoder (12.8 MB; Rust, no torch), built at HTTP server start:
+# apart in chat/, so Engine runs (token ids in) can leave it out of the carry.
+mkdir -p "$U/chat"
+ls "$U/chat" | grep -q '^deepseek_recipe-0.2.0-' || dl "$U/chat" deepseek-recipe==0.2.0
+rm -f "$U"/wheels/deepseek_recipe-*.whl  # an older kit kept it in wheels/
 # Only the CUTLASS/CuTe headers of this wheel are used (device.sh extracts them).
 ls "$U/hdr" | grep -q '^sgl_deep_gemm-0.2.3.post2-' || dl "$U/hdr" sgl-deep-gemm==0.2.3.post2
 if [[ ! -f "$U/sglang_pruned.txz" ]]; then
@@ -45,4 +49,23 @@ if [[ ! -f "$U/sglang_pruned.txz" ]]; then
   tar cJf "$U/sglang_pruned.txz" -C "$tmp/sgl" sglang sglang-0.5.23.dist-info
   rm -rf "$tmp"
 fi
-du -sh "$U"
+# SGLang's TileLang kernels (mHC pre/post, the fused post+pre, the sinkhorn, the paged MQA
+# logits): tilelang links tvm-ffi and z3, not torch, so it runs on the GPU machine's torch. Its
+# wheel and z3's (80 MB) are unpacked, pruned of what the runtime never reads (the
+# composable_kernel and TVM sources, CUTLASS's tools, the z3 binary, the second copy of libz3)
+# and packed with xz into .gpu-tilelang/, carried on a call of its own (device.sh says why).
+TL="$ROOT/.gpu-tilelang"
+if [[ ! -f "$TL/tilelang_site.txz" ]]; then
+  mkdir -p "$TL"
+  tmp=$(mktemp -d)
+  dl "$tmp/dl" tilelang==0.1.12
+  dl "$tmp/dl" z3-solver==4.15.4.0
+  mkdir -p "$tmp/site"
+  for w in "$tmp"/dl/*.whl; do (cd "$tmp/site" && python3 -m zipfile -e "$w" .); done
+  rm -rf "$tmp/site/tilelang/3rdparty/composable_kernel" "$tmp/site/tilelang/3rdparty/tvm/src" \
+         "$tmp/site/tilelang/3rdparty/cutlass/tools" "$tmp/site/bin"
+  ln -sf libz3.so "$tmp/site/z3/lib/libz3.so.4.15"
+  XZ_OPT="-9 -T0" tar cJf "$TL/tilelang_site.txz" -C "$tmp/site" .
+  rm -rf "$tmp"
+fi
+du -sh "$U" "$TL"

@@ -225,8 +225,19 @@ def load_pro_config(path: Path = PRO_CONFIG) -> dict:
     return json.loads(path.read_text())
 
 
-def build_config(pro: dict, layers: int | None = None) -> dict:
-    """The slice's config.json content from DeepSeek-V4-Pro's config."""
+# Pro's checkpoint format for its dense projections: FP8 e4m3 weights in 128 x 128 blocks, each
+# with its scale, activations quantized per token group of 128 at run time.
+FP8_BLOCK_QUANT = {
+    "quant_method": "fp8",
+    "activation_scheme": "dynamic",
+    "fmt": "e4m3",
+    "weight_block_size": [128, 128],
+}
+
+
+def build_config(pro: dict, layers: int | None = None, fp8: bool = False) -> dict:
+    """The slice's config.json content from DeepSeek-V4-Pro's config; ``fp8`` gives it Pro's
+    block-128 FP8 ``quantization_config``."""
     missing = [k for k in ATTENTION_FIELDS if k not in pro]
     if missing:
         raise SystemExit(f"{PRO_CONFIG} lacks {', '.join(missing)}")
@@ -248,6 +259,8 @@ def build_config(pro: dict, layers: int | None = None) -> dict:
     config.update(OTHER)
     config["bos_token_id"] = 0
     config["eos_token_id"] = 1
+    if fp8:
+        config["quantization_config"] = dict(FP8_BLOCK_QUANT)
     return config
 
 
@@ -262,8 +275,8 @@ def layer_mix(config: dict) -> dict[int, int]:
 # ----------------------------------------------------------------------------- writing
 
 
-def write_model(out_dir: Path, layers: int | None = None) -> dict:
-    config = build_config(load_pro_config(), layers)
+def write_model(out_dir: Path, layers: int | None = None, fp8: bool = False) -> dict:
+    config = build_config(load_pro_config(), layers, fp8)
     tokenizer = build_tokenizer(config["vocab_size"])
     bos, eos = (
         tokenizer.id_to_token(config["bos_token_id"]),
@@ -356,10 +369,15 @@ def main(argv: list[str] | None = None) -> int:
         "--layers", type=int, help="keep the first N layers (default: all of DeepSeek-V4-Pro's)"
     )
     parser.add_argument(
+        "--fp8",
+        action="store_true",
+        help="Pro's block-128 FP8 quantization_config (SGLang fills dummy FP8 weights)",
+    )
+    parser.add_argument(
         "--check", action="store_true", help="also load the result with transformers and check it"
     )
     args = parser.parse_args(argv)
-    config = write_model(args.out_dir, args.layers)
+    config = write_model(args.out_dir, args.layers, args.fp8)
     check_tokenizers(args.out_dir, config["vocab_size"])
     if args.check:
         check_transformers(args.out_dir, config)
@@ -368,7 +386,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.out_dir}: DeepSeek-V4-Pro attention, {config['num_hidden_layers']} layers "
         f"({mix}; c0 = sliding window only), MoE {config['n_routed_experts']} experts "
         f"top-{config['num_experts_per_tok']} of {config['moe_intermediate_size']} + "
-        f"{config['n_shared_experts']} shared, vocab {config['vocab_size']}, bf16, no MTP"
+        f"{config['n_shared_experts']} shared, vocab {config['vocab_size']}, "
+        f"{'fp8 block-128' if args.fp8 else 'bf16'}, no MTP"
         + ("; checked with transformers" if args.check else "")
     )
     return 0

@@ -32,9 +32,10 @@ import slice_arms as A
 
 from sglang_mixgraph.kits.gpu_machine import (
     ENGINE_DIR,
+    KERNEL_ENV,
+    KIT_KERNELS_ENV,
     NO_MULTICAST_ENV,
     RADIX_CORE_ENV,
-    UPSTREAM_ENV,
 )
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -54,10 +55,18 @@ def log_to(path):
     return log
 
 
-def arm_env(arm: A.Arm, probe_dir: str, profile: str, radix: bool) -> dict:
+def arm_env(
+    arm: A.Arm,
+    probe_dir: str,
+    profile: str,
+    radix: bool,
+    profile_decode: str = "",
+    kernels: str = "standin",
+) -> dict:
     env = dict(os.environ)
     env.update(NO_MULTICAST_ENV)
-    env.update(UPSTREAM_ENV)
+    env.update(KERNEL_ENV[kernels])
+    env[KIT_KERNELS_ENV] = kernels
     if radix:
         env[RADIX_CORE_ENV] = "python"  # the Rust radix core is built for another torch
     env.update(arm.env)
@@ -67,6 +76,7 @@ def arm_env(arm: A.Arm, probe_dir: str, profile: str, radix: bool) -> dict:
     env["MIXGRAPH_E2E_STARTUP"] = "slice_probe"
     env["SLICE_PROBE_DIR"] = probe_dir
     env["SLICE_PROFILE_MIXED"] = profile
+    env["SLICE_PROFILE_DECODE"] = profile_decode
     # A line a second while counts change; the arm waits for the last one before shutting down
     # (SGLang's Engine.shutdown can end the scheduler before its exit handlers run).
     env["SGLANG_MIXGRAPH_COUNTERS_LOG_INTERVAL"] = COUNTERS_INTERVAL_S
@@ -192,6 +202,18 @@ def main() -> int:
     ap.add_argument("--context-length", type=int, default=8192)
     ap.add_argument("--radix", choices=("on", "off"), default="on")
     ap.add_argument("--profile-mixed", default="8", help="MIXED step ordinals to profile")
+    ap.add_argument("--profile-decode", default="", help="DECODE step ordinals to profile")
+    ap.add_argument(
+        "--kernels",
+        choices=("standin", "faithful"),
+        default="standin",
+        help="the kit's kernel selection: faithful = SGLang's TileLang/JIT/Triton kernels "
+        "(TileLang on the machine), standin = torch stand-ins",
+    )
+    ap.add_argument(
+        "--fp8", action="store_true", help="an FP8 block-128 slice (make_slice_model --fp8)"
+    )
+    ap.add_argument("--layers", type=int, default=61, help="the slice's first N layers")
     ap.add_argument("--model-dir", default="")
     ap.add_argument("--out", default=os.environ.get("OUT") or "/tmp/rank_slice_out")
     ap.add_argument("--work", default="/tmp/rank_slice")
@@ -211,7 +233,15 @@ def main() -> int:
     model = args.model_dir or os.path.join(args.work, "model")
     if not args.model_dir:
         subprocess.run(
-            [sys.executable, os.path.join(HERE, "make_slice_model.py"), model], check=True
+            [
+                sys.executable,
+                os.path.join(HERE, "make_slice_model.py"),
+                model,
+                "--layers",
+                str(args.layers),
+            ]
+            + (["--fp8"] if args.fp8 else []),
+            check=True,
         )
     with open(os.path.join(model, "config.json")) as f:
         vocab = json.load(f)["vocab_size"]
@@ -228,8 +258,15 @@ def main() -> int:
         f"rank-slice probe {time.strftime('%Y-%m-%d %H:%M:%S %Z')} on {torch.cuda.get_device_name()}"
     )
     log(f"torch {torch.__version__}; workload {json.dumps(workload)}; radix {args.radix}")
-    log(f"kernel selection: {json.dumps(UPSTREAM_ENV)}")
-    report = {"workload": workload, "arms": {}, "torch": torch.__version__}
+    log(f"kernel selection {args.kernels}: {json.dumps(KERNEL_ENV[args.kernels])}")
+    report = {
+        "workload": workload,
+        "arms": {},
+        "torch": torch.__version__,
+        "kernels": args.kernels,
+        "fp8": args.fp8,
+        "layers": args.layers,
+    }
     for arm in arms:
         d = os.path.join(args.work, arm.name)
         kwargs = A.engine_kwargs(
@@ -241,8 +278,16 @@ def main() -> int:
             radix=args.radix == "on",
             context_length=args.context_length,
             dp=args.dp,
+            kernels=args.kernels,
         )
-        env = arm_env(arm, os.path.join(d, "probe"), args.profile_mixed, args.radix == "on")
+        env = arm_env(
+            arm,
+            os.path.join(d, "probe"),
+            args.profile_mixed,
+            args.radix == "on",
+            args.profile_decode,
+            args.kernels,
+        )
         log(f"== {arm.name}: {arm.what}; env {json.dumps(arm.env)}; engine {json.dumps(kwargs)}")
         log_path = os.path.join(args.work, "logs", f"{arm.name}.log")
         res = run_arm(arm, d, kwargs, workload, env, deadline, log_path)
@@ -292,6 +337,10 @@ def main() -> int:
             log(
                 f"   profile step {json.dumps(p['step'])}: kernels {p['kernel_ms_total']} ms; {top}"
             )
+            if isinstance(p.get("classes"), dict) and "classes" in p["classes"]:
+                c = p["classes"]
+                per = ", ".join(f"{k} {v['ms']}" for k, v in c["classes"].items())
+                log(f"   classes ({c['with_frames']}/{c['kernels']} with frames): {per}")
             if "host_ops" in p:
                 host = ", ".join(
                     f"{k['name'][:60]} {k['ms']} x{k['count']}" for k in p["host_ops"][:12]
@@ -310,6 +359,12 @@ def main() -> int:
         json.dump(report, f)
     with tarfile.open(os.path.join(args.out, "arm_logs.tgz"), "w:gz") as tar:
         tar.add(os.path.join(args.work, "logs"), arcname="logs")
+    traces = sorted(glob.glob(os.path.join(args.work, "*", "probe", "trace_*.json.xz")))
+    if traces:  # one file back from the GPU machine: the profiled steps' traces, by arm
+        with tarfile.open(os.path.join(args.out, "traces.tar"), "w") as tar:
+            for t in traces:
+                arm_name = os.path.relpath(t, args.work).split(os.sep)[0]
+                tar.add(t, arcname=f"{arm_name}/{os.path.basename(t)}")
     return 0 if len(ok) == len(arms) else 1
 
 

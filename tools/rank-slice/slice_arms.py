@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sglang_mixgraph.kits.gpu_machine import attention_dp_engine_kwargs
+from sglang_mixgraph.kits.gpu_machine import KERNEL_ENGINE, attention_dp_engine_kwargs
 
 CHUNK = 2816  # chunked prefill per rank: 2560 prefill tokens + 256 decode rows when steady
 RUNNING = 256  # running requests per rank
@@ -145,11 +145,13 @@ def engine_kwargs(
     radix: bool,
     context_length: int,
     dp: int = 1,
+    kernels: str = "standin",
 ) -> dict[str, object]:
     """``context_length`` is also the width breakable-graph metadata is built at (upstream's
     ``DeepseekV4AttnBackend._prefill_graph_context_width``) unless an arm cuts it. ``dp`` > 1
     serves that many ranks of the reference deployment on as many GPUs (attention DP, tp = dp):
-    each rank with one rank's chunk, running requests and pool for its share of ``requests``."""
+    each rank with one rank's chunk, running requests and pool for its share of ``requests``.
+    ``kernels`` names the kit's kernel selection (``gpu_machine.KERNEL_ENGINE``)."""
     per_rank = -(-requests // dp)
     kwargs: dict[str, object] = dict(
         model_path=model_dir,
@@ -160,7 +162,6 @@ def engine_kwargs(
         chunked_prefill_size=CHUNK,
         max_running_requests=RUNNING,
         context_length=context_length,
-        dsa_topk_backend="torch",
         moe_runner_backend="triton",
         cuda_graph_bs_decode=DECODE_BUCKETS,
         # The KV pool is capped by max_total_tokens (the same in every arm); at 0.85 the rest left
@@ -172,6 +173,7 @@ def engine_kwargs(
         log_level="info",
         **pool_sizes(per_rank, input_len, output_len),
     )
+    kwargs.update(KERNEL_ENGINE[kernels])
     kwargs.update(attention_dp_engine_kwargs(dp, CHUNK, RUNNING))
     for k, v in arm.engine.items():
         kwargs[k] = ceil_page(input_len + output_len) if v == "workload" else v

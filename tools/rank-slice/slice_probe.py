@@ -12,10 +12,13 @@ scheduler process runs forwards. Writes to ``$SLICE_PROBE_DIR``:
   attention DP also the rank and the synced per-rank tokens (``gpu_machine.dp_step_fields``);
 * ``capture_<pid>.jsonl``: one line per captured prefill shape, free device memory before/after
   (``PrefillCudaGraphRunner.capture_one_shape``) and, under attention DP, the rank;
-* ``profile_<pid>_<k>.json``: for the k-th MIXED step of ``$SLICE_PROFILE_MIXED`` (comma list),
-  CUDA kernel time by kernel name from ``torch.profiler`` over that one forward, and the host
-  side of it: self CPU time by op and the launch calls (kernels, graphs) the host made. The
-  profiler's own overhead inflates that step's host ms; the other steps are not profiled.
+* ``profile_<pid>_<k>.json``: for the k-th MIXED step of ``$SLICE_PROFILE_MIXED`` (comma list;
+  ``profile_<pid>_d<k>.json`` for the k-th DECODE step of ``$SLICE_PROFILE_DECODE``), CUDA kernel
+  time by kernel name from ``torch.profiler`` over that one forward, the kernel time by class
+  (``step_classes.class_table``, each kernel classed by the Python that launched it), and the
+  host side of it: self CPU time by op and the launch calls (kernels, graphs) the host made; the
+  chrome trace itself as ``trace_<pid>_<k>.json.xz``. The profiler's own overhead (Python stacks
+  are recorded) inflates that step's host ms; the other steps are not profiled.
 """
 
 from __future__ import annotations
@@ -100,6 +103,24 @@ def host_table(prof, limit: int = 40) -> dict:
     return {"host_self_ms_total": total, "host_ops": rows, "launches": launches}
 
 
+def _class_table(prof, trace_path: str) -> dict:
+    """Kernel time by class of a profiled step (``step_classes``), from its chrome trace, which
+    is kept beside it xz-compressed."""
+    import lzma
+
+    import step_classes  # tools/rank-slice, on the arm's PYTHONPATH
+
+    try:
+        prof.export_chrome_trace(trace_path)
+        events = step_classes.load_trace(trace_path)
+        with open(trace_path, "rb") as src, lzma.open(trace_path + ".xz", "wb", preset=6) as dst:
+            dst.write(src.read())
+        os.remove(trace_path)
+        return step_classes.class_table(events)
+    except Exception as e:  # noqa: BLE001 -- a probe must never break a step
+        return {"error": repr(e)}
+
+
 def _wrap_forward(model_runner_module) -> None:
     import torch
 
@@ -108,8 +129,11 @@ def _wrap_forward(model_runner_module) -> None:
     cls = model_runner_module.ModelRunner
     forward = cls.forward
     steps = _out("steps") + ".jsonl"
-    wanted = {int(k) for k in os.environ.get("SLICE_PROFILE_MIXED", "").split(",") if k.strip()}
-    state = {"mixed": 0}
+    wanted = {
+        mode: {int(k) for k in os.environ.get(var, "").split(",") if k.strip()}
+        for mode, var in (("MIXED", "SLICE_PROFILE_MIXED"), ("DECODE", "SLICE_PROFILE_DECODE"))
+    }
+    seen = {"MIXED": 0, "DECODE": 0}
 
     def probed_forward(self, forward_batch, *args, **kwargs):
         mode = getattr(forward_batch.forward_mode, "name", str(forward_batch.forward_mode))
@@ -118,11 +142,11 @@ def _wrap_forward(model_runner_module) -> None:
         except Exception as e:  # noqa: BLE001
             shape = {"shape_error": repr(e)}
         prof = None
-        if mode == "MIXED":
-            state["mixed"] += 1
-            if state["mixed"] in wanted:
+        if mode in seen:
+            seen[mode] += 1
+            if seen[mode] in wanted[mode]:
                 acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-                prof = torch.profiler.profile(activities=acts)
+                prof = torch.profiler.profile(activities=acts, with_stack=True)
         torch.cuda.synchronize()
         if prof is not None:
             prof.__enter__()
@@ -140,9 +164,11 @@ def _wrap_forward(model_runner_module) -> None:
         }
         if prof is not None:
             prof.__exit__(None, None, None)
-            rec["profiled"] = state["mixed"]
+            tag = f"{'' if mode == 'MIXED' else 'd'}{seen[mode]}"
+            rec["profiled"] = tag
             table = {"step": rec, **kernel_table(prof), **host_table(prof)}
-            with open(f"{_out('profile')}_{state['mixed']}.json", "w") as f:
+            table["classes"] = _class_table(prof, f"{_out('trace')}_{tag}.json")
+            with open(f"{_out('profile')}_{tag}.json", "w") as f:
                 json.dump(table, f)
         _append(steps, rec)
         return out

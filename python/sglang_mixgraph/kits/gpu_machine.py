@@ -5,6 +5,8 @@ the end-to-end and rank-slice drivers put ``engine/`` (stand-ins for the binary-
 Engine reaches, with its own ``sitecustomize``) first on the PYTHONPATH of the Engine processes
 they start. What a driver's own process needs of it comes from here, not from ``sys.path``
 edits: ``UPSTREAM_ENV``, upstream's own flags that select the kernels such a machine has;
+``FAITHFUL_ENV``, the flags that select SGLang's real kernels where TileLang runs
+(``KERNEL_ENV``/``KERNEL_ENGINE`` by selection name, ``KIT_KERNELS_ENV`` for the stand-ins);
 ``RADIX_CORE_ENV``, the flag that keeps the radix cache off its Rust core (built for another
 torch); ``NO_MULTICAST_ENV``, the lent machines' rule that keeps NVLink multicast off in every
 process; ``ENGINE_DIR``; ``engine_standins()``, that folder's module loaded from its file;
@@ -39,6 +41,34 @@ UPSTREAM_ENV = {
     "SGLANG_OPT_FUSE_MHC_POST_PRE": "0",  # the cross-layer fused post+pre is TileLang only
     "SGLANG_OPT_DEEPGEMM_HC_PRENORM": "0",  # hc prenorm GEMM in torch, not deep_gemm
 }
+# The "faithful" kernel selection: SGLang's real kernels wherever the GPU machine can run them
+# (TileLang mHC pre/post and the fused post+pre, TileLang paged MQA logits, the JIT top-k v2;
+# deep_gemm stays off everywhere: its hc prenorm GEMM, its FP8 GEMMs and wo_a einsum, its indexer
+# metadata, which SGLANG_FP8_PAGED_MQA_LOGITS_TORCH=1 skips also when TileLang computes the
+# logits). Needs TileLang on the machine (.gpu-tilelang); the Engine stand-ins follow
+# KIT_KERNELS_ENV (JIT rmsnorm, Triton moe_sum_reduce, TileLang sinkhorn).
+FAITHFUL_ENV = {
+    "SGLANG_DSV4_FP4_EXPERTS": "0",  # the slice's experts are bf16 (or fp8): the Triton runner
+    "SGLANG_FP8_PAGED_MQA_LOGITS_TORCH": "1",  # skips deep_gemm's indexer metadata schedule
+    "SGLANG_OPT_USE_TILELANG_INDEXER": "1",  # checked first: TileLang computes the logits
+    "SGLANG_OPT_DSV4_NONPAGED_INDEXER": "0",  # deep_gemm.fp8_mqa_logits
+    "SGLANG_OPT_USE_TOPK_V2": "1",
+    "SGLANG_OPT_USE_TILELANG_MHC_PRE": "1",
+    "SGLANG_OPT_USE_TILELANG_MHC_POST": "1",
+    "SGLANG_OPT_FUSE_MHC_POST_PRE": "1",
+    "SGLANG_OPT_DEEPGEMM_HC_PRENORM": "0",  # TileLang's prenorm GEMM instead
+    "SGLANG_OPT_USE_FLASHINFER_MHC": "0",
+    "SGLANG_ENABLE_JIT_DEEPGEMM": "0",  # FP8 block GEMMs on upstream's Triton kernel
+    "SGLANG_OPT_FP8_WO_A_GEMM": "0",  # wo_a in bf16 (its FP8 form is deep_gemm.fp8_einsum only)
+}
+# Engine arguments of each selection: the JIT top-k (``sgl-kernel`` runs SGLang's JIT kernel on
+# CUDA) or upstream's torch top-k; FP8 block GEMMs (an FP8 slice) on upstream's Triton GEMM.
+KERNEL_ENGINE = {
+    "standin": {"dsa_topk_backend": "torch"},
+    "faithful": {"dsa_topk_backend": "sgl-kernel", "fp8_gemm_runner_backend": "triton"},
+}
+KERNEL_ENV = {"standin": UPSTREAM_ENV, "faithful": FAITHFUL_ENV}
+KIT_KERNELS_ENV = "MIXGRAPH_KIT_KERNELS"  # read by engine_standins in every Engine process
 RADIX_CORE_ENV = "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"
 
 CHECKOUT = Path(__file__).resolve().parents[3]

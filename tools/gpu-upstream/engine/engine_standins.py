@@ -10,6 +10,12 @@ implementation, so an Engine run needs these (nothing else; every other kernel i
 * ``sglang.kernels.ops.layernorm.mhc.hc_split_sinkhorn`` (TileLang on SM90): upstream's own Triton
   port of it, ``_hc_split_sinkhorn_triton`` in the same module.
 
+With ``MIXGRAPH_KIT_KERNELS=faithful`` (TileLang on the machine) the three that have a real kernel
+in the carried sglang take it: ``rmsnorm`` on SGLang's JIT rmsnorm
+(``sglang.kernels.ops.layernorm.norm.rmsnorm``), ``moe_sum_reduce`` on upstream's Triton
+``moe_sum_reduce_triton``, and the sinkhorn stays on SGLang's TileLang kernel; shapes those
+kernels refuse go to the torch version, said once.
+
 Each says on stderr when it is first used (``STANDIN_MARK``); every call of a stub is said too
 (``STUB_MARK``, with its caller), since upstream code may swallow the exception it raises.
 """
@@ -88,6 +94,43 @@ def rmsnorm(input, weight, eps=1e-6, out=None, enable_pdl=None):
     return out
 
 
+def _faithful() -> bool:
+    return os.environ.get("MIXGRAPH_KIT_KERNELS", "standin") == "faithful"
+
+
+def rmsnorm_jit(input, weight, eps=1e-6, out=None, enable_pdl=None):
+    """``sgl_kernel.rmsnorm``'s signature on SGLang's JIT rmsnorm (2-D rows, last stride 1, the
+    weight in the input's dtype, hidden sizes it supports); torch for the rest."""
+    from sglang.kernels.ops.layernorm import norm
+
+    ok = (
+        input.dim() == 2
+        and input.shape[0] > 0
+        and input.stride(-1) == 1
+        and weight.dtype == input.dtype
+        and norm._is_supported_rmsnorm_hidden_size(input.shape[-1])
+        and (out is None or out.stride(-1) == 1)
+    )
+    if not ok:
+        _first_use(f"sgl_kernel.rmsnorm -> torch (JIT refuses {tuple(input.shape)} {input.dtype})")
+        return rmsnorm(input, weight, eps, out)
+    _first_use("sgl_kernel.rmsnorm -> sglang JIT rmsnorm")
+    dst = out if out is not None else input.new_empty(input.shape)
+    norm.rmsnorm(input, weight, dst, eps)
+    return dst
+
+
+def moe_sum_reduce_triton(input, output, routed_scaling_factor=1.0):
+    """``sgl_kernel.moe_sum_reduce`` on upstream's Triton kernel (contiguous tensors only)."""
+    from sglang.kernels.ops.moe.fused_moe_triton_kernels import moe_sum_reduce_triton as triton_sum
+
+    if not (input.is_contiguous() and output.is_contiguous()):
+        _first_use("sgl_kernel.moe_sum_reduce -> torch (not contiguous)")
+        return moe_sum_reduce(input, output, routed_scaling_factor)
+    _first_use("sgl_kernel.moe_sum_reduce -> sglang Triton moe_sum_reduce_triton")
+    triton_sum(input, output, 1.0 if routed_scaling_factor is None else routed_scaling_factor)
+
+
 SGL_KERNEL = {
     "sgl_kernel.moe_align_block_size": moe_align_block_size,
     "sgl_kernel.moe_sum_reduce": moe_sum_reduce,
@@ -163,6 +206,11 @@ def install() -> None:
 
     stubs.OVERRIDES.update(SGL_KERNEL)
     _make_stub_calls_loud(stubs)
+    if _faithful():
+        stubs.OVERRIDES.update(
+            {"sgl_kernel.rmsnorm": rmsnorm_jit, "sgl_kernel.moe_sum_reduce": moe_sum_reduce_triton}
+        )
+        return  # the sinkhorn stays on SGLang's TileLang kernel
     sys.meta_path.insert(
         0, AfterImport("sglang.kernels.ops.layernorm.mhc", _sinkhorn_through_triton_port)
     )
