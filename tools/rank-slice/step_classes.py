@@ -33,16 +33,18 @@ FLASHMLA = re.compile(
     r"flash_?mla|flash_fwd_splitkv_mla|sparse_?attn|splitkv_mla|mla_combine", re.I
 )
 GEMM_NAME = re.compile(r"gemm|nvjet|cutlass|xmma|cublas|matmul|scaled_mm|_mm_|wgmma|sm90_", re.I)
-# The Python that launched a kernel: file paths and nn.Module names in its frames.
+# The Python that launched a kernel: file paths, functions and nn.Module names in its frames,
+# read from the innermost frame out; the first frame that names a class decides. A compressor or
+# a linear layer names none: it belongs to the attention or indexer around it.
 SCOPE_RULES = (
     ("mhc", re.compile(r"mhc|hc_pre|hc_post|hyper_?conn|sinkhorn", re.I)),
-    ("indexer", re.compile(r"indexer|mqa_logits|topk", re.I)),
-    ("moe", re.compile(r"moe|experts|topk_softplus|router", re.I)),
+    ("moe", re.compile(r"moe|experts|router", re.I)),
+    ("indexer", re.compile(r"indexer|mqa_logits|topk_transform|dsv4/topk", re.I)),
+    ("norm", re.compile(r"layernorm|rmsnorm|norm\.py", re.I)),
+    ("attention", re.compile(r"attention|flash_mla|dsv4|kv_cache|memory_pool", re.I)),
 )
-LATE_SCOPE_RULES = (
-    ("norm", re.compile(r"layernorm|rmsnorm|RMSNorm|norm\.py", re.I)),
-    ("attention", re.compile(r"attention|flash_mla|compressor|dsv4|kv_cache|memory_pool", re.I)),
-)
+# Scopes whose GEMMs count as theirs; elsewhere a GEMM kernel is a dense projection (gemm).
+OWN_GEMMS = ("mhc", "moe", "indexer")
 # Kernel names when no frame decides (graph replays, traces without stacks).
 NAME_RULES = (
     ("mhc", re.compile(r"mhc|sinkhorn|hc_(pre|post|split)", re.I)),
@@ -97,19 +99,24 @@ def _frames_at(events: list) -> dict:
     return out
 
 
+def scope_of(frames: list) -> str | None:
+    """The class the innermost frame that names one gives, or None."""
+    for frame in reversed(frames):
+        for cls, rule in SCOPE_RULES:
+            if rule.search(frame):
+                return cls
+    return None
+
+
 def classify(kernel: str, frames: list) -> str:
     """The class of one kernel, from its name and the frames (outermost first) that launched it."""
     if FLASHMLA.search(kernel):
         return "attention"
-    scope = " | ".join(frames)
-    for cls, rule in SCOPE_RULES:
-        if rule.search(scope):
-            return cls
-    if GEMM_NAME.search(kernel):
+    scope = scope_of(frames)
+    if GEMM_NAME.search(kernel) and scope not in OWN_GEMMS:
         return "gemm"
-    for cls, rule in LATE_SCOPE_RULES:
-        if rule.search(scope):
-            return cls
+    if scope is not None:
+        return scope
     for cls, rule in NAME_RULES:
         if rule.search(kernel):
             return cls
