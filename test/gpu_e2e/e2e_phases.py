@@ -12,9 +12,10 @@ check ``war_snapshot_check`` raises on a shared-table read after it. Its baselin
 ``<graph>-<split>`` phases plus ``bcg-off-rd`` and ``bcg-always-rd`` (the graph mode that replays
 prefill and MIXED steps, without and with the split).
 
-``UPSTREAM_ENV`` (``sglang_mixgraph.kits.gpu_machine``, shared with tools/rank-slice) selects,
-through upstream's own flags, the kernels that exist on the GPU machine (no deep_gemm, TileLang
-or FP4 MoE there). No sglang import here: the CPU tests and the driver read it without starting
+``KERNEL_ENV``/``KERNEL_ENGINE`` (``sglang_mixgraph.kits.gpu_machine``, shared with
+tools/rank-slice) select, through upstream's own flags, the kernels that exist on the GPU machine:
+``standin`` (torch where deep_gemm, TileLang or FP4 MoE would run) or ``faithful`` (SGLang's
+TileLang and JIT kernels, with TileLang carried there). No sglang import here: the CPU tests and the driver read it without starting
 anything.
 """
 
@@ -24,8 +25,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sglang_mixgraph.kits.gpu_machine import (
+    KERNEL_ENGINE,
+    KERNEL_ENV,
+    KIT_KERNELS_ENV,
     RADIX_CORE_ENV,
-    UPSTREAM_ENV,
     attention_dp_engine_kwargs,
 )
 
@@ -107,11 +110,12 @@ class Phase:
         return self.name == self.baseline
 
     def engine_kwargs(
-        self, model_dir: str, *, radix: bool, slot: int, dp: int = 1
+        self, model_dir: str, *, radix: bool, slot: int, dp: int = 1, kernels: str = "standin"
     ) -> dict[str, object]:
         """``sglang.Engine`` arguments; ``slot`` keeps concurrent phases' ports apart; ``dp`` > 1
         runs attention data parallel over that many GPUs (tp = dp, as the reference deployment),
-        each rank with the chunk and the running requests one GPU has at dp 1."""
+        each rank with the chunk and the running requests one GPU has at dp 1; ``kernels`` is
+        the kit's kernel selection."""
         kwargs: dict[str, object] = dict(
             model_path=model_dir,
             skip_tokenizer_init=True,
@@ -132,14 +136,18 @@ class Phase:
             nccl_port=33000 + 40 * slot,
             log_level="info",
         )
+        kwargs.update(KERNEL_ENGINE[kernels])
         kwargs.update(_GRAPH_KWARGS[self.graph])
         kwargs.update(attention_dp_engine_kwargs(dp, CHUNK, MAX_RUNNING))
         return kwargs
 
-    def env(self, patch_flag_off_values: Mapping[str, str], *, radix: bool) -> dict[str, str]:
-        """Environment of the phase: upstream kernel selection, every patch flag off but the
-        split's, and the split as the phase says."""
-        env = dict(UPSTREAM_ENV)
+    def env(
+        self, patch_flag_off_values: Mapping[str, str], *, radix: bool, kernels: str = "standin"
+    ) -> dict[str, str]:
+        """Environment of the phase: the kit's kernel selection through upstream's flags, every
+        patch flag off but the split's, and the split as the phase says."""
+        env = dict(KERNEL_ENV[kernels])
+        env[KIT_KERNELS_ENV] = kernels
         env.update(patch_flag_off_values)
         env[SPLIT_FLAG] = "0" if self.split == "off" else "1"
         if self.split != "off":

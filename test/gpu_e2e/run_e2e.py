@@ -105,7 +105,7 @@ def patch_flag_off_values() -> dict:
     return {f.name: f.off_value for p in all_patches() for f in p.flags}
 
 
-def _phase_env(phase, off_values, radix, steps_dir, workload, dp=1):
+def _phase_env(phase, off_values, radix, steps_dir, workload, dp=1, kernels="standin"):
     env = dict(os.environ)
     env.update(gpu_machine.NO_MULTICAST_ENV)
     if dp > 1:
@@ -113,7 +113,7 @@ def _phase_env(phase, off_values, radix, steps_dir, workload, dp=1):
         env[C.LOGITS_TRACE_ENV] = "1"
     env["MIXGRAPH_E2E_WORKLOAD"] = workload
     env.update(W.engine_env(workload))
-    env.update(phase.env(off_values, radix=radix))
+    env.update(phase.env(off_values, radix=radix, kernels=kernels))
     env["PYTHONPATH"] = os.pathsep.join([PYTHON_DIR, ENGINE_DIR, HERE, env.get("PYTHONPATH", "")])
     env["MIXGRAPH_E2E_STARTUP"] = "e2e_step_log,e2e_pool_log"
     env["MIXGRAPH_E2E_STEP_LOG"] = steps_dir
@@ -131,7 +131,19 @@ def _kill_group(proc):
 
 
 def run_wave(
-    phases, *, radix, work, logs, off_values, deadline, parallel, log, workload, override, dp=1
+    phases,
+    *,
+    radix,
+    work,
+    logs,
+    off_values,
+    deadline,
+    parallel,
+    log,
+    workload,
+    override,
+    dp=1,
+    kernels="standin",
 ) -> dict:
     pending = list(enumerate(phases))
     running = {}
@@ -142,11 +154,15 @@ def run_wave(
             d = os.path.join(work, phase.name)
             shutil.rmtree(d, ignore_errors=True)
             os.makedirs(os.path.join(d, "steps"))
-            kwargs = phase.engine_kwargs(os.path.join(work, "model"), radix=radix, slot=slot, dp=dp)
+            kwargs = phase.engine_kwargs(
+                os.path.join(work, "model"), radix=radix, slot=slot, dp=dp, kernels=kernels
+            )
             kwargs.update(override)
             with open(os.path.join(d, "kwargs.json"), "w") as f:
                 json.dump(kwargs, f)
-            env = _phase_env(phase, off_values, radix, os.path.join(d, "steps"), workload, dp)
+            env = _phase_env(
+                phase, off_values, radix, os.path.join(d, "steps"), workload, dp, kernels
+            )
             logf = open(os.path.join(logs, f"{phase.name}.log"), "w")
             proc = subprocess.Popen(
                 [
@@ -313,6 +329,13 @@ def main() -> int:
         help="short: no long segment; pressure: a small pool, retractions, evictions and aborts",
     )
     ap.add_argument(
+        "--kernels",
+        choices=tuple(gpu_machine.KERNEL_ENV),
+        default="standin",
+        help="the kit's kernel selection: faithful = SGLang's TileLang/JIT kernels (TileLang "
+        "carried), standin = torch stand-ins",
+    )
+    ap.add_argument(
         "--engine-override", default="{}", help="JSON merged into every phase's Engine arguments"
     )
     ap.add_argument(
@@ -352,7 +375,7 @@ def main() -> int:
         f"{len(W.all_requests(segs))} requests in segments "
         f"{[(s.name, len(s.first), len(s.then)) for s in segs]}, peak {W.peak_tokens(segs)} tokens"
     )
-    log(f"upstream kernel selection: {json.dumps(P.UPSTREAM_ENV)}")
+    log(f"kernel selection {args.kernels}: {json.dumps(gpu_machine.KERNEL_ENV[args.kernels])}")
     log(
         f"patch flags at their off value except the split's (and in -rd phases "
         f"{json.dumps(P.READ_DONE_ENV)}): {json.dumps(off_values)}"
@@ -362,7 +385,9 @@ def main() -> int:
         f"{policy.coeffs.margin}), top-k {policy.topk}, ratios {sorted(policy.ratios)}"
     )
     example = dict(
-        phases[0].engine_kwargs("<model>", radix=args.radix != "off", slot=0, dp=args.dp),
+        phases[0].engine_kwargs(
+            "<model>", radix=args.radix != "off", slot=0, dp=args.dp, kernels=args.kernels
+        ),
         **override,
     )
     log(
@@ -379,6 +404,7 @@ def main() -> int:
         workload=args.workload,
         override=override,
         dp=args.dp,
+        kernels=args.kernels,
     )
     baselines = [p for p in phases if p.is_baseline]
     rest = [p for p in phases if not p.is_baseline]
@@ -404,7 +430,13 @@ def main() -> int:
         results.update(run_wave(rest, radix=radix, deadline=deadline, **wave))
 
     checks = []
-    report = {"stack": versions, "label": args.label, "radix_cache": radix, "phases": {}}
+    report = {
+        "stack": versions,
+        "label": args.label,
+        "kernels": args.kernels,
+        "radix_cache": radix,
+        "phases": {},
+    }
     for phase in phases:
         r = results[phase.name]
         rec = r["record"]

@@ -144,6 +144,29 @@ def test_phase_env_differs_from_its_baseline_by_the_split_alone():
     ).env(offs, radix=False)
 
 
+def test_faithful_phase_differs_from_standin_by_the_kernel_selection_alone():
+    offs = {"SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN": "0"}
+    phase = P.Phase("bcg", "always")
+    standin, faithful = (phase.env(offs, radix=False, kernels=k) for k in ("standin", "faithful"))
+    assert standin == phase.env(offs, radix=False)
+    assert standin[gpu_machine.KIT_KERNELS_ENV] == "standin"
+    assert faithful[gpu_machine.KIT_KERNELS_ENV] == "faithful"
+    assert faithful["SGLANG_OPT_USE_TILELANG_MHC_POST"] == "1"
+    assert faithful[P.SPLIT_FLAG] == standin[P.SPLIT_FLAG] == "1"
+    kw = {
+        k: phase.engine_kwargs("/m", radix=False, slot=0, kernels=k)
+        for k in ("standin", "faithful")
+    }
+    assert kw["standin"]["dsa_topk_backend"] == "torch"
+    assert kw["faithful"]["dsa_topk_backend"] == "sgl-kernel"
+    diff = {
+        k
+        for k in set(kw["standin"]) | set(kw["faithful"])
+        if kw["standin"].get(k) != kw["faithful"].get(k)
+    }
+    assert diff == {"dsa_topk_backend", "fp8_gemm_runner_backend"}
+
+
 def test_read_done_phase_env_is_its_phase_plus_the_two_read_done_flags():
     offs = {
         "SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN": "0",

@@ -384,3 +384,15 @@ def test_probe_arms_log_their_counters_while_they_serve():
     drv = _load("run_slice_probe")
     env = drv.arm_env(A.ARMS["split-eager-adaptive"], "/tmp/p", "0", radix=True)
     assert float(env["SGLANG_MIXGRAPH_COUNTERS_LOG_INTERVAL"]) > 0
+
+
+def test_shared_prefix_prompts_share_only_their_prefix():
+    arm = _load("slice_arm")
+    wl = dict(requests=3, input_len=40, output_len=1, seed=7, vocab=1000)
+    plain = arm.prompts(wl)
+    shared = arm.prompts({**wl, "shared_prefix": 32})
+    assert plain == arm.prompts({**wl, "shared_prefix": 0})  # older workloads keep their prompts
+    assert all(len(p) == 40 for p in shared)
+    assert shared[0][:32] == shared[1][:32] == shared[2][:32]
+    assert len({tuple(p[32:]) for p in shared}) == 3
+    assert len({tuple(p[:32]) for p in plain}) == 3

@@ -6,7 +6,9 @@
 # retractions, evictions, client aborts); all three by default. SECONDS is shared out 3:4:4
 # among the chosen checks (the two end-to-end runs take about 180-200 s each on an H200, the
 # suite 40 s with a warm JIT cache, longer while Triton compiles). Few files come back from a GPU machine, so $OUT gets
-# one log per check and e2e_runs.tgz (the end-to-end results and phase logs).
+# one log per check and e2e_runs.tgz (the end-to-end results and phase logs). The end-to-end runs
+# use the kit's kernel selection MIXGRAPH_KIT_KERNELS (standin by default; faithful with TileLang
+# carried, tools/gpu-upstream/prepare.sh).
 set -uo pipefail
 [[ $# -ge 1 ]] || { echo "usage: verify.sh SECONDS [gpu_upstream|e2e_short|e2e_pressure ...]" >&2; exit 2; }
 TOTAL=$1
@@ -27,7 +29,8 @@ for c in "${CHECKS[@]}"; do
     gpu_upstream) cmd=(python3 -m pytest test/gpu_upstream -q -p no:cacheprovider --durations=12) ;;
     # run_e2e.py stops its phases at --budget-s; the timeout only guards against a hang.
     e2e_*) w=${c#e2e_}
-      cmd=(python3 test/gpu_e2e/run_e2e.py --workload "$w" --budget-s $((s - 15)) --out "/tmp/$c" --label "verify-$w") ;;
+      cmd=(python3 test/gpu_e2e/run_e2e.py --workload "$w" --budget-s $((s - 15)) --out "/tmp/$c" --label "verify-$w" \
+           --kernels "${MIXGRAPH_KIT_KERNELS:-standin}") ;;
   esac
   timeout -s TERM "$s" "${cmd[@]}" > "$OUT/$c.log" 2>&1
   echo "verify: $c exited $? (limit ${s}s); last lines:"

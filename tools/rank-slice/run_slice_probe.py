@@ -199,6 +199,12 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--input-len", type=int, default=2048)
     ap.add_argument("--output-len", type=int, default=32)
+    ap.add_argument(
+        "--shared-prefix",
+        type=int,
+        default=0,
+        help="the prompts' first N ids are common to all (long contexts through the radix cache)",
+    )
     ap.add_argument("--context-length", type=int, default=8192)
     ap.add_argument("--radix", choices=("on", "off"), default="on")
     ap.add_argument("--profile-mixed", default="8", help="MIXED step ordinals to profile")
@@ -224,6 +230,10 @@ def main() -> int:
     args = ap.parse_args()
     if args.dp < 1:
         ap.error(f"--dp {args.dp}: at least 1")
+    if not 0 <= args.shared_prefix < args.input_len:
+        ap.error(f"--shared-prefix {args.shared_prefix}: from 0 to below --input-len")
+    if args.shared_prefix and args.radix == "off":
+        ap.error("--shared-prefix needs the radix cache (--radix on)")
     deadline = time.time() + args.budget_s
     arms = A.parse(args.arms)
     os.makedirs(args.out, exist_ok=True)
@@ -251,6 +261,7 @@ def main() -> int:
         "output_len": args.output_len,
         "seed": 7,
         "vocab": vocab,
+        "shared_prefix": args.shared_prefix,
     }
     import torch
 

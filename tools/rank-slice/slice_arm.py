@@ -3,9 +3,10 @@
     slice_arm.py <arm_dir>
 
 ``<arm_dir>/arm.json`` holds ``{"engine": {...Engine kwargs}, "workload": {"requests", "input_len",
-"output_len", "seed", "vocab"}}``. All requests are sent at once (greedy, EOS ignored) as token
-ids; the prompts are random ids from the seed, so every arm serves the same prompts and the radix
-cache, when on, only misses. Writes ``<arm_dir>/result.json``: start-up seconds, burst seconds,
+"output_len", "seed", "vocab", "shared_prefix"}}``. All requests are sent at once (greedy, EOS
+ignored) as token ids; the prompts are random ids from the seed, so every arm serves the same
+prompts. Their first ``shared_prefix`` ids are common to all (the radix cache, when on, serves
+them after the first request: long contexts at a short prompt's prefill cost); the rest miss. Writes ``<arm_dir>/result.json``: start-up seconds, burst seconds,
 output tokens and the output ids per request (for token equality between arms).
 """
 
@@ -22,8 +23,10 @@ import traceback
 def prompts(workload: dict) -> list:
     rng = random.Random(workload["seed"])
     vocab = workload["vocab"]
+    shared = workload.get("shared_prefix", 0)
+    prefix = [rng.randrange(100, vocab - 100) for _ in range(shared)]
     return [
-        [rng.randrange(100, vocab - 100) for _ in range(workload["input_len"])]
+        prefix + [rng.randrange(100, vocab - 100) for _ in range(workload["input_len"] - shared)]
         for _ in range(workload["requests"])
     ]
 
