@@ -362,6 +362,9 @@ def main() -> int:
     log(f"plugin under test: {os.path.dirname(sglang_mixgraph.__file__)}")
     versions = stack(log)
     phases = P.parse(args.phases)
+    why = gpu_machine.plugin_not_found()
+    if why:
+        ap.error(why)
     off_values = patch_flag_off_values()
     if args.dp < 1:
         ap.error(f"--dp {args.dp}: at least 1")

@@ -36,6 +36,7 @@ from sglang_mixgraph.kits.gpu_machine import (
     KIT_KERNELS_ENV,
     NO_MULTICAST_ENV,
     RADIX_CORE_ENV,
+    plugin_not_found,
 )
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -236,6 +237,10 @@ def main() -> int:
         ap.error("--shared-prefix needs the radix cache (--radix on)")
     deadline = time.time() + args.budget_s
     arms = A.parse(args.arms)
+    with_plugin = [a.name for a in arms if A.NO_PLUGIN.items() - a.env.items()]
+    why = plugin_not_found() if with_plugin else None
+    if why:
+        ap.error(f"arms {', '.join(with_plugin)}: {why}")
     os.makedirs(args.out, exist_ok=True)
     shutil.rmtree(args.work, ignore_errors=True)
     os.makedirs(os.path.join(args.work, "logs"))

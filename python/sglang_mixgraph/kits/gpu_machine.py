@@ -8,7 +8,8 @@ edits: ``UPSTREAM_ENV``, upstream's own flags that select the kernels such a mac
 ``FAITHFUL_ENV``, the flags that select SGLang's real kernels where TileLang runs
 (``KERNEL_ENV``/``KERNEL_ENGINE`` by selection name, ``KIT_KERNELS_ENV`` for the stand-ins);
 ``RADIX_CORE_ENV``, the flag that keeps the radix cache off its Rust core (built for another
-torch); ``NO_MULTICAST_ENV``, the lent machines' rule that keeps NVLink multicast off in every
+torch); ``plugin_not_found()``, why an Engine started from this checkout would run without the
+plugin (its entry point lives in the git-ignored egg-info, which a GPU call must carry); ``NO_MULTICAST_ENV``, the lent machines' rule that keeps NVLink multicast off in every
 process; ``ENGINE_DIR``; ``engine_standins()``, that folder's module loaded from its file;
 ``attention_dp_engine_kwargs()``, the Engine arguments of N attention-DP ranks; and
 ``dp_rank_fields()`` / ``dp_step_fields()``, what the drivers' logs record of a process and of a
@@ -93,6 +94,25 @@ def engine_standins() -> ModuleType:
     sys.modules[ENGINE_STANDINS] = module
     spec.loader.exec_module(module)
     return module
+
+
+def plugin_not_found() -> str | None:
+    """None when SGLang's plugin loader would find this plugin's entry point from here, else a
+    one-line reason. The entry point is in ``python/sglang_mixgraph.egg-info`` (written by
+    ``pip install -e .`` and git-ignored): a GPU call that does not carry it runs every arm as
+    SGLang alone, and nothing in the Engine's log says so."""
+    from importlib.metadata import entry_points
+
+    from sglang_mixgraph.resolve import PLUGIN_GROUP, PLUGIN_NAME
+
+    if any(ep.name == PLUGIN_NAME for ep in entry_points(group=PLUGIN_GROUP)):
+        return None
+    egg = CHECKOUT / "python" / "sglang_mixgraph.egg-info"
+    return (
+        f"SGLang would not load the plugin: no entry point {PLUGIN_NAME!r} (group "
+        f"{PLUGIN_GROUP}) on this machine; carry {egg.relative_to(CHECKOUT)} "
+        f"(written by pip install -e .)"
+    )
 
 
 def attention_dp_engine_kwargs(dp: int, chunk: int, running: int) -> dict:
