@@ -396,3 +396,14 @@ def test_shared_prefix_prompts_share_only_their_prefix():
     assert shared[0][:32] == shared[1][:32] == shared[2][:32]
     assert len({tuple(p[32:]) for p in shared}) == 3
     assert len({tuple(p[:32]) for p in plain}) == 3
+
+
+def test_plugin_not_found_names_the_egg_info_to_carry(monkeypatch):
+    import importlib.metadata
+
+    from sglang_mixgraph.kits import gpu_machine
+
+    assert gpu_machine.plugin_not_found() is None  # pip install -e . wrote the entry point
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [])
+    why = gpu_machine.plugin_not_found()
+    assert "python/sglang_mixgraph.egg-info" in why and "\n" not in why
