@@ -5,7 +5,8 @@ in-process invoker.
 The in-process invoker runs the same modules the tool runs as children
 (`sglang.benchmark.serving`, `sglang_mixgraph.ab.gsm8k_eval`) with `runpy`, as
 `python -m module` would, so SGLang's real client and eval run against the stand-in while
-their heavy imports are paid once per test session instead of once per cell.
+their heavy imports are paid once per test session instead of once per cell; `Recorder` wraps
+it and records which tool ran against which server.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import sys
 import traceback
 import warnings
 from pathlib import Path
+
+from sglang_mixgraph.ab.tools import BENCH_MODULE
 
 STANDIN = Path(__file__).resolve().parent / "ab_standin.py"
 FLAG = "SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN"
@@ -164,6 +167,29 @@ def inprocess_invoker(module, argv, log_path, timeout_s, watch):
         return 0
     finally:
         sys.argv = saved_argv
+
+
+class Recorder:
+    """The in-process invoker, recording which tool ran for which server."""
+
+    def __init__(self, interrupt_at: int | None = None):
+        self.calls: list[tuple[str, list[str]]] = []
+        self.interrupt_at = interrupt_at
+
+    def __call__(self, module, argv, log_path, timeout_s, watch):
+        self.calls.append((module, argv))
+        if self.interrupt_at is not None and len(self.calls) == self.interrupt_at:
+            raise KeyboardInterrupt
+        return inprocess_invoker(module, argv, log_path, timeout_s, watch)
+
+    def bench_servers(self) -> list[str]:
+        return [
+            json.loads(Path(argv[argv.index("--output-file") + 1]).read_text())["server_info"][
+                "standin"
+            ]["tpot_ms"]
+            for module, argv in self.calls
+            if module == BENCH_MODULE
+        ]
 
 
 def pids_alive(pid_file: Path) -> list[int]:

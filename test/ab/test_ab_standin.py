@@ -28,9 +28,9 @@ import pytest
 from ab_kit import (
     FLAG,
     STANDIN,
+    Recorder,
     expected_accuracy,
     free_port,
-    inprocess_invoker,
     pids_alive,
     small_sweep,
     standin_config,
@@ -67,29 +67,6 @@ def _offline_and_pids(monkeypatch, tmp_path):
     monkeypatch.delenv("STANDIN_DIE_AFTER", raising=False)
     yield
     assert pids_alive(tmp_path / "pids") == [], "a server process outlived the run"
-
-
-class Recorder:
-    """The in-process invoker, recording which tool ran for which server."""
-
-    def __init__(self, interrupt_at: int | None = None):
-        self.calls: list[tuple[str, list[str]]] = []
-        self.interrupt_at = interrupt_at
-
-    def __call__(self, module, argv, log_path, timeout_s, watch):
-        self.calls.append((module, argv))
-        if self.interrupt_at is not None and len(self.calls) == self.interrupt_at:
-            raise KeyboardInterrupt
-        return inprocess_invoker(module, argv, log_path, timeout_s, watch)
-
-    def bench_servers(self) -> list[str]:
-        return [
-            json.loads(Path(argv[argv.index("--output-file") + 1]).read_text())["server_info"][
-                "standin"
-            ]["tpot_ms"]
-            for module, argv in self.calls
-            if module == BENCH_MODULE
-        ]
 
 
 def _run(config: Path, run_dir: Path, invoker, *extra: str) -> int:

@@ -1,6 +1,6 @@
 """tools/rank-slice/device_ab.sh against the CPU stand-in server: a run split over two "device
-calls" resumes from the packed run directory, and a machine whose Triton cache has not served
-the configuration (empty, or warmed by another model) first serves one throwaway visit."""
+calls" on two "machines" resumes from the packed run directory, one block per machine, each
+machine first serving the configuration's discarded warm visit."""
 
 from __future__ import annotations
 
@@ -24,36 +24,27 @@ name = "cand"
 """
 
 
-def _call(tmp: Path, config: Path, resume: Path, *, warmed: bool, seconds: int = 300, **env_extra):
-    home, out = tmp / "home", tmp / "out"
+def _call(tmp: Path, config: Path, resume: Path, *ab_args: str, seconds: int = 300):
+    out = tmp / "out"
     shutil.rmtree(out, ignore_errors=True)
     shutil.rmtree(tmp / "runs", ignore_errors=True)  # a fresh machine: nothing but what travels
-    shutil.rmtree(home, ignore_errors=True)
-    cache = home / ".cache" / "sglang" / "triton"
-    cache.mkdir(parents=True)
-    (cache / "kernel.bin").write_text("x")  # another model's kernels: not enough to skip the visit
-    if warmed:
-        (cache / f"mixgraph_warmed_by_{config.stem}").touch()
     env = dict(
         os.environ,
-        HOME=str(home),
         OUT=str(out),
         TMPDIR=str(tmp / "runs"),
         PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
         PYTHONPATH=f"{ROOT / 'python'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-        **env_extra,
     )
-    env.pop("SGLANG_CACHE_DIR", None)  # the marker sits in HOME's SGLang cache
     (tmp / "runs").mkdir()
     p = subprocess.run(
-        ["bash", str(SCRIPT), str(config), str(resume), str(seconds)],
+        ["bash", str(SCRIPT), str(config), str(resume), str(seconds), *ab_args],
         cwd=ROOT,
         env=env,
         capture_output=True,
         text=True,
         timeout=600,
     )
-    return p, out / f"{resume.stem}.tgz", cache
+    return p, out / f"{resume.stem}.tgz"
 
 
 def _cells(packed: Path, tmp: Path) -> list[tuple[str, str]]:
@@ -65,31 +56,27 @@ def _cells(packed: Path, tmp: Path) -> list[tuple[str, str]]:
     return sorted((c["arm"], c["status"]) for c in results["cells"])
 
 
-def test_a_run_split_over_two_calls_resumes_and_warms_a_cold_machine(tmp_path):
-    config = standin_config(tmp_path, arms=ARMS, sweep=small_sweep("[2]"))
+def test_a_run_split_over_two_machines_resumes_one_block_each_after_a_warm_visit(tmp_path):
+    sweep = small_sweep("[2]").replace("repeats = 1", 'block = ["base", "cand"]\nblocks = 2')
+    config = standin_config(tmp_path, arms=ARMS, sweep=sweep + '\nwarm_visit = "cand"')
     resume = tmp_path / "carried" / "slice.tgz"
 
-    # Call 1 on a cache that served this configuration: no throwaway visit, both cells packed.
-    first, packed, _ = _call(tmp_path, config, resume, warmed=True)
-    assert first.returncode == 0, first.stderr + first.stdout
-    assert "throwaway" not in first.stdout
-    assert _cells(packed, tmp_path) == [("base", "ok"), ("cand", "ok")]
+    # Call 1 on machine m1: its warm visit, then block 1; block 2 is left (INCOMPLETE, exit 1).
+    first, packed = _call(tmp_path, config, resume, "--machine", "m1", "--max-blocks", "1")
+    assert "device_ab: ab exited 1" in first.stdout, first.stderr + first.stdout
+    assert "machine m1 has served nothing of this run: one warm visit of 'cand'" in first.stderr
+    assert _cells(packed, tmp_path) == [("base", "missing"), ("base", "ok"), ("cand", "missing"), ("cand", "ok")]  # fmt: skip
 
-    # Call 2 on a "fresh machine" with the packed run carried back: the finished cells are kept,
-    # and a cache that never served this configuration gets one throwaway visit of WARM_ARM.
+    # Call 2 on machine m2 with the packed run carried back: block 1 kept, m2's warm visit,
+    # block 2 measured there.
     resume.parent.mkdir()
     shutil.copy(packed, resume)
-    second, packed2, cache = _call(tmp_path, config, resume, warmed=False, WARM_ARM="cand")
-    assert second.returncode == 0, second.stderr + second.stdout
+    second, packed2 = _call(tmp_path, config, resume, "--machine", "m2", "--max-blocks", "1")
+    assert "device_ab: ab exited 0" in second.stdout, second.stderr + second.stdout
     assert "restored 2 cell files" in second.stdout
-    assert (
-        "one throwaway visit first" in second.stdout
-        and "warm-up visit done (rc 0)" in second.stdout
-    )
     assert "2 finished cells are kept" in second.stderr
-    assert "arm=cand" in second.stderr.split("2 finished cells are kept")[0]  # the warm visit's arm
-    assert (cache / f"mixgraph_warmed_by_{config.stem}").exists()  # the next call skips it
-    assert _cells(packed2, tmp_path) == [("base", "ok"), ("cand", "ok")]
+    assert "machine m2 has served nothing of this run" in second.stderr
+    assert _cells(packed2, tmp_path) == [("base", "ok")] * 2 + [("cand", "ok")] * 2
 
 
 def test_usage_line_and_exit_2_without_arguments():

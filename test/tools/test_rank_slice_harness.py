@@ -3,7 +3,6 @@ probe's shape and kernel-table readers, and the driver's step summary (tools/ran
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import sys
 import types
@@ -235,44 +234,31 @@ def test_step_mix_counts_sglangs_scheduler_lines_by_kind_and_graph():
     assert mix.step_mix([])["mixed_share"] is None
 
 
-def test_warm_caches_runs_only_the_first_arms_first_cell(tmp_path, monkeypatch):
-    warm = _load("warm_caches")
-    seen = {}
-
-    def fake_run(config, run_dir, visits):
-        seen["cells"] = [(c.arm, c.concurrency, c.repeat) for v in visits for c in v.cells]
-        seen["run_dir"] = run_dir
-        return warm.runner.RunOutcome()
-
-    monkeypatch.setattr(warm.runner, "run", fake_run)
-    assert warm.main([str(SLICE / "ab_slice.toml"), str(tmp_path / "w")]) == 0
-    assert seen["cells"] == [("upstream", 96, 0)] and seen["run_dir"] == tmp_path / "w"
-    # Another arm: its whole first cell.
-    assert warm.main([str(SLICE / "ab_slice.toml"), "--arm", "bcg-split-rd-always"]) == 0
-    assert seen["cells"] == [("bcg-split-rd-always", 96, 0)]
-    assert warm.main([str(SLICE / "ab_slice.toml"), "--arm", "nope"]) == 2
-    assert warm.main([]) == 2
-
-
-def test_warm_config_serves_the_measured_cell_once():
-    # A shorter cell never reaches the request counts that compile the metadata kernel's
-    # variants (BS_P2 up to 128 at 96 running): the warm cell is the measured one.
-    warm = _load("warm_caches")
-    raw = warm.ab_config.read_toml(SLICE / "ab_slice.toml")
-    config = warm.warm_config(raw, "forced-bcg")
-    full = warm.ab_config.parse_config(raw)
-    assert config.arms[0].name == "forced-bcg" and config.sweep.repeats == 1
-    assert dataclasses.replace(config.sweep, repeats=full.sweep.repeats) == full.sweep
-    assert config.server == full.server and not config.gsm8k.enabled
-
-
-def test_ab_arms_set_the_probe_arms_flags():
+@pytest.mark.parametrize("name", ["ab_slice.toml", "ab_faithful.toml"])
+def test_ab_arms_set_the_probe_arms_flags(name):
     """An ab arm and the probe arm of the same name must be the same configuration."""
     import tomllib
 
-    config = tomllib.loads((SLICE / "ab_slice.toml").read_text())
+    config = tomllib.loads((SLICE / name).read_text())
     for arm in config["arm"]:
         assert arm.get("env", {}) == A.ARMS[arm["name"]].env, arm["name"]
+
+
+def test_faithful_ab_configuration_selects_the_probes_faithful_kernels():
+    import tomllib
+
+    drv = _load("run_slice_probe")
+    server = tomllib.loads((SLICE / "ab_faithful.toml").read_text())["server"]
+    env = dict(server["env"])
+    assert env.pop("SGLANG_MIXGRAPH_COUNTERS_LOG_INTERVAL") == "10"
+    assert env.pop(drv.KIT_KERNELS_ENV) == "faithful"  # the Engine stand-ins' selection
+    assert env == {**drv.KERNEL_ENV["faithful"], drv.RADIX_CORE_ENV: "python"}
+    args = server["args"]
+    from sglang_mixgraph.kits.gpu_machine import KERNEL_ENGINE
+
+    for key, value in KERNEL_ENGINE["faithful"].items():
+        flag = "--" + key.replace("_", "-")
+        assert args[args.index(flag) + 1] == value, flag
 
 
 def test_driver_compares_tokens_with_upstream_or_the_first_arm():

@@ -2,7 +2,8 @@
 
 `run` reads the TOML configuration (or builds one from flags alone: --model-path,
 --server-args, --launch-prefix, --arm, --concurrencies, ...), applies the command-line
-overrides (attach URLs, GSM8K data, repeats, concurrencies, lengths), checks the run
+overrides (attach URLs, GSM8K data, repeats, concurrencies, lengths; this machine's id and
+how many blocks to measure here), checks the run
 directory, the configuration's paths (checks.py), that every launch prefix can run and every
 arm's environment against SGLang's and the plugin's flags (one line each, exit 2), then runs
 or resumes the sweep in the run directory and writes the report.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import re
 import shlex
 import signal
 import sys
@@ -120,6 +122,19 @@ def _parser() -> argparse.ArgumentParser:
         "--request-rates",
         metavar="R1,R2,...",
         help="override [sweep] request_rates (requests per second, Poisson arrivals)",
+    )
+    run.add_argument(
+        "--machine",
+        metavar="ID",
+        help="name this machine's run in every record (default: host name and boot id); a "
+        "ratio pairs cells of one machine only",
+    )
+    run.add_argument(
+        "--max-blocks",
+        type=int,
+        metavar="N",
+        help="measure at most N blocks not finished yet, then stop (one machine's share of a "
+        "run whose blocks run on several machines)",
     )
     run.add_argument(
         "--reuse-cells",
@@ -236,6 +251,10 @@ def _apply_overrides(raw: dict[str, Any], args: argparse.Namespace) -> dict[str,
         raw.setdefault("sweep", {})["request_rates"] = _comma_list(
             args.request_rates, float, "--request-rates", "numbers"
         )
+    if args.max_blocks is not None and args.max_blocks < 1:
+        raise ConfigError(f"--max-blocks {args.max_blocks}: must be 1 or more")
+    if args.machine is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", args.machine):
+        raise ConfigError(f"--machine {args.machine!r}: letters, digits, '.', '_' and '-' only")
     if not (0 < args.progress_every <= 86400):
         raise ConfigError(
             f"--progress-every {args.progress_every:g}: must be above 0 and at most 86400 s"
@@ -305,13 +324,19 @@ def cmd_run(args: argparse.Namespace, invoker: Any = None) -> int:
         kwargs: dict[str, Any] = {
             "reuse_cells": args.reuse_cells,
             "progress_every_s": args.progress_every,
+            "machine": args.machine,
+            "max_blocks": args.max_blocks,
         }
         if invoker is not None:
             kwargs["invoker"] = invoker
         outcome = runner.run(config, run_dir, visits, **kwargs)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    built, plots = report.build(run_dir)
+    try:
+        built, plots = report.build(run_dir)
+    except results.RunDirError as e:  # e.g. a pair measured on two machines
+        _error(str(e))
+        return EXIT_USAGE
     for line in plots:
         if line == report.PLOTS_SKIPPED:
             print(f"sglang-mixgraph ab: {line}", file=sys.stderr)

@@ -4,10 +4,11 @@ Sections: `[server]` (shared launch: model, SGLang server arguments, environment
 port, health timeout, the launch command and a launch prefix: a wrapper put in front of it),
 `[[arm]]` (two or more: name, environment, extra server arguments, its own launch prefix, or
 `url` to attach to a running server), `[sweep]` (the load points: concurrencies and request
-rates, the `sglang.benchmark.serving` workload, prompt and warm-up counts, repeats), `[[shape]]`
+rates, the `sglang.benchmark.serving` workload, prompt and warm-up counts, repeats, or blocks:
+a visit order run whole on one machine, and a discarded warm visit), `[[shape]]`
 (several input/output lengths in one run), `[slo]` (latency SLOs for bench_serving's goodput),
 `[gsm8k]` (SGLang's GSM8K eval and its threshold), `[[gate]]` (ratio gates
-between two arms), and a top-level `note` for the report. Every problem is a `ConfigError` with
+between two arms), and top-level `note` (for the report) and `pairs` (ratios of two candidates). Every problem is a `ConfigError` with
 one line naming the key, so the command can print it without a traceback.
 
 `cell_settings` turns one measurement into the exact settings that key it on disk: a run
@@ -146,6 +147,20 @@ class Sweep:
     repeats: int = 3  # A B, B A, A B: the fewest that give an interval worth reading
     cell_timeout_s: float = 3600.0
     extra_args: tuple[str, ...] = ()
+    # Blocks: `block` is the visit order of one block (arm names, each arm equally often), run
+    # whole on one machine; `repeats` is then blocks x visits per arm. Without `block`, each
+    # repeat is a block of one visit per arm (A B, then B A).
+    block: tuple[str, ...] = ()
+    blocks: int | None = None
+    # One visit of this arm served first on a machine that has not served the run, not counted.
+    warm_visit: str | None = None
+
+    def visits_per_block(self) -> int:
+        """Visits of each arm in one block."""
+        return self.block.count(self.block[0]) if self.block else 1
+
+    def block_of(self, repeat: int) -> int:
+        return repeat // self.visits_per_block()
 
     def prompts(self, point: Point) -> int:
         if self.num_prompts is not None:
@@ -237,6 +252,8 @@ class Config:
     gates: tuple[Gate, ...] = ()
     note: str | None = None  # shown under the report's title (machine, build, caveats)
     slo: Slo = field(default_factory=Slo)
+    # Ratios reported besides each candidate's to the baseline: (candidate, baseline) arms.
+    pairs: tuple[tuple[str, str], ...] = ()
 
     def arm(self, name: str) -> Arm:
         for arm in self.arms:
@@ -445,6 +462,7 @@ def _sweep(table: dict[str, Any]) -> Sweep:
         "min_prompts",
         "warmup_per_concurrency",
         "repeats",
+        "blocks",
     }
     _take(
         table,
@@ -463,6 +481,8 @@ def _sweep(table: dict[str, Any]) -> Sweep:
             "seed",
             "cell_timeout_s",
             "extra_args",
+            "block",
+            "warm_visit",
         },
     )
     if "concurrencies" not in table and "request_rates" not in table:
@@ -525,6 +545,17 @@ def _sweep(table: dict[str, Any]) -> Sweep:
                     f"{where} extra_args: {flag} is set by the tool ([slo], request_rates, "
                     "concurrencies)"
                 )
+    if "block" in table:
+        kwargs["block"] = _str_list(table["block"], f"{where} block")
+        if not kwargs["block"]:
+            raise ConfigError(f"{where} block: give the visit order of one block (arm names)")
+        if "repeats" in table:
+            raise ConfigError(f"{where}: give blocks (with block) or repeats, not both")
+        kwargs.setdefault("blocks", 1)
+    elif "blocks" in table:
+        raise ConfigError(f"{where} blocks: needs block (the visit order of one block)")
+    if "warm_visit" in table:
+        kwargs["warm_visit"] = _typed(table["warm_visit"], str, f"{where} warm_visit")
     sweep = Sweep(**kwargs)
     shape = Shape(
         f"in{sweep.input_len}_out{sweep.output_len}",
@@ -720,7 +751,11 @@ def _gates(items: Any, arm_names: list[str], sweep: Sweep, slo: Slo | None) -> t
 
 
 def parse_config(data: dict[str, Any], *, accuracy_only: bool = False) -> Config:
-    _take(data, "config", {"note", "server", "arm", "sweep", "shape", "slo", "gsm8k", "gate"})
+    _take(
+        data,
+        "config",
+        {"note", "server", "arm", "sweep", "shape", "slo", "gsm8k", "gate", "pairs"},
+    )
     note = _typed(data["note"], str, "note") if "note" in data else None
     arms = _arms(data.get("arm", []))
     minimum = 1 if accuracy_only else 2
@@ -745,6 +780,7 @@ def parse_config(data: dict[str, Any], *, accuracy_only: bool = False) -> Config
         sweep = _sweep({"concurrencies": [1]})
     else:
         raise ConfigError("config: missing section [sweep]")
+    sweep = _blocks(sweep, names)
     slo = _slo(_typed(data["slo"], dict, "[slo]")) if "slo" in data else None
     gsm8k = _gsm8k(_typed(data.get("gsm8k", {}), dict, "[gsm8k]"), names)
     if accuracy_only and (not gsm8k.enabled or gsm8k.threshold is None):
@@ -758,7 +794,47 @@ def parse_config(data: dict[str, Any], *, accuracy_only: bool = False) -> Config
         gates=gates,
         note=note,
         slo=slo or Slo(),
+        pairs=_pairs(data.get("pairs", []), names),
     )
+
+
+def _blocks(sweep: Sweep, names: list[str]) -> Sweep:
+    """Checks `block` against the arms; the repeats are then blocks x visits per arm."""
+    where = "[sweep]"
+    if sweep.warm_visit is not None and sweep.warm_visit not in names:
+        raise ConfigError(f"{where} warm_visit: no arm named {sweep.warm_visit!r} (arms: {names})")
+    if not sweep.block:
+        return sweep
+    for name in sweep.block:
+        if name not in names:
+            raise ConfigError(f"{where} block: no arm named {name!r} (arms: {names})")
+    left_out = [n for n in names if n not in sweep.block]
+    if left_out:
+        raise ConfigError(f"{where} block: arm {left_out[0]!r} is not in it; every arm must be")
+    counts = {n: sweep.block.count(n) for n in names}
+    if len(set(counts.values())) > 1:
+        raise ConfigError(
+            f"{where} block: not balanced, every arm must appear equally often "
+            f"({', '.join(f'{n} {c}x' for n, c in counts.items())})"
+        )
+    assert sweep.blocks is not None
+    return replace(sweep, repeats=sweep.blocks * sweep.visits_per_block())
+
+
+def _pairs(value: Any, names: list[str]) -> tuple[tuple[str, str], ...]:
+    pairs = []
+    for i, item in enumerate(_str_list(value, "pairs")):
+        where = f"pairs[{i}] {item!r}"
+        candidate, sep, baseline = item.partition("/")
+        if not sep or not candidate or not baseline:
+            raise ConfigError(f"{where}: expected CANDIDATE/BASELINE")
+        for name in (candidate, baseline):
+            if name not in names:
+                raise ConfigError(f"{where}: no arm named {name!r} (arms: {names})")
+        if candidate == baseline:
+            raise ConfigError(f"{where}: an arm against itself")
+        pairs.append((candidate, baseline))
+    return tuple(pairs)
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:

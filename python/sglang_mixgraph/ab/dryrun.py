@@ -49,8 +49,9 @@ def plan_lines(
     lines = []
     for visit in visits:
         done = [runner.is_done(run_dir, c, current) for c in visit.cells]
+        block = f"block {visit.block + 1}, " if config.sweep.block else ""
         lines.append(
-            f"arm {visit.arm.name}, repeat {visit.repeat + 1}: {len(visit.cells)} cells "
+            f"{block}arm {visit.arm.name}, repeat {visit.repeat + 1}: {len(visit.cells)} cells "
             f"({sum(done)} done)"
         )
         arm = visit.arm

@@ -69,9 +69,9 @@ def _ratio(est: RatioEstimate | dict | None, pairs: int | None = None) -> str:
     if est is None:
         return "-"
     if isinstance(est, dict):  # from results.json's gates
-        mean, low, high, n = est["mean"], est["low"], est["high"], est["n"]
+        mean, low, high, n = est["mean"], est["low"], est["high"], est.get("pairs", est["n"])
     else:
-        mean, low, high, n = est.mean, est.low, est.high, est.n
+        mean, low, high, n = est.mean, est.low, est.high, est.pairs
     text = f"{mean:.3f}x" if low is None else f"{mean:.3f}x [{low:.3f}, {high:.3f}]"
     if pairs is not None and n < pairs:
         text += f" ({n} of {pairs} pairs)"
@@ -120,10 +120,21 @@ def render_markdown(results: Results) -> str:
                 f"- SLOs (bench_serving --goodput): {slos}; goodput = requests per second that "
                 "met every SLO, within SLO = their fraction of the requests sent"
             )
-        lines.append(
-            f"- {sw.repeats} repeats, arms interleaved per repeat (A B, then B A, ...); a fresh "
-            "server per arm and repeat when launched"
-        )
+        if sw.block:
+            lines.append(
+                f"- {sw.blocks} block(s) of visits `{' '.join(sw.block)}`, each run whole on one "
+                f"machine; a fresh server per visit when launched; ratios pair the visits of one "
+                "block and their interval is over blocks"
+            )
+        else:
+            lines.append(
+                f"- {sw.repeats} repeats, arms interleaved per repeat (A B, then B A, ...); a "
+                "fresh server per arm and repeat when launched"
+            )
+        if sw.warm_visit:
+            lines.append(
+                f"- each machine's first block after one discarded visit of `{sw.warm_visit}`"
+            )
         for arm, info in results.gpus.items():
             lines.append(f"- GPUs of `{arm}`: {info['gpus'] or '?'} ({info['source']})")
         for arm, seen in results.server_versions.items():
@@ -138,6 +149,8 @@ def render_markdown(results: Results) -> str:
     lines.append("")
     if not results.accuracy_only:
         lines += _throughput_section(results)
+        if c.sweep.block or c.pairs:
+            lines += _blocks_section(results)
     lines += _gsm8k_section(results)
     if results.gates:
         lines += [
@@ -277,6 +290,44 @@ def _throughput_section(results: Results) -> list[str]:
         "![ratio to the baseline](ratio.png)",
         "",
     ]
+    return lines
+
+
+BLOCK_METRICS = (("output_throughput_per_gpu", "output tok/s/GPU"), ("median_tpot_ms", "TPOT p50"))
+
+
+def _blocks_section(results: Results) -> list[str]:
+    """Each pair's ratio per block (with the block's machine) beside the pooled one."""
+    c = results.config
+    machines: dict[int, set[str]] = {}
+    for cell in results.cells:
+        if cell["kind"] == "bench" and cell["status"] == "ok":
+            machines.setdefault(cell["block"], set()).add(cell.get("machine") or "not recorded")
+    blocks = sorted(machines)
+    pairs = [(f"{a.name}/{results.baseline}", results.ratios.get(a.name, {})) for a in c.arms[1:]]
+    pairs += list(results.pair_ratios.items())
+    lines = [
+        "## Ratios per block",
+        "",
+        "Each block's ratio is the geometric mean of its paired visits (all on the machine "
+        "named); the pooled ratio's 95% interval is over blocks.",
+        "",
+        "| load | pair | metric | pooled [95% interval] | "
+        + " | ".join(f"block {b + 1} ({', '.join(sorted(machines[b]))})" for b in blocks)
+        + " |",
+        "|" + "---|" * (4 + len(blocks)),
+    ]
+    for point in c.sweep.points():
+        label = results.point_key(point)
+        for name, by_point in pairs:
+            for metric, title in BLOCK_METRICS:
+                est = by_point.get(point, {}).get(metric)
+                if est is None:
+                    continue
+                per = {b: f"{r:.3f}x ({n} pairs)" for b, r, n in est.blocks}
+                row = [label, f"`{name}`", title, _ratio(est)] + [per.get(b, "-") for b in blocks]
+                lines.append("| " + " | ".join(row) + " |")
+    lines.append("")
     return lines
 
 

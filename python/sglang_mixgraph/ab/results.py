@@ -15,7 +15,10 @@ interrupted run, resumed by running it again). Thresholds and gates are judged o
 interval (`judge`, docs/ab.md "Gates"): by default one fails only when the whole interval is
 beyond its bound, i.e. when the data show the regression (`judge_bounds`).
 `results.csv` has one row per arm and load point: every metric's mean and interval, and each
-candidate's ratio to the baseline with its interval.
+candidate's ratio to the baseline with its interval. A ratio pairs repeat r of two arms, which
+must have run on one machine (a run directory whose pair crosses machines is refused); pairs
+are pooled per block and over blocks (stats.paired_ratio), and `pairs` adds ratios between
+two candidates.
 """
 
 from __future__ import annotations
@@ -82,6 +85,8 @@ class Results:
     # summary[arm][point][metric] and ratios[candidate][point][metric]
     summary: dict[str, dict[Point, dict[str, Estimate]]] = field(default_factory=dict)
     ratios: dict[str, dict[Point, dict[str, RatioEstimate]]] = field(default_factory=dict)
+    # pair_ratios["candidate/baseline"][point][metric]: the configuration's extra `pairs`.
+    pair_ratios: dict[str, dict[Point, dict[str, RatioEstimate]]] = field(default_factory=dict)
     gpus: dict[str, dict[str, Any]] = field(default_factory=dict)
     gsm8k: dict[str, dict[str, Any]] = field(default_factory=dict)
     gates: list[dict[str, Any]] = field(default_factory=list)
@@ -154,6 +159,8 @@ def collect(run_dir: Path) -> Results:
                 if raw is None:
                     status = entry["status"] = "missing"
             if status == runner.OK:
+                entry["machine"] = record.get("machine")
+                entry["block"] = config.sweep.block_of(cell.repeat)
                 entry["versions"] = record.get("versions")
                 line = versions.describe(record.get("versions"))
                 results.versions[line] = results.versions.get(line, 0) + 1
@@ -200,15 +207,18 @@ def collect(run_dir: Path) -> Results:
                 for name, reps in by_metric.items()
                 if (est := estimate([reps[r] for r in sorted(reps)])) is not None
             }
-    base = values.get(results.baseline, {})
-    for arm, by_point in values.items():
-        if arm == results.baseline:
-            continue
-        for point, by_metric in by_point.items():
-            for name, reps in by_metric.items():
-                est = paired_ratio(reps, base.get(point, {}).get(name, {}))
+
+    def fill(candidate: str, baseline: str, into: dict[Point, dict[str, RatioEstimate]]) -> None:
+        for point, by_metric in values.get(candidate, {}).items():
+            for name in by_metric:
+                est = pair_ratio(results, candidate, baseline, point, name)
                 if est is not None:
-                    results.ratios.setdefault(arm, {}).setdefault(point, {})[name] = est
+                    into.setdefault(point, {})[name] = est
+
+    for arm in config.arms[1:]:
+        fill(arm.name, results.baseline, results.ratios.setdefault(arm.name, {}))
+    for candidate, baseline in config.pairs:
+        fill(candidate, baseline, results.pair_ratios.setdefault(f"{candidate}/{baseline}", {}))
     if config.slo.limits:
         _within_slo(results)
     _verdict(results)
@@ -354,15 +364,29 @@ def _gate_cells_missing(results: Results, gate: Gate) -> bool:
 
 
 def _gate_ratio(results: Results, gate: Gate) -> RatioEstimate | None:
-    # Any two arms, not only against the baseline: paired per repeat like the report's ratios.
-    def reps(arm: str) -> dict[int, float]:
-        return {
-            c["repeat"]: c["metrics"][gate.metric]
-            for c in _gate_cells(results, gate)
-            if c["arm"] == arm and gate.metric in c.get("metrics", {})
-        }
+    return pair_ratio(results, gate.candidate, gate.baseline, gate.point, gate.metric)
 
-    return paired_ratio(reps(gate.candidate), reps(gate.baseline))
+
+def pair_ratio(
+    results: Results, candidate: str, baseline: str, point: Point, metric: str
+) -> RatioEstimate | None:
+    """`metric` of two arms (any two), paired per repeat on one machine, pooled over blocks."""
+    key = results.point_key(point)
+    cells: dict[str, dict[int, dict[str, Any]]] = {candidate: {}, baseline: {}}
+    for c in results.cells:
+        if c["kind"] == "bench" and c["arm"] in cells and c.get("point") == key:
+            if metric in c.get("metrics", {}):
+                cells[c["arm"]][c["repeat"]] = c
+    for repeat in sorted(set(cells[candidate]) & set(cells[baseline])):
+        a, b = cells[candidate][repeat].get("machine"), cells[baseline][repeat].get("machine")
+        if a != b:
+            raise RunDirError(
+                f"{candidate} and {baseline} at {key}, repeat {repeat + 1}: measured on machines "
+                f"{a or 'not recorded'} and {b or 'not recorded'}; a ratio pairs cells of one "
+                "machine only (`ab run` measures such a block again whole)"
+            )
+    reps = {arm: {r: c["metrics"][metric] for r, c in by_r.items()} for arm, by_r in cells.items()}
+    return paired_ratio(reps[candidate], reps[baseline], results.config.sweep.block_of)
 
 
 def results_json(results: Results) -> dict[str, Any]:
@@ -402,6 +426,9 @@ def results_json(results: Results) -> dict[str, Any]:
         "server_versions": results.server_versions,
         "summary": table(results.summary),
         "ratios_vs_baseline": table(results.ratios),
+        "pair_ratios": table(results.pair_ratios),
+        "blocks": sw.blocks,
+        "block": list(sw.block),
         "gsm8k": results.gsm8k,
         "gates": results.gates,
         "cells": results.cells,

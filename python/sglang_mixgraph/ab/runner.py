@@ -2,9 +2,14 @@
 
 A cell is one `bench_serving` run (arm, load point: a shape's concurrency or request rate,
 repeat) or one GSM8K eval (arm). Arms
-are interleaved per repeat, A B then B A (then A B ...), so slow drift of the machine (clocks,
-thermals, other tenants) falls on both arms alike; each visit of an arm gets its own server
-(launch mode) that is stopped before the next arm starts. Every cell is keyed by the hash of
+are interleaved per repeat, A B then B A (then A B ...), or in a configured block order such as
+U E L L E U, so slow drift of the machine (clocks, thermals, other tenants) falls on both arms
+alike; each visit of an arm gets its own server (launch mode) that is stopped before the next
+arm starts. A block (each repeat, without a block order) runs whole on one machine: every
+record names its machine (`--machine`, else host and boot id), a block begun on another
+machine is measured again whole, `--max-blocks` stops after that many blocks (one machine's
+share), and a machine that has served nothing of the run first serves one discarded visit of
+`[sweep] warm_visit`. Every cell is keyed by the hash of
 its exact settings (config.cell_settings): a cell whose `.cell.json` says ok is skipped when
 the run directory is reused, so an interrupted or partly failed run is resumed by running the
 same command again, and a changed setting measures anew instead of mixing results.
@@ -24,7 +29,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +68,7 @@ class Cell:
     key: str
     settings: dict[str, Any]
     several_shapes: bool = False  # the shape's name goes into file names and labels
+    warm_on: str | None = None  # a discarded warm visit's cell on this machine
 
     @property
     def concurrency(self) -> int | None:
@@ -80,6 +86,8 @@ class Cell:
             load = f"c{int(self.point.value):05d}"
         else:
             load = f"rate{self.point.value:g}"
+        if self.warm_on is not None:
+            return f"warm/{self.warm_on}/{self.arm}_{shape}{load}_{self.key}"
         return f"cells/{self.arm}/{shape}{load}_r{self.repeat}_{self.key}"
 
     def label(self) -> str:
@@ -87,7 +95,8 @@ class Cell:
             return f"gsm8k arm={self.arm}"
         assert self.point is not None
         shape = f" shape={self.point.shape}" if self.several_shapes else ""
-        return f"arm={self.arm}{shape} {self.point.describe()} repeat={self.repeat + 1}"
+        which = "warm visit" if self.warm_on is not None else f"repeat={self.repeat + 1}"
+        return f"arm={self.arm}{shape} {self.point.describe()} {which}"
 
 
 @dataclass
@@ -95,13 +104,25 @@ class Visit:
     arm: Arm
     repeat: int
     cells: list[Cell] = field(default_factory=list)
+    block: int = 0
 
 
-def visit_order(arms: tuple[Arm, ...], repeats: int) -> list[tuple[Arm, int]]:
+def visit_order(config: Config) -> list[tuple[Arm, int]]:
+    """(arm, repeat) in run order: A B, B A, ... or `block` repeated, its k-th visit of an arm in
+    block b being repeat b x visits per arm + k."""
+    sw, arms = config.sweep, config.arms
     order = []
-    for repeat in range(repeats):
-        sequence = arms if repeat % 2 == 0 else tuple(reversed(arms))
-        order += [(arm, repeat) for arm in sequence]
+    if not sw.block:
+        for repeat in range(sw.repeats):
+            sequence = arms if repeat % 2 == 0 else tuple(reversed(arms))
+            order += [(arm, repeat) for arm in sequence]
+        return order
+    per_arm = sw.visits_per_block()
+    for block in range(sw.repeats // per_arm):
+        seen: dict[str, int] = {}
+        for name in sw.block:
+            order.append((config.arm(name), block * per_arm + seen.get(name, 0)))
+            seen[name] = seen.get(name, 0) + 1
     return order
 
 
@@ -111,10 +132,10 @@ def plan(config: Config, *, accuracy_only: bool = False) -> list[Visit]:
     if accuracy_only:
         order = [(arm, 0) for arm in config.arms if arm.name in gsm8k_arms]
     else:
-        order = visit_order(config.arms, config.sweep.repeats)
+        order = visit_order(config)
     visits = []
     for arm, repeat in order:
-        visit = Visit(arm=arm, repeat=repeat)
+        visit = Visit(arm=arm, repeat=repeat, block=config.sweep.block_of(repeat))
         if repeat == 0 and arm.name in gsm8k_arms:
             # First: a server that answers wrongly fails fast, before the long sweep.
             settings = gsm8k_settings(config, arm)
@@ -289,6 +310,54 @@ def _run_cell(
     return None, summary
 
 
+def machine_of(run_dir: Path, cell: Cell) -> str | None:
+    """The machine a finished cell's record names (None: written before machines were)."""
+    return (read_record(run_dir, cell) or {}).get("machine")
+
+
+def served_on(run_dir: Path, machine: str) -> bool:
+    """Whether any cell of the run directory, warm visits included, was measured on `machine`."""
+    for path in [*run_dir.glob("cells/*/*.cell.json"), *run_dir.glob("warm/*/*.cell.json")]:
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if record.get("status") == OK and record.get("machine") == machine:
+            return True
+    return False
+
+
+def _blocks_todo(
+    run_dir: Path,
+    visits: list[Visit],
+    current: dict[str, Any] | None,
+    machine: str,
+    out: Callable[[str], None],
+) -> list[list[tuple[Visit, list[Cell]]]]:
+    """Per block (in plan order), each visit with the cells left to measure on `machine`.
+
+    A block finished or begun on another machine keeps its cells only when it is finished: a
+    ratio pairs cells of one machine, so a block begun elsewhere is measured again whole here.
+    """
+    by_block: dict[int, list[Visit]] = {}
+    for visit in visits:
+        by_block.setdefault(visit.block, []).append(visit)
+    todo = []
+    for block, block_visits in by_block.items():
+        cells = [c for v in block_visits for c in v.cells]
+        done = [c for c in cells if is_done(run_dir, c, current)]
+        elsewhere = sorted({machine_of(run_dir, c) or "not recorded" for c in done} - {machine})
+        whole = bool(elsewhere) and len(done) < len(cells)
+        if whole:
+            out(
+                f"block {block + 1} was begun on machine {', '.join(elsewhere)}: measuring it "
+                f"again whole on {machine} (a ratio never pairs cells of two machines)"
+            )
+        left = [(v, [c for c in v.cells if whole or c not in done]) for v in block_visits]
+        todo.append(left)
+    return todo
+
+
 def run(
     config: Config,
     run_dir: Path,
@@ -298,12 +367,17 @@ def run(
     out: Callable[[str], None] = _stderr,
     reuse_cells: bool = False,
     progress_every_s: float = DEFAULT_EVERY_S,
+    machine: str | None = None,
+    max_blocks: int | None = None,
 ) -> RunOutcome:
     env = versions.environment()
+    machine = machine or versions.machine_id()
     current = None if reuse_cells else env
     cells = [c for v in visits for c in v.cells]
-    progress = Progress(len(cells), sum(is_done(run_dir, c, current) for c in cells), out)
     changed = [] if reuse_cells else stale(run_dir, cells, env)
+    blocks = _blocks_todo(run_dir, visits, current, machine, out)
+    left = sum(len(c) for block in blocks for _, c in block)
+    progress = Progress(len(cells), len(cells) - left, out)
     if changed:
         kept = sum(is_done(run_dir, c) for c in cells) - progress.done
         progress.line(
@@ -312,99 +386,144 @@ def run(
         )
     if progress.done:
         progress.line(f"resuming: {progress.done} finished cells are kept and skipped")
-    outcome = RunOutcome()
-    broken_arms: dict[str, str] = {}
-    visit_counts: dict[str, int] = {}
+    state = _VisitState(config, run_dir, invoker, progress, progress_every_s, env, machine)
+    started_blocks = 0
     try:
-        for visit in visits:
-            arm = visit.arm
-            visit_counts[arm.name] = visit_counts.get(arm.name, 0) + 1
-            todo = [c for c in visit.cells if not is_done(run_dir, c, current)]
-            if not todo:
+        for block_visits in blocks:
+            if not any(todo for _, todo in block_visits):
                 continue
-            if arm.name in broken_arms:
-                for cell in todo:
-                    _fail(run_dir, cell, broken_arms[arm.name], progress, outcome, quiet=True)
-                continue
-            progress.line(
-                f"arm {arm.name!r}, repeat {visit.repeat + 1}: "
-                + (f"attaching to {arm.url}" if arm.url else "launching the server")
-            )
-            launch_started = time.monotonic()
-            try:
-                if arm.url:
-                    srv = servers.attach(arm, timeout_s=min(60.0, config.server.health_timeout_s))
-                else:
-                    server_log = run_dir / "servers" / f"{arm.name}_{visit_counts[arm.name]}.log"
-                    starting = Heartbeat(
-                        f"arm {arm.name!r}: server starting",
-                        server_log,
-                        progress.line,
-                        progress_every_s,
-                    )
-                    srv = servers.launch(config, arm, server_log, on_wait=starting.tick)
-            except servers.ServerError as e:
-                # It will not start on the next visit either; its cells fail, the rest run.
-                broken_arms[arm.name] = f"no server: {str(e).splitlines()[0]}"
-                outcome.errors.append(str(e))
-                out(str(e))
-                for cell in todo:
-                    _fail(run_dir, cell, broken_arms[arm.name], progress, outcome, quiet=True)
-                continue
-            server_start_s = time.monotonic() - launch_started
-            try:
-                for cell in todo:
-                    started = time.time()
-                    heartbeat = Heartbeat(
-                        f"{cell.label()}: running",
-                        log_path(run_dir, cell),
-                        progress.line,
-                        progress_every_s,
-                    )
-                    try:
-                        error, summary = _run_cell(config, run_dir, cell, srv, invoker, heartbeat)
-                    except servers.ServerError as e:
-                        _fail(run_dir, cell, str(e), progress, outcome)
-                        break  # the visit is over; the next one starts a fresh server
-                    if error:
-                        _fail(run_dir, cell, error, progress, outcome)
-                        continue
-                    _write_json(
-                        record_path(run_dir, cell),
-                        {
-                            "status": OK,
-                            "key": cell.key,
-                            "settings": cell.settings,
-                            "started": started,
-                            "wall_s": time.time() - started,
-                            "server_url": srv.url,
-                            # What starting this visit's server took, for --dry-run's estimate.
-                            "server_start_s": server_start_s,
-                            "versions": env,
-                        },
-                    )
-                    progress.finished(cell, summary)
-            finally:
-                # Uninterruptible; prints any pid left. A signal during it is raised after.
-                srv.stop()
+            if max_blocks is not None and started_blocks >= max_blocks:
+                progress.line(
+                    f"stopping after {started_blocks} block(s) (--max-blocks {max_blocks}); "
+                    "the rest is not measured yet"
+                )
+                break
+            started_blocks += 1
+            warm = config.sweep.warm_visit
+            if warm is not None and not served_on(run_dir, machine):
+                state.serve_warm_visit(config.arm(warm), visits)
+            for visit, todo in block_visits:
+                state.serve(visit, todo)
     except KeyboardInterrupt:
-        outcome.interrupted = True
-    return outcome
+        state.outcome.interrupted = True
+    return state.outcome
 
 
-def _fail(
-    run_dir: Path,
-    cell: Cell,
-    error: str,
-    progress: Progress,
-    outcome: RunOutcome,
-    *,
-    quiet: bool = False,
-) -> None:
-    _write_json(
-        record_path(run_dir, cell),
-        {"status": FAILED, "key": cell.key, "settings": cell.settings, "error": error},
-    )
-    if not quiet:
-        outcome.errors.append(f"{cell.label()}: {error}")
-    progress.finished(cell, f"FAILED: {error}")
+class _VisitState:
+    """One `run`'s servers and records: serves a visit's cells on a fresh server."""
+
+    def __init__(
+        self,
+        config: Config,
+        run_dir: Path,
+        invoker: Invoker,
+        progress: Progress,
+        progress_every_s: float,
+        env: dict[str, Any],
+        machine: str,
+    ):
+        self.config, self.run_dir, self.invoker = config, run_dir, invoker
+        self.progress, self.every_s, self.env, self.machine = (
+            progress,
+            progress_every_s,
+            env,
+            machine,
+        )
+        self.outcome = RunOutcome()
+        self.broken_arms: dict[str, str] = {}
+
+    def serve_warm_visit(self, arm: Arm, visits: list[Visit]) -> None:
+        """One cell of `arm`'s first visit on a fresh server, recorded under warm/, not counted."""
+        first = next(c for v in visits if v.arm.name == arm.name for c in v.cells if c.point)
+        cell = replace(first, warm_on=self.machine)
+        self.progress.line(
+            f"machine {self.machine} has served nothing of this run: one warm visit of "
+            f"{arm.name!r} first (discarded)"
+        )
+        self.serve(Visit(arm=arm, repeat=first.repeat, block=-1), [cell], warm=True)
+
+    def serve(self, visit: Visit, todo: list[Cell], *, warm: bool = False) -> None:
+        if not todo:
+            return
+        arm, progress, run_dir = visit.arm, self.progress, self.run_dir
+        if arm.name in self.broken_arms:
+            for cell in todo:
+                self._fail(cell, self.broken_arms[arm.name], quiet=True, warm=warm)
+            return
+        what = "warm visit" if warm else f"repeat {visit.repeat + 1}"
+        progress.line(
+            f"arm {arm.name!r}, {what}: "
+            + (f"attaching to {arm.url}" if arm.url else "launching the server")
+        )
+        launch_started = time.monotonic()
+        try:
+            if arm.url:
+                srv = servers.attach(arm, timeout_s=min(60.0, self.config.server.health_timeout_s))
+            else:
+                n = "warm" if warm else visit.repeat + 1  # an arm's n-th visit is its repeat n
+                server_log = run_dir / "servers" / f"{arm.name}_{n}.log"
+                starting = Heartbeat(
+                    f"arm {arm.name!r}: server starting", server_log, progress.line, self.every_s
+                )
+                srv = servers.launch(self.config, arm, server_log, on_wait=starting.tick)
+        except servers.ServerError as e:
+            # It will not start on the next visit either; its cells fail, the rest run.
+            self.broken_arms[arm.name] = f"no server: {str(e).splitlines()[0]}"
+            self.outcome.errors.append(str(e))
+            progress.out(str(e))
+            for cell in todo:
+                self._fail(cell, self.broken_arms[arm.name], quiet=True, warm=warm)
+            return
+        server_start_s = time.monotonic() - launch_started
+        try:
+            for cell in todo:
+                started = time.time()
+                heartbeat = Heartbeat(
+                    f"{cell.label()}: running", log_path(run_dir, cell), progress.line, self.every_s
+                )
+                try:
+                    error, summary = _run_cell(
+                        self.config, run_dir, cell, srv, self.invoker, heartbeat
+                    )
+                except servers.ServerError as e:
+                    self._fail(cell, str(e), warm=warm)
+                    break  # the visit is over; the next one starts a fresh server
+                if error:
+                    self._fail(cell, error, warm=warm)
+                    continue
+                _write_json(
+                    record_path(run_dir, cell),
+                    {
+                        "status": OK,
+                        "key": cell.key,
+                        "settings": cell.settings,
+                        "started": started,
+                        "wall_s": time.time() - started,
+                        "server_url": srv.url,
+                        # What starting this visit's server took, for --dry-run's estimate.
+                        "server_start_s": server_start_s,
+                        "versions": self.env,
+                        "machine": self.machine,
+                        "block": visit.block,
+                    },
+                )
+                if warm:
+                    progress.line(f"{cell.label()}: {summary} (discarded)")
+                else:
+                    progress.finished(cell, summary)
+        finally:
+            # Uninterruptible; prints any pid left. A signal during it is raised after.
+            srv.stop()
+
+    def _fail(self, cell: Cell, error: str, *, quiet: bool = False, warm: bool = False) -> None:
+        _write_json(
+            record_path(self.run_dir, cell),
+            {"status": FAILED, "key": cell.key, "settings": cell.settings, "error": error},
+        )
+        if warm:
+            # A failed warm visit is no measurement; the block's own visits say what is wrong.
+            self.progress.line(f"{cell.label()}: FAILED: {error}")
+            return
+        if not quiet:
+            self.outcome.errors.append(f"{cell.label()}: {error}")
+        self.progress.finished(cell, f"FAILED: {error}")

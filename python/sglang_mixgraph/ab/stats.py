@@ -13,6 +13,10 @@ time).
   and the interval [exp(m - h), exp(m + h)] is always positive and symmetric in the sense
   that matters for a ratio (c/b and b/c get reciprocal intervals). A pair in which either
   value is not positive has no logarithm and is left out.
+- Blocks: pairs are grouped by the block they ran in (one machine's visits; without a block
+  order each repeat is its own block), each block's ratio is the exp of its pairs' mean
+  log-ratio, and the pooled ratio's interval is taken over the blocks' log-ratios, so the
+  variation between machines and days is in it, not only within one machine's run.
 - An accuracy (a fraction of n questions): the Wilson score interval, which stays inside
   [0, 1] and is sound near 0 and 1 where the normal interval is not.
 
@@ -26,6 +30,7 @@ from __future__ import annotations
 import functools
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 
 LEVEL = 0.95
@@ -113,8 +118,10 @@ class RatioEstimate:
     """A paired ratio: exp of the mean log-ratio, with exp of its t interval."""
 
     log_mean: float
-    log_ci95: float | None  # half-width on the log scale; None with one pair
-    n: int
+    log_ci95: float | None  # half-width on the log scale; None with one block
+    n: int  # blocks (the interval's units)
+    pairs: int = 0  # paired repeats in all
+    blocks: tuple[tuple[int, float, int], ...] = ()  # (block, its ratio, its pairs)
 
     @property
     def mean(self) -> float:
@@ -135,9 +142,15 @@ class RatioEstimate:
             "low": self.low,
             "high": self.high,
             "n": self.n,
+            "pairs": self.pairs,
+            "blocks": [
+                {"block": block + 1, "ratio": ratio, "pairs": pairs}
+                for block, ratio, pairs in self.blocks
+            ],
             "log_mean": self.log_mean,
             "log_ci95": self.log_ci95,
-            "method": "geometric mean of paired ratios, exp of the 95% t interval of log ratios",
+            "method": "geometric mean of paired ratios, exp of the 95% t interval of log ratios "
+            "over blocks",
         }
 
 
@@ -151,17 +164,23 @@ def estimate(values: list[float]) -> Estimate | None:
     return Estimate(mean, half, len(values))
 
 
-def paired_ratio(candidate: dict[int, float], baseline: dict[int, float]) -> RatioEstimate | None:
-    """Ratio estimate over the repeats both arms finished; values keyed by repeat."""
-    logs = [
-        math.log(candidate[r] / baseline[r])
-        for r in sorted(set(candidate) & set(baseline))
-        if candidate[r] > 0 and baseline[r] > 0
-    ]
-    est = estimate(logs)
+def paired_ratio(
+    candidate: dict[int, float],
+    baseline: dict[int, float],
+    block_of: Callable[[int], int] = lambda repeat: repeat,
+) -> RatioEstimate | None:
+    """Ratio estimate over the repeats both arms finished (values keyed by repeat), pooled over
+    the blocks `block_of` puts them in (by default each repeat its own block)."""
+    by_block: dict[int, list[float]] = {}
+    for r in sorted(set(candidate) & set(baseline)):
+        if candidate[r] > 0 and baseline[r] > 0:
+            by_block.setdefault(block_of(r), []).append(math.log(candidate[r] / baseline[r]))
+    means = {block: statistics.fmean(logs) for block, logs in sorted(by_block.items())}
+    est = estimate(list(means.values()))
     if est is None:
         return None
-    return RatioEstimate(est.mean, est.ci95, est.n)
+    blocks = tuple((b, math.exp(m), len(by_block[b])) for b, m in means.items())
+    return RatioEstimate(est.mean, est.ci95, est.n, sum(len(v) for v in by_block.values()), blocks)
 
 
 def wilson(score: float, n: int, z: float = Z975) -> tuple[float, float]:

@@ -11,7 +11,8 @@ the plugin's code always voids its cells and a docs-only commit voids nothing. A
 unless `--reuse-cells` says otherwise. Records written before versions existed have none and
 are measured again too. The server's own SGLang version, which a launch prefix or an attached
 server can make differ from this environment's, is what bench_serving recorded from
-`/server_info` (`server_version`).
+`/server_info` (`server_version`). `machine_id()` names the machine's run (host and boot), which
+a ratio's two cells must share.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.metadata
+import re
 import shutil
+import socket
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -64,6 +67,19 @@ def _gpus() -> dict[str, Any]:
         return {"count": None, "names": [], "error": f"nvidia-smi exited {out.returncode}"}
     names = [line.strip() for line in out.stdout.splitlines() if line.strip()]
     return {"count": len(names), "names": names}
+
+
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+def machine_id() -> str:
+    """`HOST-BOOT`: the host name and this boot's id, so a lent machine's every run is its own."""
+    try:
+        boot = BOOT_ID.read_text().strip().replace("-", "")[:8]
+    except OSError:
+        boot = "noboot"
+    host = re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname()) or "host"
+    return f"{host}-{boot}"
 
 
 def source_digest(root: Path) -> str:
