@@ -7,7 +7,8 @@ they start. What a driver's own process needs of it comes from here, not from ``
 edits: ``UPSTREAM_ENV``, upstream's own flags that select the kernels such a machine has;
 ``FAITHFUL_ENV``, the flags that select SGLang's real kernels where TileLang runs
 (``KERNEL_ENV``/``KERNEL_ENGINE`` by selection name, ``KIT_KERNELS_ENV`` for the stand-ins);
-``RADIX_CORE_ENV``, the flag that keeps the radix cache off its Rust core (built for another
+``GLM5_ENV``/``GLM5_ENGINE``, the flags and Engine arguments that keep GLM-5's DSA path on
+kernels the machine has; ``RADIX_CORE_ENV``, the flag that keeps the radix cache off its Rust core (built for another
 torch); ``plugin_not_found()``, why an Engine started from this checkout would run without the
 plugin (its entry point lives in the git-ignored egg-info, which a GPU call must carry); ``NO_MULTICAST_ENV``, the lent machines' rule that keeps NVLink multicast off in every
 process; ``ENGINE_DIR``; ``engine_standins()``, that folder's module loaded from its file;
@@ -69,6 +70,28 @@ KERNEL_ENGINE = {
     "faithful": {"dsa_topk_backend": "sgl-kernel", "fp8_gemm_runner_backend": "triton"},
 }
 KERNEL_ENV = {"standin": UPSTREAM_ENV, "faithful": FAITHFUL_ENV}
+
+# GLM-5 (``GlmMoeDsaForCausalLM``: DeepSeek-V2's MLA with the DSA indexer) on such a machine. The
+# indexer's logits in torch instead of deep_gemm (``fp8_mqa_logits`` in prefill and
+# ``fp8_paged_mqa_logits`` in decode, one switch for both: ``dsa/utils._use_torch_mqa_logits``);
+# the top-k unfused, since the fused transform exists only in sgl_kernel and FlashInfer
+# (``DSATopKBackend.topk_transform`` raises for torch); no top-k v2 (JIT, sgl-kernel backend only).
+GLM5_ENV = {
+    "SGLANG_FP8_PAGED_MQA_LOGITS_TORCH": "1",
+    "SGLANG_DSA_FUSE_TOPK": "0",
+    "SGLANG_OPT_USE_TOPK_V2": "0",
+    "SGLANG_ENABLE_JIT_DEEPGEMM": "0",  # the tiny model is bf16: no FP8 GEMM should want it
+}
+# Engine arguments of GLM-5 there: upstream's torch top-k; FlashMLA's sparse kernel (the
+# sgl_flash_mla wheel loads on the machine's torch) for prefill and decode, since on SM90 with a
+# bf16 KV cache SGLang picks FA3 for decode (``_dsa_split_backend_resolution``), which comes from
+# sgl_kernel or a download; the bf16 KV cache SGLang picks on SM9x anyway, said explicitly.
+GLM5_ENGINE = {
+    "dsa_topk_backend": "torch",
+    "dsa_prefill_backend": "flashmla_sparse",
+    "dsa_decode_backend": "flashmla_sparse",
+    "kv_cache_dtype": "bfloat16",
+}
 KIT_KERNELS_ENV = "MIXGRAPH_KIT_KERNELS"  # read by engine_standins in every Engine process
 RADIX_CORE_ENV = "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"
 

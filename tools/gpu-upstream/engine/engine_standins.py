@@ -1,12 +1,13 @@
 """Stand-ins for the binary-only kernels a tiny DeepSeek-V4 Engine reaches on the GPU machine.
 
 The kit's import shim (tools/gpu-upstream/shim) stubs ``sgl_kernel`` there; a stub raises when
-called. Four kernels on the DeepSeek-V4 serving path have no upstream switch to a non-binary
+called. Four kernels on the DeepSeek-V4 serving path (five with GLM-5's) have no upstream switch to a non-binary
 implementation, so an Engine run needs these (nothing else; every other kernel is upstream's):
 
 * ``sgl_kernel.moe_align_block_size``: upstream's own JIT kernel,
   ``sglang.kernels.ops.moe.moe_align.moe_align_block_size`` (same arguments);
 * ``sgl_kernel.moe_sum_reduce`` and ``sgl_kernel.rmsnorm``: torch, fp32 accumulation;
+* ``sgl_kernel.fused_add_rmsnorm`` (GLM-5 only: DeepSeek-V2's norms with a residual): torch;
 * ``sglang.kernels.ops.layernorm.mhc.hc_split_sinkhorn`` (TileLang on SM90): upstream's own Triton
   port of it, ``_hc_split_sinkhorn_triton`` in the same module.
 
@@ -94,6 +95,16 @@ def rmsnorm(input, weight, eps=1e-6, out=None, enable_pdl=None):
     return out
 
 
+def fused_add_rmsnorm(input, residual, weight, eps=1e-6, enable_pdl=None):
+    """In place, as sgl_kernel's: ``residual += input``, then ``input = rmsnorm(residual)``
+    (fp32 sum and norm, stored in the tensors' dtype). GLM-5's layers (DeepSeek-V2's
+    ``RMSNorm.forward_cuda`` with a residual) reach it; DeepSeek-V4's mHC layers do not."""
+    _first_use("sgl_kernel.fused_add_rmsnorm -> torch")
+    total = input.float() + residual.float()
+    residual.copy_(total.to(residual.dtype))
+    input.copy_(rmsnorm(residual, weight, eps))
+
+
 def _faithful() -> bool:
     return os.environ.get("MIXGRAPH_KIT_KERNELS", "standin") == "faithful"
 
@@ -135,6 +146,7 @@ SGL_KERNEL = {
     "sgl_kernel.moe_align_block_size": moe_align_block_size,
     "sgl_kernel.moe_sum_reduce": moe_sum_reduce,
     "sgl_kernel.rmsnorm": rmsnorm,
+    "sgl_kernel.fused_add_rmsnorm": fused_add_rmsnorm,
 }
 
 
