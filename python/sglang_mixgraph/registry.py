@@ -18,6 +18,7 @@ import importlib
 import inspect
 import logging
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
@@ -81,12 +82,27 @@ class Patch:
     reads: tuple[tuple[str, type], ...] = ()
     switch_count: int = 1
     # The catalogue entry `doctor` shows (a test keeps why, how and retired_by non-empty): why
-    # upstream needs the patch, how it works, the upstream PR it mirrors where there is one,
-    # and the upstream change that makes it unnecessary.
+    # upstream needs the patch, how it works, the upstream PR it mirrors where there is one
+    # ("SGLang PR #<number>" and what it does), and the upstream change that makes it unnecessary.
     why: str = ""
     how: str = ""
     upstream_pr: str | None = None
     retired_by: str = ""
+    # The reference page that explains the patch, relative to the repository root.
+    docs_page: str = ""
+
+    def __post_init__(self):
+        if self.upstream_pr is not None and self.upstream_pr_number is None:
+            raise ValueError(
+                f"patch {self.id!r}: upstream_pr must name the PR by number "
+                f"('SGLang PR #<number>'), got {self.upstream_pr!r}"
+            )
+
+    @property
+    def upstream_pr_number(self) -> int | None:
+        """The number of the upstream SGLang PR the patch mirrors, None where there is none."""
+        found = re.search(r"\bPR #(\d+)\b", self.upstream_pr or "")
+        return int(found.group(1)) if found else None
 
     @property
     def switches(self) -> tuple[Flag, ...]:

@@ -216,15 +216,16 @@ PATCH = Patch(
         "launch only segments with nodes (core.graph_segments)"
     ),
     upstream_pr=(
-        "SGLang PR #27053, an earlier implementation: _end_current_segment(drop_empty=...) -> "
-        "bool decides emptiness at capture and the replay skips empty segments (54.6 ms -> "
-        "54.0 ms per 1k/1k prefill step)"
+        "SGLang PR #27053 (breakable CUDA graphs for GLM-5) carried an earlier implementation: "
+        "_end_current_segment(drop_empty=...) -> bool decides emptiness at capture and the "
+        "replay skips empty segments (54.6 ms -> 54.0 ms per 1k/1k prefill step)"
     ),
     retired_by=(
         "upstream's BreakableCUDAGraphCapture._end_current_segment decides emptiness itself and "
         "its replay skips empty segments while keeping break order; the registry check still "
         "passes then (the keyword is optional), so look for it on each upstream bump"
     ),
+    docs_page="docs/empty-segments.md",
     reads=(
         (f"{BCG_MODULE}._current_stream_var", contextvars.ContextVar),
         (f"{BCG_MODULE}.get_current_stream", Callable),

@@ -318,12 +318,14 @@ PATCH = Patch(
         "mixed steps"
     ),
     upstream_pr=(
-        "for SGLANG_EXPERIMENTAL_FORCE_BCG: the upstream PR that forces the breakable prefill "
-        "graph on for DeepSeek-V4 with MegaMoE and DP attention (the flag overrides the two rules "
-        "that block that deployment)"
+        "for SGLANG_EXPERIMENTAL_FORCE_BCG: SGLang PR #30420 (breakable CUDA graphs for "
+        "DeepSeek-V4's mixed-chunk steps) keeps the breakable prefill graph on for DeepSeek-V4 "
+        "with MegaMoE and DP attention; the flag overrides the two rules that block that "
+        "deployment"
     ),
     retired_by=(
         "upstream prefill bucket lists and BCG rules sized from capture memory per model, BCG "
         "rules that can be overridden one by one, and a logits all-gather sized for mixed steps"
     ),
+    docs_page="docs/graph-config.md",
 )

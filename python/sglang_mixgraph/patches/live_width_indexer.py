@@ -234,6 +234,7 @@ PATCH = Patch(
         "upstream's C4Indexer running its logits at an eager break or at a live-width page "
         "table in breakable replays (as its V4.1 low-ratio sources do)"
     ),
+    docs_page="docs/capture-width.md",
     reads=(
         (f"{BCG_MODULE}.eager_on_graph", Callable),
         (f"{BCG_CONTEXT}.is_in_breakable_cuda_graph", Callable),

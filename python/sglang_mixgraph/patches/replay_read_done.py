@@ -225,5 +225,10 @@ PATCH = Patch(
         "PRE_REPLAY is returned so upstream's own publisher records the event; every upstream "
         "gate still holds"
     ),
+    upstream_pr=(
+        "SGLang PR #30420 (breakable CUDA graphs for DeepSeek-V4's mixed-chunk steps) builds the "
+        "chunk cache at replay prepare and publishes the WAR read-done event the same way"
+    ),
     retired_by="upstream snapshots DeepSeek-V4's captured metadata at replay prepare",
+    docs_page="docs/war-read-done.md",
 )

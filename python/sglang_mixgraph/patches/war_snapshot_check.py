@@ -262,4 +262,5 @@ PATCH = Patch(
         "no hook is installed"
     ),
     retired_by="upstream ships its own snapshot assertions",
+    docs_page="docs/war-read-done.md",
 )

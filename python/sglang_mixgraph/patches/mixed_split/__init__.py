@@ -190,12 +190,13 @@ PATCH = Patch(
         "anything not handled falls back to upstream for the whole step, said once per reason"
     ),
     upstream_pr=(
-        "the upstream PR that splits DeepSeek-V4 mixed steps at the prefill/decode boundary in "
-        "the DSV4 attention backend (it adds SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN, the switch this "
-        "patch borrows)"
+        "SGLang PR #30338 splits DeepSeek-V4 mixed steps at the prefill/decode boundary in the "
+        "DSV4 attention backend (it adds SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN, the switch this "
+        "patch borrows); SGLang PR #30420 carries the split into breakable-graph replays"
     ),
     retired_by=(
         "an upstream split of mixed steps in the DSV4 backend; once SGLang defines "
         "SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN itself, the patch defers to it"
     ),
+    docs_page="docs/mixed-split.md",
 )
