@@ -96,6 +96,19 @@ def test_every_run_record_a_reference_page_cites_exists(tmp_path):
     assert missing_records(page) == ["docs/results/no_such_run_h200.log"]
 
 
+RAW = (".log", ".jsonl", ".json", ".txt", ".csv")
+
+
+def test_large_raw_records_are_compressed():
+    """A raw log or dump over 128 KiB is kept as FILE.xz (the tree travels to GPU machines)."""
+    large = [
+        str(p.relative_to(ROOT))
+        for p in RESULTS.rglob("*")
+        if p.suffix in RAW and p.stat().st_size > 128 * 1024 and "ab_example" not in p.parts
+    ]
+    assert large == []
+
+
 # ------------------------------------------------------------------------- patches
 
 
