@@ -5,17 +5,29 @@ with plan_format.py for the planner's JSON and text) resolves a deployment for a
 `ab` (ab.py) hands its arguments to the A/B tool. Each command module names itself, adds its
 parser and runs; this module only dispatches. `plan` selects the described-GPU platform before
 anything imports `sglang.srt`, so no module here imports sglang at import time. The entry point
-is `main` (the `sglang-mixgraph` script, and `python -m sglang_mixgraph.cli`).
+is `main` (the `sglang-mixgraph` script, and `python -m sglang_mixgraph.cli`); `--version`
+names the plugin's version and the installed SGLang's, read from package metadata.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from importlib import metadata
 
+from sglang_mixgraph import __version__
 from sglang_mixgraph.cli import ab, doctor, plan
 
 COMMANDS = (doctor, plan, ab)
+
+
+def version_line() -> str:
+    """The plugin's version, and the SGLang it would patch (from metadata: no sglang import)."""
+    try:
+        sglang = f"sglang {metadata.version('sglang')}"
+    except metadata.PackageNotFoundError:
+        sglang = "sglang not installed"
+    return f"sglang-mixgraph {__version__} ({sglang})"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -24,6 +36,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Inspect the sglang-mixgraph plugin and plan SGLang deployments.",
         allow_abbrev=False,
     )
+    parser.add_argument("--version", action="version", version=version_line())
     sub = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
         command.add_parser(sub)

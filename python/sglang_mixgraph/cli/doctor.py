@@ -17,6 +17,8 @@ import textwrap
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+from sglang_mixgraph.cli.plan_format import SCHEMA_VERSION
+
 NAME = "doctor"
 HELP = "versions, GPU, every flag and patch with its target checks"
 
@@ -54,6 +56,14 @@ CATALOGUE = (
 )
 
 
+def _patch_flags(patch, status) -> dict[str, Any]:
+    """A patch's flags as JSON types them; a deferred or invalid patch keeps its status's words
+    (the variable is SGLang's, or does not parse)."""
+    if status.deferred is not None or status.error is not None:
+        return dict(status.flag_values)
+    return {flag.name: flag.get() for flag in patch.flags}
+
+
 def doctor_report() -> dict[str, Any]:
     from sglang_mixgraph.flags import FLAGS, FlagValueError
     from sglang_mixgraph.patches import all_patches
@@ -76,7 +86,7 @@ def doctor_report() -> dict[str, Any]:
                 "how": patch.how,
                 "upstream_pr": patch.upstream_pr,
                 "retired_by": patch.retired_by,
-                "flags": status.flag_values,
+                "flags": _patch_flags(patch, status),
                 # Whatever the flags say, nothing applies when SGLang does not load the plugin.
                 "status": status.state if plugin.loaded else NOT_LOADED,
                 "status_if_loaded": status.state,
@@ -108,6 +118,7 @@ def doctor_report() -> dict[str, Any]:
                 entry["error"] = str(e)
         flags.append(entry)
     return {
+        "schema_version": SCHEMA_VERSION,
         "versions": {
             "sglang": _dist_version("sglang"),
             "sglang_pinned": PINNED_SGLANG,

@@ -17,7 +17,7 @@ import sys
 from typing import Any
 
 from sglang_mixgraph.cli.doctor import NOT_LOADED
-from sglang_mixgraph.cli.plan_format import format_graph_plan, graph_plan_json
+from sglang_mixgraph.cli.plan_format import SCHEMA_VERSION, format_graph_plan, graph_plan_json
 from sglang_mixgraph.presets import DEFAULT_PRESET, PRESETS
 from sglang_mixgraph.target_gpu import DEFAULT_GPU, GPUS
 
@@ -55,6 +55,7 @@ def plan_report(
             entry["note"] = patch.explain(graph)
         patches.append(entry)
     return {
+        "schema_version": SCHEMA_VERSION,
         # the GPU in words is graph.gpu
         "assumed_gpu": {
             "name": resolution.gpu.name,

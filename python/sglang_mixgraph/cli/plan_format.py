@@ -11,6 +11,23 @@ from typing import Any
 
 from sglang_mixgraph.core.capture_memory import fmt_bytes
 
+# The version of the JSON documents `plan --json` and `doctor --json` print; raised when a key
+# changes meaning or type or goes away (new keys keep it).
+SCHEMA_VERSION = 1
+
+
+def typed_flag_values(names) -> dict[str, Any]:
+    """Each flag's parsed value (a bool, number or word, as JSON types it), by name."""
+    from sglang_mixgraph.flags import FLAGS, FlagValueError
+
+    values: dict[str, Any] = {}
+    for name in names:
+        try:
+            values[name] = FLAGS[name].get()
+        except FlagValueError as e:
+            values[name] = {"error": str(e)}
+    return values
+
 
 def _capture_json(report) -> dict[str, Any]:
     est = report.estimate
@@ -149,7 +166,7 @@ def graph_plan_json(plan) -> dict[str, Any]:
     return {
         "gpu": plan.gpu,
         "model": list(facts.architectures),
-        "flags": dict(plan.flags),
+        "flags": typed_flag_values(plan.flags),
         "deployment": {
             "tp_size": facts.tp_size,
             "attn_dp_size": facts.attn_dp_size,
