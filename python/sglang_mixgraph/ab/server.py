@@ -248,18 +248,17 @@ def _signal_group(pgid: int, sig: int) -> None:
 
 
 def _running_members(pgid: int) -> list[int]:
-    """Pids of the group that have not exited (Linux /proc; a zombie has exited)."""
+    """Pids of the group that have not exited (a zombie has exited). By group, not by the
+    leader's children: a child whose leader died is re-parented and would be missed."""
+    import psutil
+
     members = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
+    for proc in psutil.process_iter(["status"]):
         try:
-            stat = Path(entry.path, "stat").read_text()
-        except OSError:
-            continue
-        state, _ppid, pgrp = stat.rsplit(")", 1)[1].split()[:3]
-        if int(pgrp) == pgid and state != "Z":
-            members.append(int(entry.name))
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(proc.pid) == pgid:
+                members.append(proc.pid)
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            continue  # gone, or not ours to inspect
     return members
 
 

@@ -20,9 +20,9 @@ time).
 - An accuracy (a fraction of n questions): the Wilson score interval, which stays inside
   [0, 1] and is sound near 0 and 1 where the normal interval is not.
 
-With one repeat there is a value and no interval. The t quantiles are exact (the closed-form
-Student t distribution function for integer degrees of freedom, inverted by bisection), not a
-table that stops at 30 degrees of freedom.
+With one repeat there is a value and no interval. The t quantiles and the Wilson interval are
+scipy's (`scipy.stats.t.ppf`, `scipy.stats.binomtest(...).proportion_ci(method="wilson")`;
+scipy comes with SGLang), imported when first needed so the command line starts fast.
 """
 
 from __future__ import annotations
@@ -34,51 +34,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 LEVEL = 0.95
-# Phi^-1(0.975), the two-sided 95% normal quantile of the Wilson interval.
-Z975 = statistics.NormalDist().inv_cdf(0.975)
-
-
-def t_cdf(x: float, df: int) -> float:
-    """P(T <= x) for Student's t with `df` (an integer >= 1) degrees of freedom.
-
-    The finite series of Abramowitz and Stegun 26.7.3 (odd df) and 26.7.4 (even df) for
-    A(x | df) = P(|T| <= |x|), with theta = atan(x / sqrt(df)).
-    """
-    assert df >= 1, df
-    theta = math.atan(abs(x) / math.sqrt(df))
-    c2 = math.cos(theta) ** 2
-    if df % 2:  # odd: 2/pi (theta + sin cos (1 + 2/3 cos^2 + 2*4/(3*5) cos^4 + ...))
-        term, total = 1.0, 1.0 if df > 1 else 0.0
-        for k in range(1, (df - 1) // 2):
-            term *= (2 * k) / (2 * k + 1) * c2
-            total += term
-        a = 2 / math.pi * (theta + math.sin(theta) * math.cos(theta) * total)
-    else:  # even: sin (1 + 1/2 cos^2 + 1*3/(2*4) cos^4 + ...)
-        term, total = 1.0, 1.0
-        for k in range(1, df // 2):
-            term *= (2 * k - 1) / (2 * k) * c2
-            total += term
-        a = math.sin(theta) * total
-    return 0.5 + a / 2 if x >= 0 else 0.5 - a / 2
 
 
 def t_quantile(p: float, df: int) -> float:
     """The p-quantile of Student's t with `df` degrees of freedom (0 < p < 1)."""
-    assert 0.0 < p < 1.0, p
-    if p < 0.5:
-        return -t_quantile(1.0 - p, df)
-    low, high = 0.0, 1.0
-    while t_cdf(high, df) < p:
-        low, high = high, 2 * high
-    for _ in range(200):
-        mid = (low + high) / 2
-        if mid in (low, high):
-            break
-        if t_cdf(mid, df) < p:
-            low = mid
-        else:
-            high = mid
-    return (low + high) / 2
+    from scipy import stats
+
+    assert 0.0 < p < 1.0 and df >= 1, (p, df)
+    return float(stats.t.ppf(p, df))
 
 
 @functools.cache
@@ -183,10 +146,11 @@ def paired_ratio(
     return RatioEstimate(est.mean, est.ci95, est.n, sum(len(v) for v in by_block.values()), blocks)
 
 
-def wilson(score: float, n: int, z: float = Z975) -> tuple[float, float]:
-    """The Wilson score interval of a fraction `score` of `n` trials (95% by default)."""
+def wilson(score: float, n: int) -> tuple[float, float]:
+    """The 95% Wilson score interval of a fraction `score` of `n` trials (score x n correct,
+    rounded to whole questions)."""
+    from scipy import stats
+
     assert n >= 1 and 0.0 <= score <= 1.0, (score, n)
-    z2n = z * z / n
-    center = (score + z2n / 2) / (1 + z2n)
-    half = z / (1 + z2n) * math.sqrt(score * (1 - score) / n + z2n / (4 * n))
-    return max(0.0, center - half), min(1.0, center + half)
+    ci = stats.binomtest(round(score * n), n).proportion_ci(LEVEL, method="wilson")
+    return float(ci.low), float(ci.high)
