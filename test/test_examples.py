@@ -1,0 +1,70 @@
+"""The example configurations follow the method README.md and docs/ab.md describe.
+
+README says each cell sends N x concurrency prompts after an M x concurrency warm-up, and
+docs/ab.md's table gives the defaults (per concurrency, and the floor `min_prompts`); every
+example under examples/ must send exactly that at each of its concurrencies, or say why not
+in a `# method:` comment, so an example cannot drift from the documented method unnoticed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from sglang_mixgraph.ab.config import CONCURRENCY, Sweep, parse_config
+
+ROOT = Path(__file__).parents[1]
+EXAMPLES = sorted((ROOT / "examples").glob("*.toml"))
+
+
+def _readme_method() -> tuple[int, int]:
+    text = " ".join((ROOT / "README.md").read_text().split())
+    found = re.search(
+        r"Each cell sends (\d+) x concurrency prompts after an? (\d+) x concurrency warm-up", text
+    )
+    assert found, "README.md no longer states the prompts and warm-up per concurrency"
+    return int(found[1]), int(found[2])
+
+
+def _documented_defaults() -> tuple[int, int, int]:
+    text = (ROOT / "docs" / "ab.md").read_text()
+    prompts = re.search(r"\| `prompts_per_concurrency`, `min_prompts` \| `(\d+)`, `(\d+)` \|", text)
+    warmup = re.search(r"\| `warmup_per_concurrency` \| `(\d+)` \|", text)
+    assert prompts and warmup, "docs/ab.md's [sweep] table no longer gives the defaults"
+    return int(prompts[1]), int(prompts[2]), int(warmup[1])
+
+
+def test_readme_docs_and_config_defaults_agree():
+    per_prompt, per_warmup = _readme_method()
+    doc_prompts, _, doc_warmup = _documented_defaults()
+    assert (per_prompt, per_warmup) == (doc_prompts, doc_warmup)
+    sweep = {f.name: f.default for f in dataclasses.fields(Sweep)}
+    assert (sweep["prompts_per_concurrency"], sweep["warmup_per_concurrency"]) == (
+        doc_prompts,
+        doc_warmup,
+    )
+    assert sweep["min_prompts"] == _documented_defaults()[1]
+
+
+def test_there_are_examples():
+    assert len(EXAMPLES) >= 4, EXAMPLES
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_each_example_sends_the_documented_prompts_and_warm_up(path):
+    text = path.read_text()
+    if re.search(r"^\s*# method:", text, re.MULTILINE):
+        return  # the example says why it departs from the method
+    per_prompt, per_warmup = _readme_method()
+    _, min_prompts, _ = _documented_defaults()
+    sweep = parse_config(tomllib.loads(text)).sweep
+    points = [p for p in sweep.points() if p.kind == CONCURRENCY]
+    assert points, f"{path.name}: no concurrency points"
+    for point in points:
+        c = int(point.value)
+        assert sweep.prompts(point) == max(min_prompts, per_prompt * c), (path.name, c)
+        assert sweep.warmup(point) == per_warmup * c, (path.name, c)
