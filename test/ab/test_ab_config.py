@@ -319,7 +319,11 @@ def test_dry_run_prints_the_plan_with_attached_arms(tmp_path, capsys):
     assert lines[2] == "server split: attached at http://h:1"
     assert lines[3] == "arm baseline, repeat 1: 6 cells (0 done)"
     assert lines[-1].startswith("versions: sglang ")
-    assert [line.split(":")[0] for line in lines[3:-2] if not line.startswith(" ")] == [
+    # The example gives neither GSM8K data nor a dataset file: both are downloaded.
+    fetches = [line for line in lines if line.startswith("needs network: ")]
+    assert len(fetches) == 2 and "GSM8K" in fetches[0] and "ShareGPT" in fetches[1]
+    assert lines[-4:-2] == fetches
+    assert [line.split(":")[0] for line in lines[3:-4] if not line.startswith(" ")] == [
         "arm baseline, repeat 1",
         "arm split, repeat 1",
         "arm split, repeat 2",
@@ -484,7 +488,7 @@ def test_how_often_a_min_ratio_gate_fails_neutral_and_regressed_changes():
 def test_default_repeats_and_judges():
     config = parse_config(
         {
-            "arm": [{"name": "a", "url": "http://h:1"}, {"name": "b", "url": "x"}],
+            "arm": [{"name": "a", "url": "http://h:1"}, {"name": "b", "url": "http://h:2"}],
             "sweep": {"concurrencies": [1]},
             "gate": [
                 {

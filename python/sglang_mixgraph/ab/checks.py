@@ -1,14 +1,17 @@
 """What `ab run` checks on disk before anything starts (`--dry-run` included): one line each.
 
 The run directory: it either does not exist yet and can be created (the nearest existing
-parent is a writable directory, not a file), or it is a writable directory that is empty or
-one `ab run` wrote (it holds `run.json`); a file, or a directory of other files, is refused
-instead of failing later with a traceback or mixing outputs into it.
+parent is a writable directory, not a file), or it is a writable directory that is empty (but
+for the lock of a run that stopped before writing) or one `ab run` wrote (it holds
+`run.json`); a file, or a directory of other files, is refused instead of failing later with
+a traceback or mixing outputs into it.
 
 The configuration's paths, as the processes this tool starts will see them (relative paths
 are relative to the directory the tool runs in):
 - `[sweep] dataset_path` (read by bench_serving here) and `[gsm8k] data_path` (read by the
-  eval here) must exist, when the sweep or the eval runs;
+  eval here) must exist, when the sweep or the eval runs; the GSM8K file must read as SGLang's
+  eval reads it (`sglang.utils.read_jsonl`: UTF-8 JSON lines, `#` lines skipped) with a
+  `question` and an `answer` on every line and more lines than `num_shots`;
 - `[server] model_path` must be an existing directory when it is written as a local path
   (absolute, or starting with `.` or `~`) and an arm launches without `[server] command`: a
   Hugging Face id (`org/name`) is not checked, and a command (a container, `srun`) may see
@@ -16,15 +19,19 @@ are relative to the directory the tool runs in):
 - `[server] command`'s first word, and `launch_python`, when an arm runs them without a launch
   prefix (after a prefix the wrapper decides what they mean); the prefixes themselves are
   checked by `server.launch_problems`.
+With `--offline` (`[run] offline`), every fetch the run would make (network.py) is refused.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 from sglang_mixgraph.ab.config import Config, launch_command, launch_prefix
+from sglang_mixgraph.ab.network import fetches, local_path
 from sglang_mixgraph.ab.results import RUN_FILE
+from sglang_mixgraph.ab.rundir import LOCK_FILE
 from sglang_mixgraph.ab.server import executable_problem
 
 
@@ -38,7 +45,7 @@ def run_dir_problem(run_dir: Path) -> str | None:
         run_file = run_dir / RUN_FILE
         if run_file.exists():
             return None if run_file.is_file() else f"{where}: {RUN_FILE} is not a file"
-        if any(run_dir.iterdir()):
+        if any(p.name != LOCK_FILE for p in run_dir.iterdir()):
             return (
                 f"{where}: holds files but no {RUN_FILE}, so `ab run` did not write it; "
                 "give a new or empty directory, or one of an earlier run"
@@ -54,8 +61,47 @@ def run_dir_problem(run_dir: Path) -> str | None:
     return None
 
 
-def _local_path(text: str) -> bool:
-    return text.startswith(("/", ".", "~"))
+def gsm8k_data_problem(path: str, num_shots: int) -> str | None:
+    """Why SGLang's GSM8K eval could not use the file at `path` (None: it can)."""
+    where = f"[gsm8k] data_path {path!r}"
+    try:
+        text = Path(path).expanduser().read_bytes().decode("utf-8")
+    except OSError as e:
+        return f"{where}: cannot read ({e.strerror})"
+    except UnicodeDecodeError as e:
+        return f"{where}: not UTF-8 text (byte at offset {e.start})"
+    questions = 0
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.startswith("#"):
+            continue  # as read_jsonl does
+        try:
+            item = json.loads(line)
+        except ValueError as e:
+            return f"{where}: line {number} is not JSON ({e.msg}); the eval reads JSON lines"
+        missing = [
+            key
+            for key in ("question", "answer")
+            if not isinstance(item, dict) or not isinstance(item.get(key), str)
+        ]
+        if missing:
+            return f"{where}: line {number} has no {missing[0]!r} text; each line needs both"
+        questions += 1
+    if questions <= num_shots:
+        return (
+            f"{where}: {questions} questions; num_shots = {num_shots} takes that many as "
+            "examples and needs at least one more to ask"
+        )
+    return None
+
+
+def offline_problems(config: Config, *, accuracy_only: bool = False) -> list[str]:
+    """With `offline`, one line per fetch the run would make."""
+    if not config.offline:
+        return []
+    return [
+        f"offline run (--offline, [run] offline) needs network: {f.what}; set {f.avoid}"
+        for f in fetches(config, accuracy_only=accuracy_only)
+    ]
 
 
 def config_path_problems(config: Config, *, accuracy_only: bool = False) -> list[str]:
@@ -64,13 +110,16 @@ def config_path_problems(config: Config, *, accuracy_only: bool = False) -> list
     if not accuracy_only and sw.dataset_path:
         if not Path(sw.dataset_path).expanduser().exists():
             problems.append(f"[sweep] dataset_path {sw.dataset_path!r}: no such file")
-    if g.enabled and g.data_path and not Path(g.data_path).expanduser().is_file():
-        problems.append(f"[gsm8k] data_path {g.data_path!r}: no such file")
+    if g.enabled and g.data_path:
+        if not Path(g.data_path).expanduser().is_file():
+            problems.append(f"[gsm8k] data_path {g.data_path!r}: no such file")
+        elif problem := gsm8k_data_problem(g.data_path, g.num_shots):
+            problems.append(problem)
     launched = [a for a in config.arms if a.url is None]
     if not launched:
         return problems
     model = s.model_path
-    if model and not s.command and _local_path(model):
+    if model and not s.command and local_path(model):
         if not Path(model).expanduser().is_dir():
             problems.append(
                 f"[server] model_path {model!r}: no such directory (a Hugging Face id, "

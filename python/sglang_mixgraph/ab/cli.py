@@ -4,15 +4,18 @@
 --server-args, --launch-prefix, --arm, --concurrencies, ...), applies the command-line
 overrides (attach URLs, GSM8K data, repeats, concurrencies, lengths; this machine's id and
 how many blocks to measure here), checks the run
-directory, the configuration's paths (checks.py), that every launch prefix can run and every
-arm's environment against SGLang's and the plugin's flags (one line each, exit 2), then runs
-or resumes the sweep in the run directory and writes the report.
+directory, the configuration's paths and, with `--offline`, what it would download
+(checks.py), that every launch prefix can run and every arm's environment against SGLang's
+and the plugin's flags (one line each, exit 2), then locks the run directory, refuses one that
+holds finished cells this configuration leaves out unless `--force-new` (rundir.py), runs or
+resumes the sweep in it and writes the report. A write that fails (a full disk) is one line
+naming the run directory.
 Finished cells measured with other versions (versions.py) are measured again unless
 `--reuse-cells`. `--accuracy-only` runs only the GSM8K eval (one arm is enough) for CI jobs that only gate on
 accuracy. `report` rebuilds report.md, results.json and the plots from a run directory.
 
-`--dry-run` prints every visit's server and every cell's exact command, and an estimate of
-the time left (dryrun.py).
+`--dry-run` prints every visit's server and every cell's exact command, what the run would
+download ("needs network: ..."), and an estimate of the time left (dryrun.py).
 
 Exit status: 0 everything measured and every threshold and gate passed (PASS); 1 a cell
 failed, an arm is below its GSM8K threshold, or a gate failed (FAIL), or cells are not
@@ -32,7 +35,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sglang_mixgraph.ab.config import ConfigError, parse_config, read_toml, with_counts
+from sglang_mixgraph.ab.config import (
+    ConfigError,
+    parse_config,
+    read_toml,
+    url_problem,
+    with_counts,
+)
 from sglang_mixgraph.ab.progress import DEFAULT_EVERY_S
 
 EXIT_FAILED = 1
@@ -151,6 +160,18 @@ def _parser() -> argparse.ArgumentParser:
         f"line this often (default {DEFAULT_EVERY_S:g})",
     )
     run.add_argument(
+        "--offline",
+        action="store_true",
+        help="refuse to start when the run would download anything (GSM8K data, the ShareGPT "
+        "text of dataset random, a model by hub id); sets [run] offline",
+    )
+    run.add_argument(
+        "--force-new",
+        action="store_true",
+        help="start a new run in --run-dir: an earlier run there is moved aside to "
+        "RUN_DIR.old-<time>, nothing is deleted",
+    )
+    run.add_argument(
         "--dry-run",
         action="store_true",
         help="check the configuration and the arms' flags, print every server's and cell's "
@@ -197,10 +218,18 @@ def _comma_list(text: str, convert: Callable[[str], Any], flag: str, what: str) 
         raise ConfigError(f"{flag} {text!r}: {what}, comma-separated") from None
 
 
+def _table(raw: dict[str, Any], name: str) -> dict[str, Any]:
+    """The section a flag writes into (created when missing)."""
+    table = raw.setdefault(name, {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"[{name}]: expected a table, got {table!r}")
+    return table
+
+
 def _apply_overrides(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     raw = copy.deepcopy(raw)
     sets_server = args.model_path or args.server_args or args.launch_prefix is not None
-    server = raw.setdefault("server", {}) if sets_server else None
+    server = _table(raw, "server") if sets_server else None
     if args.model_path:
         server["model_path"] = args.model_path
     if args.server_args:
@@ -214,7 +243,9 @@ def _apply_overrides(raw: dict[str, Any], args: argparse.Namespace) -> dict[str,
         except ValueError as e:
             raise ConfigError(f"--launch-prefix: {e}") from None
     if args.arm:
-        raw.setdefault("arm", []).extend(_arm_from_flag(spec) for spec in args.arm)
+        if not isinstance(raw.setdefault("arm", []), list):
+            raise ConfigError(f"[[arm]]: expected a list of tables, got {raw['arm']!r}")
+        raw["arm"].extend(_arm_from_flag(spec) for spec in args.arm)
     if args.only_arms is not None:
         raw["arm"] = _only_arms(raw.get("arm", []), args.only_arms)
         kept = {a["name"] for a in raw["arm"]}
@@ -225,14 +256,16 @@ def _apply_overrides(raw: dict[str, Any], args: argparse.Namespace) -> dict[str,
         ]
     for flag, key in (("input_len", "input_len"), ("output_len", "output_len")):
         if getattr(args, flag) is not None:
-            raw.setdefault("sweep", {})[key] = getattr(args, flag)
+            _table(raw, "sweep")[key] = getattr(args, flag)
     if args.gsm8k_threshold is not None:
-        raw.setdefault("gsm8k", {})["threshold"] = args.gsm8k_threshold
+        _table(raw, "gsm8k")["threshold"] = args.gsm8k_threshold
     arms = raw.get("arm", [])
     for item in args.url:
         name, sep, url = item.partition("=")
         if not sep or not url:
             raise ConfigError(f"--url {item!r}: expected ARM=URL")
+        if problem := url_problem(url):
+            raise ConfigError(f"--url {item!r}: {problem}")
         matches = [a for a in arms if isinstance(a, dict) and a.get("name") == name]
         if not matches:
             raise ConfigError(f"--url {item!r}: no arm named {name!r}")
@@ -240,15 +273,17 @@ def _apply_overrides(raw: dict[str, Any], args: argparse.Namespace) -> dict[str,
     if args.gsm8k_data:
         if not Path(args.gsm8k_data).is_file():
             raise ConfigError(f"--gsm8k-data {args.gsm8k_data}: no such file")
-        raw.setdefault("gsm8k", {})["data_path"] = str(Path(args.gsm8k_data).resolve())
+        _table(raw, "gsm8k")["data_path"] = str(Path(args.gsm8k_data).resolve())
+    if args.offline:
+        _table(raw, "run")["offline"] = True
     if args.repeats is not None:
-        raw.setdefault("sweep", {})["repeats"] = args.repeats
+        _table(raw, "sweep")["repeats"] = args.repeats
     if args.concurrencies is not None:
-        raw.setdefault("sweep", {})["concurrencies"] = _comma_list(
+        _table(raw, "sweep")["concurrencies"] = _comma_list(
             args.concurrencies, int, "--concurrencies", "integers"
         )
     if args.request_rates is not None:
-        raw.setdefault("sweep", {})["request_rates"] = _comma_list(
+        _table(raw, "sweep")["request_rates"] = _comma_list(
             args.request_rates, float, "--request-rates", "numbers"
         )
     if args.max_blocks is not None and args.max_blocks < 1:
@@ -267,7 +302,7 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
 
 
 def cmd_run(args: argparse.Namespace, invoker: Any = None) -> int:
-    from sglang_mixgraph.ab import arms, checks, dryrun, report, results, runner, server, versions
+    from sglang_mixgraph.ab import arms, checks, network, rundir, runner, server
 
     path = Path(args.config) if args.config else None
     try:
@@ -285,36 +320,89 @@ def cmd_run(args: argparse.Namespace, invoker: Any = None) -> int:
     problems = [
         *filter(None, [checks.run_dir_problem(run_dir)]),
         *checks.config_path_problems(config, accuracy_only=args.accuracy_only),
+        *checks.offline_problems(config, accuracy_only=args.accuracy_only),
         *server.launch_problems(config),
         *arms.env_problems(config),
     ]
+    visits = runner.plan(config, accuracy_only=args.accuracy_only)
+    recorded = raw if args.accuracy_only else with_counts(raw, config.sweep)
+    digest = rundir.digest(recorded, args.accuracy_only)
+    planned = {c.stem for v in visits for c in v.cells}
+    if not problems and not args.force_new and run_dir.is_dir():
+        problems += filter(None, [rundir.conflict(run_dir, digest, planned)])
     if problems:
         for problem in problems:
             _error(problem)
         return EXIT_USAGE
     for note in arms.attached_env_note(config):
         print(f"sglang-mixgraph ab: note: {note}", file=sys.stderr)
-    visits = runner.plan(config, accuracy_only=args.accuracy_only)
+    fetches = network.fetches(config, accuracy_only=args.accuracy_only)
+    if args.dry_run:
+        return _dry_run(config, run_dir, visits, args, digest, fetches)
+    for fetch in fetches:
+        print(f"sglang-mixgraph ab: note: {fetch.line()}", file=sys.stderr)
+    try:
+        lock, moved = rundir.take(run_dir, digest, planned, args.force_new)
+    except (rundir.RunDirBusy, ValueError) as e:
+        _error(str(e))
+        return EXIT_USAGE
+    except OSError as e:
+        _error(f"run directory {run_dir}: cannot lock it ({e.strerror or e})")
+        return EXIT_USAGE
+    try:
+        if moved is not None:
+            print(f"sglang-mixgraph ab: the earlier run is kept in {moved}", file=sys.stderr)
+        return _run_locked(config, run_dir, visits, args, recorded, invoker)
+    finally:
+        lock.release()
+
+
+def _dry_run(
+    config: Any,
+    run_dir: Path,
+    visits: list[Any],
+    args: argparse.Namespace,
+    digest: str,
+    fetches: list[Any],
+) -> int:
+    from sglang_mixgraph.ab import dryrun, rundir, runner, server, versions
+
     env = versions.environment()
     current = None if args.reuse_cells else env
-    if args.dry_run:
-        print(f"run directory: {run_dir}")
-        for arm in config.arms:
-            if arm.url is None:
-                print(f"server {arm.name}: {server.launch_line(config, arm)}")
-            else:
-                print(f"server {arm.name}: attached at {arm.url}")
-        for line in dryrun.plan_lines(config, run_dir, visits, current):
-            print(line)
-        print(dryrun.estimate_line(config, run_dir, visits, current))
-        print(f"versions: {versions.describe(env)}")
-        if current is not None:
-            changed = runner.stale(run_dir, [c for v in visits for c in v.cells], env)
-            if changed:
-                print(f"measured again for other versions: {'; '.join(changed)}")
-        return 0
+    print(f"run directory: {run_dir}")
+    fresh = args.force_new and run_dir.is_dir() and rundir.holds_a_run(run_dir)
+    if fresh:
+        print(f"a new run (configuration {digest}): the earlier run would be moved aside")
+    for arm in config.arms:
+        if arm.url is None:
+            print(f"server {arm.name}: {server.launch_line(config, arm)}")
+        else:
+            print(f"server {arm.name}: attached at {arm.url}")
+    for line in dryrun.plan_lines(config, run_dir, visits, current, fresh=fresh):
+        print(line)
+    for fetch in fetches:
+        print(fetch.line())
+    print(dryrun.estimate_line(config, run_dir, visits, current, fresh=fresh))
+    print(f"versions: {versions.describe(env)}")
+    if current is not None and not fresh:
+        changed = runner.stale(run_dir, [c for v in visits for c in v.cells], env)
+        if changed:
+            print(f"measured again for other versions: {'; '.join(changed)}")
+    return 0
+
+
+def _run_locked(
+    config: Any,
+    run_dir: Path,
+    visits: list[Any],
+    args: argparse.Namespace,
+    recorded: dict[str, Any],
+    invoker: Any,
+) -> int:
+    """The run itself, in the run directory this process holds."""
+    from sglang_mixgraph.ab import report, results, runner
+
     try:
-        recorded = raw if args.accuracy_only else with_counts(raw, config.sweep)
         results.write_run_file(run_dir, recorded, args.accuracy_only)
     except OSError as e:  # checked above; a race or a full disk
         _error(f"run directory {run_dir}: cannot write {results.RUN_FILE} ({e.strerror or e})")
@@ -330,13 +418,21 @@ def cmd_run(args: argparse.Namespace, invoker: Any = None) -> int:
         if invoker is not None:
             kwargs["invoker"] = invoker
         outcome = runner.run(config, run_dir, visits, **kwargs)
-    finally:
         signal.signal(signal.SIGTERM, previous)
-    try:
         built, plots = report.build(run_dir)
+    except OSError as e:
+        # A full disk mid-run: the servers are stopped, every record written is kept.
+        where = f" ({e.filename})" if e.filename else ""
+        _error(
+            f"run directory {run_dir}: cannot write{where}: {e.strerror or e}; finished cells "
+            "are kept, free space and run the same command to resume"
+        )
+        return EXIT_USAGE
     except results.RunDirError as e:  # e.g. a pair measured on two machines
         _error(str(e))
         return EXIT_USAGE
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     for line in plots:
         if line == report.PLOTS_SKIPPED:
             print(f"sglang-mixgraph ab: {line}", file=sys.stderr)

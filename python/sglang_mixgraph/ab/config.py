@@ -8,8 +8,11 @@ rates, the `sglang.benchmark.serving` workload, prompt and warm-up counts, repea
 a visit order run whole on one machine, and a discarded warm visit), `[[shape]]`
 (several input/output lengths in one run), `[slo]` (latency SLOs for bench_serving's goodput),
 `[gsm8k]` (SGLang's GSM8K eval and its threshold), `[[gate]]` (ratio gates
-between two arms), and top-level `note` (for the report) and `pairs` (ratios of two candidates). Every problem is a `ConfigError` with
-one line naming the key, so the command can print it without a traceback.
+between two different arms), `[run]` (`offline`), and top-level `note` (for the report) and
+`pairs` (ratios of two candidates). Every value is checked here, once: finite numbers in
+range, ports 1-65535, http(s) URLs, gates whose bounds some ratio can meet, and counts bounded
+(MAX_*) so that a plan stays small. Every problem is a `ConfigError` with one line naming the
+key, the value and what is allowed, so the command can print it without a traceback.
 
 `cell_settings` turns one measurement into the exact settings that key it on disk: a run
 directory is resumed by these keys, so anything that changes what is measured is in them.
@@ -23,6 +26,7 @@ import math
 import re
 import shlex
 import tomllib
+import urllib.parse
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -63,6 +67,14 @@ RATE = "rate"
 JUDGES = ("no_regression", "confirmed", "mean")
 DEFAULT_JUDGE = "no_regression"
 _ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+# Bounds that keep a mistyped count from planning (or sending) billions of anything: a count
+# of prompts, tokens, requests or examples; repeats and blocks; the cells of a whole plan; a
+# timeout (a week).
+MAX_COUNT = 10_000_000
+MAX_REPEATS = 1000
+MAX_CELLS = 10_000
+MAX_TIMEOUT_S = 7 * 86400.0
+MAX_SEED = 2**32 - 1  # bench_serving seeds numpy with it
 
 
 class ConfigError(ValueError):
@@ -254,6 +266,7 @@ class Config:
     slo: Slo = field(default_factory=Slo)
     # Ratios reported besides each candidate's to the baseline: (candidate, baseline) arms.
     pairs: tuple[tuple[str, str], ...] = ()
+    offline: bool = False  # [run] offline: a fetch from the network is refused before a run
 
     def arm(self, name: str) -> Arm:
         for arm in self.arms:
@@ -292,18 +305,51 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
     )
 
 
-def _positive_int(value: Any, where: str) -> int:
+def _positive_int(value: Any, where: str, maximum: int = MAX_COUNT) -> int:
     _typed(value, int, where)
     if value < 1:
         raise ConfigError(f"{where}: must be at least 1, got {value}")
+    if value > maximum:
+        raise ConfigError(f"{where}: must be at most {maximum:,}, got {value:,}")
     return value
 
 
-def _number(value: Any, where: str, minimum: float = 0.0) -> float:
+def _number(value: Any, where: str, minimum: float = 0.0, maximum: float = math.inf) -> float:
     _typed(value, (int, float), where)
+    # nan passes every comparison below and would reach a timer or a bound unnoticed.
+    if not math.isfinite(value):
+        raise ConfigError(f"{where}: must be a finite number, got {value}")
     if value < minimum:
         raise ConfigError(f"{where}: must be at least {minimum:g}, got {value}")
+    if value > maximum:
+        raise ConfigError(f"{where}: must be at most {maximum:g}, got {value:g}")
     return float(value)
+
+
+def _timeout(value: Any, where: str) -> float:
+    return _number(value, where, minimum=1.0, maximum=MAX_TIMEOUT_S)
+
+
+def _port(value: Any, where: str) -> int:
+    _typed(value, int, where)
+    if not 1 <= value <= 65535:
+        raise ConfigError(f"{where}: a TCP port is 1-65535, got {value}")
+    return value
+
+
+def url_problem(url: str) -> str | None:
+    """Why `url` cannot reach a server (None: it can): an http(s) URL with a host."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018  (raises on a port outside 0-65535)
+    except ValueError as e:
+        return f"not a valid URL ({e})"
+    if parts.scheme not in ("http", "https"):
+        # "localhost:30000" parses as scheme "localhost": urllib would never connect.
+        return f"give the scheme, e.g. http://{url}" if "://" not in url else "use http or https"
+    if not parts.hostname:
+        return "no host in it"
+    return None
 
 
 def _str_list(value: Any, where: str) -> tuple[str, ...]:
@@ -396,11 +442,13 @@ def _server(table: dict[str, Any]) -> Server:
         kwargs["gpus"] = _positive_int(table["gpus"], f"{where} gpus")
     if "host" in table:
         kwargs["host"] = _typed(table["host"], str, f"{where} host")
+        if not kwargs["host"]:
+            raise ConfigError(f"{where} host: must not be empty")
     if "port" in table:
-        kwargs["port"] = _positive_int(table["port"], f"{where} port")
+        kwargs["port"] = _port(table["port"], f"{where} port")
     for key in ("health_timeout_s", "stop_timeout_s"):
         if key in table:
-            kwargs[key] = _number(table[key], f"{where} {key}", minimum=1.0)
+            kwargs[key] = _timeout(table[key], f"{where} {key}")
     if "command" in table:
         kwargs["command"] = _str_list(table["command"], f"{where} command")
         if not kwargs["command"]:
@@ -432,7 +480,7 @@ def _arms(items: Any) -> tuple[Arm, ...]:
                 name=name,
                 env=_env(table.get("env", {}), f"{where} env"),
                 args=_str_list(table.get("args", []), f"{where} args"),
-                url=_typed(table["url"], str, f"{where} url") if "url" in table else None,
+                url=_url(table["url"], f"{where} url") if "url" in table else None,
                 gpus=_positive_int(table["gpus"], f"{where} gpus") if "gpus" in table else None,
                 launch_prefix=(
                     _prefix(table["launch_prefix"], f"{where} launch_prefix")
@@ -443,6 +491,14 @@ def _arms(items: Any) -> tuple[Arm, ...]:
         )
     _check_unique_names([a.name for a in arms], "[[arm]]")
     return tuple(arms)
+
+
+def _url(value: Any, where: str) -> str:
+    url = _typed(value, str, where)
+    problem = url_problem(url)
+    if problem:
+        raise ConfigError(f"{where} {url!r}: {problem}")
+    return url
 
 
 def _positive_number(value: Any, where: str) -> float:
@@ -507,7 +563,8 @@ def _sweep(table: dict[str, Any]) -> Sweep:
     kwargs["request_rates"] = tuple(sorted(rates))
     for key in ints:
         if key in table:
-            kwargs[key] = _positive_int(table[key], f"{where} {key}")
+            most = MAX_REPEATS if key in ("repeats", "blocks") else MAX_COUNT
+            kwargs[key] = _positive_int(table[key], f"{where} {key}", most)
     if "num_prompts" in table:
         for other in ("prompts_per_concurrency", "min_prompts"):
             if other in table:
@@ -525,8 +582,11 @@ def _sweep(table: dict[str, Any]) -> Sweep:
         kwargs["warmup_requests"] = _typed(
             table["warmup_requests"], int, f"{where} warmup_requests"
         )
-        if kwargs["warmup_requests"] < 0:
-            raise ConfigError(f"{where} warmup_requests: must be 0 or more")
+        if not 0 <= kwargs["warmup_requests"] <= MAX_COUNT:
+            raise ConfigError(
+                f"{where} warmup_requests: must be 0 to {MAX_COUNT:,}, "
+                f"got {kwargs['warmup_requests']:,}"
+            )
     if "rate_duration_s" in table:
         kwargs["rate_duration_s"] = _positive_number(
             table["rate_duration_s"], f"{where} rate_duration_s"
@@ -535,8 +595,10 @@ def _sweep(table: dict[str, Any]) -> Sweep:
         kwargs["flush_cache"] = _typed(table["flush_cache"], bool, f"{where} flush_cache")
     if "seed" in table:
         kwargs["seed"] = _typed(table["seed"], int, f"{where} seed")
+        if not 0 <= kwargs["seed"] <= MAX_SEED:
+            raise ConfigError(f"{where} seed: must be 0 to {MAX_SEED}, got {kwargs['seed']}")
     if "cell_timeout_s" in table:
-        kwargs["cell_timeout_s"] = _number(table["cell_timeout_s"], f"{where} cell_timeout_s", 1.0)
+        kwargs["cell_timeout_s"] = _timeout(table["cell_timeout_s"], f"{where} cell_timeout_s")
     if "extra_args" in table:
         kwargs["extra_args"] = _str_list(table["extra_args"], f"{where} extra_args")
         for flag in ("--goodput", "--request-rate", "--max-concurrency"):
@@ -637,8 +699,10 @@ def _gsm8k(table: dict[str, Any], arm_names: list[str]) -> Gsm8k:
             kwargs[key] = _positive_int(table[key], f"{where} {key}")
     if "num_shots" in table:
         kwargs["num_shots"] = _typed(table["num_shots"], int, f"{where} num_shots")
-        if kwargs["num_shots"] < 0:
-            raise ConfigError(f"{where} num_shots: must be 0 or more")
+        if not 0 <= kwargs["num_shots"] <= MAX_COUNT:
+            raise ConfigError(
+                f"{where} num_shots: must be 0 to {MAX_COUNT:,}, got {kwargs['num_shots']:,}"
+            )
     if "threshold" in table:
         kwargs["threshold"] = _number(table["threshold"], f"{where} threshold")
         if kwargs["threshold"] > 1:
@@ -651,7 +715,7 @@ def _gsm8k(table: dict[str, Any], arm_names: list[str]) -> Gsm8k:
             if name not in arm_names:
                 raise ConfigError(f"{where} arms: no arm named {name!r}")
     if "timeout_s" in table:
-        kwargs["timeout_s"] = _number(table["timeout_s"], f"{where} timeout_s", 1.0)
+        kwargs["timeout_s"] = _timeout(table["timeout_s"], f"{where} timeout_s")
     if "judge" in table:
         kwargs["judge"] = _judge(table["judge"], f"{where} judge")
     return Gsm8k(**kwargs)
@@ -726,14 +790,24 @@ def _gates(items: Any, arm_names: list[str], sweep: Sweep, slo: Slo | None) -> t
         for key in ("candidate", "baseline"):
             if table[key] not in arm_names:
                 raise ConfigError(f"{where} {key}: no arm named {table[key]!r}")
+        if table["candidate"] == table["baseline"]:
+            raise ConfigError(
+                f"{where}: candidate and baseline are both {table['candidate']!r}; a gate "
+                "compares two different arms"
+            )
         point = _gate_point(table, where, sweep)
         bounds = {
-            key: _number(table[key], f"{where} {key}")
+            key: _positive_number(table[key], f"{where} {key}")
             for key in ("min_ratio", "max_ratio")
             if key in table
         }
         if not bounds:
             raise ConfigError(f"{where}: give min_ratio, max_ratio or both")
+        if bounds.get("min_ratio", 0.0) > bounds.get("max_ratio", math.inf):
+            raise ConfigError(
+                f"{where}: min_ratio {bounds['min_ratio']:g} is above max_ratio "
+                f"{bounds['max_ratio']:g}; no ratio can pass"
+            )
         gates.append(
             Gate(
                 metric=metric,
@@ -754,7 +828,7 @@ def parse_config(data: dict[str, Any], *, accuracy_only: bool = False) -> Config
     _take(
         data,
         "config",
-        {"note", "server", "arm", "sweep", "shape", "slo", "gsm8k", "gate", "pairs"},
+        {"note", "server", "arm", "sweep", "shape", "slo", "gsm8k", "gate", "pairs", "run"},
     )
     note = _typed(data["note"], str, "note") if "note" in data else None
     arms = _arms(data.get("arm", []))
@@ -781,6 +855,7 @@ def parse_config(data: dict[str, Any], *, accuracy_only: bool = False) -> Config
     else:
         raise ConfigError("config: missing section [sweep]")
     sweep = _blocks(sweep, names)
+    _check_plan_size(sweep, len(arms), accuracy_only)
     slo = _slo(_typed(data["slo"], dict, "[slo]")) if "slo" in data else None
     gsm8k = _gsm8k(_typed(data.get("gsm8k", {}), dict, "[gsm8k]"), names)
     if accuracy_only and (not gsm8k.enabled or gsm8k.threshold is None):
@@ -795,7 +870,35 @@ def parse_config(data: dict[str, Any], *, accuracy_only: bool = False) -> Config
         note=note,
         slo=slo or Slo(),
         pairs=_pairs(data.get("pairs", []), names),
+        offline=_run_table(_typed(data.get("run", {}), dict, "[run]")),
     )
+
+
+def _run_table(table: dict[str, Any]) -> bool:
+    """`[run]`: how to run, not what is measured; only `offline` (see network.py)."""
+    _take(table, "[run]", {"offline"})
+    return _typed(table.get("offline", False), bool, "[run] offline")
+
+
+def _check_plan_size(sweep: Sweep, arms: int, accuracy_only: bool) -> None:
+    """The plan and every cell's request counts stay small enough to list and to send."""
+    if accuracy_only:
+        return
+    points = sweep.points()
+    cells = arms * sweep.repeats * len(points)
+    if cells > MAX_CELLS:
+        raise ConfigError(
+            f"[sweep]: {arms} arms x {sweep.repeats} repeats x {len(points)} load points is "
+            f"{cells:,} cells; at most {MAX_CELLS:,}"
+        )
+    for point in points:
+        for what, count in (("prompts", sweep.prompts(point)), ("warm-up", sweep.warmup(point))):
+            if count > MAX_COUNT:
+                raise ConfigError(
+                    f"[sweep]: {point.describe()} sends {count:,} {what} requests; at most "
+                    f"{MAX_COUNT:,} (num_prompts, prompts_per_concurrency, rate_duration_s, "
+                    "warmup_*)"
+                )
 
 
 def _blocks(sweep: Sweep, names: list[str]) -> Sweep:
@@ -840,9 +943,16 @@ def _pairs(value: Any, names: list[str]) -> tuple[tuple[str, str], ...]:
 def read_toml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     try:
-        return tomllib.loads(path.read_text())
+        data = path.read_bytes()
+        return tomllib.loads(data.decode("utf-8"))
     except OSError as e:
         raise ConfigError(f"{path}: cannot read ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise ConfigError(
+            f"{path}: line {line}: byte 0x{data[e.start]:02x} is not UTF-8 (TOML is UTF-8 "
+            "text: save the file as UTF-8)"
+        ) from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML ({e})") from None
 

@@ -3,7 +3,7 @@
 The commands are the ones the run would start: the server launch line of each arm (with its
 environment) and, per cell, `python -m sglang.benchmark.serving ...` or the GSM8K eval with
 the URL and output file the run would give it. Cells that are already done (and would be
-skipped) are marked.
+skipped) are marked, and so are finished cells whose raw output is damaged (measured again).
 
 The time estimate is for what is left to do. A cell to measure costs what cells at the same
 load point (shape and concurrency or rate) took in this run directory, over every arm and
@@ -45,10 +45,13 @@ def plan_lines(
     run_dir: Path,
     visits: list[runner.Visit],
     current: dict[str, Any] | None,
+    *,
+    fresh: bool = False,
 ) -> list[str]:
+    """`fresh`: the run starts anew (--force-new), nothing counts as done."""
     lines = []
     for visit in visits:
-        done = [runner.is_done(run_dir, c, current) for c in visit.cells]
+        done = [not fresh and runner.is_done(run_dir, c, current) for c in visit.cells]
         block = f"block {visit.block + 1}, " if config.sweep.block else ""
         lines.append(
             f"{block}arm {visit.arm.name}, repeat {visit.repeat + 1}: {len(visit.cells)} cells "
@@ -61,7 +64,10 @@ def plan_lines(
         for cell, is_done in zip(visit.cells, done, strict=True):
             module, argv = runner.cell_command(config, run_dir, cell, _url(config, arm))
             command = shlex.join([sys.executable, "-m", module, *argv])
-            lines.append(f"  {cell.label()}{' (done)' if is_done else ''}: {command}")
+            mark = " (done)" if is_done else ""
+            if not fresh and runner.damaged(run_dir, cell):
+                mark = " (damaged: measured again)"
+            lines.append(f"  {cell.label()}{mark}: {command}")
     return lines
 
 
@@ -98,6 +104,8 @@ def estimate_line(
     run_dir: Path,
     visits: list[runner.Visit],
     current: dict[str, Any] | None,
+    *,
+    fresh: bool = False,
 ) -> str:
     measured: dict[Any, list[float]] = {}  # cell point (None: GSM8K) -> wall seconds
     starts: dict[str, list[float]] = {}  # arm -> server start seconds
@@ -115,7 +123,7 @@ def estimate_line(
     start_count = 0
     unknown_starts = 0
     for visit in visits:
-        todo = [c for c in visit.cells if not runner.is_done(run_dir, c, current)]
+        todo = [c for c in visit.cells if fresh or not runner.is_done(run_dir, c, current)]
         if not todo:
             continue
         if visit.arm.url is None:

@@ -156,8 +156,9 @@ def collect(run_dir: Path) -> Results:
             }
             if status == runner.OK:
                 raw = _read_raw(run_dir, cell)
-                if raw is None:
-                    status = entry["status"] = "missing"
+                if (damage := runner.raw_problem(run_dir, cell)) is not None:
+                    status = entry["status"] = "damaged"  # measured again by the next run
+                    record = {**record, "error": damage}
             if status == runner.OK:
                 entry["machine"] = record.get("machine")
                 entry["block"] = config.sweep.block_of(cell.repeat)
@@ -167,7 +168,9 @@ def collect(run_dir: Path) -> Results:
             if status != runner.OK:
                 entry["error"] = record.get("error", "not run")
                 line = f"{cell.label()}: {status}: {entry['error']}"
-                (results.missing if status == "missing" else results.problems).append(line)
+                (results.missing if status in ("missing", "damaged") else results.problems).append(
+                    line
+                )
                 results.cells.append(entry)
                 continue
             if cell.kind == "gsm8k":

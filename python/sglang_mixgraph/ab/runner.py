@@ -13,8 +13,11 @@ share), and a machine that has served nothing of the run first serves one discar
 its exact settings (config.cell_settings): a cell whose `.cell.json` says ok is skipped when
 the run directory is reused, so an interrupted or partly failed run is resumed by running the
 same command again, and a changed setting measures anew instead of mixing results.
-A failed cell is recorded with its reason and retried on the next run; a server that dies
+A failed cell is recorded with its reason (one line that names its log; a download that
+failed names the setting that avoids it) and retried on the next run; a server that dies
 fails the cell it was serving and the visit moves on (the next visit starts a fresh server).
+A finished cell whose raw output no longer reads back (truncated, emptied, removed) is
+damaged: a resume names it and measures it again, keeping the damaged file as `.damaged`.
 Every record also holds the versions it was measured with (versions.py: SGLang,
 sglang-mixgraph, torch, the git commit, the GPUs); a finished cell whose versions differ from
 this environment's is measured again, unless the run reuses cells (`--reuse-cells`).
@@ -33,8 +36,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from sglang_mixgraph.ab import network, versions
 from sglang_mixgraph.ab import server as servers
-from sglang_mixgraph.ab import versions
 from sglang_mixgraph.ab.config import (
     CONCURRENCY,
     Arm,
@@ -44,7 +47,7 @@ from sglang_mixgraph.ab.config import (
     gsm8k_settings,
     settings_key,
 )
-from sglang_mixgraph.ab.progress import DEFAULT_EVERY_S, Heartbeat, duration
+from sglang_mixgraph.ab.progress import DEFAULT_EVERY_S, Heartbeat, duration, last_line
 from sglang_mixgraph.ab.tools import (
     BENCH_MODULE,
     GSM8K_MODULE,
@@ -57,6 +60,10 @@ from sglang_mixgraph.ab.tools import (
 
 OK = "ok"
 FAILED = "failed"
+# What the report and the summary read from a bench_serving result line.
+BENCH_KEYS = ("completed", "output_throughput", "median_tpot_ms", "median_ttft_ms")
+# A failed tool's log is read from its end for the marks of a failed download.
+LOG_TAIL_BYTES = 65536
 
 
 @dataclass(frozen=True)
@@ -172,10 +179,41 @@ def read_record(run_dir: Path, cell: Cell) -> dict[str, Any] | None:
         return None
 
 
+def raw_problem(run_dir: Path, cell: Cell) -> str | None:
+    """Why a cell's raw output does not read back as a result (None: it does)."""
+    path = raw_path(run_dir, cell)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return f"its raw output {path} is missing"
+    except (OSError, UnicodeDecodeError) as e:
+        return f"its raw output {path} cannot be read ({e})"
+    lines = text.splitlines() or [""]
+    try:
+        # bench_serving appends one line per run; the runner gives each try a fresh file.
+        result = json.loads(text if cell.kind == "gsm8k" else lines[-1])
+    except ValueError:
+        return f"its raw output {path} does not parse as JSON (truncated?)"
+    keys = ("score",) if cell.kind == "gsm8k" else BENCH_KEYS
+    for key in keys:
+        value = result.get(key) if isinstance(result, dict) else None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"its raw output {path} has no {key!r}"
+    return None
+
+
+def damaged(run_dir: Path, cell: Cell) -> str | None:
+    """Why a cell recorded as finished is no result (None: it is one, or is not finished)."""
+    record = read_record(run_dir, cell)
+    if not record or record.get("status") != OK:
+        return None
+    return raw_problem(run_dir, cell)
+
+
 def is_done(run_dir: Path, cell: Cell, current: dict[str, Any] | None = None) -> bool:
     """Finished and kept; with `current` versions, only when measured with the same ones."""
     record = read_record(run_dir, cell)
-    if not record or record.get("status") != OK or not raw_path(run_dir, cell).exists():
+    if not record or record.get("status") != OK or raw_problem(run_dir, cell):
         return False
     return current is None or versions.comparable(record.get("versions")) == versions.comparable(
         current
@@ -278,6 +316,8 @@ def _run_cell(
 ) -> tuple[str | None, str]:
     raw = raw_path(run_dir, cell)
     raw.parent.mkdir(parents=True, exist_ok=True)
+    if damaged(run_dir, cell):
+        os.replace(raw, raw.with_name(raw.name + ".damaged"))  # kept for a look, not read
     raw.unlink(missing_ok=True)  # bench_serving appends; a failed try's line is no measurement
     module, argv = cell_command(config, run_dir, cell, srv.url)
     timeout = config.gsm8k.timeout_s if cell.kind == "gsm8k" else config.sweep.cell_timeout_s
@@ -296,7 +336,15 @@ def _run_cell(
     if code == TIMED_OUT:
         return f"timed out after {timeout:g} s (log {log})", ""
     if code != 0:
-        return f"{module} exited with code {code} (log {log}):\n{servers.log_tail(log, 8)}", ""
+        fetch = network.failed_fetch(config, cell.kind, _log_end(log))
+        if fetch is not None:
+            return f"needs network: {fetch.what} failed; set {fetch.avoid} (log {log})", ""
+        # The summary shows the first line only: it names the cause and the log.
+        return (
+            f"{module} exited with code {code}: {last_line(log) or 'no output'} (log {log})\n"
+            f"{servers.log_tail(log, 8)}",
+            "",
+        )
     if cell.kind == "gsm8k":
         try:
             score = json.loads(raw.read_text())["score"]
@@ -308,6 +356,17 @@ def _run_cell(
     if error:
         return f"{error} (log {log})", ""
     return None, summary
+
+
+def _log_end(log: Path) -> str:
+    """The end of a cell's log: its last try, where a failed download shows."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - LOG_TAIL_BYTES))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return text[text.rfind("\n=== python -m ") + 1 :]  # from the last try's header
 
 
 def machine_of(run_dir: Path, cell: Cell) -> str | None:
@@ -374,6 +433,10 @@ def run(
     machine = machine or versions.machine_id()
     current = None if reuse_cells else env
     cells = [c for v in visits for c in v.cells]
+    for cell in cells:
+        problem = damaged(run_dir, cell)
+        if problem:
+            out(f"{cell.label()}: finished but damaged, {problem}: measuring it again")
     changed = [] if reuse_cells else stale(run_dir, cells, env)
     blocks = _blocks_todo(run_dir, visits, current, machine, out)
     left = sum(len(c) for block in blocks for _, c in block)

@@ -1,0 +1,376 @@
+"""`sglang-mixgraph ab` refuses a bad run before any server starts and never loses a finished one.
+
+Against the CPU stand-in server (ab_standin.py). Every mistake of the configuration file, the
+flags or their combination is one line on stderr and exit 2, with no tool run and no server
+started: the stand-in writes its pid to STANDIN_PID_FILE as it starts, so no such file means
+no server. A run directory is locked by the run that holds it and refuses a configuration
+that would leave out cells it finished (unless --force-new, which moves the earlier run
+aside); a finished cell whose raw output is damaged is reported, named and measured again; a
+full disk is one line; what a run would download is listed by --dry-run, refused by
+--offline, and a cell whose download fails names the setting that avoids it.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from ab_kit import Recorder, pids_alive, small_sweep, standin_config, write_gsm8k
+
+from sglang_mixgraph.ab import cli as ab_cli
+from sglang_mixgraph.ab import rundir, runner
+
+ARMS = """
+[[arm]]
+name = "base"
+args = ["--tpot-ms", "10"]
+
+[[arm]]
+name = "split"
+args = ["--tpot-ms", "5"]
+"""
+GATE = """
+[[gate]]
+metric = "median_tpot_ms"
+candidate = "{candidate}"
+baseline = "base"
+concurrency = 1
+{bounds}
+"""
+
+
+@pytest.fixture(autouse=True)
+def _offline_and_pids(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("STANDIN_PID_FILE", str(tmp_path / "pids"))
+    monkeypatch.delenv("STANDIN_DIE_AFTER", raising=False)
+    yield
+    assert pids_alive(tmp_path / "pids") == [], "a server process outlived the run"
+
+
+def _config(tmp_path: Path, *, replace: dict[str, str] | None = None, **kwargs) -> Path:
+    kwargs.setdefault("arms", ARMS)
+    kwargs.setdefault("sweep", small_sweep("[1]"))
+    path = standin_config(tmp_path, **kwargs)
+    text = path.read_text()
+    for old, new in (replace or {}).items():
+        assert old in text, old
+        text = text.replace(old, new)
+    path.write_text(text)
+    return path
+
+
+def _run(tmp_path: Path, config: Path, *extra: str, recorder: Recorder | None = None) -> int:
+    argv = ["run", str(config), "--run-dir", str(tmp_path / "run"), *extra]
+    return ab_cli.main(argv, invoker=recorder or Recorder())
+
+
+def _refused(tmp_path: Path, config: Path, *extra: str, capsys) -> str:
+    """Exit 2 with one line on stderr, no tool run and no server started; the line."""
+    recorder = Recorder()
+    assert _run(tmp_path, config, *extra, recorder=recorder) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert recorder.calls == []
+    assert not (tmp_path / "pids").exists(), "a server was started"
+    return err.strip()
+
+
+# ---------------------------------------------------------------- refused before anything
+
+
+def _bad_data(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "bad.jsonl"
+    path.write_text(text)
+    return path
+
+
+CASES = {
+    "not UTF-8": (
+        {"extra": 'note = "cafX"'},
+        (),
+        "ab.toml: line {line}: byte 0xe9 is not UTF-8",
+    ),
+    "gate against itself": (
+        {"extra": GATE.format(candidate="base", bounds="max_ratio = 1.0")},
+        (),
+        "[[gate]] #1: candidate and baseline are both 'base'; a gate compares two different arms",
+    ),
+    "gate no ratio passes": (
+        {"extra": GATE.format(candidate="split", bounds="min_ratio = 1.2\nmax_ratio = 0.8")},
+        (),
+        "[[gate]] #1: min_ratio 1.2 is above max_ratio 0.8; no ratio can pass",
+    ),
+    "nan gate bound": (
+        {"extra": GATE.format(candidate="split", bounds="min_ratio = nan")},
+        (),
+        "[[gate]] #1 min_ratio: must be a finite number above 0, got nan",
+    ),
+    "nan stop_timeout_s": (
+        {"replace": {"stop_timeout_s = 10": "stop_timeout_s = nan"}},
+        (),
+        "[server] stop_timeout_s: must be a finite number, got nan",
+    ),
+    "inf health_timeout_s": (
+        {"replace": {"health_timeout_s = 60": "health_timeout_s = inf"}},
+        (),
+        "[server] health_timeout_s: must be a finite number, got inf",
+    ),
+    "nan cell_timeout_s": (
+        {"sweep": small_sweep("[1]") + "\ncell_timeout_s = nan"},
+        (),
+        "[sweep] cell_timeout_s: must be a finite number, got nan",
+    ),
+    "nan GSM8K threshold": (
+        {"gsm8k": "threshold = nan"},
+        (),
+        "[gsm8k] threshold: must be a finite number, got nan",
+    ),
+    "port": ({"port": 70000}, (), "[server] port: a TCP port is 1-65535, got 70000"),
+    "repeats": (
+        {},
+        ("--repeats", "1000000000"),
+        "[sweep] repeats: must be at most 1,000, got 1,000,000,000",
+    ),
+    "cells": (
+        {},
+        ("--concurrencies", ",".join(map(str, range(1, 2001))), "--repeats", "3"),
+        "[sweep]: 2 arms x 3 repeats x 2000 load points is 12,000 cells; at most 10,000",
+    ),
+    "url without scheme": (
+        {},
+        ("--url", "split=localhost:30000"),
+        "--url 'split=localhost:30000': give the scheme, e.g. http://localhost:30000",
+    ),
+    "GSM8K line not JSON": (
+        {"gsm8k": "num_shots = 1"},
+        ("--gsm8k-data", "{data_not_json}"),
+        "bad.jsonl': line 2 is not JSON (Expecting value); the eval reads JSON lines",
+    ),
+    "GSM8K data empty": (
+        {"gsm8k": "num_shots = 1"},
+        ("--gsm8k-data", "{data_empty}"),
+        "bad.jsonl': 0 questions; num_shots = 1 takes that many as examples",
+    ),
+    "GSM8K line without answer": (
+        {"gsm8k": "num_shots = 1"},
+        ("--gsm8k-data", "{data_no_answer}"),
+        "bad.jsonl': line 1 has no 'answer' text; each line needs both",
+    ),
+    "offline flag": (
+        {"sweep": small_sweep("[1]").replace('"random-ids"', '"random"')},
+        ("--offline",),
+        "offline run (--offline, [run] offline) needs network: ShareGPT from the Hugging Face hub",
+    ),
+    "offline in the file": (
+        {
+            "gsm8k": "enabled = true",
+            "replace": {"data_path = ": "# data_path = "},
+            "extra": "[run]\noffline = true",
+        },
+        (),
+        "offline run (--offline, [run] offline) needs network: the GSM8K test set",
+    ),
+}
+
+
+@pytest.mark.parametrize("dry_run", [False, True], ids=["run", "dry-run"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_bad_run_is_one_line_and_starts_nothing(tmp_path, capsys, case, dry_run):
+    changes, flags, expected = CASES[case]
+    config = _config(tmp_path, **changes)
+    if case == "not UTF-8":  # a Latin-1 e-acute, as an editor in that encoding saves it
+        data = config.read_bytes()
+        config.write_bytes(data.replace(b"cafX", b"caf\xe9"))
+        expected = expected.format(line=data[: data.index(b"cafX")].count(b"\n") + 1)
+    data = {
+        "{data_not_json}": '{"question": "q", "answer": "#### 1"}\n\n',
+        "{data_empty}": "",
+        "{data_no_answer}": '{"question": "q"}\n',
+    }
+    flags = tuple(str(_bad_data(tmp_path, data[f])) if f in data else f for f in flags)
+    started = time.monotonic()
+    line = _refused(tmp_path, config, *flags, *(["--dry-run"] if dry_run else []), capsys=capsys)
+    assert expected in line
+    assert time.monotonic() - started < 30  # a billion repeats is refused, not planned
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_gsm8k_file_sglangs_eval_reads_passes(tmp_path, capsys):
+    # '#' lines are skipped as sglang.utils.read_jsonl skips them.
+    data = write_gsm8k(tmp_path / "ok.jsonl", n=3)
+    data.write_text("# a comment line\n" + data.read_text())
+    config = _config(tmp_path, gsm8k="num_shots = 2")
+    assert _run(tmp_path, config, "--dry-run", "--gsm8k-data", str(data)) == 0, capsys.readouterr()
+
+
+# ---------------------------------------------------------------- the run directory
+
+
+def test_a_locked_run_directory_is_refused_at_once(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; from sglang_mixgraph.ab import rundir; "
+            "rundir.Lock(Path(sys.argv[1])); print('locked', flush=True); time.sleep(60)",
+            str(run_dir),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        line = _refused(tmp_path, _config(tmp_path), capsys=capsys)
+        assert line == (
+            f"sglang-mixgraph ab: run directory {run_dir}: in use by another `ab run` "
+            f"(pid {holder.pid}); wait for it to end, or give another --run-dir"
+        )
+        assert not (run_dir / "run.json").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    # The lock dies with its holder: the directory is free again.
+    rundir.Lock(run_dir).release()
+
+
+def _report(run_dir: Path) -> dict:
+    return json.loads((run_dir / "results.json").read_text())
+
+
+def test_another_configuration_is_refused_and_force_new_moves_the_run_aside(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    first = _config(tmp_path)
+    assert _run(tmp_path, first) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    old_digest = rundir.recorded_digest(run_dir)
+    run_json, report = (run_dir / "run.json").read_text(), (run_dir / "report.md").read_text()
+    pids = (tmp_path / "pids").read_text()
+    # Adding a load point keeps every finished cell: the same directory goes on.
+    assert _run(tmp_path, first, "--concurrencies", "1,2", "--dry-run") == 0
+    capsys.readouterr()
+
+    other = _config(tmp_path, sweep=small_sweep("[1]").replace("input_len = 8", "input_len = 9"))
+    recorder = Recorder()
+    assert _run(tmp_path, other, recorder=recorder) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and recorder.calls == []
+    assert f"run directory {run_dir}: holds a run of configuration {old_digest} and this" in err
+    assert "leaves out 2 of its finished cells (e.g. cells/base/c00001_r0_" in err
+    assert (tmp_path / "pids").read_text() == pids  # no server started
+    assert (run_dir / "run.json").read_text() == run_json
+    assert (run_dir / "report.md").read_text() == report
+
+    assert _run(tmp_path, other, "--force-new") == 0, capsys.readouterr().err
+    err = capsys.readouterr().err
+    new_digest = rundir.recorded_digest(run_dir)
+    assert new_digest != old_digest
+    (aside,) = tmp_path.glob("run.old-*")
+    assert f"the earlier run is kept in {aside}" in err
+    assert rundir.recorded_digest(aside) == old_digest
+    assert (aside / "run.json").read_text() == run_json
+    assert _report(aside)["passed"] and len(rundir.finished(aside)) == 2
+    assert _report(run_dir)["passed"] and len(rundir.finished(run_dir)) == 2
+
+
+def test_a_damaged_cell_is_reported_named_and_measured_again(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    config = _config(tmp_path)
+    assert _run(tmp_path, config) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    (raw,) = run_dir.glob("cells/split/*.jsonl")
+    text = raw.read_text()
+    raw.write_text(text[: len(text) // 2])  # cut mid-line, as a full disk or a copy would
+
+    # Not measuring (the report alone): named as damaged, and the run is not complete.
+    assert ab_cli.main(["report", str(run_dir)]) == 1
+    err = capsys.readouterr().err
+    assert f"arm=split concurrency=1 repeat=1: damaged: its raw output {raw} does not parse" in err
+    assert [c["status"] for c in _report(run_dir)["cells"]] == ["ok", "damaged"]
+    assert _run(tmp_path, config, "--dry-run") == 0
+    out = capsys.readouterr().out
+    assert "  arm=split concurrency=1 repeat=1 (damaged: measured again): " in out
+
+    recorder = Recorder()
+    assert _run(tmp_path, config, recorder=recorder) == 0, capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "arm=split concurrency=1 repeat=1: finished but damaged, its raw output" in err
+    assert len(recorder.calls) == 1 and recorder.bench_servers() == [5.0]
+    assert raw.with_name(raw.name + ".damaged").read_text() == text[: len(text) // 2]
+    assert json.loads(raw.read_text().splitlines()[-1])["completed"] == 2
+    assert _report(run_dir)["passed"]
+
+
+def test_a_full_disk_is_one_line_naming_the_run_directory(tmp_path, capsys, monkeypatch):
+    run_dir = tmp_path / "run"
+
+    def full(path, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    monkeypatch.setattr(runner, "_write_json", full)
+    assert _run(tmp_path, _config(tmp_path)) == 2
+    err = capsys.readouterr().err
+    ours = [line for line in err.splitlines() if line.startswith("sglang-mixgraph ab:")]
+    assert "Traceback" not in err and len(ours) == 1, err
+    assert ours[0].startswith(f"sglang-mixgraph ab: run directory {run_dir}: cannot write (")
+    assert ours[0].endswith(
+        ": No space left on device; finished cells are kept, free space and run the same "
+        "command to resume"
+    )
+    # the autouse fixture checks that the server it had started is gone
+
+
+# ---------------------------------------------------------------- the network
+
+
+def test_dry_run_lists_every_download(tmp_path, capsys):
+    config = _config(
+        tmp_path,
+        sweep=small_sweep("[1]").replace('"random-ids"', '"random"'),
+        gsm8k="enabled = true",
+        replace={"data_path = ": "# data_path = "},
+    )
+    assert _run(tmp_path, config, "--dry-run", "--model-path", "org/model") == 0
+    needs = [line for line in capsys.readouterr().out.splitlines() if "needs network" in line]
+    assert needs == [
+        "needs network: the GSM8K test set from raw.githubusercontent.com (SGLang's eval "
+        "downloads it) (to avoid it: [gsm8k] data_path or --gsm8k-data, a local test.jsonl)",
+        "needs network: ShareGPT from the Hugging Face hub (bench_serving's dataset 'random' "
+        "draws its prompts from it) (to avoid it: [sweep] dataset_path, a local ShareGPT JSON "
+        'file, or dataset = "random-ids")',
+        "needs network: the model 'org/model' from the Hugging Face hub (the server downloads "
+        "its weights, bench_serving its tokenizer) (to avoid it: [server] model_path, a local "
+        "directory)",
+    ]
+    # Given locally, nothing is fetched.
+    assert _run(tmp_path, _config(tmp_path, gsm8k="enabled = true"), "--dry-run") == 0
+    assert "needs network" not in capsys.readouterr().out
+
+
+def test_a_failed_download_names_the_setting_that_avoids_it(tmp_path, capsys, monkeypatch):
+    import huggingface_hub.constants
+
+    # bench_serving's `random` dataset downloads ShareGPT through huggingface_hub: offline and
+    # with an empty cache, the download fails as on a cluster without internet access.
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    config = _config(tmp_path, sweep=small_sweep("[1]").replace('"random-ids"', '"random"'))
+    assert _run(tmp_path, config) == 1
+    err = capsys.readouterr().err
+    summary = err.splitlines()[-2:]  # the closing summary: one line per failed cell
+    for arm, line in zip(("base", "split"), summary, strict=True):
+        (log,) = (tmp_path / "run").glob(f"cells/{arm}/*.log")
+        assert line == (
+            f"sglang-mixgraph ab: arm={arm} concurrency=1 repeat=1: failed: needs network: "
+            "ShareGPT from the Hugging Face hub (bench_serving's dataset 'random' draws its "
+            "prompts from it) failed; set [sweep] dataset_path, a local ShareGPT JSON file, "
+            f'or dataset = "random-ids" (log {log})'
+        )
+        assert "LocalEntryNotFoundError" in log.read_text()
