@@ -1,7 +1,8 @@
 """The layout: what the server runs imports neither `sglang_mixgraph.kits` nor
 `sglang_mixgraph.reference` (tests and benchmarks only), no module imports one that imports it
-back, and tests, benchmarks and tools get the kits as package modules: no `sys.path` edits, no
-benchmark importing a test module or the other way round."""
+back, every module imports only its own layer or a lower one (core < planner < patches < plugin
+and commands), and tests, benchmarks and tools get the kits as package modules: no `sys.path`
+edits, no benchmark importing a test module or the other way round."""
 
 from __future__ import annotations
 
@@ -148,6 +149,66 @@ def test_no_module_imports_one_that_imports_it_back():
     cycles = [c for c in map(cycle_from, sorted(graph)) if c is not None]
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
     assert "sglang_mixgraph.bcg_rules" in graph["sglang_mixgraph.patches.graph_config"]
+
+
+# The layers, lowest first: a module imports only modules of its own layer or a lower one, so
+# a server argument read by the CLI or a hook travels down to the patch and the planner as a
+# fact and nothing reaches back up. The first matching prefix places a module.
+LAYERS = (
+    ("core", ("core",)),  # pure logic, no SGLang
+    ("references", ("reference",)),  # what only tests and benchmarks run, on core at most
+    (
+        "foundation",  # what every layer above shares: flags, counters, the Patch machinery
+        ("__init__", "flags", "counters", "fallback", "upstream_attrs", "target_gpu", "registry"),
+    ),
+    ("planner", ("bcg_rules", "graph_plan", "prefill_settlement")),
+    ("patches", ("patches",)),
+    (
+        "plugin and commands",
+        ("plugin", "resolve", "presets", "dsa_surface", "upstream_guards", "cli", "ab", "kits"),
+    ),
+)
+
+
+def layer_of(name: str) -> int:
+    """The index in LAYERS of a package module (`sglang_mixgraph.x.y`); KeyError if none."""
+    rest = name.removeprefix("sglang_mixgraph").removeprefix(".") or "__init__"
+    for index, (_, prefixes) in enumerate(LAYERS):
+        if any(rest == p or rest.startswith(p + ".") for p in prefixes):
+            return index
+    raise KeyError(f"{name} is in no layer of LAYERS: place it")
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    return [
+        f"{name} ({LAYERS[layer_of(name)][0]}) imports {imported} ({LAYERS[layer_of(imported)][0]})"
+        for name, imports in sorted(graph.items())
+        for imported in sorted(imports)
+        if layer_of(imported) > layer_of(name)
+    ]
+
+
+def test_every_module_imports_only_its_own_layer_or_lower():
+    """core < planner < patches < plugin and commands, read statically from every import,
+    function-local ones included."""
+    paths = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    unplaced = []
+    for name in sorted(paths):
+        try:
+            layer_of(name)
+        except KeyError as e:
+            unplaced.append(str(e))
+    assert unplaced == []
+    graph = {name: _imports(path, set(paths)) for name, path in paths.items()}
+    assert layer_violations(graph) == []
+    # the check sees a function-local import that goes down (a patch's hook asks the planner)
+    assert "sglang_mixgraph.prefill_settlement" in graph["sglang_mixgraph.patches.graph_config"]
+    # and would name one that goes up, as the planner reading a patch once did
+    reaching_up = {"sglang_mixgraph.graph_plan": {"sglang_mixgraph.patches.live_width_indexer"}}
+    assert layer_violations(reaching_up) == [
+        "sglang_mixgraph.graph_plan (planner) imports "
+        "sglang_mixgraph.patches.live_width_indexer (patches)"
+    ]
 
 
 def test_attribute_names_on_upstream_objects_are_defined_once():

@@ -83,6 +83,10 @@ class Deployment:
     context_parallel: bool  # attention CP over more than one rank, or prefill CP
     hisparse: bool
     page_size: int = 1  # the KV page chunks end on (DeepSeek-V4: 256, set by its model override)
+    # Breakable captures run the c4 indexer's logits in an eager break (the live-width indexer
+    # acts), so the capture estimate leaves them out of the graph pool. Told by the caller: the
+    # planner reads no patch.
+    indexer_logits_eager: bool = False
 
     @property
     def chunked(self) -> bool:
@@ -100,7 +104,7 @@ def mega_moe_cap(server_args) -> int | None:
     return int(envs.SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK.get())
 
 
-def deployment(server_args) -> Deployment:
+def deployment(server_args, *, indexer_logits_eager: bool = False) -> Deployment:
     from sglang.srt.arg_groups.overrides import model_config_of, resolved_view, resolving_view
     from sglang.srt.configs.model_config import is_deepseek_v4
     from sglang.srt.runtime_context import attn_dp_enabled_of
@@ -132,6 +136,7 @@ def deployment(server_args) -> Deployment:
         or bool(getattr(cfg, "enable_prefill_cp", False)),
         hisparse=bool(getattr(cfg, "enable_hisparse", False)),
         page_size=max(1, int(cfg.page_size or 1)),
+        indexer_logits_eager=indexer_logits_eager,
     )
 
 
@@ -234,7 +239,7 @@ def derive_fitting_buckets(
     banded = derive_buckets(facts, upstream_max_bs, band=True)
     if banded == narrow:
         return narrow, ""
-    verdict = capture_estimate(server_args, banded, capture_chunk(facts, banded)).verdict
+    verdict = capture_estimate(server_args, facts, banded, capture_chunk(facts, banded)).verdict
     if verdict is not None and verdict.fits:
         return banded, ""
     return narrow, (
@@ -246,13 +251,14 @@ def derive_fitting_buckets(
 # --------------------------------------------------------------------------- capture estimate
 
 
-def model_shape(server_args, prefill_max_context: int | None = None) -> ModelShape:
+def model_shape(
+    server_args, facts: Deployment, prefill_max_context: int | None = None
+) -> ModelShape:
     """The capture-memory model's view of the model (core.capture_memory.ModelShape)."""
     from sglang.srt.arg_groups.overrides import model_config_of, resolving_view
     from sglang.srt.configs.model_config import is_deepseek_v4
 
     from sglang_mixgraph.core.capture_memory import SparseIndexerShape
-    from sglang_mixgraph.patches import live_width_indexer
 
     cfg = resolving_view(server_args)
     mc = model_config_of(server_args)
@@ -282,7 +288,7 @@ def model_shape(server_args, prefill_max_context: int | None = None) -> ModelSha
             swa_window=int(getattr(text, "sliding_window", 128) or 128),
             index_heads=int(getattr(text, "index_n_heads", 64) or 64),
             torch_logits=bool(envs.SGLANG_FP8_PAGED_MQA_LOGITS_TORCH.get()),
-            logits_eager=live_width_indexer.acts_in_captures(),
+            logits_eager=facts.indexer_logits_eager,
         )
     return ModelShape(hidden_size=hidden, hidden_multiplier=hc, sparse=sparse)
 
@@ -349,7 +355,7 @@ def capture_chunk(facts: Deployment, buckets) -> int:
     return facts.chunk_per_rank if facts.chunked else max(buckets)
 
 
-def capture_estimate(server_args, buckets, chunk_per_rank: int) -> CaptureReport:
+def capture_estimate(server_args, facts: Deployment, buckets, chunk_per_rank: int) -> CaptureReport:
     from sglang.srt.arg_groups.overrides import post_capture_kv_sizing_planned
 
     from sglang_mixgraph.core.capture_memory import (
@@ -358,7 +364,7 @@ def capture_estimate(server_args, buckets, chunk_per_rank: int) -> CaptureReport
         largest_fitting_prefix,
     )
 
-    shape = model_shape(server_args)
+    shape = model_shape(server_args, facts)
     est = estimate_capture_bytes(buckets, shape)
     budget = memory_for(server_args, chunk_per_rank)
     if budget is None:
@@ -600,7 +606,7 @@ def _bucket_list(server_args, facts: Deployment, buckets, top: int) -> BucketLis
     return BucketList(
         buckets=tuple(buckets),
         contains_top=top in buckets,
-        capture=capture_estimate(server_args, buckets, facts.chunk_per_rank),
+        capture=capture_estimate(server_args, facts, buckets, facts.chunk_per_rank),
         padding=padding_profile(buckets, lo=16, hi=max(top, max(buckets))),
     )
 
@@ -699,7 +705,9 @@ def graph_plan(resolution: Any) -> GraphPlan:
     record = recorded(server_args)
     with described_gpu(resolution.gpu.name):
         cfg = resolving_view(server_args)
-        facts = deployment(server_args)
+        facts = deployment(
+            server_args, indexer_logits_eager=getattr(resolution, "indexer_logits_eager", False)
+        )
         prefill = cfg.cuda_graph_config.prefill
         decode = cfg.cuda_graph_config.decode
         locked = locked_phase_keys(server_args)
@@ -733,7 +741,9 @@ def graph_plan(resolution: Any) -> GraphPlan:
                 buckets=tuple(decode.bs or ()),
             ),
             capture=(
-                capture_estimate(server_args, final, capture_chunk(facts, final)) if final else None
+                capture_estimate(server_args, facts, final, capture_chunk(facts, final))
+                if final
+                else None
             ),
             buckets=(
                 _bucket_lists(server_args, facts, record, plugin_loaded) if facts.chunked else None

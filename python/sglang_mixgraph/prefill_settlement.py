@@ -101,7 +101,7 @@ def _estimate_settles(server_args, cfg, facts, buckets: list[int]) -> RuleSettle
         return _upstream_rule_stands(
             "no prefill buckets", "disables (no prefill buckets to estimate)"
         )
-    report = capture_estimate(server_args, buckets, capture_chunk(facts, buckets))
+    report = capture_estimate(server_args, facts, buckets, capture_chunk(facts, buckets))
     verdict = report.verdict
     if verdict is None:
         return _upstream_rule_stands(UNKNOWN_BUDGET, "disables (estimate unavailable)")
@@ -148,8 +148,12 @@ def _estimate_settles(server_args, cfg, facts, buckets: list[int]) -> RuleSettle
     )
 
 
-def settle_prefill(server_args, record: GraphDecisions) -> PrefillSettlement:
+def settle_prefill(
+    server_args, record: GraphDecisions, *, indexer_logits_eager: bool = False
+) -> PrefillSettlement:
     """The planner's whole answer for one resolution with SGLANG_MIXGRAPH_PREFILL_BUCKETS=auto.
+    `indexer_logits_eager`: breakable captures run the c4 indexer's logits eagerly (the caller
+    knows whether the live-width indexer acts; the planner reads no patch).
 
     Raises GraphConfigError when the chunk cannot fit under the MegaMoE cap (`derive_buckets`).
     """
@@ -175,7 +179,7 @@ def settle_prefill(server_args, record: GraphDecisions) -> PrefillSettlement:
         )
     cfg = resolving_view(server_args)
     prefill = cfg.cuda_graph_config.prefill
-    facts = deployment(server_args)
+    facts = deployment(server_args, indexer_logits_eager=indexer_logits_eager)
     upstream = list(prefill.bs or [])
     derived, policy, fallback, note = _derived_buckets(server_args, cfg, facts, prefill.max_bs)
     applied = derived is not None and derived != upstream

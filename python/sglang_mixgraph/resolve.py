@@ -450,6 +450,9 @@ class Resolution:
     resolved: dict[str, Any]
     logs: list[logging.LogRecord] = field(default_factory=list)
     plugin: PluginLoad = field(default_factory=lambda: PluginLoad(True, "SGLang loads the plugin"))
+    # A fact of this process the planner is told (graph_plan.Deployment.indexer_logits_eager):
+    # the plugin is loaded and its live-width indexer acts in breakable captures.
+    indexer_logits_eager: bool = False
 
     def messages(self, logger_prefix: str = "") -> list[str]:
         return [r.getMessage() for r in self.logs if r.name.startswith(logger_prefix)]
@@ -498,8 +501,15 @@ def resolve(argv: list[str], gpu: str = DEFAULT_GPU) -> Resolution:
         for lg, level in zip(loggers, previous_levels, strict=False):
             lg.removeHandler(collector)
             lg.setLevel(level)
+    from sglang_mixgraph.patches import live_width_indexer
+
     return Resolution(
-        gpu=spec, server_args=server_args, resolved=resolved, logs=collector.records, plugin=plugin
+        gpu=spec,
+        server_args=server_args,
+        resolved=resolved,
+        logs=collector.records,
+        plugin=plugin,
+        indexer_logits_eager=plugin.loaded and live_width_indexer.acts_in_captures(),
     )
 
 

@@ -212,13 +212,16 @@ def _validate_around(original, server_args, **kwargs):
     """AROUND the MegaMoE token-budget check: upstream's check, then the planner's one answer
     (`prefill_settlement.settle_prefill`) applied and logged."""
     from sglang_mixgraph.graph_plan import GraphConfigError
+    from sglang_mixgraph.patches import live_width_indexer
     from sglang_mixgraph.prefill_settlement import settle_prefill
 
     original(server_args, **kwargs)
     if not _auto():  # the patch is off: upstream behaviour only (installed for a test process)
         return
     record = decisions_for(server_args)
-    settled = settle_prefill(server_args, record)
+    settled = settle_prefill(
+        server_args, record, indexer_logits_eager=live_width_indexer.acts_in_captures()
+    )
     if settled.out_of_scope is None:
         record.upstream_max_bs = settled.upstream_max_bs
     record.bucket_policy = settled.bucket_policy
