@@ -89,6 +89,7 @@ class PhaseRecord:
     counters_by_pid: dict = field(default_factory=dict)  # each process's last counter line
     logits_gather_rows: list[int] = field(default_factory=list)  # DP logits gather buffer rows
     max_running: int = 0  # the Engine's max_running_requests (all ranks)
+    probe: dict = field(default_factory=dict)  # GLM-5 phases: e2e_glm5.read_probe of the phase
 
     @property
     def is_baseline(self) -> bool:

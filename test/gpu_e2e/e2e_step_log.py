@@ -16,7 +16,8 @@ count; the mixed split records its own in ``ForwardBatch.init_new`` (boundary.py
 
 Under attention data parallelism a line also names the rank (``dp_rank``, upstream's
 ``get_parallel().attn_dp_rank``) and every rank's tokens of the step as the scheduler synced them
-(``global_tokens``, ``ForwardBatch.global_num_tokens_cpu``).
+(``global_tokens``, ``ForwardBatch.global_num_tokens_cpu``). A probe in ``PROBES`` adds its own
+fields to each line (the GLM-5 phases' split-op counts).
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ import sys
 import time
 
 from sglang_mixgraph.kits import gpu_machine
+
+# Objects asked around every forward: ``begin(model_runner)`` before it, ``end(model_runner)``
+# after it returns fields for the step's line (the GLM-5 probe, e2e_glm5_probe.py, adds one).
+PROBES: list = []
 
 
 def mixed_shape(forward_batch) -> dict:
@@ -58,11 +63,15 @@ def _wrap_forward(model_runner_module) -> None:
             shape.update(gpu_machine.dp_step_fields(forward_batch))
         except Exception as e:  # a log line must never break a step; the checks see no shape
             shape = {"shape_error": repr(e)}
+        for probe in PROBES:
+            probe.begin(self)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         out = forward(self, forward_batch, *args, **kwargs)
         torch.cuda.synchronize()
         ms = (time.perf_counter() - t0) * 1e3
+        for probe in PROBES:
+            shape.update(probe.end(self))
         try:
             rec = {
                 "mode": getattr(mode, "name", str(mode)),

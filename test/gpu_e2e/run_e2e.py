@@ -15,7 +15,9 @@ in e2e_checks.py; ``adaptive`` is checked against the cost model (sm90 coefficie
 model's top-k and compress ratios) at the shapes the step log recorded. The exit status is 1
 when a check fails. ``--workload pressure`` runs the phases against a small KV pool with client
 aborts (e2e_workload.py); the pool log (e2e_pool_log.py) then has to show retractions and
-evictions. ``--dp N --workload dp`` runs every phase with attention data parallelism over N GPUs
+evictions. ``--model glm5`` runs the tiny GLM-5 instead, with the phases and checks of
+e2e_glm5.py (graph mode x ``drop_empty_segments``, the probe e2e_glm5_probe.py in every process;
+``glm5-eager`` is the baseline) and writes ``e2e_tiny_glm5.log``. ``--dp N --workload dp`` runs every phase with attention data parallelism over N GPUs
 and adds per-rank checks (e2e_checks.py). Writes ``e2e_tiny_dsv4.log``, ``e2e_results.json`` and ``phase_logs.tgz`` to
 ``$OUT`` (or ``--out``).
 """
@@ -37,6 +39,7 @@ from dataclasses import asdict
 from importlib import metadata
 
 import e2e_checks as C
+import e2e_glm5 as G
 import e2e_phases as P
 import e2e_pool_log as PL
 import e2e_workload as W
@@ -53,6 +56,7 @@ _STANDINS = gpu_machine.engine_standins()
 STANDIN_MARK, STUB_MARK = _STANDINS.STANDIN_MARK, _STANDINS.STUB_MARK
 
 COUNTER_INTERVAL_S = "0.5"
+MODELS = {"dsv4": "DeepSeek-V4", "glm5": "GLM-5"}
 PHASE_SCRIPT = os.path.join(HERE, "e2e_phase.py")  # the CPU test of this driver swaps it
 
 
@@ -115,7 +119,9 @@ def _phase_env(phase, off_values, radix, steps_dir, workload, dp=1, kernels="sta
     env.update(W.engine_env(workload))
     env.update(phase.env(off_values, radix=radix, kernels=kernels))
     env["PYTHONPATH"] = os.pathsep.join([PYTHON_DIR, ENGINE_DIR, HERE, env.get("PYTHONPATH", "")])
-    env["MIXGRAPH_E2E_STARTUP"] = "e2e_step_log,e2e_pool_log"
+    # GLM-5 phases add their probe (split-op runs, breakable segments, guards in the scheduler).
+    probe = ",e2e_glm5_probe" if isinstance(phase, G.Glm5Phase) else ""
+    env["MIXGRAPH_E2E_STARTUP"] = "e2e_step_log,e2e_pool_log" + probe
     env["MIXGRAPH_E2E_STEP_LOG"] = steps_dir
     env["SGLANG_MIXGRAPH_COUNTERS_LOG_INTERVAL"] = COUNTER_INTERVAL_S
     env["PYTHONUNBUFFERED"] = "1"
@@ -211,6 +217,8 @@ def collect(phase, work, logs, seconds, timed_out, workload="full", dp=1) -> dic
     for fn in sorted(os.listdir(os.path.join(d, "steps"))):
         with open(os.path.join(d, "steps", fn)) as f:
             lines = [json.loads(line) for line in f if line.strip()]
+        if fn.startswith((G.CAPTURES_PREFIX, G.GUARDS_PREFIX)):
+            continue  # the GLM-5 probe's files: read_probe below
         if fn.startswith(PL.FILE_PREFIX):
             pool_events.extend(lines)
         else:  # steps_<pid>.jsonl: the process (a DP rank's scheduler) each step ran in
@@ -262,6 +270,7 @@ def collect(phase, work, logs, seconds, timed_out, workload="full", dp=1) -> dic
         finish_reasons=out.get("finish_reasons", {}),
         pool=PL.summarize(pool_events),
         pool_pressure=workload == W.PRESSURE,
+        probe=G.read_probe(os.path.join(d, "steps")),
     )
     return {
         "record": record,
@@ -309,7 +318,18 @@ def step_times(steps):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("phases", nargs="*", help="e.g. eager-off bcg-always-rd (default: the eleven)")
+    ap.add_argument(
+        "phases",
+        nargs="*",
+        help="e.g. eager-off bcg-always-rd (default: the eleven); glm5-bcg-des with --model glm5",
+    )
+    ap.add_argument(
+        "--model",
+        choices=MODELS,
+        default="dsv4",
+        help="dsv4: the tiny DeepSeek-V4 and the split's phases; glm5: the tiny GLM-5 and its "
+        "graph x drop_empty_segments phases (e2e_glm5.py)",
+    )
     ap.add_argument("--out", default=os.environ.get("OUT") or "/tmp/mixgraph_e2e_out")
     ap.add_argument("--work", default="/tmp/mixgraph_e2e")
     ap.add_argument(
@@ -352,25 +372,33 @@ def main() -> int:
     logs = os.path.join(args.work, "logs")
     os.makedirs(logs)
     os.makedirs(os.path.join(args.work, "model"))
-    shutil.copy(
-        os.path.join(HERE, "tiny_dsv4_config.json"), os.path.join(args.work, "model", "config.json")
-    )
-    log = Log(os.path.join(args.out, "e2e_tiny_dsv4.log"))
-    log(f"e2e tiny DeepSeek-V4, {time.strftime('%Y-%m-%d %H:%M:%S %Z')} {args.label}")
+    glm5 = args.model == "glm5"
+    config_path = str(G.TINY_CONFIG) if glm5 else os.path.join(HERE, "tiny_dsv4_config.json")
+    shutil.copy(config_path, os.path.join(args.work, "model", "config.json"))
+    log = Log(os.path.join(args.out, f"e2e_tiny_{args.model}.log"))
+    log(f"e2e tiny {MODELS[args.model]}, {time.strftime('%Y-%m-%d %H:%M:%S %Z')} {args.label}")
     import sglang_mixgraph
 
     log(f"plugin under test: {os.path.dirname(sglang_mixgraph.__file__)}")
     versions = stack(log)
-    phases = P.parse(args.phases)
+    try:
+        phases = G.parse(args.phases) if glm5 else P.parse(args.phases)
+    except ValueError as e:
+        ap.error(str(e))
     why = gpu_machine.plugin_not_found()
     if why:
         ap.error(why)
     off_values = patch_flag_off_values()
     if args.dp < 1:
         ap.error(f"--dp {args.dp}: at least 1")
+    if glm5 and (args.dp != 1 or args.kernels != "standin"):
+        ap.error(
+            "--model glm5 runs on one GPU with the stand-in kernels (--dp 1 --kernels standin)"
+        )
     segs = W.build(chunk=P.CHUNK, workload=args.workload, dp=args.dp)
-    with open(os.path.join(HERE, "tiny_dsv4_config.json")) as f:
-        policy = C.AdaptivePolicy.for_model(json.load(f))
+    with open(config_path) as f:
+        config = json.load(f)
+    policy = None if glm5 else C.AdaptivePolicy.for_model(config)
     # The workload's own arguments (the pressure workload's pool), then the command line's.
     override = dict(W.engine_overrides(args.workload), **json.loads(args.engine_override))
     log(
@@ -379,14 +407,22 @@ def main() -> int:
         f"{[(s.name, len(s.first), len(s.then)) for s in segs]}, peak {W.peak_tokens(segs)} tokens"
     )
     log(f"kernel selection {args.kernels}: {json.dumps(gpu_machine.KERNEL_ENV[args.kernels])}")
-    log(
-        f"patch flags at their off value except the split's (and in -rd phases "
-        f"{json.dumps(P.READ_DONE_ENV)}): {json.dumps(off_values)}"
+    switched = (
+        "drop_empty_segments' (on in -des phases)"
+        if glm5
+        else f"the split's (and in -rd phases {json.dumps(P.READ_DONE_ENV)})"
     )
-    log(
-        f"adaptive checked against the cost model {policy.coeffs.arch} (margin "
-        f"{policy.coeffs.margin}), top-k {policy.topk}, ratios {sorted(policy.ratios)}"
-    )
+    log(f"patch flags at their off value except {switched}: {json.dumps(off_values)}")
+    if glm5:
+        log(
+            f"GLM-5: {config['num_hidden_layers']} layers, {G.indexer_layers(config)} with the DSA "
+            f"indexer (top-{config['index_topk']}); kit kernels {json.dumps(gpu_machine.GLM5_ENV)}"
+        )
+    else:
+        log(
+            f"adaptive checked against the cost model {policy.coeffs.arch} (margin "
+            f"{policy.coeffs.margin}), top-k {policy.topk}, ratios {sorted(policy.ratios)}"
+        )
     example = dict(
         phases[0].engine_kwargs(
             "<model>", radix=args.radix != "off", slot=0, dp=args.dp, kernels=args.kernels
@@ -434,6 +470,7 @@ def main() -> int:
 
     checks = []
     report = {
+        "model": args.model,
         "stack": versions,
         "label": args.label,
         "kernels": args.kernels,
@@ -443,8 +480,12 @@ def main() -> int:
     for phase in phases:
         r = results[phase.name]
         rec = r["record"]
-        base = None if phase.is_baseline else results.get(phase.baseline, {}).get("record")
-        phase_checks = C.check_phase(rec, base, policy)
+        if glm5:
+            records = {n: res["record"] for n, res in results.items()}
+            phase_checks = G.check_phase(rec, phase, records, G.indexer_layers(config))
+        else:
+            base = None if phase.is_baseline else results.get(phase.baseline, {}).get("record")
+            phase_checks = C.check_phase(rec, base, policy)
         checks += phase_checks
         log(f"\n--- {phase.name} ({r['wall_s']}s; {r['timings']})")
         for line in C.summarize(rec):
@@ -477,6 +518,7 @@ def main() -> int:
             "outputs": rec.outputs,
             "expected_lens": rec.expected_lens,
             "steps": rec.steps,
+            "probe": rec.probe,
         }
     distinct = {
         n: len({tuple(v) for v in r["record"].outputs.values()}) for n, r in results.items()

@@ -81,6 +81,9 @@ GLM5_ENV = {
     "SGLANG_DSA_FUSE_TOPK": "0",
     "SGLANG_OPT_USE_TOPK_V2": "0",
     "SGLANG_ENABLE_JIT_DEEPGEMM": "0",  # the tiny model is bf16: no FP8 GEMM should want it
+    # Eager extends up to this many keys would run dense MHA (``set_dsa_prefill_impl``: FA3 and
+    # sgl_kernel.concat_mla_k) where a graph replay runs MLA; 0 keeps every prefill on MLA.
+    "SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD": "0",
 }
 # Engine arguments of GLM-5 there: upstream's torch top-k; FlashMLA's sparse kernel (the
 # sgl_flash_mla wheel loads on the machine's torch) for prefill and decode, since on SM90 with a

@@ -80,15 +80,19 @@ def moe_sum_reduce(input, output, routed_scaling_factor=1.0):
     output.copy_(total.to(output.dtype))
 
 
-def rmsnorm(input, weight, eps=1e-6, out=None, enable_pdl=None):
-    """``input / rms(input) * weight`` over the last axis, computed in fp32."""
+def _rmsnorm_torch(input, weight, eps):
     import torch
 
-    _first_use("sgl_kernel.rmsnorm -> torch")
     x = input.float()
-    y = (x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * weight.float()).to(
+    return (x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * weight.float()).to(
         input.dtype
     )
+
+
+def rmsnorm(input, weight, eps=1e-6, out=None, enable_pdl=None):
+    """``input / rms(input) * weight`` over the last axis, computed in fp32."""
+    _first_use("sgl_kernel.rmsnorm -> torch")
+    y = _rmsnorm_torch(input, weight, eps)
     if out is None:
         return y
     out.copy_(y)
@@ -102,7 +106,7 @@ def fused_add_rmsnorm(input, residual, weight, eps=1e-6, enable_pdl=None):
     _first_use("sgl_kernel.fused_add_rmsnorm -> torch")
     total = input.float() + residual.float()
     residual.copy_(total.to(residual.dtype))
-    input.copy_(rmsnorm(residual, weight, eps))
+    input.copy_(_rmsnorm_torch(residual, weight, eps))
 
 
 def _faithful() -> bool:
