@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from ab_kit import Recorder, pids_alive, small_sweep, standin_config, write_gsm8k
+from ab_kit import STANDIN, Recorder, pids_alive, small_sweep, standin_config, write_gsm8k
 
 from sglang_mixgraph.ab import cli as ab_cli
 from sglang_mixgraph.ab import rundir, runner
@@ -255,7 +255,7 @@ def test_another_configuration_is_refused_and_force_new_moves_the_run_aside(tmp_
     pids = (tmp_path / "pids").read_text()
     # Adding a load point keeps every finished cell: the same directory goes on.
     assert _run(tmp_path, first, "--concurrencies", "1,2", "--dry-run") == 0
-    capsys.readouterr()
+    assert f"configuration {old_digest} -> " in capsys.readouterr().err
 
     other = _config(tmp_path, sweep=small_sweep("[1]").replace("input_len = 8", "input_len = 9"))
     recorder = Recorder()
@@ -374,3 +374,17 @@ def test_a_failed_download_names_the_setting_that_avoids_it(tmp_path, capsys, mo
             f'or dataset = "random-ids" (log {log})'
         )
         assert "LocalEntryNotFoundError" in log.read_text()
+
+
+def test_the_closing_summary_names_each_failed_cell_and_its_log(tmp_path, capsys):
+    crash = f'command = ["{sys.executable}", "-c", "print(1234); raise SystemExit(7)"]'
+    config = _config(tmp_path, replace={f'command = ["{sys.executable}", "{STANDIN}"]': crash})
+    assert _run(tmp_path, config) == 1
+    summary = capsys.readouterr().err.splitlines()[-2:]
+    for arm, line in zip(("base", "split"), summary, strict=True):
+        log = tmp_path / "run" / "servers" / f"{arm}_1.log"
+        assert line == (
+            f"sglang-mixgraph ab: arm={arm} concurrency=1 repeat=1: failed: no server: arm "
+            f"{arm!r}: the server exited with code 7 during startup; log {log}"
+        )
+        assert "1234" in log.read_text()

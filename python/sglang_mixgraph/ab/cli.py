@@ -336,6 +336,13 @@ def cmd_run(args: argparse.Namespace, invoker: Any = None) -> int:
         return EXIT_USAGE
     for note in arms.attached_env_note(config):
         print(f"sglang-mixgraph ab: note: {note}", file=sys.stderr)
+    earlier = rundir.recorded_digest(run_dir) if run_dir.is_dir() else None
+    if earlier not in (None, digest) and not args.force_new:
+        print(
+            f"sglang-mixgraph ab: note: run directory {run_dir}: configuration {earlier} -> "
+            f"{digest}, which keeps every cell it finished",
+            file=sys.stderr,
+        )
     fetches = network.fetches(config, accuracy_only=args.accuracy_only)
     if args.dry_run:
         return _dry_run(config, run_dir, visits, args, digest, fetches)

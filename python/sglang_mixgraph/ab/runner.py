@@ -358,6 +358,12 @@ def _run_cell(
     return None, summary
 
 
+def _headline(message: str) -> str:
+    """A server error whose first line, the summary's, ends with its log, not 'last lines:'."""
+    first, newline, rest = message.partition("\n")
+    return first.removesuffix(", last lines:") + newline + rest
+
+
 def _log_end(log: Path) -> str:
     """The end of a cell's log: its last try, where a failed download shows."""
     try:
@@ -531,7 +537,7 @@ class _VisitState:
                 srv = servers.launch(self.config, arm, server_log, on_wait=starting.tick)
         except servers.ServerError as e:
             # It will not start on the next visit either; its cells fail, the rest run.
-            self.broken_arms[arm.name] = f"no server: {str(e).splitlines()[0]}"
+            self.broken_arms[arm.name] = f"no server: {_headline(str(e)).splitlines()[0]}"
             self.outcome.errors.append(str(e))
             progress.out(str(e))
             for cell in todo:
@@ -549,7 +555,7 @@ class _VisitState:
                         self.config, run_dir, cell, srv, self.invoker, heartbeat
                     )
                 except servers.ServerError as e:
-                    self._fail(cell, str(e), warm=warm)
+                    self._fail(cell, _headline(str(e)), warm=warm)
                     break  # the visit is over; the next one starts a fresh server
                 if error:
                     self._fail(cell, error, warm=warm)
