@@ -338,8 +338,8 @@ def test_dry_run_prints_the_plan_with_attached_arms(tmp_path, capsys):
     expected = shlex.join([
         sys.executable, "-m", "sglang.benchmark.serving", "--backend", "sglang", "--base-url",
         "http://h:1", "--dataset-name", "random", "--random-input-len", "2048",
-        "--random-output-len", "1024", "--random-range-ratio", "1.0", "--num-prompts", "1024",
-        "--max-concurrency", "256", "--warmup-requests", "64", "--seed", "42", "--output-file",
+        "--random-output-len", "1024", "--random-range-ratio", "1.0", "--num-prompts", "1536",
+        "--max-concurrency", "256", "--warmup-requests", "512", "--seed", "42", "--output-file",
         str(run_dir / cell.stem) + ".jsonl", "--disable-tqdm", "--flush-cache",
     ])  # fmt: skip
     assert f"  arm=split concurrency=256 repeat=1: {expected}" in lines
@@ -652,8 +652,12 @@ def test_flags_only_mistakes_are_one_line_errors(argv, message, capsys):
 
 
 def with_prefix(server_prefix=None, **arm_prefixes) -> dict:
-    """The example, with a [server] launch_prefix and per-arm ones (name=prefix)."""
+    """The example as it was when launch prefixes came (its counts then: the keys below were
+    recorded with them), with a [server] launch_prefix and per-arm ones (name=prefix)."""
     raw = raw_with(gate=[])
+    sweep = {k: v for k, v in raw["sweep"].items() if k != "warmup_per_concurrency"}
+    raw["sweep"] = {**sweep, "prompts_per_concurrency": 4, "min_prompts": 256}
+    raw["sweep"]["warmup_requests"] = 64
     if server_prefix is not None:
         raw["server"]["launch_prefix"] = server_prefix
     for arm in raw["arm"]:
@@ -720,7 +724,7 @@ def test_bad_launch_prefixes_are_one_line_errors(raw, message):
 
 
 def test_cell_keys_without_a_prefix_are_unchanged_and_a_prefix_changes_them():
-    config = parse_config(read_toml(EXAMPLE))
+    config = parse_config(with_prefix())
     split = config.arm("split")
     # The keys of the example as they were before launch prefixes existed: runs without a
     # prefix resume their finished cells.
