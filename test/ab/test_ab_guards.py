@@ -388,3 +388,45 @@ def test_the_closing_summary_names_each_failed_cell_and_its_log(tmp_path, capsys
             f"{arm!r}: the server exited with code 7 during startup; log {log}"
         )
         assert "1234" in log.read_text()
+
+
+@pytest.mark.parametrize(
+    ("kind", "log", "avoid"),
+    [
+        (
+            "gsm8k",
+            "requests.exceptions.ConnectionError: HTTPSConnectionPool(host="
+            "'raw.githubusercontent.com', port=443): Max retries exceeded",
+            "[gsm8k] data_path or --gsm8k-data, a local test.jsonl",
+        ),
+        (
+            "bench",
+            '  File ".../sglang/benchmark/datasets/random.py", in sample_random_requests\n'
+            "    repo_id=SHAREGPT_REPO_ID,\n"
+            "huggingface_hub.errors.LocalEntryNotFoundError: An error happened",
+            '[sweep] dataset_path, a local ShareGPT JSON file, or dataset = "random-ids"',
+        ),
+        (
+            "bench",
+            "OSError: We couldn't connect to 'https://huggingface.co' to load the files of "
+            "org/model (its tokenizer)",
+            "[server] model_path, a local directory",
+        ),
+        ("bench", "aiohttp.ClientConnectorError: Connection refused (127.0.0.1:30000)", None),
+    ],
+    ids=["gsm8k data", "sharegpt", "tokenizer", "local server"],
+)
+def test_which_download_failed_is_read_from_the_log(tmp_path, kind, log, avoid):
+    from sglang_mixgraph.ab.config import parse_config, read_toml
+    from sglang_mixgraph.ab.network import failed_fetch
+
+    config_path = _config(
+        tmp_path,
+        sweep=small_sweep("[1]").replace('"random-ids"', '"random"'),
+        gsm8k="enabled = true",
+        replace={"data_path = ": "# data_path = "},
+    )
+    raw = read_toml(config_path)
+    raw["server"]["model_path"] = "org/model"
+    fetch = failed_fetch(parse_config(raw), kind, log)
+    assert (fetch and fetch.avoid) == avoid
