@@ -59,6 +59,8 @@ def test_sglang_loads_it_as_glm5_with_the_shapes_the_script_says(model_dir):
     assert {k: getattr(hf, k) for k in attention} == {k: GLM5[k] for k in attention}
     assert (hf.num_hidden_layers, hf.first_k_dense_replace) == (4, 1)
     assert (hf.n_routed_experts, hf.num_experts_per_tok, hf.moe_intermediate_size) == (8, 2, 256)
+    # read as plain attributes by SGLang's DeepSeek-V2 MoE; transformers' GLM-5 config has none
+    assert (hf.topk_method, hf.scoring_func, hf.moe_layer_freq) == ("noaux_tc", "sigmoid", 1)
     assert getattr(hf, "quantization_config", None) is None
     assert hf.num_nextn_predict_layers == 0
     assert not any(dsa_layer_skips_topk(hf, i) for i in range(4))  # every layer has an indexer

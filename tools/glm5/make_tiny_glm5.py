@@ -10,7 +10,8 @@ as the end-to-end harness and the step timing run it), so no tokenizer is writte
 Every attention field comes from the GLM-5-shaped config.json this repository ships
 (python/sglang_mixgraph/data/glm5/config.json): hidden 6144, 64 heads, MLA with q/kv LoRA
 2048/512, DSA indexer 32 heads of 128 with top-2048. The MoE shrinks to 8 routed experts (top-2)
-of width 256 plus one shared expert, the first layer stays dense (width 256), and the
+of width 256 plus one shared expert (sigmoid scores with a correction bias, the routing fields
+SGLang reads but the embedded config leaves out), the first layer stays dense (width 256), and the
 quantization block, the MTP layer and all but the first N layers go (bf16, N = 4 by default;
 the step timing uses ``--layers 78``). Standard library only: runs on a bare GPU machine.
 """
@@ -65,6 +66,11 @@ TINY_MOE = {
     "first_k_dense_replace": 1,
 }
 
+# Routing fields SGLang's DeepSeek-V2 model (which serves GLM-5) reads as plain attributes
+# (``DeepseekV2MoE``, ``_is_layer_sparse``) and transformers' GLM-5 config has no default for:
+# DeepSeek-V3's sigmoid scores with a correction bias, every layer after the dense ones a MoE.
+ROUTING = {"topk_method": "noaux_tc", "scoring_func": "sigmoid", "moe_layer_freq": 1}
+
 OTHER = {"num_nextn_predict_layers": 0, "torch_dtype": "bfloat16"}
 
 DEFAULT_LAYERS = 4
@@ -79,7 +85,7 @@ def tiny_config(layers: int = DEFAULT_LAYERS) -> dict:
     if missing:
         raise ValueError(f"{GLM5_CONFIG} lacks {missing}")
     cfg = {k: glm5[k] for k in ATTENTION_FIELDS}
-    cfg.update(TINY_MOE, num_hidden_layers=layers, **OTHER)
+    cfg.update(TINY_MOE, num_hidden_layers=layers, **ROUTING, **OTHER)
     return cfg
 
 
