@@ -60,9 +60,22 @@ def out_of_scope(server_args) -> str | None:
 
 
 @dataclass(frozen=True)
+class MemoryFacts:
+    """What the capture budget reads of a deployment besides its sizes (`memory_for`)."""
+
+    device: str
+    pp_size: int
+    decode_graph_on: bool
+    decode_max_bs: int
+    prefill_node: bool  # a PD prefill node: no decode graph reserve
+    kv_sized_after_capture: bool  # capture memory then comes out of the KV pool
+
+
+@dataclass(frozen=True)
 class Deployment:
     """What the derivation, the estimate, the validations and the patches' `explain` read of
-    one deployment."""
+    one deployment: read once from the resolving server arguments (`deployment`), so the rest
+    of the planner takes these facts, not the arguments."""
 
     architectures: tuple[str, ...]
     tp_size: int
@@ -82,11 +95,11 @@ class Deployment:
     speculative_algorithm: str | None
     context_parallel: bool  # attention CP over more than one rank, or prefill CP
     hisparse: bool
-    page_size: int = 1  # the KV page chunks end on (DeepSeek-V4: 256, set by its model override)
-    # Breakable captures run the c4 indexer's logits in an eager break (the live-width indexer
-    # acts), so the capture estimate leaves them out of the graph pool. Told by the caller: the
-    # planner reads no patch.
-    indexer_logits_eager: bool = False
+    page_size: int  # the KV page chunks end on (DeepSeek-V4: 256, set by its model override)
+    shape: ModelShape  # the capture-memory model's view of the model
+    memory: MemoryFacts
+    dp_lm_head: bool
+    draft_tokens: int  # sampling rows per running request (1 without speculative decoding)
 
     @property
     def chunked(self) -> bool:
@@ -105,8 +118,17 @@ def mega_moe_cap(server_args) -> int | None:
 
 
 def deployment(server_args, *, indexer_logits_eager: bool = False) -> Deployment:
-    from sglang.srt.arg_groups.overrides import model_config_of, resolved_view, resolving_view
+    """The facts of the resolving deployment. `indexer_logits_eager`: breakable captures run
+    the c4 indexer's logits in an eager break (the live-width indexer acts), so the estimate
+    leaves them out of the graph pool; the caller says so, the planner reads no patch."""
+    from sglang.srt.arg_groups.overrides import (
+        model_config_of,
+        post_capture_kv_sizing_planned,
+        resolved_view,
+        resolving_view,
+    )
     from sglang.srt.configs.model_config import is_deepseek_v4
+    from sglang.srt.model_executor.cuda_graph_config import Backend
     from sglang.srt.runtime_context import attn_dp_enabled_of
 
     cfg = resolving_view(server_args)
@@ -114,6 +136,7 @@ def deployment(server_args, *, indexer_logits_eager: bool = False) -> Deployment
     dp_attention = bool(attn_dp_enabled_of(resolved_view(server_args)))
     attn_dp = cfg.attn_dp_size if dp_attention else 1
     mrr = cfg.max_running_requests
+    decode = cfg.cuda_graph_config.decode
     return Deployment(
         architectures=tuple(getattr(hf, "architectures", None) or ()),
         tp_size=cfg.tp_size,
@@ -136,7 +159,19 @@ def deployment(server_args, *, indexer_logits_eager: bool = False) -> Deployment
         or bool(getattr(cfg, "enable_prefill_cp", False)),
         hisparse=bool(getattr(cfg, "enable_hisparse", False)),
         page_size=max(1, int(cfg.page_size or 1)),
-        indexer_logits_eager=indexer_logits_eager,
+        shape=_model_shape(server_args, indexer_logits_eager),
+        memory=MemoryFacts(
+            device=cfg.device,
+            pp_size=cfg.pp_size,
+            decode_graph_on=decode.backend != Backend.DISABLED,
+            decode_max_bs=decode.max_bs or 0,
+            prefill_node=cfg.disaggregation_mode == "prefill",
+            kv_sized_after_capture=bool(post_capture_kv_sizing_planned(server_args)),
+        ),
+        dp_lm_head=bool(cfg.enable_dp_lm_head),
+        draft_tokens=max(
+            int(cfg.speculative_num_draft_tokens or 0), int(cfg.speculative_eagle_topk or 0), 1
+        ),
     )
 
 
@@ -224,9 +259,7 @@ def derive_buckets(
     )
 
 
-def derive_fitting_buckets(
-    server_args, facts: Deployment, upstream_max_bs: int | None
-) -> tuple[list[int], str]:
+def derive_fitting_buckets(facts: Deployment, upstream_max_bs: int | None) -> tuple[list[int], str]:
     """The derived list with the mixed band where it is safe, and a note when it was left out.
 
     The band only for DeepSeek-V4, whose capture the estimate models (each band bucket pins
@@ -239,7 +272,7 @@ def derive_fitting_buckets(
     banded = derive_buckets(facts, upstream_max_bs, band=True)
     if banded == narrow:
         return narrow, ""
-    verdict = capture_estimate(server_args, facts, banded, capture_chunk(facts, banded)).verdict
+    verdict = capture_estimate(facts, banded, capture_chunk(facts, banded)).verdict
     if verdict is not None and verdict.fits:
         return banded, ""
     return narrow, (
@@ -251,9 +284,7 @@ def derive_fitting_buckets(
 # --------------------------------------------------------------------------- capture estimate
 
 
-def model_shape(
-    server_args, facts: Deployment, prefill_max_context: int | None = None
-) -> ModelShape:
+def _model_shape(server_args, indexer_logits_eager: bool) -> ModelShape:
     """The capture-memory model's view of the model (core.capture_memory.ModelShape)."""
     from sglang.srt.arg_groups.overrides import model_config_of, resolving_view
     from sglang.srt.configs.model_config import is_deepseek_v4
@@ -269,11 +300,7 @@ def model_shape(
     sparse = None
     if is_deepseek_v4(hf):
         page = int(cfg.page_size or 256)
-        requested = (
-            prefill_max_context
-            if prefill_max_context is not None
-            else cfg.cuda_graph_config.prefill.max_context_size
-        )
+        requested = cfg.cuda_graph_config.prefill.max_context_size
         if requested:
             # page-aligned as `cuda_graph_hook._resolve_max_context_size` does
             width = -(-int(requested) // page) * page
@@ -288,44 +315,39 @@ def model_shape(
             swa_window=int(getattr(text, "sliding_window", 128) or 128),
             index_heads=int(getattr(text, "index_n_heads", 64) or 64),
             torch_logits=bool(envs.SGLANG_FP8_PAGED_MQA_LOGITS_TORCH.get()),
-            logits_eager=facts.indexer_logits_eager,
+            logits_eager=indexer_logits_eager,
         )
     return ModelShape(hidden_size=hidden, hidden_multiplier=hc, sparse=sparse)
 
 
-def memory_for(server_args, chunk_per_rank: int) -> MemoryBudget | None:
-    """core.capture_memory.MemoryBudget from the resolved memory settings."""
-    from sglang.srt.arg_groups.overrides import resolved_view, resolving_view
-    from sglang.srt.model_executor.cuda_graph_config import Backend
-    from sglang.srt.runtime_context import attn_dp_enabled_of
+def memory_for(facts: Deployment, chunk_per_rank: int) -> MemoryBudget | None:
+    """core.capture_memory.MemoryBudget from the deployment's memory settings and its GPU."""
     from sglang.srt.utils.common import get_device_memory_capacity
 
     from sglang_mixgraph.core.capture_memory import MiB, decode_graph_reserve_bytes, memory_budget
 
-    cfg = resolving_view(server_args)
-    gpu_mib = get_device_memory_capacity(cfg.device)
-    if not gpu_mib or cfg.mem_fraction_static is None:
+    mem = facts.memory
+    gpu_mib = get_device_memory_capacity(mem.device)
+    if not gpu_mib or facts.mem_fraction_static is None:
         return None
-    decode = cfg.cuda_graph_config.decode
-    decode_on = decode.backend != Backend.DISABLED
-    prefill_node = cfg.disaggregation_mode == "prefill"
-    a2a = resolved_view(server_args).moe_a2a_backend
     return memory_budget(
         total_bytes=int(gpu_mib * MiB),
-        mem_fraction_static=float(cfg.mem_fraction_static),
+        mem_fraction_static=float(facts.mem_fraction_static),
         chunk_per_rank=chunk_per_rank,
-        tp_size=cfg.tp_size,
-        pp_size=cfg.pp_size,
+        tp_size=facts.tp_size,
+        pp_size=mem.pp_size,
         decode_reserve_bytes=decode_graph_reserve_bytes(
-            decode_max_bs=decode.max_bs or 0,
-            decode_graph_on=decode_on,
-            attn_dp_enabled=bool(attn_dp_enabled_of(resolved_view(server_args))),
-            attn_dp_size=cfg.attn_dp_size,
-            prefill_node=prefill_node,
+            decode_max_bs=mem.decode_max_bs,
+            decode_graph_on=mem.decode_graph_on,
+            attn_dp_enabled=facts.dp_attention,
+            attn_dp_size=facts.attn_dp_size,
+            prefill_node=mem.prefill_node,
         ),
         # `memory_hook.reserve_for_deepep_a2a_mb`
         deepep_reserve_bytes=(
-            2 * 1024 * MiB if decode_on and not prefill_node and a2a == "deepep" else 0
+            2 * 1024 * MiB
+            if mem.decode_graph_on and not mem.prefill_node and facts.moe_a2a_backend == "deepep"
+            else 0
         ),
     )
 
@@ -355,18 +377,16 @@ def capture_chunk(facts: Deployment, buckets) -> int:
     return facts.chunk_per_rank if facts.chunked else max(buckets)
 
 
-def capture_estimate(server_args, facts: Deployment, buckets, chunk_per_rank: int) -> CaptureReport:
-    from sglang.srt.arg_groups.overrides import post_capture_kv_sizing_planned
-
+def capture_estimate(facts: Deployment, buckets, chunk_per_rank: int) -> CaptureReport:
     from sglang_mixgraph.core.capture_memory import (
         decide,
         estimate_capture_bytes,
         largest_fitting_prefix,
     )
 
-    shape = model_shape(server_args, facts)
+    shape = facts.shape
     est = estimate_capture_bytes(buckets, shape)
-    budget = memory_for(server_args, chunk_per_rank)
+    budget = memory_for(facts, chunk_per_rank)
     if budget is None:
         return CaptureReport(est, shape, None, None)
     verdict = decide(est.total, budget.available)
@@ -379,7 +399,7 @@ def capture_estimate(server_args, facts: Deployment, buckets, chunk_per_rank: in
         shape,
         budget,
         verdict,
-        kv_sized_after_capture=post_capture_kv_sizing_planned(server_args),
+        kv_sized_after_capture=facts.memory.kv_sized_after_capture,
         advice_max_bs_prefill=fitting,
         advice_mem_fraction_static=mfs,
     )
@@ -418,12 +438,10 @@ def validations(server_args) -> list[Validation]:
     if out_of_scope(server_args) is not None:
         return []
     prefill = resolving_view(server_args).cuda_graph_config.prefill
-    return prefill_validations(
-        server_args, deployment(server_args), prefill.backend, list(prefill.bs or [])
-    )
+    return prefill_validations(deployment(server_args), prefill.backend, list(prefill.bs or []))
 
 
-def prefill_validations(server_args, facts: Deployment, backend, buckets) -> list[Validation]:
+def prefill_validations(facts: Deployment, backend, buckets) -> list[Validation]:
     """Startup checks of a prefill graph configuration: `backend` with `buckets`."""
     from sglang.srt.model_executor.cuda_graph_config import Backend
 
@@ -452,26 +470,23 @@ def prefill_validations(server_args, facts: Deployment, backend, buckets) -> lis
                     name, True, f"largest prefill bucket {max(captured)} <= MegaMoE cap {cap}"
                 )
             )
-    out.append(logits_gather_check(server_args, facts))
+    out.append(logits_gather_check(facts))
     return out
 
 
-def logits_gather_check(server_args, facts: Deployment) -> Validation:
+def logits_gather_check(facts: Deployment) -> Validation:
     """Whether the logits multimem all-gather covers a mixed step's sampling rows."""
-    from sglang.srt.arg_groups.overrides import resolving_view
-
     from sglang_mixgraph.core.prefill_buckets import mixed_sampling_rows_bound
 
-    cfg = resolving_view(server_args)
     name = "logits_multimem_gather_covers_mixed_steps"
     # The gatherer serves the TP vocab all-gather unless the DP LM head (attn-TP group) is
     # used (`sglang.srt.layers.logits_processor.LogitsProcessor.__init__`).
-    if cfg.tp_size <= 1 or cfg.enable_dp_lm_head:
+    if facts.tp_size <= 1 or facts.dp_lm_head:
         return Validation(name, True, "not used (tp 1 or --enable-dp-lm-head)")
-    if not cfg.enable_mixed_chunk:
+    if not facts.mixed_chunk:
         return Validation(name, True, "mixed chunk off: upstream sizing covers decode steps")
-    mrr = cfg.max_running_requests
-    draft = max(int(cfg.speculative_num_draft_tokens or 0), int(cfg.speculative_eagle_topk or 0), 1)
+    mrr = facts.max_running_requests
+    draft = facts.draft_tokens
     # as `triton_symm_mem_ag.recommended_max_tokens` sizes it without prefill
     upstream_rows = max((mrr or 0) * draft, LOGITS_GATHER_FLOOR)
     if not mrr:
@@ -491,7 +506,7 @@ def logits_gather_check(server_args, facts: Deployment) -> Validation:
     )
     if bound <= upstream_rows:
         return Validation(name, True, f"capacity {upstream_rows} rows >= mixed bound {bound}")
-    if cfg.speculative_algorithm is not None:
+    if facts.speculative_algorithm is not None:
         return Validation(
             name,
             False,
@@ -598,7 +613,7 @@ class GraphPlan:
         return not self.plugin_loaded or not any(v.blocks for v in self.validations)
 
 
-def _bucket_list(server_args, facts: Deployment, buckets, top: int) -> BucketList | None:
+def _bucket_list(facts: Deployment, buckets, top: int) -> BucketList | None:
     from sglang_mixgraph.core.prefill_buckets import padding_profile
 
     if not buckets:
@@ -606,7 +621,7 @@ def _bucket_list(server_args, facts: Deployment, buckets, top: int) -> BucketLis
     return BucketList(
         buckets=tuple(buckets),
         contains_top=top in buckets,
-        capture=capture_estimate(server_args, facts, buckets, facts.chunk_per_rank),
+        capture=capture_estimate(facts, buckets, facts.chunk_per_rank),
         padding=padding_profile(buckets, lo=16, hi=max(top, max(buckets))),
     )
 
@@ -626,7 +641,7 @@ def _bucket_lists(server_args, facts: Deployment, record, plugin_loaded: bool) -
     top = bucket_top(facts, upstream_max_bs)
     derived = error = None
     try:
-        derived, _ = derive_fitting_buckets(server_args, facts, upstream_max_bs)
+        derived, _ = derive_fitting_buckets(facts, upstream_max_bs)
     except (BucketDerivationError, GraphConfigError) as e:
         error = str(e)
     if record is not None and record.bucket_policy:
@@ -636,10 +651,8 @@ def _bucket_lists(server_args, facts: Deployment, record, plugin_loaded: bool) -
     return BucketLists(
         policy=policy,
         final=tuple(prefill.bs or ()),
-        upstream=_bucket_list(
-            server_args, facts, generate_prefill_cuda_graph_batch_sizes(top), top
-        ),
-        derived=_bucket_list(server_args, facts, derived, top),
+        upstream=_bucket_list(facts, generate_prefill_cuda_graph_batch_sizes(top), top),
+        derived=_bucket_list(facts, derived, top),
         derived_error=error,
     )
 
@@ -741,9 +754,7 @@ def graph_plan(resolution: Any) -> GraphPlan:
                 buckets=tuple(decode.bs or ()),
             ),
             capture=(
-                capture_estimate(server_args, facts, final, capture_chunk(facts, final))
-                if final
-                else None
+                capture_estimate(facts, final, capture_chunk(facts, final)) if final else None
             ),
             buckets=(
                 _bucket_lists(server_args, facts, record, plugin_loaded) if facts.chunked else None

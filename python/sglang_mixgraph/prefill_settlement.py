@@ -81,27 +81,27 @@ def _derived_buckets(server_args, cfg, facts, upstream_max_bs):
     reason = unhandled(server_args)
     if reason is None:
         try:
-            derived, note = derive_fitting_buckets(server_args, facts, upstream_max_bs)
+            derived, note = derive_fitting_buckets(facts, upstream_max_bs)
             return derived, "auto", None, note
         except BucketDerivationError as e:
             reason = str(e)
     return None, f"upstream (fallback: {reason})", reason, ""
 
 
-def _estimate_settles(server_args, cfg, facts, buckets: list[int]) -> RuleSettlement:
+def _estimate_settles(backend, facts, buckets: list[int]) -> RuleSettlement:
     from sglang.srt.model_executor.cuda_graph_config import Backend
 
     from sglang_mixgraph.core.capture_memory import fmt_bytes
     from sglang_mixgraph.graph_plan import UNKNOWN_BUDGET, capture_chunk, capture_estimate
 
-    if cfg.cuda_graph_config.prefill.backend != Backend.BREAKABLE:
+    if backend != Backend.BREAKABLE:
         return RuleSettlement(Source.UPSTREAM_LATER, None, disable=False)
     if not buckets:
         # Nothing to estimate (chunked prefill off gives upstream an empty list).
         return _upstream_rule_stands(
             "no prefill buckets", "disables (no prefill buckets to estimate)"
         )
-    report = capture_estimate(server_args, facts, buckets, capture_chunk(facts, buckets))
+    report = capture_estimate(facts, buckets, capture_chunk(facts, buckets))
     verdict = report.verdict
     if verdict is None:
         return _upstream_rule_stands(UNKNOWN_BUDGET, "disables (estimate unavailable)")
@@ -132,7 +132,7 @@ def _estimate_settles(server_args, cfg, facts, buckets: list[int]) -> RuleSettle
     if report.advice_mem_fraction_static is not None:
         hints.append(
             f"--mem-fraction-static {report.advice_mem_fraction_static} or lower "
-            f"(now {cfg.mem_fraction_static})"
+            f"(now {facts.mem_fraction_static})"
         )
     return RuleSettlement(
         Source.ESTIMATE,
@@ -193,7 +193,7 @@ def settle_prefill(
             f"generic buckets up to {max(upstream) if upstream else None}"
             f"{f' ({note})' if note else ''}.",
         )
-    rule = _estimate_settles(server_args, cfg, facts, final) if pending else None
+    rule = _estimate_settles(prefill.backend, facts, final) if pending else None
     backend = Backend.DISABLED if rule is not None and rule.disable else prefill.backend
     return PrefillSettlement(
         out_of_scope=None,
@@ -203,5 +203,5 @@ def settle_prefill(
         bucket_fallback=fallback,
         bucket_said=said,
         rule=rule,
-        validations=tuple(prefill_validations(server_args, facts, backend, final)),
+        validations=tuple(prefill_validations(facts, backend, final)),
     )
