@@ -273,7 +273,7 @@ def test_another_configuration_is_refused_and_force_new_moves_the_run_aside(tmp_
     new_digest = rundir.recorded_digest(run_dir)
     assert new_digest != old_digest
     (aside,) = tmp_path.glob("run.old-*")
-    assert f"the earlier run is kept in {aside}" in err
+    assert f"note: the earlier run is kept in {aside}" in err
     assert rundir.recorded_digest(aside) == old_digest
     assert (aside / "run.json").read_text() == run_json
     assert _report(aside)["passed"] and len(rundir.finished(aside)) == 2

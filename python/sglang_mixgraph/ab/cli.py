@@ -334,21 +334,19 @@ def cmd_run(args: argparse.Namespace, invoker: Any = None) -> int:
         for problem in problems:
             _error(problem)
         return EXIT_USAGE
-    for note in arms.attached_env_note(config):
-        print(f"sglang-mixgraph ab: note: {note}", file=sys.stderr)
+    notes = arms.attached_env_note(config)
     earlier = rundir.recorded_digest(run_dir) if run_dir.is_dir() else None
     if earlier not in (None, digest) and not args.force_new:
-        print(
-            f"sglang-mixgraph ab: note: run directory {run_dir}: configuration {earlier} -> "
-            f"{digest}, which keeps every cell it finished",
-            file=sys.stderr,
+        notes.append(
+            f"run directory {run_dir}: configuration {earlier} -> {digest}, which keeps every "
+            "cell it finished"
         )
     fetches = network.fetches(config, accuracy_only=args.accuracy_only)
     if args.dry_run:
+        _notes(notes)
         return _dry_run(config, run_dir, visits, args, digest, fetches)
-    for fetch in fetches:
-        print(f"sglang-mixgraph ab: note: {fetch.line()}", file=sys.stderr)
     try:
+        # First: a run directory in use is refused at once, before anything else is said.
         lock, moved = rundir.take(run_dir, digest, planned, args.force_new)
     except (rundir.RunDirBusy, ValueError) as e:
         _error(str(e))
@@ -357,11 +355,17 @@ def cmd_run(args: argparse.Namespace, invoker: Any = None) -> int:
         _error(f"run directory {run_dir}: cannot lock it ({e.strerror or e})")
         return EXIT_USAGE
     try:
+        _notes(notes + [fetch.line() for fetch in fetches])
         if moved is not None:
-            print(f"sglang-mixgraph ab: the earlier run is kept in {moved}", file=sys.stderr)
+            _notes([f"the earlier run is kept in {moved}"])
         return _run_locked(config, run_dir, visits, args, recorded, invoker)
     finally:
         lock.release()
+
+
+def _notes(lines: list[str]) -> None:
+    for line in lines:
+        print(f"sglang-mixgraph ab: note: {line}", file=sys.stderr)
 
 
 def _dry_run(
