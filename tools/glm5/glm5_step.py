@@ -222,9 +222,10 @@ def summarize(samples: dict, lengths: list[int], arms: list[str]) -> dict:
 
     def ratio(num: str, den: str, n: int, definition: str) -> dict:
         if num in arms and den in arms and samples[num][n] and samples[den][n]:
-            return dict(
-                ratio_stats(samples[num][n], samples[den][n]), prompt=n, definition=definition
-            )
+            # a run stopped at its deadline may have timed one arm a round more: pair what both have
+            m = min(len(samples[num][n]), len(samples[den][n]))
+            pair = samples[num][n][:m], samples[den][n][:m]
+            return dict(ratio_stats(*pair), prompt=n, definition=definition)
         return {"ratio": None, "lo": None, "hi": None, "prompt": n, "why": f"needs {num} and {den}"}
 
     short, long_ = min(lengths), max(lengths)
