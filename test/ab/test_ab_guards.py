@@ -143,6 +143,16 @@ CASES = {
         ("--concurrencies", ",".join(map(str, range(1, 2001))), "--repeats", "3"),
         "[sweep]: 2 arms x 3 repeats x 2000 load points is 12,000 cells; at most 10,000",
     ),
+    "shapes": (
+        {
+            "sweep": small_sweep("[1]").replace("input_len = 8\noutput_len = 2\n", ""),
+            "extra": "".join(
+                f"[[shape]]\ninput_len = {n}\noutput_len = 2\n" for n in range(1, 20001)
+            ),
+        },
+        (),
+        "[sweep]: 2 arms x 1 repeats x 20000 load points is 40,000 cells; at most 10,000",
+    ),
     "url without scheme": (
         {},
         ("--url", "split=localhost:30000"),

@@ -382,9 +382,11 @@ def _file_name(value: Any, where: str) -> str:
 
 
 def _check_unique_names(names: list[str], section: str) -> None:
+    seen: set[str] = set()  # linear: a generated file may list thousands of entries
     for name in names:
-        if names.count(name) > 1:
+        if name in seen:
             raise ConfigError(f"{section}: the name {name!r} is used twice")
+        seen.add(name)
 
 
 def _range_ratio(value: Any, where: str) -> float:
