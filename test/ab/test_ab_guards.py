@@ -163,6 +163,11 @@ CASES = {
         ("--gsm8k-data", "{data_not_json}"),
         "bad.jsonl': line 2 is not JSON (Expecting value); the eval reads JSON lines",
     ),
+    "GSM8K empty line": (
+        {"gsm8k": "num_shots = 1"},
+        ("--gsm8k-data", "{data_empty_line}"),
+        "bad.jsonl': line 2 is empty; the eval reads every line as JSON",
+    ),
     "GSM8K data empty": (
         {"gsm8k": "num_shots = 1"},
         ("--gsm8k-data", "{data_empty}"),
@@ -200,7 +205,8 @@ def test_a_bad_run_is_one_line_and_starts_nothing(tmp_path, capsys, case, dry_ru
         config.write_bytes(data.replace(b"cafX", b"caf\xe9"))
         expected = expected.format(line=data[: data.index(b"cafX")].count(b"\n") + 1)
     data = {
-        "{data_not_json}": '{"question": "q", "answer": "#### 1"}\n\n',
+        "{data_not_json}": '{"question": "q", "answer": "#### 1"}\nquestion: q\n',
+        "{data_empty_line}": '{"question": "q", "answer": "#### 1"}\n\n',
         "{data_empty}": "",
         "{data_no_answer}": '{"question": "q"}\n',
     }

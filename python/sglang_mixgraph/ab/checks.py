@@ -74,6 +74,8 @@ def gsm8k_data_problem(path: str, num_shots: int) -> str | None:
     for number, line in enumerate(text.splitlines(), 1):
         if line.startswith("#"):
             continue  # as read_jsonl does
+        if not line.strip():
+            return f"{where}: line {number} is empty; the eval reads every line as JSON"
         try:
             item = json.loads(line)
         except ValueError as e:
