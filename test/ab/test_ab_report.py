@@ -24,7 +24,8 @@ import pytest
 from sglang_mixgraph.ab import cli as ab_cli
 from sglang_mixgraph.ab import report
 from sglang_mixgraph.ab.config import CONCURRENCY, GOODPUT_METRICS, RATE, parse_config
-from sglang_mixgraph.ab.results import METRICS
+from sglang_mixgraph.ab.results import METRICS, SCHEMA_VERSION, frontier
+from sglang_mixgraph.ab.stats import score_difference
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_RUN = ROOT / "docs" / "results" / "ab_example"
@@ -106,6 +107,79 @@ def test_numbers_are_the_raw_outputs_own(run_dir):
     for arm in ("baseline", "split"):
         score = json.loads(_gsm8k_raw(run_dir, arm).read_text())["score"]
         assert built.gsm8k[arm]["score"] == score
+    # bench_serving's own end-to-end latency and request throughput; tok/s per user from TPOT
+    for arm in ("baseline", "split"):
+        lines = [raw[(arm, "chat_c00032", r)] for r in reps]
+        summary = built.summary[arm][chat32]
+        for metric in ("median_e2e_latency_ms", "p99_e2e_latency_ms", "request_throughput"):
+            assert summary[metric].mean == pytest.approx(statistics.fmean(x[metric] for x in lines))
+        assert summary["output_tok_per_s_per_user"].mean == pytest.approx(
+            statistics.fmean(1000 / x["median_tpot_ms"] for x in lines)
+        )
+
+
+def test_pareto_frontier_points_are_the_undominated_ones():
+    assert frontier([(1, 5), (2, 4), (2, 3), (0, 5), (3, 1)]) == [True, True, False, False, True]
+    assert frontier([(1, 1), (1, 1)]) == [True, True]  # equal points do not dominate each other
+    results = json.loads((EXAMPLE_RUN / "results.json").read_text())
+    per_user, per_gpu = "output_tok_per_s_per_user", "output_throughput_per_gpu"
+    for shape, rows in results["pareto"].items():
+        assert len(rows) == 2 * 4  # arms x load points
+        for row in rows:
+            summary = results["summary"][row["arm"]][row["point"]]
+            assert (row[per_user], row[per_gpu]) == (
+                summary[per_user]["mean"],
+                summary[per_gpu]["mean"],
+            )
+
+            def beaten(among, row=row):
+                return any(
+                    o[per_user] >= row[per_user]
+                    and o[per_gpu] >= row[per_gpu]
+                    and (o[per_user], o[per_gpu]) != (row[per_user], row[per_gpu])
+                    for o in among
+                )
+
+            assert row["joint_frontier"] is not beaten(rows), (shape, row)
+            own = [o for o in rows if o["arm"] == row["arm"]]
+            assert row["arm_frontier"] is not beaten(own), (shape, row)
+        # the stand-in's split decodes faster at every load: its points alone are the frontier
+        assert {r["arm"] for r in rows if r["joint_frontier"]} == {"split"}
+    text = (EXAMPLE_RUN / "report.md").read_text()
+    assert "### Pareto frontier: output tok/s per GPU against tok/s per user" in text
+    assert "| `chat` | `split` | 40 req/s | 72.7 | 1,100 | yes | yes |" in text
+
+
+def test_gsm8k_difference_between_arms_has_newcombes_interval(run_dir, capsys):
+    # Newcombe (1998), Statistics in Medicine 17:873, method 10: 56/70 - 48/80 and 9/10 - 3/10
+    assert score_difference(56 / 70, 70, 48 / 80, 80) == pytest.approx(
+        (0.2, 0.0524, 0.3339), abs=5e-5
+    )
+    assert score_difference(9 / 10, 10, 3 / 10, 10) == pytest.approx(
+        (0.6, 0.1705, 0.8090), abs=5e-5
+    )
+    raw = _gsm8k_raw(run_dir, "split")
+    raw.write_text(json.dumps({**json.loads(raw.read_text()), "score": 12 / 30}))
+    assert ab_cli.main(["report", str(run_dir)]) == 1  # split under the 0.7 threshold
+    (diff,) = json.loads((run_dir / "results.json").read_text())["gsm8k_differences"]
+    expected = score_difference(12 / 30, 30, 23 / 30, 30)
+    assert (diff["candidate"], diff["baseline"]) == ("split", "baseline")
+    assert (diff["difference"], diff["low"], diff["high"]) == pytest.approx(expected)
+    assert diff["high"] < 0  # the drop is shown, not only the threshold miss
+    text = (run_dir / "report.md").read_text()
+    assert (
+        f"| `split` - `baseline` | {expected[0]:+.3f} [{expected[1]:+.3f}, {expected[2]:+.3f}] |"
+        in text
+    )
+
+
+def test_results_json_is_versioned_and_typed():
+    results = json.loads((EXAMPLE_RUN / "results.json").read_text())
+    assert results["schema_version"] == SCHEMA_VERSION and isinstance(SCHEMA_VERSION, int)
+    assert isinstance(results["passed"], bool) and isinstance(results["repeats"], int)
+    for cell in results["cells"]:
+        assert isinstance(cell["repeat"], int)
+        assert all(isinstance(v, float | int) for v in cell.get("metrics", {}).values())
 
 
 def _is_png(path: Path) -> bool:
@@ -192,7 +266,9 @@ def test_committed_ratio_intervals_are_positive_and_hold_their_ratio():
             assert 0 < e["low"] <= e["mean"] <= e["high"], (point, e)
     assert by_point["chat/8"]["output_throughput_per_gpu"]["low"] > 1
     text = (EXAMPLE_RUN / "report.md").read_text()
-    assert "[-" not in text  # no negative bound anywhere in the report
+    # no negative bound anywhere in the report but a difference of GSM8K scores
+    negative = [line for line in text.splitlines() if "[-" in line]
+    assert negative == ["| `split` - `baseline` | +0.000 [-0.210, +0.210] |"]
     gsm8k = results["gsm8k"]["split"]
     assert (gsm8k["n"], gsm8k["low"], gsm8k["high"]) == (
         30,

@@ -3,17 +3,20 @@
 `report.md` is meant to be pasted into a pull request or an issue: the verdict (PASS, FAIL,
 or INCOMPLETE while cells are still to be measured), what was compared (model, server
 arguments, each arm's environment and arguments), the workload, then per shape and load point
-(concurrency or request rate) each arm's output tok/s per GPU, TPOT, TTFT and ITL (p50 and
-p99), and with SLOs its goodput and SLO attainment, as mean +/- the 95% interval over
-repeats, with each candidate's ratio to the baseline (the first arm): the geometric mean of
-the paired ratios with the exp of the t interval of their logarithms; GSM8K per arm with its
-Wilson interval against the threshold; the gates with the interval and the bound each was
-judged on; every failed or missing cell. `results.csv` holds the table's numbers.
+(concurrency or request rate) each arm's output tok/s per GPU, tok/s per user, requests per
+second, TPOT, TTFT, ITL and end-to-end latency (p50 and p99), and with SLOs its goodput and
+SLO attainment, as mean +/- the 95% interval over repeats, with each candidate's ratio to the
+baseline (the first arm): the geometric mean of the paired ratios with the exp of the t
+interval of their logarithms; the Pareto frontier of output tok/s per GPU against tok/s per
+user, per arm and over all arms; GSM8K per arm with its Wilson interval against the
+threshold, and each candidate's score minus the baseline's with its interval; the gates with
+the interval and the bound each was judged on; every failed or missing cell. `results.csv`
+holds the table's numbers.
 Plots need matplotlib (the `ab` extra); without it they are skipped with one line saying so,
 and everything else is written. They are drawn with matplotlib's Figure API, not pyplot
 (pyplot's backend selection consults IPython whenever a module of that name is loaded, which
-broke a run on a GPU machine). `pareto.png` is output tok/s per GPU against median TPOT, one
-curve per arm (and shape) through its load points; `throughput.png` is tok/s per GPU against
+broke a run on a GPU machine). `pareto.png` is output tok/s per GPU against tok/s per user, one
+curve per arm (and shape) through its load points, the joint frontier dashed; `throughput.png` is tok/s per GPU against
 concurrency with the intervals as error bars; `ratio.png` is each candidate's ratio to the
 baseline (output tok/s per GPU, median TPOT) against concurrency, and against request rate
 when the run has rate points, with the ratio's interval as error bars.
@@ -31,6 +34,8 @@ from sglang_mixgraph.ab.results import (
     METRICS,
     NOT_MEASURED,
     PASS,
+    PER_GPU,
+    PER_USER,
     Results,
     collect,
     results_csv,
@@ -282,14 +287,51 @@ def _throughput_section(results: Results) -> list[str]:
                 where = f" (`{shape.name}`)" if len(sw.shapes) > 1 else ""
                 lines.append(f"- `{arm.name}`{where}: " + ("none" if best is None else str(best)))
         lines.append("")
+    lines += _pareto_section(results)
     lines += [
-        "![throughput vs TPOT](pareto.png)",
+        "![throughput per GPU vs per user](pareto.png)",
         "",
         "![throughput](throughput.png)",
         "",
         "![ratio to the baseline](ratio.png)",
         "",
     ]
+    return lines
+
+
+def _pareto_load(key: str) -> str:
+    """A load point key of results.json (`64`, `rate=2.5`, `SHAPE/64`) as the tables write it."""
+    load = key.split("/")[-1]
+    return f"{load.removeprefix('rate=')} req/s" if load.startswith("rate=") else load
+
+
+def _pareto_section(results: Results) -> list[str]:
+    if not results.pareto:
+        return []
+    shapes = len(results.config.sweep.shapes) > 1
+    lines = [
+        "### Pareto frontier: output tok/s per GPU against tok/s per user",
+        "",
+        "tok/s per user is 1000 / median TPOT, the decode speed one request sees. A load point "
+        "is on a frontier when no other point has at least as much of both and more of one "
+        "(means over repeats): its arm's own points, or every arm's points together (joint).",
+        "",
+        ("| shape " if shapes else "")
+        + "| arm | load | tok/s/user | output tok/s/GPU | arm's frontier | joint frontier |",
+        "|" + "---|" * (7 if shapes else 6),
+    ]
+    for shape, rows in results.pareto.items():
+        for r in rows:
+            row = ([f"`{shape}`"] if shapes else []) + [
+                f"`{r['arm']}`",
+                _pareto_load(r["point"]),
+                _num(r[PER_USER]),
+                _num(r[PER_GPU]),
+                "yes" if r["arm_frontier"] else "-",
+                "yes" if r["joint_frontier"] else "-",
+            ]
+            lines.append("| " + " | ".join(row) + " |")
+    lines.append("")
     return lines
 
 
@@ -355,6 +397,22 @@ def _gsm8k_section(results: Results) -> list[str]:
             f"{entry['n']} | {threshold} | {entry.get('basis', '-')} | {verdict} |"
         )
     lines.append("")
+    if results.gsm8k_differences:
+        lines += [
+            "Each candidate against the baseline on the same questions: the difference of the "
+            "two accuracies with its 95% interval (Newcombe's, from the two Wilson intervals; "
+            "it treats the arms as independent, the conservative choice for two servers "
+            "answering the same questions). An interval that holds 0 shows no difference.",
+            "",
+            "| candidate - baseline | difference [95% interval] |",
+            "|---|---|",
+        ]
+        for d in results.gsm8k_differences:
+            lines.append(
+                f"| `{d['candidate']}` - `{d['baseline']}` | {d['difference']:+.3f} "
+                f"[{d['low']:+.3f}, {d['high']:+.3f}] |"
+            )
+        lines.append("")
     return lines
 
 
@@ -392,9 +450,9 @@ def write_plots(results: Results, run_dir: Path) -> list[str]:
             # (another load axis: a line through both would zigzag).
             for kind, style in ((CONCURRENCY, {"marker": "o"}), (RATE, {"marker": "s", "ls": ""})):
                 points = [
-                    (by_m["median_tpot_ms"].mean, by_m[metric].mean, _point_label(p, True))
+                    (by_m[PER_USER].mean, by_m[metric].mean, _point_label(p, True))
                     for p, by_m in _series(results, arm.name, shape, kind)
-                    if metric in by_m and "median_tpot_ms" in by_m
+                    if metric in by_m and PER_USER in by_m
                 ]
                 if not points:
                     continue
@@ -409,9 +467,17 @@ def write_plots(results: Results, run_dir: Path) -> list[str]:
                 color = line.get_color()
                 for x, y, text in points:
                     ax.annotate(text, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
-    ax.set_xlabel("median TPOT (ms)")
+    label = "joint frontier" + (" (per shape)" if len(shapes) > 1 else "")
+    for shape in shapes:
+        joint = sorted(
+            (r[PER_USER], r[PER_GPU]) for r in results.pareto.get(shape, []) if r["joint_frontier"]
+        )
+        if joint:
+            ax.plot(*zip(*joint, strict=True), color="black", ls="--", lw=1, label=label)
+            label = None  # one legend entry for every shape's frontier
+    ax.set_xlabel("tok/s per user (1000 / median TPOT)")
     ax.set_ylabel("output tok/s per GPU")
-    ax.set_title("throughput vs TPOT (labels: load point)")
+    ax.set_title("throughput per GPU vs per user (labels: load point)")
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()

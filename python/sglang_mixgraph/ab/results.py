@@ -14,8 +14,13 @@ outside its bounds) or INCOMPLETE (nothing failed, but cells are not measured ye
 interrupted run, resumed by running it again). Thresholds and gates are judged on the 95%
 interval (`judge`, docs/ab.md "Gates"): by default one fails only when the whole interval is
 beyond its bound, i.e. when the data show the regression (`judge_bounds`).
-`results.csv` has one row per arm and load point: every metric's mean and interval, and each
-candidate's ratio to the baseline with its interval. A ratio pairs repeat r of two arms, which
+Besides bench_serving's own fields (end-to-end latency p50/p99, `request_throughput`), tok/s
+per user is 1000 / median TPOT (the decode speed one request sees); `pareto` marks the load
+points no other point beats on both output tok/s per GPU and tok/s per user, per arm and over
+all arms (`frontier`); each candidate's GSM8K score minus the baseline's comes with Newcombe's
+interval (stats.score_difference), besides each arm against the threshold.
+`results.csv` has one row per arm and load point: every metric's mean and interval, each
+candidate's ratio to the baseline with its interval, and the point's two frontier marks. A ratio pairs repeat r of two arms, which
 must have run on one machine (a run directory whose pair crosses machines is refused); pairs
 are pooled per block and over blocks (stats.paired_ratio), and `pairs` adds ratios between
 two candidates.
@@ -32,18 +37,32 @@ from typing import Any
 
 from sglang_mixgraph.ab import runner, versions
 from sglang_mixgraph.ab.config import CONCURRENCY, Config, Gate, Point, parse_config
-from sglang_mixgraph.ab.stats import Estimate, RatioEstimate, estimate, paired_ratio, wilson
+from sglang_mixgraph.ab.stats import (
+    Estimate,
+    RatioEstimate,
+    estimate,
+    paired_ratio,
+    score_difference,
+    wilson,
+)
 
 RUN_FILE = "run.json"
+# The version of results.json's layout; raised when a key changes meaning or type or goes away.
+SCHEMA_VERSION = 1
 # (key in the results, bench_serving result key, column title); the order of the report.
 METRICS = (
     ("output_throughput_per_gpu", None, "output tok/s/GPU"),
+    # 1000 / median TPOT: the decode speed one request sees (the Pareto frontier's x axis).
+    ("output_tok_per_s_per_user", None, "tok/s/user"),
+    ("request_throughput", "request_throughput", "req/s"),
     ("median_tpot_ms", "median_tpot_ms", "TPOT p50 ms"),
     ("p99_tpot_ms", "p99_tpot_ms", "TPOT p99 ms"),
     ("median_ttft_ms", "median_ttft_ms", "TTFT p50 ms"),
     ("p99_ttft_ms", "p99_ttft_ms", "TTFT p99 ms"),
     ("median_itl_ms", "median_itl_ms", "ITL p50 ms"),
     ("p99_itl_ms", "p99_itl_ms", "ITL p99 ms"),
+    ("median_e2e_latency_ms", "median_e2e_latency_ms", "E2E p50 ms"),
+    ("p99_e2e_latency_ms", "p99_e2e_latency_ms", "E2E p99 ms"),
     ("output_throughput", "output_throughput", "output tok/s"),
     # Present only when the run has SLOs: bench_serving writes them with --goodput.
     ("request_goodput", "request_goodput", "goodput req/s"),
@@ -89,6 +108,11 @@ class Results:
     pair_ratios: dict[str, dict[Point, dict[str, RatioEstimate]]] = field(default_factory=dict)
     gpus: dict[str, dict[str, Any]] = field(default_factory=dict)
     gsm8k: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Each candidate's GSM8K score minus the baseline's, with its interval (stats.score_difference).
+    gsm8k_differences: list[dict[str, Any]] = field(default_factory=list)
+    # pareto[shape]: every arm's load points, per user against per GPU, and which are on the
+    # arm's frontier and on the frontier of all arms together (`pareto_points`).
+    pareto: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     gates: list[dict[str, Any]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)  # cells not measured (yet)
@@ -198,6 +222,8 @@ def collect(run_dir: Path) -> Results:
                 }
                 if gpus is not None:
                     metrics["output_throughput_per_gpu"] = raw["output_throughput"] / gpus
+                if (raw.get("median_tpot_ms") or 0) > 0:
+                    metrics["output_tok_per_s_per_user"] = 1000.0 / raw["median_tpot_ms"]
                 entry["metrics"] = metrics
                 per_metric = values.setdefault(cell.arm, {}).setdefault(cell.point, {})
                 for name, value in metrics.items():
@@ -224,8 +250,73 @@ def collect(run_dir: Path) -> Results:
         fill(candidate, baseline, results.pair_ratios.setdefault(f"{candidate}/{baseline}", {}))
     if config.slo.limits:
         _within_slo(results)
+    _gsm8k_differences(results)
+    _pareto(results)
     _verdict(results)
     return results
+
+
+def _gsm8k_differences(results: Results) -> None:
+    base = results.gsm8k.get(results.baseline)
+    for arm in results.config.arms[1:]:
+        cand = results.gsm8k.get(arm.name)
+        if base is None or cand is None:
+            continue
+        diff, low, high = score_difference(cand["score"], cand["n"], base["score"], base["n"])
+        results.gsm8k_differences.append(
+            {
+                "candidate": arm.name,
+                "baseline": results.baseline,
+                "difference": diff,
+                "low": low,
+                "high": high,
+                "interval": "95% Newcombe hybrid score interval of the difference of two "
+                "accuracies (from the two Wilson intervals)",
+            }
+        )
+
+
+PER_USER, PER_GPU = "output_tok_per_s_per_user", "output_throughput_per_gpu"
+
+
+def frontier(points: list[tuple[float, float]]) -> list[bool]:
+    """Which (x, y) points no other point dominates (at least as much of both, more of one)."""
+    return [
+        not any(
+            ox >= x and oy >= y and (ox > x or oy > y)
+            for j, (ox, oy) in enumerate(points)
+            if j != i
+        )
+        for i, (x, y) in enumerate(points)
+    ]
+
+
+def _pareto(results: Results) -> None:
+    """Per shape: each arm's load points (means over repeats) as output tok/s per GPU against
+    tok/s per user, on the arm's own frontier or not, and on the joint frontier of all arms."""
+    for shape in results.config.sweep.shapes:
+        rows = [
+            {
+                "arm": arm.name,
+                "point": results.point_key(point),
+                PER_USER: by_m[PER_USER].mean,
+                PER_GPU: by_m[PER_GPU].mean,
+            }
+            for arm in results.config.arms
+            for point, by_m in results.summary.get(arm.name, {}).items()
+            if point.shape == shape.name and PER_USER in by_m and PER_GPU in by_m
+        ]
+        if not rows:
+            continue
+        xy = [(r[PER_USER], r[PER_GPU]) for r in rows]
+        for row, on in zip(rows, frontier(xy), strict=True):
+            row["joint_frontier"] = on
+        for arm in {r["arm"] for r in rows}:
+            own = [i for i, r in enumerate(rows) if r["arm"] == arm]
+            for i, on in zip(own, frontier([xy[i] for i in own]), strict=True):
+                rows[i]["arm_frontier"] = on
+        rows.sort(key=lambda r: (r["arm"], -r[PER_USER]))
+        results.pareto[shape.name] = rows
 
 
 def _point_fields(config: Config, point: Point | None) -> dict[str, Any]:
@@ -404,6 +495,7 @@ def results_json(results: Results) -> dict[str, Any]:
 
     sw = results.config.sweep
     return {
+        "schema_version": SCHEMA_VERSION,
         "baseline": results.baseline,
         "arms": [
             {"name": a.name, "env": a.env, "args": list(a.args), "url": a.url}
@@ -432,7 +524,9 @@ def results_json(results: Results) -> dict[str, Any]:
         "pair_ratios": table(results.pair_ratios),
         "blocks": sw.blocks,
         "block": list(sw.block),
+        "pareto": results.pareto,
         "gsm8k": results.gsm8k,
+        "gsm8k_differences": results.gsm8k_differences,
         "gates": results.gates,
         "cells": results.cells,
         "status": results.status,
@@ -452,6 +546,12 @@ def results_csv(results: Results) -> str:
         header += [name, f"{name}_low", f"{name}_high"]
     for name in names:
         header += [f"{name}_ratio", f"{name}_ratio_low", f"{name}_ratio_high"]
+    header += ["arm_frontier", "joint_frontier"]
+    on_frontier = {
+        (shape, r["arm"], r["point"]): (r["arm_frontier"], r["joint_frontier"])
+        for shape, rows in results.pareto.items()
+        for r in rows
+    }
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(header)
@@ -481,5 +581,6 @@ def results_csv(results: Results) -> str:
                 row += cells(by_metric.get(name))
             for name in names:
                 row += cells(ratios.get(name))
+            row += on_frontier.get((shape.name, arm.name, results.point_key(point)), ("", ""))
             writer.writerow(row)
     return out.getvalue()

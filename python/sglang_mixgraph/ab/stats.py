@@ -18,7 +18,8 @@ time).
   log-ratio, and the pooled ratio's interval is taken over the blocks' log-ratios, so the
   variation between machines and days is in it, not only within one machine's run.
 - An accuracy (a fraction of n questions): the Wilson score interval, which stays inside
-  [0, 1] and is sound near 0 and 1 where the normal interval is not.
+  [0, 1] and is sound near 0 and 1 where the normal interval is not; the difference of two
+  arms' accuracies: Newcombe's hybrid score interval, from the two Wilson intervals.
 
 With one repeat there is a value and no interval. The t quantiles and the Wilson interval are
 scipy's (`scipy.stats.t.ppf`, `scipy.stats.binomtest(...).proportion_ci(method="wilson")`;
@@ -154,3 +155,17 @@ def wilson(score: float, n: int) -> tuple[float, float]:
     assert n >= 1 and 0.0 <= score <= 1.0, (score, n)
     ci = stats.binomtest(round(score * n), n).proportion_ci(LEVEL, method="wilson")
     return float(ci.low), float(ci.high)
+
+
+def score_difference(a: float, n_a: int, b: float, n_b: int) -> tuple[float, float, float]:
+    """The difference a - b of two accuracies (fractions of n_a and n_b questions) with its 95%
+    interval: Newcombe's hybrid score interval (his method 10), built from the two Wilson
+    intervals, so it stays inside [-1, 1] and is sound near 0 and 1. It treats the two scores
+    as independent; for two servers answering the same questions, whose answers agree more
+    often than chance, that interval is the wider (conservative) one."""
+    low_a, high_a = wilson(a, n_a)
+    low_b, high_b = wilson(b, n_b)
+    diff = a - b
+    low = diff - math.sqrt((a - low_a) ** 2 + (high_b - b) ** 2)
+    high = diff + math.sqrt((high_a - a) ** 2 + (b - low_b) ** 2)
+    return diff, low, high
