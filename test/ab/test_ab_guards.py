@@ -153,6 +153,11 @@ CASES = {
         (),
         "[sweep]: 2 arms x 1 repeats x 20000 load points is 40,000 cells; at most 10,000",
     ),
+    "arm url without scheme": (
+        {"arms": ARMS.replace('name = "split"', 'name = "split"\nurl = "localhost:30000"')},
+        (),
+        "arm 'split' url 'localhost:30000': give the scheme, e.g. http://localhost:30000",
+    ),
     "url without scheme": (
         {},
         ("--url", "split=localhost:30000"),
