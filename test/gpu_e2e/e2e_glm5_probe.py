@@ -178,10 +178,16 @@ def live_checks(model) -> list[dict]:
 
 
 def _write_guards(model_runner) -> None:
+    import torch
+
     from sglang_mixgraph.upstream_guards import guard_report
 
     try:
-        report = {"guards": guard_report(), "live": live_checks(model_runner.model)}
+        # The guards build their stand-in batches on the CPU, as doctor does, whatever default
+        # device the scheduler has set.
+        with torch.device("cpu"):
+            guards = guard_report()
+        report = {"guards": guards, "live": live_checks(model_runner.model)}
     except Exception as e:  # reported as a failed guard, never raised into the step
         report = {"guards": [], "live": [_item("probe", False, f"{type(e).__name__}: {e}")]}
     with open(_path(GUARDS_PREFIX, "json"), "w") as f:

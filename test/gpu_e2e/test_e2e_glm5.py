@@ -493,3 +493,26 @@ def test_driver_refuses_what_glm5_phases_do_not_run(tmp_path, monkeypatch, capsy
     err = capsys.readouterr().err
     assert "--model glm5 runs on one GPU with the stand-in kernels" in err
     assert "unknown GLM-5 phase 'glm5-pcg'" in err
+
+
+def test_the_probe_writes_doctor_s_guards_and_the_live_checks_once(fresh_probe, tmp_path):
+    indexer_cls, mixin = _upstream()
+    runner = SimpleNamespace(model=SimpleNamespace(modules=lambda: [_layer(mixin, indexer_cls)]))
+    fresh_probe._guards_written = False
+    step = fresh_probe.StepProbe()
+    for _ in range(2):
+        step.begin(runner)
+        assert step.end(runner) == {"dsa_split_ops": 0, "dsa_split_ops_capturing": 0}
+    (report,) = G.read_probe(tmp_path)["guards"]
+    from sglang_mixgraph.upstream_guards import GUARDS
+
+    assert [g["name"] for g in report["guards"]] == [g.name for g in GUARDS]
+    assert [c["name"] for c in report["live"]] == [
+        "live_split_op",
+        "live_indexers",
+        "live_bmm_attention_composite",
+    ]
+    bcg = G.Glm5Phase("bcg")
+    rec = _rec(bcg, probe={"captures": _rec(bcg).probe["captures"], "guards": [report]})
+    check = _check(bcg, rec)["doctor's GLM-5 guards hold against the running server's objects"]
+    assert check.ok, check.detail
