@@ -165,7 +165,18 @@ LAYERS = (
     ("patches", ("patches",)),
     (
         "plugin and commands",
-        ("plugin", "resolve", "presets", "dsa_surface", "upstream_guards", "cli", "ab", "kits"),
+        (
+            "plugin",
+            "resolve",
+            "plan_inputs",
+            "resolution_errors",
+            "presets",
+            "dsa_surface",
+            "upstream_guards",
+            "cli",
+            "ab",
+            "kits",
+        ),
     ),
 )
 
@@ -209,6 +220,18 @@ def test_every_module_imports_only_its_own_layer_or_lower():
         "sglang_mixgraph.graph_plan (planner) imports "
         "sglang_mixgraph.patches.live_width_indexer (patches)"
     ]
+
+
+def test_every_core_module_has_its_test_file():
+    """test/ mirrors the package: core/<name>.py is tested in test/core/test_<name>.py (the
+    patches' tests are checked with their pages, test/test_docs.py)."""
+    tests = ROOT / "test" / "core"
+    missing = [
+        f"core/{p.name} has no test/core/test_{p.name}"
+        for p in sorted((PACKAGE / "core").glob("*.py"))
+        if p.name != "__init__.py" and not (tests / f"test_{p.name}").is_file()
+    ]
+    assert missing == []
 
 
 def test_attribute_names_on_upstream_objects_are_defined_once():

@@ -5,41 +5,11 @@ import sys
 
 import pytest
 import torch
-from hypothesis import assume, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglang_mixgraph.core import split_cost_model as m
 from sglang_mixgraph.kits import cost_fit as fitting  # fitting: offline, never in the server
-
-
-@settings(max_examples=300, deadline=None)
-@given(
-    st.integers(0, 3000),
-    st.integers(0, 3000),
-    st.sampled_from([1, 4, 128]),
-    st.one_of(st.none(), st.integers(0, 300)),
-)
-def test_closed_form_floor_sums_match_brute_force(lo, hi, r, cap):
-    brute = sum(min(x // r, cap) if cap is not None else x // r for x in range(lo, hi + 1))
-    assert m.sum_min_floor_div(lo, hi, r, cap) == brute
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.integers(1, 3000), st.integers(1, 3000), st.integers(1, 300))
-def test_closed_form_linear_sums_match_brute_force(lo, hi, cap):
-    assert m.sum_min_linear(lo, hi, cap) == sum(min(x, cap) for x in range(lo, hi + 1))
-
-
-@settings(max_examples=100, deadline=None)
-@given(st.integers(1, 5000), st.integers(1, 5000), st.sampled_from([4, 128]))
-def test_request_keys_counts_each_row(seq, ext, ratio):
-    assume(ext <= seq)
-    topk = None if ratio == 128 else 1024
-    brute = 0
-    for pos in range(seq - ext, seq):
-        x = pos + 1
-        brute += min(x, 128) + (x // ratio if topk is None else min(x // ratio, topk))
-    assert m.request_keys(seq, ext, ratio, topk) == brute
 
 
 def _coeffs(**over):
@@ -360,24 +330,6 @@ def test_fit_eager_terms_recovers_host_and_kappa():
 DSV4_PRO_LAYERS = {0: 2, 4: 30, 128: 29}  # docs/results/mixed_steady_state_h200.md
 
 
-@settings(max_examples=150, deadline=None)
-@given(
-    st.lists(st.tuples(st.integers(1, 3000), st.integers(0, 40000)), max_size=4),
-    st.lists(st.integers(1, 40000), max_size=64),
-    st.sampled_from([None, 512, 1024]),
-    st.booleans(),
-)
-def test_step_counts_give_every_ratios_shape_as_from_lists(prefill, decode, topk, as_tensor):
-    exts = [e for e, _ in prefill] + [1] * len(decode)
-    seqs = [e + p for e, p in prefill] + decode
-    src = torch.tensor(seqs, dtype=torch.int32) if as_tensor else seqs
-    counts = m.StepCounts.from_lists(src, exts, len(decode), topk=topk)
-    for ratio in (0, 4, 128):
-        assert counts.shape(ratio) == m.StepShape.from_lists(
-            ratio, seqs, exts, len(decode), topk=topk
-        )
-
-
 def _python_lines(fn):
     """Python lines executed by ``fn()`` (every frame): a count that grows with any Python loop."""
     n = [0]
@@ -494,8 +446,3 @@ def test_step_terms_load_default_and_round_trip():
         m.Coefficients.from_json(bad)
     with pytest.raises(ValueError):
         m.decide_step(_step(8192, 8, 0), {4: 1}, c, regime="graph")
-
-
-def test_layer_mix_counts_layers_per_ratio():
-    assert m.layer_mix([0, 0, 4, 128, 4]) == {0: 2, 4: 2, 128: 1}
-    assert m.layer_mix([]) == {}
