@@ -215,3 +215,35 @@ def test_the_step_timer_logs_each_forward(monkeypatch, tmp_path):
         ("EXTEND", 3, False),
     ]
     assert all(x["ms"] >= 0 for x in lines)
+
+
+def test_sglang_plans_the_bcg_arm_with_the_timed_lengths_as_its_buckets(
+    step, tmp_path, capsys, monkeypatch
+):
+    import os
+
+    from sglang_mixgraph import cli
+
+    for name in list(os.environ):
+        if name.startswith("SGLANG_") and name != "SGLANG_PLATFORM":
+            monkeypatch.delenv(name)
+    gen_spec = importlib.util.spec_from_file_location(
+        "make_tiny_glm5", ROOT / "tools" / "glm5" / "make_tiny_glm5.py"
+    )
+    gen = importlib.util.module_from_spec(gen_spec)
+    gen_spec.loader.exec_module(gen)
+    model = gen.write(tmp_path / "m", 78).parent
+    kw = step.engine_kwargs("bcg", str(model), [1024, 8192])
+    args = ["--tp", "1", "--target-gpu", "H200", "--disable-radix-cache"]
+    for key in ("chunked_prefill_size", "max_running_requests", "max_total_tokens"):
+        args += [f"--{key.replace('_', '-')}", str(kw[key])]
+    for key in ("dsa_topk_backend", "dsa_prefill_backend", "dsa_decode_backend", "kv_cache_dtype"):
+        args += [f"--{key.replace('_', '-')}", str(kw[key])]
+    args += ["--cuda-graph-backend-prefill", "breakable", "--cuda-graph-bs-prefill", "1024", "8192"]
+    code = cli.main(["plan", "--model-path", str(model), *args, "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err[-3000:]
+    plan = json.loads(out)
+    assert plan["graph"]["prefill_graph"]["backend"] == "breakable"
+    assert plan["graph"]["prefill_graph"]["buckets"] == [1024, 8192]
+    assert plan["dsa_surface"][0] == "DSA split-op surface (78 of 78 layers run the indexer):"
