@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -161,7 +160,6 @@ def _drive(step, monkeypatch, tmp_path, *argv):
     fake = tmp_path / "fake_worker.py"
     fake.write_text(FAKE_WORKER)
     monkeypatch.setattr(step, "WORKER", fake)
-    monkeypatch.setattr(sys, "path", list(sys.path))  # run() puts tools/glm5 first
     out = tmp_path / "out"
     rc = step.main(["--out", str(out), "--layers", "2", "--rounds", "6", "--warmup", "1", *argv])
     return rc, json.loads((out / "glm5_step.json").read_text())

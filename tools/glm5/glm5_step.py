@@ -26,6 +26,7 @@ top-level ``summary``: ``drop_empty_segments_gain``, ``breakable_vs_piecewise_8k
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -354,6 +355,14 @@ class Arm:
         return self.log_path.read_text(errors="replace")
 
 
+def _generator():
+    """make_tiny_glm5.py beside this script, loaded from its file (no import path edits)."""
+    spec = importlib.util.spec_from_file_location("make_tiny_glm5", HERE / "make_tiny_glm5.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def dropped_segments(log_text: str) -> int | None:
     """drop_empty_segments' ``segments_dropped`` from an arm's last counter line, or None."""
     from sglang_mixgraph.counters import parse_line
@@ -378,10 +387,7 @@ def run(args: argparse.Namespace) -> int:
     deadline = time.time() + args.budget_s
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="glm5_step_"))
-    sys.path.insert(0, str(HERE))
-    import make_tiny_glm5
-
-    model_dir = str(make_tiny_glm5.write(work / "model", args.layers).parent)
+    model_dir = str(_generator().write(work / "model", args.layers).parent)
     logf = open(args.out / "glm5_step.log", "w")
 
     def log(*parts) -> None:
