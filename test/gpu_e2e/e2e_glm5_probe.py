@@ -19,6 +19,7 @@ log); only the scheduler captures graphs and runs forwards. It counts:
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import os
@@ -49,6 +50,7 @@ def _current_capture():
 def _count_split_ops(module) -> None:
     original = module.get_tc_piecewise_forward_context
 
+    @functools.wraps(original)
     def counted(*args, **kwargs):
         import torch
 
@@ -83,6 +85,9 @@ def _count_segments(module) -> None:
     cls = module.BreakableCUDAGraphCapture
     end, exit_ = cls._end_current_segment, cls.__exit__
 
+    # functools.wraps: the plugin's registry checks these targets' signatures through __wrapped__
+    # (drop_empty_segments hooks both), so they must still read as upstream's.
+    @functools.wraps(end)
     def counted_end(self, *args, **kwargs):
         facts = _captures.setdefault(id(self), _new_capture())
         try:
@@ -94,6 +99,7 @@ def _count_segments(module) -> None:
         facts[key] += 1
         return end(self, *args, **kwargs)
 
+    @functools.wraps(exit_)
     def counted_exit(self, *args, **kwargs):
         try:
             return exit_(self, *args, **kwargs)

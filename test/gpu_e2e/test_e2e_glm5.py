@@ -516,3 +516,18 @@ def test_the_probe_writes_doctor_s_guards_and_the_live_checks_once(fresh_probe, 
     rec = _rec(bcg, probe={"captures": _rec(bcg).probe["captures"], "guards": [report]})
     check = _check(bcg, rec)["doctor's GLM-5 guards hold against the running server's objects"]
     assert check.ok, check.detail
+
+
+def test_drop_empty_segments_still_applies_over_the_probe_s_wrappers(fresh_probe, monkeypatch):
+    from sglang_mixgraph.patches import all_patches
+    from sglang_mixgraph.registry import check_hook
+
+    module = importlib.import_module(probe.BCG_MODULE)
+    cls = module.BreakableCUDAGraphCapture
+    for name in ("_end_current_segment", "__exit__"):  # restored after the test
+        monkeypatch.setattr(cls, name, vars(cls)[name])
+    fresh_probe._count_segments(module)
+    assert cls._end_current_segment.__wrapped__ is not None
+    (patch,) = [p for p in all_patches() if p.id == G.DES_PATCH]
+    checks = [check_hook(h) for h in patch.hooks if h.target.startswith(f"{probe.BCG_MODULE}.")]
+    assert len(checks) == 4 and [c.why for c in checks if not c.ok] == []

@@ -10,6 +10,7 @@ two ``torch.cuda.synchronize`` calls around it, i.e. the step's GPU and host wor
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -26,6 +27,7 @@ def _wrap_forward(model_runner_module) -> None:
     forward = cls.forward
     path = os.path.join(os.environ[LOG_ENV], f"steps_{os.getpid()}.jsonl")
 
+    @functools.wraps(forward)
     def timed_forward(self, forward_batch, *args, **kwargs):
         mode = getattr(forward_batch.forward_mode, "name", str(forward_batch.forward_mode))
         rows = 0 if forward_batch.input_ids is None else int(forward_batch.input_ids.shape[0])
