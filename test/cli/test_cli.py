@@ -198,6 +198,7 @@ def test_plan_json_fields_each_once(reference_plan):
     the deployment facts and the graph configuration only there."""
     p = reference_plan
     assert set(p) == {
+        "schema_version",
         "assumed_gpu",
         "server_args",
         "default_deployment",
@@ -221,6 +222,7 @@ def test_plan_json_fields_each_once(reference_plan):
         "prefill_graph",
         "decode_graph",
         "capture_memory",
+        "capture_calibration",
         "bucket_lists",
         "validations",
         "ok",

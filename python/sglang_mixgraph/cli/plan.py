@@ -4,7 +4,9 @@ It runs SGLang's own argument parser and resolution (resolve.py) without startin
 it works on a machine without a GPU: the described-GPU platform is selected before anything
 imports `sglang.srt`, so this module imports sglang only inside the command. Without
 --model-path it plans an embedded deployment (presets.py) with the user's arguments on top.
-The report is the inputs, the patches' notes and the planner's result (plan_format.py).
+The text is the inputs, then what SGLang will do, the capture estimate of the list it
+captures and the advice (plan_format.py), then each patch: an active one's note, and for one
+that is off what each of its switches would do here ("with FLAG=value: ...").
 """
 
 from __future__ import annotations
@@ -17,12 +19,34 @@ import sys
 from typing import Any
 
 from sglang_mixgraph.cli.doctor import NOT_LOADED
-from sglang_mixgraph.cli.plan_format import SCHEMA_VERSION, format_graph_plan, graph_plan_json
+from sglang_mixgraph.cli.plan_format import (
+    SCHEMA_VERSION,
+    advice_lines,
+    decision_lines,
+    estimate_lines,
+    graph_config_if_on,
+    graph_plan_json,
+)
 from sglang_mixgraph.presets import DEFAULT_PRESET, PRESETS
 from sglang_mixgraph.target_gpu import DEFAULT_GPU, GPUS
 
 NAME = "plan"
 HELP = "resolve SGLang server arguments as launch_server would, for a target GPU"
+
+
+def _on_value(flag) -> str:
+    """The first accepted value of a switch that is not its off value."""
+    off = flag.field.parse(flag.off_value)
+    return next(v for v in flag.accepted if flag.field.parse(v) != off)
+
+
+def if_switched_on(patch, graph) -> dict[str, str]:
+    """For a patch that is off: what each of its switches would do in this deployment, by
+    "FLAG=value" (its `explain`, else its summary; graph_config's from the plan's lists)."""
+    if patch.id == "graph_config":  # its switches change the graphs: read from the plan's lists
+        return graph_config_if_on(graph)
+    what = patch.explain(graph) if patch.explain is not None else patch.summary
+    return {f"{flag.name}={_on_value(flag)}": what for flag in patch.switches}
 
 
 def plan_report(
@@ -53,6 +77,8 @@ def plan_report(
         }
         if loaded and status.enabled and status.error is None and patch.explain is not None:
             entry["note"] = patch.explain(graph)
+        if loaded and status.state == "off":
+            entry["if_on"] = if_switched_on(patch, graph)
         patches.append(entry)
     return {
         "schema_version": SCHEMA_VERSION,
@@ -95,10 +121,12 @@ def _print_plan(p: dict[str, Any], graph: Any) -> None:
     if p.get("model_class_note"):
         print(f"model: {p['model_class_note']}")
     print(f"attention backend: {p['attention_backend']}; MoE runner: {p['moe_runner_backend']}")
-    print(format_graph_plan(graph))
-    for line in p["dsa_surface"]:
+    # What SGLang will do, then the estimate of what it captures, then the advice.
+    for line in decision_lines(graph) + p["dsa_surface"] + estimate_lines(graph):
         print(line)
-    print("patches:")
+    for line in advice_lines(graph):
+        print(line)
+    print("Patches:")
     if not p["patches"]:
         print("  (none)")
     for patch in p["patches"]:
@@ -108,6 +136,8 @@ def _print_plan(p: dict[str, Any], graph: Any) -> None:
         if patch.get("note"):
             line += f" - {patch['note']}"
         print(line)
+        for setting, what in patch.get("if_on", {}).items():
+            print(f"    with {setting}: {what}")
         if patch["reason"] and patch["status"] != NOT_LOADED:
             for reason_line in patch["reason"].splitlines():
                 print(f"      {reason_line}")

@@ -1,15 +1,19 @@
 """The planner's typed result (`graph_plan.GraphPlan`) as `plan` shows it: JSON and text.
 
-`graph_plan_json` is the "graph" part of `plan --json`; `format_graph_plan` the text block of
-`plan`. Both read only the typed result, never the server arguments, so the JSON and the text
-cannot tell different stories.
+`graph_plan_json` is the "graph" part of `plan --json`; the text is in three parts, in this
+order: `decision_lines` (what SGLang will do: the graphs on or off, their buckets, the rule),
+`estimate_lines` (the capture estimate, only for a list SGLang captures, labelled with the
+model and GPU it was fitted on; elsewhere "uncalibrated" instead of a verdict) and
+`advice_lines`; `format_graph_plan` joins them. `graph_config_if_on` says what that patch's
+switches would do. All read only the typed result, never the server arguments, so the JSON
+and the text cannot tell different stories.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from sglang_mixgraph.core.capture_memory import fmt_bytes
+from sglang_mixgraph.core.capture_memory import CALIBRATION, fmt_bytes, not_calibrated_for
 
 # The version of the JSON documents `plan --json` and `doctor --json` print; raised when a key
 # changes meaning or type or goes away (new keys keep it).
@@ -29,7 +33,7 @@ def typed_flag_values(names) -> dict[str, Any]:
     return values
 
 
-def _capture_json(report) -> dict[str, Any]:
+def _capture_json(report, calibrated: bool) -> dict[str, Any]:
     est = report.estimate
     out: dict[str, Any] = {
         "estimate": {
@@ -63,6 +67,7 @@ def _capture_json(report) -> dict[str, Any]:
         "margin_bytes": verdict.margin_bytes,
         "required_margin_fraction": verdict.margin_fraction,
     }
+    out["verdict"]["calibrated"] = calibrated
     if report.kv_sized_after_capture:
         out["verdict"]["note"] = (
             "the KV pool is sized after capture: capture memory comes out of the KV pool"
@@ -143,7 +148,8 @@ def graph_plan_json(plan) -> dict[str, Any]:
     facts = plan.facts
     capture = None
     if plan.capture is not None:
-        capture = _capture_json(plan.capture)
+        capture = _capture_json(plan.capture, calibration_gap(plan) is None)
+        capture["captured"] = prefill_captured(plan)
         if plan.prefill_off_but_estimated:
             capture["note"] = "prefill graph is off; the estimate is what the final list would need"
     lists = plan.buckets
@@ -195,6 +201,12 @@ def graph_plan_json(plan) -> dict[str, Any]:
             "buckets": list(plan.decode.buckets),
         },
         "capture_memory": capture,
+        "capture_calibration": {
+            "model": CALIBRATION.model,
+            "architectures": list(CALIBRATION.architectures),
+            "gpu": CALIBRATION.gpu,
+            "not_calibrated_for": calibration_gap(plan),
+        },
         "bucket_lists": bucket_lists,
         "validations": [_validation_json(v) for v in plan.validations],
         "ok": plan.ok,  # the validations block only where the plugin is loaded (plugin.loaded)
@@ -215,17 +227,40 @@ def _elided(buckets) -> str:
     )
 
 
-def _fits_word(fits: bool | None) -> str:
-    return {True: "fits", False: "does not fit", None: "unknown"}[fits]
+def _gpu_name(plan) -> str:
+    return plan.gpu.split(" ", 1)[0]  # GraphPlan.gpu is target_gpu's describe(): name first
 
 
-def _bucket_side_lines(name: str, side, error: str | None = None) -> list[str]:
+def calibration_gap(plan) -> str | None:
+    """The model and/or GPU of this plan the capture estimate was not fitted on, or None."""
+    return not_calibrated_for(plan.facts.architectures, _gpu_name(plan))
+
+
+def calibration_label(plan) -> str:
+    gap = calibration_gap(plan)
+    label = f"fitted on {CALIBRATION.model} on the {CALIBRATION.gpu}"
+    return label if gap is None else f"{label}; no measurement of {gap}"
+
+
+def _fits_word(fits: bool | None, gap: str | None) -> str:
+    """The estimate's verdict; where it was not calibrated, what it says and that it is no
+    verdict (a model or GPU it was never measured on)."""
+    if fits is None:
+        return "unknown"
+    if gap is None:
+        return "fits" if fits else "does not fit"
+    side = "within" if fits else "over"
+    return f"{side} the available memory by the estimate, uncalibrated for {gap}"
+
+
+def _bucket_side_lines(plan, name: str, side, error: str | None = None) -> list[str]:
     if side is None:
         return [f"  {name}: {error or 'none'}"]
     pad = side.padding
     return [
         f"  {name}: {len(side.buckets)} buckets, largest {max(side.buckets)}, capture "
-        f"{fmt_bytes(side.capture.estimate.total)} ({_fits_word(side.capture.fits)}),"
+        f"{fmt_bytes(side.capture.estimate.total)} "
+        f"({_fits_word(side.capture.fits, calibration_gap(plan))}),"
         f" worst padding {pad.worst_factor:.2f}x / {pad.worst_waste_tokens} tokens,"
         f" mean {pad.mean_factor:.2f}x",
         f"    {_elided(side.buckets)}",
@@ -238,10 +273,15 @@ def _decision_text(decision) -> str:
     return f"{decision.kind.value}: {decision.detail}"
 
 
-def format_graph_plan(plan) -> str:
-    """The planner's typed result, for people."""
-    facts = plan.facts
-    lines = [f"Graph plan on {plan.gpu} for {', '.join(facts.architectures) or 'model'}"]
+def prefill_captured(plan) -> bool:
+    """Whether SGLang will capture a prefill bucket list (the graph is on and has buckets)."""
+    return not plan.prefill_off_but_estimated and plan.capture is not None
+
+
+def decision_lines(plan) -> list[str]:
+    """What SGLang will do: the graphs, on or off, their buckets and what decided them."""
+    facts, pg, dg = plan.facts, plan.prefill, plan.decode
+    lines = [f"What SGLang will do on {plan.gpu} for {', '.join(facts.architectures) or 'model'}:"]
     lines.append(
         f"  tp {facts.tp_size}, attention DP {facts.attn_dp_size} "
         f"({'on' if facts.dp_attention else 'off'}), "
@@ -254,55 +294,33 @@ def format_graph_plan(plan) -> str:
     if not plan.plugin_loaded:
         flags += " (not read: the plugin is not loaded)"
     lines.append("  flags: " + flags)
+    on = "ON" if prefill_captured(plan) else "OFF"
     lines.append(
-        f"Prefill graph: {plan.prefill.backend} (decided by {_decision_text(plan.prefill.decided_by)})"
+        f"  Prefill graph: {on} ({pg.backend}), decided by {_decision_text(pg.decided_by)}"
     )
-    for r in plan.prefill.rules:
-        lines.append(f"  rule {r.name!r}: {r.action}")
-    dg = plan.decode
-    lines.append(
-        f"Decode graph: {dg.backend} ({dg.decided_by.kind.value}), max_bs {dg.max_bs}, "
-        f"{dg.bucket_count} buckets"
-    )
-    cm = plan.capture
-    if cm is not None:
-        v = cm.verdict
-        if v is None:
-            from sglang_mixgraph.graph_plan import UNKNOWN_BUDGET
-
-            lines.append(
-                f"Capture memory: {fmt_bytes(cm.estimate.total)} needed; available unknown "
-                f"({UNKNOWN_BUDGET})"
-            )
-        else:
-            lines.append(
-                f"Capture memory: {fmt_bytes(v.needed)} needed for {len(cm.estimate.buckets)} "
-                f"buckets, {fmt_bytes(v.available)} available, margin {fmt_bytes(v.margin_bytes)} "
-                f"-> {_fits_word(v.fits)} (needs {int(v.margin_fraction * 100)}% headroom)"
-            )
-            terms = ", ".join(f"{k} {fmt_bytes(b)}" for k, b in cm.estimate.terms.items())
-            lines.append(f"  terms: {terms}")
-        if plan.prefill_off_but_estimated:
-            lines.append(
-                "  note: prefill graph is off; the estimate is what the final list would need"
-                + (
-                    " (a list SGLang never captures: see Buckets)"
-                    if uncaptured_final_list(plan)
-                    else ""
-                )
-            )
+    for r in pg.rules:
+        lines.append(f"    rule {r.name!r}: {r.action}")
     bl = plan.buckets
-    if bl is None:
-        lines.append("Buckets: chunked prefill disabled: no per-rank chunk to derive buckets from")
-    else:
+    policy = f" (policy {bl.policy})" if bl is not None else ""
+    if on == "ON":
         lines.append(
-            f"Buckets (policy {bl.policy}), final list of {len(bl.final)}: {_elided(bl.final)}"
+            f"  Prefill buckets{policy}: {len(pg.buckets)} captured, {_elided(pg.buckets)}"
+        )
+    elif bl is None:
+        lines.append("  Prefill buckets: none (chunked prefill disabled)")
+    else:
+        final = bl.final
+        resolved = f"; the resolved list has {len(final)}, {_elided(final)}" if final else ""
+        lines.append(
+            f"  Prefill buckets{policy}: none captured (the prefill graph is off{resolved})"
         )
         note = uncaptured_final_list(plan)
         if note is not None:
-            lines.append(f"  note: {note}")
-        lines += _bucket_side_lines("upstream", bl.upstream)
-        lines += _bucket_side_lines("derived ", bl.derived, bl.derived_error)
+            lines.append(f"    note: {note}")
+    lines.append(
+        f"  Decode graph: {dg.backend} ({dg.decided_by.kind.value}), max_bs {dg.max_bs}, "
+        f"{dg.bucket_count} buckets"
+    )
     if plan.plugin_loaded:
         lines.append("Validations:")
     else:
@@ -312,4 +330,114 @@ def format_graph_plan(plan) -> str:
     for v in plan.validations:
         mark = "ok" if v.ok else ("WARN" if v.warning else "FAIL")
         lines.append(f"  [{mark}] {v.name}: {v.message}")
-    return "\n".join(lines)
+    return lines
+
+
+def estimate_lines(plan) -> list[str]:
+    """The capture estimate of the list SGLang will capture, labelled with its calibration;
+    nothing about a list it never captures."""
+    if not prefill_captured(plan):
+        return [
+            "Capture estimate: none (SGLang captures no prefill graph here; what the lists "
+            "would need with the graph on is under Advice)"
+        ]
+    cm = plan.capture
+    lines = [f"Capture estimate ({calibration_label(plan)}):"]
+    v = cm.verdict
+    if v is None:
+        from sglang_mixgraph.graph_plan import UNKNOWN_BUDGET
+
+        lines.append(
+            f"  {fmt_bytes(cm.estimate.total)} needed; available unknown ({UNKNOWN_BUDGET})"
+        )
+        return lines
+    lines.append(
+        f"  {fmt_bytes(v.needed)} needed for {len(cm.estimate.buckets)} buckets, "
+        f"{fmt_bytes(v.available)} available, margin {fmt_bytes(v.margin_bytes)} "
+        f"-> {_fits_word(v.fits, calibration_gap(plan))} "
+        f"(needs {int(v.margin_fraction * 100)}% headroom)"
+    )
+    terms = ", ".join(f"{k} {fmt_bytes(b)}" for k, b in cm.estimate.terms.items())
+    lines.append(f"  terms: {terms}")
+    if cm.kv_sized_after_capture:
+        lines.append("  note: the KV pool is sized after capture: capture memory comes out of it")
+    return lines
+
+
+def advice_lines(plan) -> list[str]:
+    """What to change where the estimate does not fit, and the prefill lists compared (what
+    upstream and the derived policy would capture with the graph on)."""
+    lines = ["Advice:"]
+    cm = plan.capture
+    if prefill_captured(plan) and cm.fits is False:
+        hints = []
+        if cm.advice_max_bs_prefill:
+            hints.append(f"--cuda-graph-max-bs-prefill {cm.advice_max_bs_prefill}")
+        if cm.advice_mem_fraction_static is not None:
+            hints.append(f"--mem-fraction-static {cm.advice_mem_fraction_static} or lower")
+        hints.append("fewer buckets (--cuda-graph-bs-prefill)")
+        lines.append("  to fit the capture estimate: " + "; or ".join(hints))
+    bl = plan.buckets
+    if bl is None:
+        lines.append("  no bucket lists to compare: chunked prefill is disabled")
+    else:
+        lines.append("  prefill bucket lists with the graph on:")
+        lines += ["  " + line for line in _bucket_side_lines(plan, "upstream", bl.upstream)]
+        lines += [
+            "  " + line
+            for line in _bucket_side_lines(plan, "derived ", bl.derived, bl.derived_error)
+        ]
+    return lines
+
+
+def _list_words(plan, side) -> str:
+    return (
+        f"{len(side.buckets)} buckets up to {max(side.buckets)}, capture estimate "
+        f"{fmt_bytes(side.capture.estimate.total)} "
+        f"({_fits_word(side.capture.fits, calibration_gap(plan))})"
+    )
+
+
+def graph_config_if_on(plan) -> dict[str, str]:
+    """For `plan` with the graph_config patch off: what each of its switches would do here,
+    by "FLAG=value"."""
+    from sglang_mixgraph.bcg_rules import DSV4_RULE, FORCEABLE_RULES
+    from sglang_mixgraph.graph_plan import DecidedBy
+
+    pg, bl = plan.prefill, plan.buckets
+    user = pg.decided_by.kind is DecidedBy.USER
+    kept = next((r.name for r in pg.rules if r.name not in FORCEABLE_RULES), None)
+    if bl is None:
+        auto = "nothing to derive: chunked prefill is disabled"
+    elif bl.derived is None:
+        auto = f"no derived list: {bl.derived_error}"
+    elif kept is not None or user and pg.backend == "disabled":
+        auto = f"derives {_list_words(plan, bl.derived)}, but the prefill graph stays off"
+    elif any(r.name == DSV4_RULE for r in pg.rules):
+        outcome = "keeps the graph on with" if bl.derived.capture.fits else "turns the graph off:"
+        auto = (
+            f"the capture estimate replaces rule {DSV4_RULE!r} and {outcome} "
+            f"{_list_words(plan, bl.derived)}"
+        )
+    else:
+        auto = f"captures {_list_words(plan, bl.derived)} instead of upstream's list"
+    if user:
+        force = "the prefill backend is set explicitly: nothing to override"
+    elif not pg.rules:
+        force = "no upstream rule turns the prefill graph off here: nothing to override"
+    elif kept is not None:
+        force = f"rule {kept!r} is kept: the prefill graph stays off"
+    else:
+        names = ", ".join(repr(r.name) for r in pg.rules)
+        listed = f" ({_list_words(plan, bl.upstream)})" if bl and bl.upstream else ""
+        force = f"overrides {names}: SGLang captures its own prefill list{listed}"
+    return {
+        "SGLANG_MIXGRAPH_PREFILL_BUCKETS=auto": auto,
+        "SGLANG_EXPERIMENTAL_FORCE_BCG=1": force,
+    }
+
+
+def format_graph_plan(plan) -> str:
+    """The planner's typed result, for people: what SGLang will do, the capture estimate of
+    the list it captures, then the advice."""
+    return "\n".join(decision_lines(plan) + estimate_lines(plan) + advice_lines(plan))

@@ -269,6 +269,31 @@ def largest_fitting_prefix(
     return best
 
 
+@dataclass(frozen=True)
+class Calibration:
+    """What the estimate's measured parts (the torch-logits peak, TORCH_LOGITS_LIVE_COPIES, and
+    the check of the whole against real captures) were fitted on."""
+
+    model: str  # in words
+    architectures: tuple[str, ...]  # the HF architectures that model has
+    gpu: str  # as `plan --target-gpu` names it
+
+
+# docs/results/rank_slice_h200.md: DeepSeek-V4-Pro's attention stack on one H200.
+CALIBRATION = Calibration("DeepSeek-V4-Pro", ("DeepseekV4ForCausalLM",), "H200")
+
+
+def not_calibrated_for(architectures: Sequence[str], gpu: str) -> str | None:
+    """The model and/or GPU of a deployment the estimate was not fitted on, in words (e.g.
+    "GlmMoeDsaForCausalLM on the B300"), or None where it was fitted."""
+    parts = []
+    if not set(architectures) & set(CALIBRATION.architectures):
+        parts.append(", ".join(architectures) or "this model")
+    if gpu.upper() != CALIBRATION.gpu:
+        parts.append(f"the {gpu}")
+    return " on ".join(parts) or None
+
+
 def fmt_bytes(n: int) -> str:
     sign = "-" if n < 0 else ""
     n = abs(n)

@@ -1,0 +1,143 @@
+"""`plan`'s text leads with what SGLang will do, then the capture estimate of a list SGLang
+captures (labelled with what it was fitted on), then the advice and one line per switch of
+each patch that is off; a verdict for a model or GPU the estimate was never measured on says
+so instead of "does not fit". Run in this process (`cli.main`), one plan per test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from sglang_mixgraph import cli
+from sglang_mixgraph.core.capture_memory import CALIBRATION, not_calibrated_for
+from sglang_mixgraph.patches import all_patches
+from sglang_mixgraph.presets import MEGA_MOE_CAP_ENV
+
+SECTIONS = ("What SGLang will do on ", "Capture estimate", "Advice:", "Patches:")
+
+
+@pytest.fixture
+def plan_env(monkeypatch):
+    for name in list(os.environ):
+        if name.startswith("SGLANG_") and name != "SGLANG_PLATFORM":
+            monkeypatch.delenv(name)
+    monkeypatch.delenv(MEGA_MOE_CAP_ENV, raising=False)
+    return monkeypatch
+
+
+def _plan(capsys, *args: str) -> tuple[str, dict]:
+    """The text of `plan ARGS` and its --json, both in this process."""
+    assert cli.main(["plan", *args]) == 0
+    text = capsys.readouterr().out
+    assert cli.main(["plan", "--json", *args]) == 0
+    return text, json.loads(capsys.readouterr().out)
+
+
+def _section_starts(lines: list[str]) -> list[int]:
+    return [next(i for i, line in enumerate(lines) if line.startswith(s)) for s in SECTIONS]
+
+
+def _switch_lines(text: str, report: dict) -> None:
+    """One `with FLAG=value:` line per switch of each patch that is off, and none for others."""
+    switches = {p.id: [f.name for f in p.switches] for p in all_patches()}
+    shown = [line for line in text.splitlines() if line.startswith("    with ")]
+    assert len(shown) == sum(len(p.get("if_on", {})) for p in report["patches"])
+    for patch in report["patches"]:
+        names = switches[patch["id"]]
+        if patch["status"] == "off":
+            assert set(patch["if_on"]) == {f"{n}={v}" for n, v in _on_values(names).items()}
+            for setting, what in patch["if_on"].items():
+                assert f"    with {setting}: {what}" in shown
+        else:
+            assert "if_on" not in patch
+
+
+def _on_values(names: list[str]) -> dict[str, str]:
+    return {n: ("auto" if n == "SGLANG_MIXGRAPH_PREFILL_BUCKETS" else "1") for n in names}
+
+
+def test_calibration_names_the_model_and_gpu_it_was_not_fitted_on():
+    assert (CALIBRATION.gpu, CALIBRATION.architectures) == ("H200", ("DeepseekV4ForCausalLM",))
+    assert not_calibrated_for(["DeepseekV4ForCausalLM"], "H200") is None
+    assert not_calibrated_for(["DeepseekV4ForCausalLM"], "B300") == "the B300"
+    assert not_calibrated_for(["GlmMoeDsaForCausalLM"], "H200") == "GlmMoeDsaForCausalLM"
+    assert (
+        not_calibrated_for(["GlmMoeDsaForCausalLM"], "B200") == "GlmMoeDsaForCausalLM on the B200"
+    )
+
+
+def test_a_prefill_graph_that_is_off_gets_no_capture_verdict(plan_env, capsys):
+    # The reference: upstream's DeepSeek-V4 rule turns the prefill graph off.
+    text, report = _plan(capsys)
+    lines = text.splitlines()
+    starts = _section_starts(lines)
+    assert starts == sorted(starts), starts  # decision, estimate, advice, patches
+    decision = lines[starts[0] : starts[1]]
+    assert any(
+        line.startswith("  Prefill graph: OFF (disabled), decided by upstream rule")
+        for line in decision
+    )
+    assert any("none captured (the prefill graph is off" in line for line in decision)
+    assert lines[starts[1]].startswith("Capture estimate: none")
+    # the list SGLang never captures is given no fit or miss, and no margin
+    assert "does not fit" not in text and "margin" not in text
+    graph = report["graph"]
+    assert graph["capture_memory"]["captured"] is False
+    assert graph["prefill_graph"]["backend"] == "disabled"
+    # the advice compares what the lists would need with the graph on
+    advice = lines[starts[2] : starts[3]]
+    assert any(line.startswith("    upstream: 45 buckets") for line in advice)
+    assert any(line.startswith("    derived : 10 buckets") for line in advice)
+    _switch_lines(text, report)
+    force = report["patches"][[p["id"] for p in report["patches"]].index("graph_config")]
+    assert force["if_on"]["SGLANG_EXPERIMENTAL_FORCE_BCG=1"].startswith(
+        "overrides 'DeepSeek-V4 (heavy capture-pool memory pressure)'"
+    )
+
+
+def test_an_uncalibrated_glm5_verdict_says_so_instead_of_does_not_fit(plan_env, capsys):
+    text, report = _plan(capsys, "--preset", "glm5")  # B300, GLM-5: neither was measured
+    lines = text.splitlines()
+    starts = _section_starts(lines)
+    assert starts == sorted(starts), starts
+    assert any(line.startswith("  Prefill graph: ON (breakable)") for line in lines[: starts[1]])
+    label = lines[starts[1]]
+    assert label == (
+        "Capture estimate (fitted on DeepSeek-V4-Pro on the H200; no measurement of "
+        "GlmMoeDsaForCausalLM on the B300):"
+    )
+    assert (
+        "over the available memory by the estimate, uncalibrated for GlmMoeDsaForCausalLM on the B300"
+        in lines[starts[1] + 1]
+    )
+    assert "does not fit" not in text
+    cm = report["graph"]["capture_memory"]
+    assert cm["captured"] is True
+    assert cm["verdict"]["fits"] is False and cm["verdict"]["calibrated"] is False
+    assert report["graph"]["capture_calibration"]["not_calibrated_for"] == (
+        "GlmMoeDsaForCausalLM on the B300"
+    )
+    # the advice the JSON carries is in the text too
+    advice = lines[starts[2] + 1]
+    assert advice.startswith("  to fit the capture estimate: ")
+    assert f"--cuda-graph-max-bs-prefill {cm['advice']['max_bs_prefill']}" in advice
+    assert f"--mem-fraction-static {cm['advice']['mem_fraction_static_at_most']} or lower" in advice
+    _switch_lines(text, report)
+
+
+def test_a_calibrated_verdict_on_the_h200_is_a_plain_fit(plan_env, capsys):
+    plan_env.setenv("SGLANG_MIXGRAPH_PREFILL_BUCKETS", "auto")
+    text, report = _plan(capsys, "--target-gpu", "H200")
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("Capture estimate"))
+    assert lines[start] == "Capture estimate (fitted on DeepSeek-V4-Pro on the H200):"
+    verdict = report["graph"]["capture_memory"]["verdict"]
+    assert verdict["calibrated"] is True
+    assert f"-> {'fits' if verdict['fits'] else 'does not fit'} (needs" in lines[start + 1]
+    graph_config = next(p for p in report["patches"] if p["id"] == "graph_config")
+    assert graph_config["status"] == "active" and "if_on" not in graph_config
+    assert isinstance(report["graph"]["flags"]["SGLANG_EXPERIMENTAL_FORCE_BCG"], bool)
+    assert report["schema_version"] == 1
