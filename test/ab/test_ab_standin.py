@@ -118,6 +118,21 @@ max_ratio = 0.75""",
         expected = 2 * 8 / ((TTFT_MS + 7 * tpot) / 1000)
         assert s["output_throughput_per_gpu"]["mean"] == pytest.approx(expected, rel=0.35)
         assert results["gsm8k"][arm]["score"] == pytest.approx(expected_accuracy(2, 12, 4))
+        # bench_serving's end-to-end latency and request rate, tok/s per user from the TPOT
+        e2e_ms = TTFT_MS + 7 * tpot
+        assert s["median_e2e_latency_ms"]["mean"] == pytest.approx(e2e_ms, rel=0.35)
+        assert s["request_throughput"]["mean"] == pytest.approx(2 / (e2e_ms / 1000), rel=0.35)
+        assert s["output_tok_per_s_per_user"]["mean"] == pytest.approx(
+            1000 / s["median_tpot_ms"]["mean"], rel=0.05
+        )
+    # split decodes faster and serves more per GPU: its point alone is on the joint frontier
+    (rows,) = results["pareto"].values()  # one shape
+    frontier = {r["arm"]: r for r in rows}
+    assert frontier["split"]["joint_frontier"] and not frontier["base"]["joint_frontier"]
+    assert frontier["base"]["arm_frontier"] and frontier["split"]["arm_frontier"]
+    (diff,) = results["gsm8k_differences"]  # the same answers: no difference, 0 inside
+    assert diff["difference"] == 0 and diff["low"] < 0 < diff["high"]
+    assert results["schema_version"] == 1
     ratio = results["ratios_vs_baseline"]["split"]["2"]["median_tpot_ms"]
     assert ratio["mean"] == pytest.approx(0.5, rel=0.2) and ratio["n"] == 2
     assert results["gates"][0]["passed"] is True
