@@ -14,14 +14,22 @@ SGLang loads plugins once per process, and the registry installs a patch only if
 at that moment; `graph_config` reads its flags again whenever its hooks run. So the plugin is
 loaded here, once, with `graph_config` switched on: every in-process resolution sees the same
 hooks, whichever test happens to resolve first.
+
+Two tiers (docs/testing.md, "CI tiers"): by default the tests marked `slow` are skipped and
+property tests run a quarter of their examples; `--slow` runs everything at full depth.
+`.ci/run` picks the slow files to run from the paths a change touched (`.ci/slow_tier.py`).
 """
 
 import importlib.util
 import os
 
+import pytest
+
 from sglang_mixgraph.resolve import load_plugins, select_described_platform
 
 REAL_GPU_DIRS = ("gpu_upstream",)
+SLOW_OPTION = "--slow"
+FAST_TIER_DEPTH = 4  # property tests in the fast tier run 1/4 of their examples, at least 2
 GRAPH_CONFIG_SWITCH = "SGLANG_MIXGRAPH_PREFILL_BUCKETS"
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -46,9 +54,44 @@ def _load_the_plugin_with_graph_config_on() -> None:
             os.environ[GRAPH_CONFIG_SWITCH] = saved
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        SLOW_OPTION,
+        action="store_true",
+        help="the full suite: also the tests marked slow, property tests at full depth",
+    )
+
+
 def pytest_configure(config):
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        return  # pytest-xdist's controller collects nothing: its workers set SGLang up
     args = [a for a in config.args if not a.startswith("-")]
     if not args or not all(_inside_real_gpu_dirs(a) for a in args):
         select_described_platform()
         if importlib.util.find_spec("sglang") is not None:  # test/gpu runs without sglang
             _load_the_plugin_with_graph_config_on()
+
+
+def _lighten_property_test(test, seen: set[int]) -> None:
+    """Run a Hypothesis test with fewer examples; parametrized cases share one function."""
+    test = getattr(test, "__func__", test)  # a test method: its settings live on the function
+    current = getattr(test, "_hypothesis_internal_use_settings", None)
+    if current is None or id(test) in seen:
+        return
+    seen.add(id(test))
+    from hypothesis import settings
+
+    lighter = max(2, current.max_examples // FAST_TIER_DEPTH)
+    test._hypothesis_internal_use_settings = settings(current, max_examples=lighter)
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption(SLOW_OPTION):
+        return
+    skip = pytest.mark.skip(reason=f"slow tier: run with {SLOW_OPTION} (docs/testing.md)")
+    seen: set[int] = set()
+    for item in items:
+        if item.get_closest_marker("slow"):
+            item.add_marker(skip)
+        else:
+            _lighten_property_test(getattr(item, "obj", None), seen)

@@ -114,7 +114,12 @@ def test_with_every_flag_on_every_target_is_wrapped():
     assert changed == _every_patch_target()
 
 
-@pytest.mark.parametrize("flag_name", sorted(FLAGS))
+# A fresh SGLang process per flag: the first in the fast tier, the rest slow (test_flags.py parses
+# every flag's values in-process).
+@pytest.mark.parametrize(
+    "flag_name",
+    [pytest.param(f, marks=pytest.mark.slow if i else ()) for i, f in enumerate(sorted(FLAGS))],
+)
 def test_invalid_flag_value_stops_startup_naming_variable_and_values(flag_name):
     result = run_python(
         "from sglang.srt.plugins import load_plugins\nload_plugins()\n",

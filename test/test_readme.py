@@ -48,13 +48,14 @@ def test_every_flag_belongs_to_a_patch_or_the_counters():
 
 def _fenced_commands(text: str) -> list[str]:
     blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
-    return [line.strip() for block in blocks for line in block.splitlines() if line.strip()]
+    lines = [line.split("  # ")[0].strip() for block in blocks for line in block.splitlines()]
+    return [line for line in lines if line]  # each command without its trailing comment
 
 
 def test_ci_runs_the_readme_install_and_test_commands():
     commands = _fenced_commands(README)
     install = "pip install -q -e '.[test]'"
-    test = "python -m pytest test -q"
+    test = "python -m pytest test -q -n auto"
     assert install in " ".join(commands) and install in CI
     assert test in commands and test in CI
     for lint in ("ruff check .", "ruff format --check ."):

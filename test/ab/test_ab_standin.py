@@ -238,6 +238,8 @@ def test_server_that_never_becomes_healthy(tmp_path, capsys, command, message):
         assert "no GPU here" in err  # the server log's tail is shown
 
 
+# Slow tier (about 14 s); --accuracy-only's configuration is checked in test_ab_config.py.
+@pytest.mark.slow
 def test_accuracy_only_ci_mode_attached_exits_1_below_threshold(tmp_path):
     """The CI use: one arm, attached, `python -m` the real CLI and the real child processes."""
     port = free_port()
@@ -586,6 +588,8 @@ def test_slo_names_are_bench_servings():
     assert tuple(SLO_KEYS.values()) == GOODPUT_SLO_METRICS
 
 
+# Slow tier (about 12 s); request rates, shapes and counts are planned in test_ab_config.py.
+@pytest.mark.slow
 def test_request_rates_shapes_and_counts_in_multiples_of_concurrency(tmp_path, capsys):
     config = standin_config(
         tmp_path,

@@ -12,6 +12,7 @@ import sys
 import tarfile
 from pathlib import Path
 
+import pytest
 from ab_kit import small_sweep, standin_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,6 +57,9 @@ def _cells(packed: Path, tmp: Path) -> list[tuple[str, str]]:
     return sorted((c["arm"], c["status"]) for c in results["cells"])
 
 
+# Slow tier (about 75 s): device_ab.sh end to end over two stand-in machines; ab's blocks over
+# machines run in the fast tier in test_ab_blocks.py.
+@pytest.mark.slow
 def test_a_run_split_over_two_machines_resumes_one_block_each_after_a_warm_visit(tmp_path):
     sweep = small_sweep("[2]").replace("repeats = 1", 'block = ["base", "cand"]\nblocks = 2')
     config = standin_config(tmp_path, arms=ARMS, sweep=sweep + '\nwarm_visit = "cand"')

@@ -125,7 +125,15 @@ def test_doctor_exits_1_when_an_enabled_patch_cannot_apply():
     assert patch["targets"][0]["ok"] is False
 
 
-@pytest.mark.parametrize("value, code", [("1", 1), (None, 0), ("0", 0)])
+# Three fresh processes: switched on (exit 1) in the fast tier, unset and off slow.
+@pytest.mark.parametrize(
+    "value, code",
+    [
+        ("1", 1),
+        pytest.param(None, 0, marks=pytest.mark.slow),
+        pytest.param("0", 0, marks=pytest.mark.slow),
+    ],
+)
 def test_doctor_shows_a_patch_deferred_to_an_upstream_flag(value, code):
     """SGLang defines SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN itself: doctor shows mixed_split as
     deferred with the reason, and fails only when the user switched this plugin's patch on."""
@@ -254,6 +262,9 @@ def test_plan_megamoe_cap_comes_from_the_environment():
     assert p["graph"]["deployment"]["mega_moe_cap_per_rank"] == 4096
 
 
+# Slow tier (about 19 s, two fresh processes); in-process plans for described GPUs run in
+# test_plan_decision.py and test_plan_inputs.py.
+@pytest.mark.slow
 def test_plan_target_gpu_reaches_sglang_resolution(tmp_path):
     model = _dense_model(tmp_path)
     b300 = cli_json("plan", "--model-path", str(model))
@@ -332,6 +343,9 @@ def test_plan_rejects_unknown_target_gpu():
     assert "invalid choice" in result.stderr
 
 
+# Slow tier (about 40 s, four fresh processes); the same notes in-process: test_plan_decision.py's
+# test_what_the_split_would_do_follows_the_deployment.
+@pytest.mark.slow
 def test_plan_says_what_the_mixed_split_would_do(tmp_path):
     on = {"SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN": "1"}
     bcg = {**on, "SGLANG_MIXGRAPH_PREFILL_BUCKETS": "auto"}

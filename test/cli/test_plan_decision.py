@@ -13,8 +13,9 @@ import pytest
 
 from sglang_mixgraph import cli
 from sglang_mixgraph.core.capture_memory import CALIBRATION, not_calibrated_for
+from sglang_mixgraph.kits.model_configs import write_model
 from sglang_mixgraph.patches import all_patches
-from sglang_mixgraph.presets import MEGA_MOE_CAP_ENV
+from sglang_mixgraph.presets import DSV4_MODEL_DIR, MEGA_MOE_CAP_ENV
 
 SECTIONS = ("What SGLang will do on ", "Capture estimate", "Advice:", "Patches:")
 
@@ -141,3 +142,24 @@ def test_a_calibrated_verdict_on_the_h200_is_a_plain_fit(plan_env, capsys):
     assert graph_config["status"] == "active" and "if_on" not in graph_config
     assert isinstance(report["graph"]["flags"]["SGLANG_EXPERIMENTAL_FORCE_BCG"], bool)
     assert report["schema_version"] == 1
+
+
+def test_what_the_split_would_do_follows_the_deployment(plan_env, capsys, tmp_path):
+    """In this process, what `plan` says of the split where it is off (the fresh-process twin is
+    test_cli.py's test_plan_says_what_the_mixed_split_would_do, in the slow tier)."""
+
+    def split_if_on(*args: str) -> str:
+        (patch,) = [p for p in _plan(capsys, *args)[1]["patches"] if p["id"] == "mixed_split"]
+        return patch["if_on"]["SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN=1"]
+
+    eager = split_if_on()  # upstream's DeepSeek-V4 rule turns the prefill graph off
+    assert eager.startswith("splits mixed steps") and "in eager steps" in eager
+    plan_env.setenv("SGLANG_MIXGRAPH_PREFILL_BUCKETS", "auto")
+    assert "split inside the replay's attention break" in split_if_on()
+    plan_env.delenv("SGLANG_MIXGRAPH_PREFILL_BUCKETS")
+    trtllm = split_if_on(
+        "--model-path", str(DSV4_MODEL_DIR), "--tp", "8", "--dsv4-attn-backend", "trtllm"
+    )
+    assert trtllm.startswith("falls back to upstream: trtllm")
+    dense = split_if_on("--model-path", str(write_model(tmp_path / "dense")))
+    assert dense == "not a DeepSeek-V4 model: nothing to split"

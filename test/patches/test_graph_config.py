@@ -605,7 +605,8 @@ def test_flags_off_resolve_exactly_like_upstream(flags, models):
     assert as_json(resolve(rows["reference"]).resolved) != baseline["reference"]
 
 
-@pytest.mark.parametrize("chunk", ["0", "-1"])
+# Two fresh processes: chunked prefill 0 in the fast tier, -1 (the same rule) slow.
+@pytest.mark.parametrize("chunk", ["0", pytest.param("-1", marks=pytest.mark.slow)])
 def test_unchunked_dsv4_settles_the_deferred_rule_as_upstream(flags, chunk):
     """DSV4 with mixed chunk but chunked prefill off (0 or -1) and no MegaMoE: the rule hook
     defers upstream's DSV4 rule, and no bucket list is left to estimate. The deferral used to
@@ -751,6 +752,9 @@ def test_force_bcg_rule_table_covers_every_rule():
     assert forced_actions([]) == ([], None)
 
 
+# Slow tier (about 25 s, two fresh processes per rule row); the forced actions per rule are
+# checked in-process by test_force_bcg_rule_table_covers_every_rule and forced_actions' tests.
+@pytest.mark.slow
 def test_force_bcg(models):
     def fill(rows):
         return {

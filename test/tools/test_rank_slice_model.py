@@ -258,6 +258,8 @@ def test_plan_resolves_a_deepseek_v4_deployment_of_one_rank(plan):
     assert plan["graph"]["deployment"]["running_per_rank"] == 256
 
 
+# Slow tier (about 10 s, a fresh process); the slice's plan runs in the fast tier.
+@pytest.mark.slow
 def test_plan_with_the_triton_moe_runner_the_readme_recommends(slice_dir, plan):
     # Without a quantization_config SGLang still assumes DeepSeek-V4's FP4 routed experts
     # and picks the MXFP4 runner on an H200; the bf16 slice needs Triton.
