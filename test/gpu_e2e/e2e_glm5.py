@@ -27,7 +27,7 @@ from pathlib import Path
 
 from e2e_checks import Check, PhaseRecord, compare_tokens, split_stub_calls
 from e2e_glm5_probe import CAPTURES_PREFIX, GUARDS_PREFIX
-from e2e_phases import _GRAPH_KWARGS, CHUNK, MAX_RUNNING, MAX_TOTAL_TOKENS
+from e2e_phases import _GRAPH_KWARGS, engine_base_kwargs
 
 from sglang_mixgraph.kits.gpu_machine import GLM5_ENGINE, GLM5_ENV, RADIX_CORE_ENV
 
@@ -75,23 +75,7 @@ class Glm5Phase:
     ) -> dict[str, object]:
         if dp != 1 or kernels != "standin":
             raise ValueError("GLM-5 phases run on one GPU with the kit's stand-in kernels only")
-        kwargs: dict[str, object] = dict(
-            model_path=model_dir,
-            skip_tokenizer_init=True,
-            load_format="dummy",
-            tp_size=1,
-            enable_mixed_chunk=True,
-            chunked_prefill_size=CHUNK,
-            max_running_requests=MAX_RUNNING,
-            max_total_tokens=MAX_TOTAL_TOKENS,
-            moe_runner_backend="triton",
-            mem_fraction_static=0.6,
-            random_seed=1,
-            disable_radix_cache=not radix,
-            port=31000 + 40 * slot,
-            nccl_port=33000 + 40 * slot,
-            log_level="info",
-        )
+        kwargs = engine_base_kwargs(model_dir, radix=radix, slot=slot)
         kwargs.update(GLM5_ENGINE)
         kwargs.update(_GRAPH_KWARGS[self.graph])
         return kwargs

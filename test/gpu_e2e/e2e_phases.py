@@ -87,6 +87,31 @@ _GRAPH_KWARGS = {
 }
 
 
+def engine_base_kwargs(model_dir: str, *, radix: bool, slot: int) -> dict[str, object]:
+    """The ``sglang.Engine`` arguments every phase shares, DeepSeek-V4's and GLM-5's alike:
+    one GPU, dummy weights, mixed chunked prefill, greedy-friendly seed; ``slot`` keeps
+    concurrent phases' ports apart."""
+    return dict(
+        model_path=model_dir,
+        skip_tokenizer_init=True,
+        load_format="dummy",
+        tp_size=1,
+        enable_mixed_chunk=True,
+        chunked_prefill_size=CHUNK,
+        max_running_requests=MAX_RUNNING,
+        max_total_tokens=MAX_TOTAL_TOKENS,
+        moe_runner_backend="triton",
+        # The KV budget is free memory minus (1 - this) x the memory free at start: high
+        # enough that engines started side by side still find room for the capped pool.
+        mem_fraction_static=0.6,
+        random_seed=1,
+        disable_radix_cache=not radix,
+        port=31000 + 40 * slot,
+        nccl_port=33000 + 40 * slot,
+        log_level="info",
+    )
+
+
 @dataclass(frozen=True)
 class Phase:
     graph: str
@@ -116,26 +141,8 @@ class Phase:
         runs attention data parallel over that many GPUs (tp = dp, as the reference deployment),
         each rank with the chunk and the running requests one GPU has at dp 1; ``kernels`` is
         the kit's kernel selection."""
-        kwargs: dict[str, object] = dict(
-            model_path=model_dir,
-            skip_tokenizer_init=True,
-            load_format="dummy",
-            tp_size=1,
-            enable_mixed_chunk=True,
-            chunked_prefill_size=CHUNK,
-            max_running_requests=MAX_RUNNING,
-            max_total_tokens=MAX_TOTAL_TOKENS,
-            dsa_topk_backend="torch",
-            moe_runner_backend="triton",
-            # The KV budget is free memory minus (1 - this) x the memory free at start: high
-            # enough that engines started side by side still find room for the capped pool.
-            mem_fraction_static=0.6,
-            random_seed=1,
-            disable_radix_cache=not radix,
-            port=31000 + 40 * slot,
-            nccl_port=33000 + 40 * slot,
-            log_level="info",
-        )
+        kwargs = engine_base_kwargs(model_dir, radix=radix, slot=slot)
+        kwargs["dsa_topk_backend"] = "torch"
         kwargs.update(KERNEL_ENGINE[kernels])
         kwargs.update(_GRAPH_KWARGS[self.graph])
         kwargs.update(attention_dp_engine_kwargs(dp, CHUNK, MAX_RUNNING))
