@@ -14,7 +14,9 @@ Whole step = prepare (the runner's metadata refresh, with the patch its plan and
 plus replay, per step, the same work in every arm (upstream builds its chunk cache inside the
 replay, the patch at prepare); each arm's first steps after it is entered are untimed. The host
 time of the plan's parts (decision, decode-tail inputs, chunk cache) inside each step's prepare
-and replay is recorded beside it (``kits.host_timers`` around the server's own functions).
+and replay is recorded beside it (``kits.host_timers`` around the server's own functions), per
+step and as medians: ``benchmark/fit_split_cost.py --step`` fits the cost model's step terms
+(chunk-cache build, the plan, the decision) from them.
 Attention time = step replay minus the replay of the same graph without the breaks (the per-layer
 q copy is in both graphs). KV caches:
 ``--physical-layers N`` (the model's first N layers; 8 at 8k, 6 fit at 32k); layer i >= N reuses
@@ -230,6 +232,12 @@ def run_context(context, ratios, arms, reps, rounds, kit, physical):
             attention_ms=rep - filler_ms,
             prepare_ms=statistics.median(samples[arm]["prepare"]),
             host_parts_ms=part_medians(samples[arm]["parts"]),
+            # Every step's parts: benchmark/fit_split_cost.py --step fits the cost model's step
+            # terms from these (kits.cost_fit.fit_step_terms), per step rather than per median.
+            host_parts_samples=[
+                {ph: {k: round(v, 4) for k, v in d.items()} for ph, d in parts.items()}
+                for parts in samples[arm]["parts"]
+            ],
             step_ms=statistics.median(steps_ms),
             replay_samples=samples[arm]["replay"],
             prepare_samples=samples[arm]["prepare"],

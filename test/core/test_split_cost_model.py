@@ -432,9 +432,10 @@ def test_whole_step_decisions_pick_the_faster_recorded_step_counting_prepare():
 
 
 def test_step_terms_load_default_and_round_trip():
-    data = _shipped_json()
+    data = {k: v for k, v in _shipped_json().items() if k != "step"}  # a file without the block
     c = m.Coefficients.from_json(data)
     assert c.step is None and c.step_terms() == m.DEFAULT_STEP_TERMS
+    assert c.step_terms_source() == m.DEFAULT_STEP_SOURCE and "fallback" in m.DEFAULT_STEP_SOURCE
     assert set(m.DEFAULT_STEP_TERMS) == set(m.STEP_NAMES)
     terms = {"cache_build_ms": 0.25, "split_plan_ms": 0.2, "eval_ms": 0.01}
     with_step = dataclasses.replace(c, step=terms, step_source="test")
@@ -446,3 +447,126 @@ def test_step_terms_load_default_and_round_trip():
         m.Coefficients.from_json(bad)
     with pytest.raises(ValueError):
         m.decide_step(_step(8192, 8, 0), {4: 1}, c, regime="graph")
+
+
+# --------------------------------------------------------------------------------------------
+# step terms fitted from recorded whole steps (benchmark/mixed_steady_state.py results)
+# --------------------------------------------------------------------------------------------
+
+
+def _parts(plan=0.0, decision=0.0, tail=0.0, cache=0.0, replay_cache=0.0):
+    zero = {"plan": 0.0, "decision": 0.0, "tail_inputs": 0.0, "chunk_cache": 0.0}
+    return {
+        "prepare": dict(zero, plan=plan, decision=decision, tail_inputs=tail, chunk_cache=cache),
+        "replay": dict(zero, chunk_cache=replay_cache),
+    }
+
+
+def _steady_run(points):
+    env = {"gpu": "GPU-X", "date": "2026-01-02", "command": "bench --x", "arms": ["off"]}
+    return {"environment": env, "points": points}
+
+
+def test_step_terms_fit_from_a_small_recorded_run():
+    """Two contexts, medians per arm only (as runs 4 and 5 recorded them): each term is the
+    median of its per-arm values, mapped from the parts as the fit's docstring says."""
+    run = _steady_run(
+        [
+            {
+                "context": 8192,
+                "off": {"host_parts_ms": _parts(replay_cache=0.6)},
+                "adaptive": {"host_parts_ms": _parts(1.1, 0.3, 0.1, 0.5)},
+                "always": {"host_parts_ms": _parts(1.0, 0.0, 0.15, 0.7)},
+            },
+            {
+                "context": 32768,
+                "off": {"host_parts_ms": _parts(replay_cache=0.9)},
+                "adaptive": {"host_parts_ms": _parts(1.5, 0.4, 0.14, 0.72)},
+                "always": {"host_parts_ms": _parts(1.1, 0.0, 0.16, 0.71)},
+            },
+        ]
+    )
+    terms, per_context = fitting.fit_step_terms([run])
+    builds = sorted([0.6, 0.5, 0.7, 0.9, 0.72, 0.71])  # off's replay + the patch arms' prepare
+    plans = sorted([1.1 - 0.3 - 0.5, 1.0 - 0.7, 1.5 - 0.4 - 0.72, 1.1 - 0.71])
+    expected = {
+        "cache_build_ms": (builds[2] + builds[3]) / 2,
+        "split_plan_ms": (plans[1] + plans[2]) / 2,
+        "eval_ms": (0.3 + 0.4) / 2,
+    }
+    assert set(terms) == set(m.STEP_NAMES)
+    for k, v in expected.items():
+        assert terms[k] == pytest.approx(v, abs=1e-4), k
+    assert per_context["eval_ms"] == {8192: 0.3, 32768: 0.4}
+    assert per_context["cache_build_ms"][8192] == pytest.approx(0.6)  # median of 0.6, 0.5, 0.7
+
+
+def test_step_terms_fit_per_step_where_the_run_kept_the_steps():
+    """``host_parts_samples`` (what the benchmark records now): per arm the median over its steps
+    of each step's figure, not the figure of the per-part medians; an unsplit adaptive step
+    (no tail inputs) gives no plan value, and a part not called (0) is no build."""
+    adaptive = [_parts(1.0, 0.3, 0.1, 0.5), _parts(1.4, 0.2, 0.1, 0.6), _parts(0.35, 0.35)]
+    always = [_parts(0.9, 0.0, 0.1, 0.4), _parts(1.3, 0.0, 0.1, 0.8)]
+    run = _steady_run(
+        [
+            {
+                "context": 2048,
+                "off": {"host_parts_samples": [_parts(replay_cache=0.5)] * 3},
+                "adaptive": {"host_parts_samples": adaptive},
+                "always": {"host_parts_samples": always},
+            }
+        ]
+    )
+    terms, _ = fitting.fit_step_terms([run])
+    adaptive_plan = ((1.0 - 0.3 - 0.5) + (1.4 - 0.2 - 0.6)) / 2  # the unsplit step has no plan
+    always_plan = ((0.9 - 0.4) + (1.3 - 0.8)) / 2
+    assert terms["split_plan_ms"] == pytest.approx((adaptive_plan + always_plan) / 2, abs=1e-4)
+    # builds per arm: off 0.5; adaptive median(0.5, 0.6) (the unsplit step built none); always 0.6
+    assert terms["cache_build_ms"] == pytest.approx(sorted([0.5, 0.55, 0.6])[1], abs=1e-4)
+    assert terms["eval_ms"] == pytest.approx(0.3, abs=1e-4)  # median of 0.3, 0.2, 0.35
+    with pytest.raises(ValueError):
+        fitting.fit_step_terms([_steady_run([])])
+
+
+def test_the_shipped_step_block_is_the_fit_of_the_recorded_runs_and_the_model_uses_it():
+    runs = [
+        json.load(open(os.path.join(RESULTS, f"mixed_steady_state_h200_run{i}", "steady.json")))
+        for i in (4, 5)
+    ]
+    terms, _ = fitting.fit_step_terms(runs)
+    shipped = _shipped_json()["step"]
+    assert shipped["terms"] == pytest.approx(terms)
+    assert "mixed_steady_state_h200_run4" in shipped["source"]
+    assert "mixed_steady_state_h200_run5" in shipped["source"]
+    c = m.load_coefficients("sm90")
+    assert c.step_terms() == pytest.approx(terms) and c.step_terms_source() == shipped["source"]
+    assert c.file == "split_cost_sm90.json"
+    # predict_step prices the step with the block's terms, not the defaults.
+    counts = _step(8192, 256, 0)
+    layers = {4: 3}
+    pred = m.predict_step(counts, layers, c)
+    u, s = m.layer_walls(counts.shape(4), c)
+    assert pred.unsplit_ms == pytest.approx(3 * u + terms["cache_build_ms"])
+    assert pred.split_ms == pytest.approx(3 * s + terms["split_plan_ms"])  # no prefill: no build
+    assert pred.eval_ms == terms["eval_ms"]
+    without = dataclasses.replace(c, step=None, step_source="")
+    assert m.predict_step(counts, layers, without).eval_ms == m.DEFAULT_STEP_TERMS["eval_ms"]
+
+
+def test_calibration_info_names_each_coefficients_source():
+    c = m.load_coefficients("sm90")
+    info = m.calibration_info(c)
+    assert info["arch"] == "sm90" and info["file"].endswith("data/split_cost_sm90.json")
+    assert info["per_layer"]["source"] == c.source and info["eager"]["source"] == c.eager_source
+    assert info["step"] == {
+        "fitted": True,
+        "terms": dict(c.step_terms()),
+        "source": c.step_source,
+    }
+    other = m.calibration_info(m.load_coefficients("sm100"))
+    assert "fallback: sm90" in other["arch"] and other["margin"] == m.UNKNOWN_ARCH_MARGIN
+    bare = m.calibration_info(dataclasses.replace(c, step=None, eager=None, file=""))
+    assert bare["file"] is None and bare["eager"] is None
+    assert bare["step"]["source"] == m.DEFAULT_STEP_SOURCE and not bare["step"]["fitted"]
+    text = "\n".join(m.calibration_lines(bare))
+    assert "NOT fitted" in text and "no calibration file" in text

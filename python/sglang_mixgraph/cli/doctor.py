@@ -64,6 +64,15 @@ def _patch_flags(patch, status) -> dict[str, Any]:
     return {flag.name: flag.get() for flag in patch.flags}
 
 
+def _split_cost_calibration() -> dict[str, Any]:
+    """The mixed_split patch's cost-model calibration for this machine's GPU (the fallback, with
+    its margin, where there is none or no file for it): the file, its architecture and the source
+    of each kind of coefficient."""
+    from sglang_mixgraph.core import split_cost_model as scm
+
+    return scm.calibration_info(scm.load_coefficients(scm.detect_arch()))
+
+
 def doctor_report() -> dict[str, Any]:
     from sglang_mixgraph.flags import FLAGS, FlagValueError
     from sglang_mixgraph.patches import all_patches
@@ -78,27 +87,28 @@ def doctor_report() -> dict[str, Any]:
         status = evaluate(patch)
         # Read-only checks of every target, also for patches that are off.
         checks = status.checks or target_checks(patch)
-        patches.append(
-            {
-                "id": patch.id,
-                "summary": patch.summary,
-                "why": patch.why,
-                "how": patch.how,
-                "upstream_pr": patch.upstream_pr,
-                "retired_by": patch.retired_by,
-                "flags": _patch_flags(patch, status),
-                # Whatever the flags say, nothing applies when SGLang does not load the plugin.
-                "status": status.state if plugin.loaded else NOT_LOADED,
-                "status_if_loaded": status.state,
-                "reason": status.reason,
-                # deferred to upstream although the user switched this plugin's patch on
-                "requested_but_deferred": status.deferred is not None and status.requested,
-                "targets": [
-                    {"target": c.target, "expected": c.expected, "found": c.found, "ok": c.ok}
-                    for c in checks
-                ],
-            }
-        )
+        entry = {
+            "id": patch.id,
+            "summary": patch.summary,
+            "why": patch.why,
+            "how": patch.how,
+            "upstream_pr": patch.upstream_pr,
+            "retired_by": patch.retired_by,
+            "flags": _patch_flags(patch, status),
+            # Whatever the flags say, nothing applies when SGLang does not load the plugin.
+            "status": status.state if plugin.loaded else NOT_LOADED,
+            "status_if_loaded": status.state,
+            "reason": status.reason,
+            # deferred to upstream although the user switched this plugin's patch on
+            "requested_but_deferred": status.deferred is not None and status.requested,
+            "targets": [
+                {"target": c.target, "expected": c.expected, "found": c.found, "ok": c.ok}
+                for c in checks
+            ],
+        }
+        if patch.id == "mixed_split":
+            entry["calibration"] = _split_cost_calibration()
+        patches.append(entry)
     flags = []
     for flag in FLAGS.values():
         entry: dict[str, Any] = {
@@ -188,6 +198,11 @@ def _print_doctor(report: dict[str, Any]) -> None:
                         break_on_hyphens=False,
                     )
                 )
+        if p.get("calibration"):
+            from sglang_mixgraph.core.split_cost_model import calibration_lines
+
+            for line in calibration_lines(p["calibration"], indent="      "):
+                print(line)
         if p["reason"]:
             for line in p["reason"].splitlines():
                 print(f"      {line}")

@@ -208,6 +208,8 @@ def graph_plan_json(plan) -> dict[str, Any]:
             "not_calibrated_for": calibration_gap(plan),
         },
         "bucket_lists": bucket_lists,
+        # mixed_split's adaptive policy: where its cost model's coefficients come from (DSV4 only).
+        "split_cost_calibration": split_cost_calibration(plan),
         "validations": [_validation_json(v) for v in plan.validations],
         "ok": plan.ok,  # the validations block only where the plugin is loaded (plugin.loaded)
     }
@@ -333,9 +335,34 @@ def decision_lines(plan) -> list[str]:
     return lines
 
 
+def split_cost_calibration(plan) -> dict | None:
+    """For a DeepSeek-V4 model: the calibration the mixed_split patch's adaptive policy would
+    load on the target GPU (``split_cost_model.calibration_info``: the file and its
+    architecture, and the source of the per-layer, eager and step coefficients); else None."""
+    if not plan.facts.deepseek_v4:
+        return None
+    from sglang_mixgraph.core import split_cost_model as scm
+    from sglang_mixgraph.target_gpu import GPUS
+
+    spec = GPUS.get(_gpu_name(plan))
+    return scm.calibration_info(scm.load_coefficients(f"sm{spec.sm}" if spec else None))
+
+
 def estimate_lines(plan) -> list[str]:
-    """The capture estimate of the list SGLang will capture, labelled with its calibration;
-    nothing about a list it never captures."""
+    """The capture estimate of the list SGLang will capture, labelled with its calibration
+    (nothing about a list it never captures), then, for a DeepSeek-V4 model, where the split
+    cost model's coefficients come from."""
+    lines = _capture_estimate_lines(plan)
+    info = split_cost_calibration(plan)
+    if info is not None:
+        from sglang_mixgraph.core.split_cost_model import calibration_lines
+
+        lines.append(f"Split cost model (mixed_split, adaptive policy) on the {_gpu_name(plan)}:")
+        lines += calibration_lines(info)
+    return lines
+
+
+def _capture_estimate_lines(plan) -> list[str]:
     if not prefill_captured(plan):
         return [
             "Capture estimate: none (SGLang captures no prefill graph here; what the lists "

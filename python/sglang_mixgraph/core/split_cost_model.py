@@ -88,13 +88,17 @@ EAGER_NAMES = ("host_unsplit", "host_split", "host_split_decode_only", "kappa")
 # build (either kind: upstream's over every request, the split's over the prefill requests;
 # host work plus a few small index kernels), the split plan's own work on top of its cache
 # (the boundary, the decode tail's per-ratio inputs and scheduling metadata), and this model's
-# evaluation of one step (paid by ``adaptive`` whatever it decides).
+# evaluation of one step (paid by ``adaptive`` whatever it decides). Fitted per GPU from the
+# host times of those parts in recorded whole steps (``benchmark/fit_split_cost.py --step`` on
+# ``benchmark/mixed_steady_state.py`` results; ``kits.cost_fit.fit_step_terms`` says how each
+# term maps to the measured parts) and stored as the calibration file's ``step`` block.
 STEP_NAMES = ("cache_build_ms", "split_plan_ms", "eval_ms")
+# Only for a calibration without a ``step`` block (an older file, the built-in estimate).
 DEFAULT_STEP_TERMS = {"cache_build_ms": 0.3, "split_plan_ms": 0.15, "eval_ms": 0.08}
 DEFAULT_STEP_SOURCE = (
-    "built-in estimate, not fitted: the H200 step benchmark's prepare times "
-    "(docs/results/mixed_steady_state_h200.json: the split's plan with its chunk cache about "
-    "0.6 ms over upstream's prepare at 8k) and the evaluation timed on a CPU"
+    "built-in estimate, not fitted (the fallback for a calibration without a step block): the "
+    "H200 step benchmark's prepare times (the split's plan with its chunk cache about 0.6 ms "
+    "over upstream's prepare at 8k) and the evaluation timed on a CPU"
 )
 
 logger = logging.getLogger(__name__)
@@ -142,9 +146,14 @@ class Coefficients:
     # Step terms (``STEP_NAMES``); None: ``DEFAULT_STEP_TERMS``.
     step: Mapping[str, float] | None = None
     step_source: str = ""
+    # The package data file these came from (``split_cost_<arch>.json``); "" for none.
+    file: str = ""
 
     def step_terms(self) -> Mapping[str, float]:
         return self.step if self.step else DEFAULT_STEP_TERMS
+
+    def step_terms_source(self) -> str:
+        return self.step_source if self.step else DEFAULT_STEP_SOURCE
 
     def for_ratio(self, ratio: int) -> Mapping[str, float]:
         return _pick_ratio(self.per_ratio, ratio)
@@ -267,16 +276,77 @@ def load_coefficients(arch: str | None) -> Coefficients:
     ``margin = UNKNOWN_ARCH_MARGIN``.
     """
     if arch:
-        data = _read_package_json(f"split_cost_{arch}.json")
+        name = f"split_cost_{arch}.json"
+        data = _read_package_json(name)
         if data is not None:
-            return Coefficients.from_json(data)
+            return dataclasses.replace(Coefficients.from_json(data), file=name)
     base = _read_package_json("split_cost_sm90.json")
-    coeffs = Coefficients.from_json(base) if base is not None else builtin_coefficients()
+    coeffs = (
+        dataclasses.replace(Coefficients.from_json(base), file="split_cost_sm90.json")
+        if base is not None
+        else builtin_coefficients()
+    )
     return dataclasses.replace(
         coeffs,
         arch=f"{arch or 'unknown'} (fallback: {coeffs.arch})",
         margin=max(coeffs.margin, UNKNOWN_ARCH_MARGIN),
     )
+
+
+def calibration_info(coeffs: Coefficients) -> dict:
+    """Where each kind of coefficient of ``coeffs`` came from, as typed fields (``plan --json``,
+    ``doctor --json``): the calibration file and its architecture, the per-layer (GPU model)
+    coefficients' source, the eager terms' (None without them) and the step terms' (fitted, or
+    the built-in ``DEFAULT_STEP_TERMS``)."""
+    return {
+        "arch": coeffs.arch,
+        "file": f"{_DATA_PACKAGE}/{_DATA_DIR}/{coeffs.file}" if coeffs.file else None,
+        "margin": coeffs.margin,
+        "per_layer": {"source": coeffs.source},
+        "eager": {"source": coeffs.eager_source} if coeffs.eager else None,
+        "step": {
+            "fitted": bool(coeffs.step),
+            "terms": dict(coeffs.step_terms()),
+            "source": coeffs.step_terms_source(),
+        },
+    }
+
+
+def calibration_lines(info: Mapping, indent: str = "  ", width: int = 100) -> list[str]:
+    """``calibration_info`` for people: the file, then one entry per source, each wrapped to
+    ``width`` (commands quoted in a source are left to the JSON)."""
+    import re
+    import textwrap
+
+    def entry(text: str, first: str) -> list[str]:
+        text = re.sub(r",? `[^`]*`", "", text)
+        return textwrap.wrap(
+            text,
+            width,
+            initial_indent=first,
+            subsequent_indent=first + "  ",
+            break_on_hyphens=False,
+            break_long_words=False,
+        )
+
+    where = info["file"] or "no calibration file"
+    margin = info["margin"]
+    head = f"calibration {info['arch']}: {where}"
+    if margin:
+        head += f", split only for a predicted gain of at least {margin:.0%}"
+    step = info["step"]
+    terms = " / ".join(f"{step['terms'][k]:.3g}" for k in STEP_NAMES)
+    fitted = "fitted" if step["fitted"] else "NOT fitted"
+    sub = indent + "  "
+    lines = entry(head, indent)
+    lines += entry(f"per-layer coefficients: {info['per_layer']['source']}", sub)
+    eager = info["eager"]["source"] if info["eager"] else "none (eager steps use the GPU model)"
+    lines += entry(f"eager terms: {eager}", sub)
+    lines += entry(
+        f"step terms ({terms} ms per cache build / plan / decision, {fitted}): {step['source']}",
+        sub,
+    )
+    return lines
 
 
 # --------------------------------------------------------------------------------------------

@@ -10,6 +10,11 @@ The eager regime's terms (``fit_eager_terms``) come on top of fitted GPU coeffic
 in-server timings: per ratio, the host time per layer call of each path (a median: the timings
 show no trend with the counts, only noise) and ``kappa``, the share of that host time the wall
 adds to the GPU model (relative least squares through the origin).
+
+The step terms (``fit_step_terms``: ``STEP_NAMES`` of the model) come from whole-step timings,
+the host time of the server's own plan functions within each replayed step that
+benchmark/mixed_steady_state.py records (``kits.host_timers``); see that function for how each
+term maps to the measured parts.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import torch
 from sglang_mixgraph.core.split_cost_model import (
     COEFF_NAMES,
     KNOWN_ARCH_MARGIN,
+    STEP_NAMES,
     Coefficients,
     StepShape,
     features,
@@ -155,3 +161,94 @@ def fit_eager_terms(
         terms["kappa"] = min(1.0, max(0.0, num / den)) if den else 1.0
         eager[ratio] = terms
     return dataclasses.replace(coeffs, eager=eager, eager_source=source)
+
+
+# --------------------------------------------------------------------------------------------
+# step terms, from benchmark/mixed_steady_state.py's results
+# --------------------------------------------------------------------------------------------
+
+PATCH_ARMS = ("adaptive", "always")
+
+
+def _arm_steps(arm: dict) -> list[dict]:
+    """Per-step ``{phase: {part: ms}}`` of one arm: the per-step records where the run kept them
+    (``host_parts_samples``), else the arm's medians as one step (``host_parts_ms``)."""
+    steps = arm.get("host_parts_samples")
+    if steps:
+        return steps
+    parts = arm.get("host_parts_ms")
+    return [parts] if parts else []
+
+
+def step_term_samples(runs: Iterable[dict]) -> dict[str, list[tuple[int, float]]]:
+    """``{term: [(context, ms), ...]}`` of every step term measured in ``runs`` (results of
+    benchmark/mixed_steady_state.py), one value per arm, context and run.
+
+    How each term maps to the measured host parts (``kits.host_timers.SPLIT_PLAN_PARTS``; a part
+    a step did not call is 0 and is skipped):
+
+    * ``cache_build_ms``: the backend's chunk-cache builder, either kind, as the model prices
+      both with this one term: the split's prefill-only cache (``chunk_cache`` within the
+      prepare of ``adaptive`` and ``always``) and upstream's cache over every request
+      (``chunk_cache`` within ``off``'s replay, where upstream builds it in the first break).
+    * ``split_plan_ms``: the plan's own work where it splits, ``plan - decision - chunk_cache``
+      in the prepare of a patch arm that split (the decode tail's inputs ``tail_inputs``, the
+      boundary and the plan's checks, the ``SplitPlan``). The checks before the decision are
+      paid by ``adaptive`` either way; they are counted on the split's side, since the model's
+      unsplit step is upstream's, where no check runs.
+    * ``eval_ms``: ``decision`` (``_adaptive_splits``: the step's counts and ``decide_step``) in
+      ``adaptive``'s prepare.
+
+    Per arm the value is the median over its steps of the per-step figure (per-step records), or
+    the figure of the arm's per-part medians where only those were recorded.
+    """
+    out: dict[str, list[tuple[int, float]]] = {k: [] for k in STEP_NAMES}
+    for run in runs:
+        for point in run["points"]:
+            ctx = int(point["context"])
+            for name in ("off", *PATCH_ARMS):
+                steps = _arm_steps(point.get(name) or {})
+                if not steps:
+                    continue
+                builds, plans, evals = [], [], []
+                for st in steps:
+                    pre, rep = st.get("prepare", {}), st.get("replay", {})
+                    if name == "off":
+                        builds.append(rep.get("chunk_cache", 0.0))
+                        continue
+                    cache, dec, plan = (
+                        pre.get(k, 0.0) for k in ("chunk_cache", "decision", "plan")
+                    )
+                    builds.append(cache)
+                    if pre.get("tail_inputs", 0.0) > 0:  # the step was split
+                        plans.append(plan - dec - cache)
+                    evals.append(dec)
+                for term, vals in (
+                    ("cache_build_ms", builds),
+                    ("split_plan_ms", plans),
+                    ("eval_ms", evals),
+                ):
+                    vals = [v for v in vals if v > 0]
+                    if vals:
+                        out[term].append((ctx, statistics.median(vals)))
+    return out
+
+
+def fit_step_terms(runs: Iterable[dict]) -> tuple[dict[str, float], dict]:
+    """The step terms (``STEP_NAMES``) fitted from benchmark/mixed_steady_state.py results: each
+    the median of its values over every arm, context and run (``step_term_samples``: one value
+    per arm; no trend with context is modelled, the terms are constants per step). Returns
+    ``(terms, per_context)``, ``per_context[term][context]`` the median at that context alone,
+    for the report."""
+    samples = step_term_samples(runs)
+    terms, per_context = {}, {}
+    for term in STEP_NAMES:
+        vals = samples[term]
+        if not vals:
+            raise ValueError(f"no measured values for {term} in the runs given")
+        terms[term] = round(statistics.median(v for _, v in vals), 4)
+        by_ctx: dict[int, list[float]] = {}
+        for ctx, v in vals:
+            by_ctx.setdefault(ctx, []).append(v)
+        per_context[term] = {c: statistics.median(v) for c, v in sorted(by_ctx.items())}
+    return terms, per_context
