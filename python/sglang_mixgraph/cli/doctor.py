@@ -2,7 +2,8 @@
 
 It prints the installed versions, the GPU, whether SGLang loads the plugin, every flag with its
 value, every patch with its state, its catalogue entry (why, how, the upstream PR it mirrors,
-what retires it) and the read-only check of each upstream target, then the upstream guards.
+what retires it; for mixed_split also where its cost model's coefficients come from) and the
+read-only check of each upstream target, then the upstream guards.
 Exit status 1 when an enabled patch cannot apply, a patch the user switched on defers to
 upstream, a flag is invalid or a guard fails. sglang is imported inside the functions only.
 """
@@ -76,6 +77,7 @@ def _split_cost_calibration() -> dict[str, Any]:
 def doctor_report() -> dict[str, Any]:
     from sglang_mixgraph.flags import FLAGS, FlagValueError
     from sglang_mixgraph.patches import all_patches
+    from sglang_mixgraph.patches.mixed_split.state import PATCH_ID as SPLIT_PATCH_ID
     from sglang_mixgraph.registry import PINNED_SGLANG, evaluate, target_checks
     from sglang_mixgraph.resolve import plugin_load_status
     from sglang_mixgraph.upstream_guards import guard_report
@@ -106,7 +108,7 @@ def doctor_report() -> dict[str, Any]:
                 for c in checks
             ],
         }
-        if patch.id == "mixed_split":
+        if patch.id == SPLIT_PATCH_ID:
             entry["calibration"] = _split_cost_calibration()
         patches.append(entry)
     flags = []

@@ -3,7 +3,8 @@
 `graph_plan_json` is the "graph" part of `plan --json`; the text is in three parts, in this
 order: `decision_lines` (what SGLang will do: the graphs on or off, their buckets, the rule),
 `estimate_lines` (the capture estimate, only for a list SGLang captures, labelled with the
-model and GPU it was fitted on; elsewhere "uncalibrated" instead of a verdict) and
+model and GPU it was fitted on; elsewhere "uncalibrated" instead of a verdict; for a
+DeepSeek-V4 model then the split cost model's calibration and sources) and
 `advice_lines`; `format_graph_plan` joins them. `graph_config_if_on` says what that patch's
 switches would do. All read only the typed result, never the server arguments, so the JSON
 and the text cannot tell different stories.
