@@ -48,6 +48,12 @@ kernels that carry the GPU time); ``H`` alone bounds the wall from below. Both a
 eager in-server timings (``benchmark/fit_split_cost.py --eager``) and stored beside the GPU
 coefficients. Coefficients without them (an older file, the built-in estimate) decide eager
 steps with the GPU model, as before, and log that once.
+
+A whole step (``predict_step``) adds its step terms (``STEP_NAMES``: a chunk-cache build, the
+split plan, the decision) to its layers; they are fitted from the host times of those parts in
+recorded replayed steps (the file's ``step`` block, ``benchmark/fit_split_cost.py --step``), and
+``DEFAULT_STEP_TERMS`` apply only to a calibration without one. ``calibration_info`` says which
+file a set of coefficients came from and each kind's source (``plan`` and ``doctor`` print it).
 """
 
 from __future__ import annotations
