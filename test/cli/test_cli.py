@@ -231,6 +231,7 @@ def test_plan_json_fields_each_once(reference_plan):
         "decode_graph",
         "capture_memory",
         "capture_calibration",
+        "split_cost_calibration",
         "bucket_lists",
         "validations",
         "ok",
