@@ -55,7 +55,7 @@ def _fenced_commands(text: str) -> list[str]:
 def test_ci_runs_the_readme_install_and_test_commands():
     commands = _fenced_commands(README)
     install = "pip install -q -e '.[test]'"
-    test = "python -m pytest test -q -n auto"
+    test = "python -m pytest test -q -n auto --dist worksteal"
     assert install in " ".join(commands) and install in CI
     assert test in commands and test in CI
     for lint in ("ruff check .", "ruff format --check ."):
