@@ -31,7 +31,7 @@ EVERYTHING = (
     PKG + "flags.py",
     PKG + "upstream_attrs.py",
     PKG + "patches/*",
-    "test/conftest.py",
+    "test/*conftest.py",  # the root's and every folder's fixtures
     "pyproject.toml",
     ".ci/*",
 )

@@ -44,7 +44,7 @@ def test_a_covered_path_selects_only_its_slow_files():
 
 
 def test_a_path_everything_depends_on_selects_every_slow_file():
-    for path in ("python/sglang_mixgraph/registry.py", "test/conftest.py", "pyproject.toml"):
+    for path in ("python/sglang_mixgraph/registry.py", "test/cli/conftest.py", "pyproject.toml"):
         assert set(slow_tier.select(["docs/x.md", path])) == set(slow_tier.SLOW_FILES)
 
 

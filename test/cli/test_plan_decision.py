@@ -7,26 +7,14 @@ so instead of "does not fit". Run in this process (`cli.main`), one plan per tes
 from __future__ import annotations
 
 import json
-import os
-
-import pytest
 
 from sglang_mixgraph import cli
 from sglang_mixgraph.core.capture_memory import CALIBRATION, not_calibrated_for
 from sglang_mixgraph.kits.model_configs import write_model
 from sglang_mixgraph.patches import all_patches
-from sglang_mixgraph.presets import DSV4_MODEL_DIR, MEGA_MOE_CAP_ENV
+from sglang_mixgraph.presets import DSV4_MODEL_DIR
 
 SECTIONS = ("What SGLang will do on ", "Capture estimate", "Advice:", "Patches:")
-
-
-@pytest.fixture
-def plan_env(monkeypatch):
-    for name in list(os.environ):
-        if name.startswith("SGLANG_") and name != "SGLANG_PLATFORM":
-            monkeypatch.delenv(name)
-    monkeypatch.delenv(MEGA_MOE_CAP_ENV, raising=False)
-    return monkeypatch
 
 
 def _plan(capsys, *args: str) -> tuple[str, dict]:

@@ -33,16 +33,6 @@ def _model(tmp_path: Path, architecture: str) -> str:
     return str(write_model(tmp_path / architecture, architectures=[architecture]))
 
 
-@pytest.fixture
-def plan_env(monkeypatch):
-    """A clean environment for in-process plans; anything `plan` sets is restored afterwards."""
-    for name in list(os.environ):
-        if name.startswith("SGLANG_") and name not in ("SGLANG_PLATFORM",):
-            monkeypatch.delenv(name)
-    monkeypatch.delenv(MEGA_MOE_CAP_ENV, raising=False)
-    return monkeypatch
-
-
 def _plan_in_process(capsys, *args: str) -> tuple[int, str, str]:
     code = cli.main(["plan", *args])
     out, err = capsys.readouterr()

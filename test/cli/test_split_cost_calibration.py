@@ -6,24 +6,13 @@ text (a line or a few per source) and as typed fields in `--json`. In this proce
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
 from sglang_mixgraph import cli
 from sglang_mixgraph.core import split_cost_model as scm
-from sglang_mixgraph.presets import MEGA_MOE_CAP_ENV
 
 HEADING = "Split cost model (mixed_split, adaptive policy) on the "
-
-
-@pytest.fixture
-def clean_env(monkeypatch):
-    for name in list(os.environ):
-        if name.startswith("SGLANG_") and name != "SGLANG_PLATFORM":
-            monkeypatch.delenv(name)
-    monkeypatch.delenv(MEGA_MOE_CAP_ENV, raising=False)
-    return monkeypatch
 
 
 def _run(capsys, *args: str) -> tuple[str, dict]:
@@ -53,7 +42,7 @@ def _words(source: str) -> list[str]:
     return re.sub(r",? `[^`]*`", "", source).split()
 
 
-def test_plan_names_the_calibration_and_each_source_on_the_h200(clean_env, capsys):
+def test_plan_names_the_calibration_and_each_source_on_the_h200(plan_env, capsys):
     text, report = _run(capsys, "plan", "--target-gpu", "H200")
     shipped = scm.load_coefficients("sm90")
     info = report["graph"]["split_cost_calibration"]
@@ -76,7 +65,7 @@ def test_plan_names_the_calibration_and_each_source_on_the_h200(clean_env, capsy
     assert "fitted" in block and "NOT fitted" not in block
 
 
-def test_plan_on_a_gpu_without_a_file_names_the_fallback_and_its_margin(clean_env, capsys):
+def test_plan_on_a_gpu_without_a_file_names_the_fallback_and_its_margin(plan_env, capsys):
     text, report = _run(capsys, "plan")  # the B300 (SM103): no calibration file of its own
     info = report["graph"]["split_cost_calibration"]
     assert info["arch"] == "sm103 (fallback: sm90)"
@@ -87,13 +76,13 @@ def test_plan_on_a_gpu_without_a_file_names_the_fallback_and_its_margin(clean_en
     assert "split only for a predicted gain of at least 10%" in block
 
 
-def test_plan_of_a_model_the_split_does_not_touch_has_no_calibration(clean_env, capsys):
+def test_plan_of_a_model_the_split_does_not_touch_has_no_calibration(plan_env, capsys):
     text, report = _run(capsys, "plan", "--preset", "glm5")
     assert report["graph"]["split_cost_calibration"] is None
     assert HEADING not in text
 
 
-def test_doctor_shows_the_split_patchs_calibration(clean_env, capsys):
+def test_doctor_shows_the_split_patchs_calibration(plan_env, capsys):
     text, report = _run(capsys, "doctor")
     entry = next(p for p in report["patches"] if p["id"] == "mixed_split")
     expected = scm.calibration_info(scm.load_coefficients(scm.detect_arch()))
