@@ -1,7 +1,7 @@
 """The layout: what the server runs imports neither `sglang_mixgraph.kits` nor
 `sglang_mixgraph.reference` (tests and benchmarks only), no module imports one that imports it
-back, every module imports only its own layer or a lower one (core < planner < patches < plugin
-and commands), and tests, benchmarks and tools get the kits as package modules: no `sys.path`
+back, every module imports only its own layer or a lower one (core < facts < planner < patches
+< plugin and commands; the planner takes typed facts, never the server arguments), and tests, benchmarks and tools get the kits as package modules: no `sys.path`
 edits, no benchmark importing a test module or the other way round."""
 
 from __future__ import annotations
@@ -161,7 +161,9 @@ LAYERS = (
         "foundation",  # what every layer above shares: flags, counters, the Patch machinery
         ("__init__", "flags", "counters", "fallback", "upstream_attrs", "target_gpu", "registry"),
     ),
-    ("planner", ("bcg_rules", "graph_plan", "prefill_settlement")),
+    # reads SGLang's resolving server arguments into typed facts (and upstream's BCG rules)
+    ("facts", ("deployment_facts", "bcg_rules")),
+    ("planner", ("graph_plan", "prefill_settlement")),  # takes the facts, never the arguments
     ("patches", ("patches",)),
     (
         "plugin and commands",
@@ -200,7 +202,7 @@ def layer_violations(graph: dict[str, set[str]]) -> list[str]:
 
 
 def test_every_module_imports_only_its_own_layer_or_lower():
-    """core < planner < patches < plugin and commands, read statically from every import,
+    """core < facts < planner < patches < plugin and commands, read statically from every import,
     function-local ones included."""
     paths = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
     unplaced = []
@@ -220,6 +222,41 @@ def test_every_module_imports_only_its_own_layer_or_lower():
         "sglang_mixgraph.graph_plan (planner) imports "
         "sglang_mixgraph.patches.live_width_indexer (patches)"
     ]
+
+
+# How a module reads SGLang's server arguments: upstream's resolution views, or a parameter.
+ARGUMENT_READERS = ("resolving_view", "resolved_view", "model_config_of")
+
+
+def argument_reads(path: Path) -> list[str]:
+    """Where the module at `path` reads server arguments: a `server_args` parameter, a
+    `server_args` attribute or name, or one of upstream's resolution views."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            params = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+            found += [f"{node.name}({a.arg})" for a in params if a.arg == "server_args"]
+        elif isinstance(node, ast.Name) and node.id == "server_args":
+            found.append(f"line {node.lineno}: server_args")
+        elif isinstance(node, ast.Attribute) and node.attr == "server_args":
+            found.append(f"line {node.lineno}: .server_args")
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found += [f"imports {a.name}" for a in node.names if a.name in ARGUMENT_READERS]
+    return found
+
+
+def test_the_planner_takes_facts_not_server_arguments():
+    """A server argument reaches the planner only as a typed fact: no planner module names
+    `server_args` or imports upstream's resolution views (deployment_facts reads them)."""
+    planner = [
+        p for p in sorted(PACKAGE.glob("*.py")) if LAYERS[layer_of(_module_name(p))][0] == "planner"
+    ]
+    assert {p.stem for p in planner} == {"graph_plan", "prefill_settlement"}
+    reads = {p.name: argument_reads(p) for p in planner}
+    assert reads == {p.name: [] for p in planner}
+    # the check sees each way of reading them
+    assert argument_reads(PACKAGE / "deployment_facts.py")
+    assert any("(server_args)" in r for r in argument_reads(PACKAGE / "bcg_rules.py"))
 
 
 def test_every_core_module_has_its_test_file():

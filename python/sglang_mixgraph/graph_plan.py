@@ -1,12 +1,12 @@
 """The graph planner: what a resolved deployment's prefill graph configuration is and needs.
 
-It owns the deployment facts (`Deployment`, read once from the resolving server arguments),
-the one prefill bucket derivation (`derive_buckets`: the `graph_config` patch applies it
-during resolution, and `plan` shows it with the same inputs), the capture-memory estimate
-(`capture_estimate`), the startup validations (`validations`) and the whole report of a
-resolution (`graph_plan` -> `GraphPlan`). Results are typed; `sglang-mixgraph plan` turns
-them into text or JSON (cli/plan_format.py). Nothing here changes a resolution or logs: the patch's hooks
-decide, this module computes. sglang is imported inside the functions only, so the plugin
+It takes a deployment's typed facts (`deployment_facts.Deployment`), never the server
+arguments, and owns the one prefill bucket derivation (`derive_buckets`: the `graph_config`
+patch applies it during resolution, and `plan` shows it with the same inputs), the
+capture-memory estimate (`capture_estimate`), the startup validations (`validations`) and
+the whole report of a resolution (`graph_plan` -> `GraphPlan`). Results are typed;
+`sglang-mixgraph plan` turns them into text or JSON (cli/plan_format.py). Nothing here
+changes a resolution or logs: the patch's hooks decide, this module computes. sglang is imported inside the functions only, so the plugin
 stays cheap to load.
 """
 
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any
 
 from sglang_mixgraph.bcg_rules import RuleMatch
 from sglang_mixgraph.core.capture_memory import (
@@ -24,6 +23,7 @@ from sglang_mixgraph.core.capture_memory import (
     Verdict,
 )
 from sglang_mixgraph.core.prefill_buckets import PaddingProfile
+from sglang_mixgraph.deployment_facts import Deployment
 
 # Upstream's floor for the logits all-gather
 # (`sglang.srt.layers.logits_processor.LogitsProcessor.__init__`).
@@ -34,179 +34,27 @@ class GraphConfigError(ValueError):
     """A prefill graph configuration that would fail during capture."""
 
 
-# --------------------------------------------------------------------------- scope
-
-
-def is_designed_model(hf_config) -> bool:
-    """The sparse-MLA models the derivation and the estimate are built for: DeepSeek-V4, GLM-5."""
-    from sglang.srt.configs.model_config import is_deepseek_v4, is_glm_moe_dsa
-
-    return bool(is_deepseek_v4(hf_config) or is_glm_moe_dsa(hf_config))
-
-
-def out_of_scope(server_args) -> str | None:
-    """Why this deployment is left exactly as upstream resolves it, or None when the planner
-    is designed for it: mixed chunked prefill on a sparse-MLA model."""
-    from sglang.srt.arg_groups.overrides import model_config_of, resolving_view
-
-    if not resolving_view(server_args).enable_mixed_chunk:
-        return "mixed chunked prefill is off"
-    if not is_designed_model(model_config_of(server_args).hf_config):
-        return "not a DeepSeek-V4 or GLM-5 model"
-    return None
-
-
-# --------------------------------------------------------------------------- deployment facts
-
-
-@dataclass(frozen=True)
-class MemoryFacts:
-    """What the capture budget reads of a deployment besides its sizes (`memory_for`)."""
-
-    device: str
-    pp_size: int
-    decode_graph_on: bool
-    decode_max_bs: int
-    prefill_node: bool  # a PD prefill node: no decode graph reserve
-    kv_sized_after_capture: bool  # capture memory then comes out of the KV pool
-
-
-@dataclass(frozen=True)
-class Deployment:
-    """What the derivation, the estimate, the validations and the patches' `explain` read of
-    one deployment: read once from the resolving server arguments (`deployment`), so the rest
-    of the planner takes these facts, not the arguments."""
-
-    architectures: tuple[str, ...]
-    tp_size: int
-    attn_dp_size: int  # 1 when DP attention is off
-    dp_attention: bool
-    attn_tp_size: int
-    mixed_chunk: bool
-    chunk_per_rank: int | None  # None or <= 0: chunked prefill is off
-    max_running_requests: int | None
-    running_per_rank: int | None
-    moe_a2a_backend: str
-    mega_moe_cap: int | None  # MegaMoE's per-rank token cap; None without MegaMoE
-    mem_fraction_static: float | None
-    model_type: str | None
-    deepseek_v4: bool
-    dsv4_attn_backend: str | None
-    speculative_algorithm: str | None
-    context_parallel: bool  # attention CP over more than one rank, or prefill CP
-    hisparse: bool
-    page_size: int  # the KV page chunks end on (DeepSeek-V4: 256, set by its model override)
-    shape: ModelShape  # the capture-memory model's view of the model
-    memory: MemoryFacts
-    dp_lm_head: bool
-    draft_tokens: int  # sampling rows per running request (1 without speculative decoding)
-
-    @property
-    def chunked(self) -> bool:
-        return bool(self.chunk_per_rank and self.chunk_per_rank > 0)
-
-
-def mega_moe_cap(server_args) -> int | None:
-    from sglang.srt.arg_groups.overrides import resolving_view
-    from sglang.srt.environ import envs
-    from sglang.srt.runtime_context import get_platform
-
-    cfg = resolving_view(server_args)
-    if cfg.moe_a2a_backend != "megamoe" or get_platform().is_hip:
-        return None
-    return int(envs.SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK.get())
-
-
-def deployment(server_args, *, indexer_logits_eager: bool = False) -> Deployment:
-    """The facts of the resolving deployment. `indexer_logits_eager`: breakable captures run
-    the c4 indexer's logits in an eager break (the live-width indexer acts), so the estimate
-    leaves them out of the graph pool; the caller says so, the planner reads no patch."""
-    from sglang.srt.arg_groups.overrides import (
-        model_config_of,
-        post_capture_kv_sizing_planned,
-        resolved_view,
-        resolving_view,
-    )
-    from sglang.srt.configs.model_config import is_deepseek_v4
-    from sglang.srt.model_executor.cuda_graph_config import Backend
-    from sglang.srt.runtime_context import attn_dp_enabled_of
-
-    cfg = resolving_view(server_args)
-    hf = model_config_of(server_args).hf_config
-    dp_attention = bool(attn_dp_enabled_of(resolved_view(server_args)))
-    attn_dp = cfg.attn_dp_size if dp_attention else 1
-    mrr = cfg.max_running_requests
-    decode = cfg.cuda_graph_config.decode
-    return Deployment(
-        architectures=tuple(getattr(hf, "architectures", None) or ()),
-        tp_size=cfg.tp_size,
-        attn_dp_size=attn_dp,
-        dp_attention=dp_attention,
-        attn_tp_size=max(1, cfg.tp_size // max(1, cfg.attn_dp_size) // max(1, cfg.attn_cp_size)),
-        mixed_chunk=bool(cfg.enable_mixed_chunk),
-        chunk_per_rank=cfg.chunked_prefill_size,
-        max_running_requests=mrr,
-        # SGLang's per-rank count (model_executor.pool_configurator, mem_cache.kv_cache_configurator)
-        running_per_rank=None if mrr is None else max(1, mrr // attn_dp),
-        moe_a2a_backend=resolved_view(server_args).moe_a2a_backend,
-        mega_moe_cap=mega_moe_cap(server_args),
-        mem_fraction_static=cfg.mem_fraction_static,
-        model_type=getattr(hf, "model_type", None),
-        deepseek_v4=bool(is_deepseek_v4(hf)),
-        dsv4_attn_backend=getattr(cfg, "dsv4_attn_backend", None),
-        speculative_algorithm=cfg.speculative_algorithm,
-        context_parallel=(getattr(cfg, "attn_cp_size", 1) or 1) > 1
-        or bool(getattr(cfg, "enable_prefill_cp", False)),
-        hisparse=bool(getattr(cfg, "enable_hisparse", False)),
-        page_size=max(1, int(cfg.page_size or 1)),
-        shape=_model_shape(server_args, indexer_logits_eager),
-        memory=MemoryFacts(
-            device=cfg.device,
-            pp_size=cfg.pp_size,
-            decode_graph_on=decode.backend != Backend.DISABLED,
-            decode_max_bs=decode.max_bs or 0,
-            prefill_node=cfg.disaggregation_mode == "prefill",
-            kv_sized_after_capture=bool(post_capture_kv_sizing_planned(server_args)),
-        ),
-        dp_lm_head=bool(cfg.enable_dp_lm_head),
-        draft_tokens=max(
-            int(cfg.speculative_num_draft_tokens or 0), int(cfg.speculative_eagle_topk or 0), 1
-        ),
-    )
-
-
-def locked_phase_keys(server_args) -> set:
-    """The (phase, key) pairs of the CUDA-graph configuration the user set explicitly."""
-    return getattr(server_args, "_cuda_graph_config_locked", set()) or set()
-
-
 # --------------------------------------------------------------------------- bucket derivation
 
 
-def unhandled(server_args) -> str | None:
+def unhandled(facts: Deployment) -> str | None:
     """A configuration the derivation does not handle (upstream's list stays), or None."""
-    from sglang.srt.arg_groups.overrides import resolving_view
     from sglang.srt.model_executor.cuda_graph_config import Backend
 
-    cfg = resolving_view(server_args)
-    prefill = cfg.cuda_graph_config.prefill
-    if prefill.backend != Backend.BREAKABLE:
-        return (
-            None
-            if prefill.backend == Backend.DISABLED
-            else f"prefill graph backend {prefill.backend!r}"
-        )
-    if cfg.pp_size > 1:
+    backend = facts.prefill_graph.backend
+    if backend != Backend.BREAKABLE:
+        return None if backend == Backend.DISABLED else f"prefill graph backend {backend!r}"
+    if facts.memory.pp_size > 1:
         return "pipeline parallelism (upstream's PP bucket policy applies)"
-    if cfg.enable_prefill_cp:
+    if facts.prefill_cp:
         return "prefill context parallelism"
-    if cfg.speculative_algorithm is not None:
+    if facts.speculative_algorithm is not None:
         return "speculative decoding"
-    if cfg.disaggregation_mode == "decode":
+    if facts.disaggregation_mode == "decode":
         return "PD decode node"
-    if getattr(cfg, "dllm_algorithm", None):
+    if facts.dllm:
         return "diffusion LLM inference"
-    if cfg.chunked_prefill_size is None or cfg.chunked_prefill_size <= 0:
+    if not facts.chunked:
         return "chunked prefill disabled"
     return None
 
@@ -282,42 +130,6 @@ def derive_fitting_buckets(facts: Deployment, upstream_max_bs: int | None) -> tu
 
 
 # --------------------------------------------------------------------------- capture estimate
-
-
-def _model_shape(server_args, indexer_logits_eager: bool) -> ModelShape:
-    """The capture-memory model's view of the model (core.capture_memory.ModelShape)."""
-    from sglang.srt.arg_groups.overrides import model_config_of, resolving_view
-    from sglang.srt.configs.model_config import is_deepseek_v4
-
-    from sglang_mixgraph.core.capture_memory import SparseIndexerShape
-
-    cfg = resolving_view(server_args)
-    mc = model_config_of(server_args)
-    hf = mc.hf_config
-    text = getattr(hf, "text_config", None) or hf
-    hidden = int(getattr(text, "hidden_size", 0) or 0)
-    hc = int(getattr(text, "hc_mult", 1) or 1)
-    sparse = None
-    if is_deepseek_v4(hf):
-        page = int(cfg.page_size or 256)
-        requested = cfg.cuda_graph_config.prefill.max_context_size
-        if requested:
-            # page-aligned as `cuda_graph_hook._resolve_max_context_size` does
-            width = -(-int(requested) // page) * page
-        else:
-            width = int(cfg.context_length or mc.context_len)
-        from sglang.srt.environ import envs
-
-        sparse = SparseIndexerShape(
-            index_topk=int(getattr(text, "index_topk", 512)),
-            context_width=width,
-            page_size=page,
-            swa_window=int(getattr(text, "sliding_window", 128) or 128),
-            index_heads=int(getattr(text, "index_n_heads", 64) or 64),
-            torch_logits=bool(envs.SGLANG_FP8_PAGED_MQA_LOGITS_TORCH.get()),
-            logits_eager=indexer_logits_eager,
-        )
-    return ModelShape(hidden_size=hidden, hidden_multiplier=hc, sparse=sparse)
 
 
 def memory_for(facts: Deployment, chunk_per_rank: int) -> MemoryBudget | None:
@@ -431,14 +243,13 @@ class Validation:
         return not self.ok and not self.warning
 
 
-def validations(server_args) -> list[Validation]:
-    """Startup checks of the final prefill graph configuration (none out of scope)."""
-    from sglang.srt.arg_groups.overrides import resolving_view
-
-    if out_of_scope(server_args) is not None:
+def validations(facts: Deployment) -> list[Validation]:
+    """Startup checks of the deployment's prefill graph configuration (none out of scope)."""
+    if facts.out_of_scope is not None:
         return []
-    prefill = resolving_view(server_args).cuda_graph_config.prefill
-    return prefill_validations(deployment(server_args), prefill.backend, list(prefill.bs or []))
+    return prefill_validations(
+        facts, facts.prefill_graph.backend, list(facts.prefill_graph.buckets)
+    )
 
 
 def prefill_validations(facts: Deployment, backend, buckets) -> list[Validation]:
@@ -626,13 +437,12 @@ def _bucket_list(facts: Deployment, buckets, top: int) -> BucketList | None:
     )
 
 
-def _bucket_lists(server_args, facts: Deployment, record, plugin_loaded: bool) -> BucketLists:
+def _bucket_lists(facts: Deployment, record, plugin_loaded: bool) -> BucketLists:
     from sglang.srt.arg_groups.cuda_graph_hook import generate_prefill_cuda_graph_batch_sizes
-    from sglang.srt.arg_groups.overrides import resolving_view
 
     from sglang_mixgraph.core.prefill_buckets import BucketDerivationError
 
-    prefill = resolving_view(server_args).cuda_graph_config.prefill
+    prefill = facts.prefill_graph
     upstream_max_bs = (
         record.upstream_max_bs
         if record is not None and record.upstream_max_bs is not None
@@ -650,23 +460,20 @@ def _bucket_lists(server_args, facts: Deployment, record, plugin_loaded: bool) -
         policy = "upstream" if plugin_loaded else "upstream (sglang-mixgraph is not loaded)"
     return BucketLists(
         policy=policy,
-        final=tuple(prefill.bs or ()),
+        final=prefill.buckets,
         upstream=_bucket_list(facts, generate_prefill_cuda_graph_batch_sizes(top), top),
         derived=_bucket_list(facts, derived, top),
         derived_error=error,
     )
 
 
-def _prefill_decision(server_args, record) -> Decision:
-    from sglang.srt.arg_groups.overrides import resolving_view
-    from sglang.srt.model_executor.cuda_graph_config import Backend, Phase
+def _prefill_decision(facts: Deployment, record) -> Decision:
+    from sglang.srt.model_executor.cuda_graph_config import Backend
 
-    from sglang_mixgraph.bcg_rules import Source, matching_rules
+    from sglang_mixgraph.bcg_rules import Source
 
-    cfg = resolving_view(server_args)
-    locked = locked_phase_keys(server_args)
-    backend = cfg.cuda_graph_config.prefill.backend
-    if (Phase.PREFILL, "backend") in locked:
+    backend = facts.prefill_graph.backend
+    if "backend" in facts.prefill_graph.user_set:
         return Decision(
             DecidedBy.USER, f"prefill backend set explicitly to {backend!r}; no rule evaluated"
         )
@@ -686,15 +493,15 @@ def _prefill_decision(server_args, record) -> Decision:
     if source is not None:
         return Decision(DecidedBy.UPSTREAM, source.value)
     if backend == Backend.DISABLED:
-        if cfg.pp_size > 1:
+        if facts.memory.pp_size > 1:
             return Decision(
                 DecidedBy.UPSTREAM_DEFAULT,
                 "pipeline parallelism: BCG prefill is opt-in "
                 "(sglang.srt.arg_groups.cuda_graph_hook.apply_cuda_graph_compatibility)",
             )
-        matches = matching_rules(server_args)
-        if matches:
-            return Decision(DecidedBy.UPSTREAM_RULE, rule=matches[0].name, reason=matches[0].reason)
+        if facts.rules_holding:
+            first = facts.rules_holding[0]
+            return Decision(DecidedBy.UPSTREAM_RULE, rule=first.name, reason=first.reason)
         return Decision(
             DecidedBy.UPSTREAM, "disabled elsewhere in resolution (platform or feature check)"
         )
@@ -703,62 +510,46 @@ def _prefill_decision(server_args, record) -> Decision:
     )
 
 
-def graph_plan(resolution: Any) -> GraphPlan:
-    """The prefill/decode graph configuration of a resolution (`resolve.resolve`), and why."""
-    from sglang.srt.arg_groups.overrides import resolving_view
-    from sglang.srt.model_executor.cuda_graph_config import Phase
-
-    from sglang_mixgraph.bcg_rules import matching_rules, recorded
+def graph_plan(facts: Deployment, record, gpu, *, plugin_loaded: bool) -> GraphPlan:
+    """The prefill/decode graph configuration of a finished resolution, and why: from its
+    facts (`deployment_facts.read_deployment`), the record of what our hooks decided
+    (`bcg_rules.recorded`, None without one) and the target GPU (`target_gpu.GpuSpec`).
+    Call it where that GPU is described (`target_gpu.described_gpu`): the budget reads its
+    memory."""
     from sglang_mixgraph.flags import FLAGS
-    from sglang_mixgraph.target_gpu import described_gpu
 
-    server_args = resolution.server_args
-    plugin = getattr(resolution, "plugin", None)
-    plugin_loaded = plugin is None or plugin.loaded
-    record = recorded(server_args)
-    with described_gpu(resolution.gpu.name):
-        cfg = resolving_view(server_args)
-        facts = deployment(
-            server_args, indexer_logits_eager=getattr(resolution, "indexer_logits_eager", False)
-        )
-        prefill = cfg.cuda_graph_config.prefill
-        decode = cfg.cuda_graph_config.decode
-        locked = locked_phase_keys(server_args)
-        if record is not None and record.rule_matches:
-            rules = tuple(record.rule_matches)
-        else:
-            rules = tuple(RuleMatch(r.name, r.reason, "holds") for r in matching_rules(server_args))
-        final = list(prefill.bs or [])
-        return GraphPlan(
-            gpu=resolution.gpu.describe(),
-            gpu_sm_major=resolution.gpu.sm_major,
-            facts=facts,
-            flags={
-                name: str(FLAGS[name].get())
-                for name in ("SGLANG_EXPERIMENTAL_FORCE_BCG", "SGLANG_MIXGRAPH_PREFILL_BUCKETS")
-                if name in FLAGS
-            },
-            prefill=PrefillGraph(
-                backend=prefill.backend,
-                decided_by=_prefill_decision(server_args, record),
-                rules=rules,
-                max_bs=prefill.max_bs,
-                buckets=tuple(final),
+    if record is not None and record.rule_matches:
+        rules = tuple(record.rule_matches)
+    else:
+        rules = tuple(RuleMatch(r.name, r.reason, "holds") for r in facts.rules_holding)
+    prefill, decode = facts.prefill_graph, facts.decode_graph
+    final = list(prefill.buckets)
+    return GraphPlan(
+        gpu=gpu.describe(),
+        gpu_sm_major=gpu.sm_major,
+        facts=facts,
+        flags={
+            name: str(FLAGS[name].get())
+            for name in ("SGLANG_EXPERIMENTAL_FORCE_BCG", "SGLANG_MIXGRAPH_PREFILL_BUCKETS")
+            if name in FLAGS
+        },
+        prefill=PrefillGraph(
+            backend=prefill.backend,
+            decided_by=_prefill_decision(facts, record),
+            rules=rules,
+            max_bs=prefill.max_bs,
+            buckets=prefill.buckets,
+        ),
+        decode=DecodeGraph(
+            backend=decode.backend,
+            decided_by=Decision(
+                DecidedBy.USER if "backend" in decode.user_set else DecidedBy.DEFAULT
             ),
-            decode=DecodeGraph(
-                backend=decode.backend,
-                decided_by=Decision(
-                    DecidedBy.USER if (Phase.DECODE, "backend") in locked else DecidedBy.DEFAULT
-                ),
-                max_bs=decode.max_bs,
-                buckets=tuple(decode.bs or ()),
-            ),
-            capture=(
-                capture_estimate(facts, final, capture_chunk(facts, final)) if final else None
-            ),
-            buckets=(
-                _bucket_lists(server_args, facts, record, plugin_loaded) if facts.chunked else None
-            ),
-            validations=tuple(validations(server_args)),
-            plugin_loaded=plugin_loaded,
-        )
+            max_bs=decode.max_bs,
+            buckets=decode.buckets,
+        ),
+        capture=capture_estimate(facts, final, capture_chunk(facts, final)) if final else None,
+        buckets=_bucket_lists(facts, record, plugin_loaded) if facts.chunked else None,
+        validations=tuple(validations(facts)),
+        plugin_loaded=plugin_loaded,
+    )

@@ -5,8 +5,9 @@ chunk, the bucket list and the memory settings are final) the hook asks once and
 `PrefillSettlement`: the bucket list to apply or why upstream's stays, how a deferred
 DeepSeek-V4 rule ends (the capture-memory estimate decides, or upstream's rule stands), the
 lines to log, and the startup validations of the configuration that results. It is computed
-from one `Deployment` and the resolving arguments as they stand before the hook applies
-anything; the hook applies and logs, and decides nothing. The texts here are the ones the
+from the deployment's facts as they stand before the hook applies anything
+(`deployment_facts.read_deployment`, which the hook calls); the hook applies and logs, and
+decides nothing. The texts here are the ones the
 server logs, so `plan` and startup cannot say different things.
 """
 
@@ -16,6 +17,7 @@ import logging
 from dataclasses import dataclass
 
 from sglang_mixgraph.bcg_rules import GraphDecisions, Source
+from sglang_mixgraph.deployment_facts import Deployment
 from sglang_mixgraph.graph_plan import Validation
 
 
@@ -65,30 +67,30 @@ def _upstream_rule_stands(why: str, action: str) -> RuleSettlement:
     )
 
 
-def _derived_buckets(server_args, cfg, facts, upstream_max_bs):
+def _derived_buckets(facts: Deployment):
     """(the derived list or None, the bucket policy, the fallback reason or None, a note on
     the list for the log)."""
-    from sglang.srt.model_executor.cuda_graph_config import Backend, Phase
+    from sglang.srt.model_executor.cuda_graph_config import Backend
 
     from sglang_mixgraph.core.prefill_buckets import BucketDerivationError
-    from sglang_mixgraph.graph_plan import derive_fitting_buckets, locked_phase_keys, unhandled
+    from sglang_mixgraph.graph_plan import derive_fitting_buckets, unhandled
 
-    locked = locked_phase_keys(server_args)
-    if (Phase.PREFILL, "bs") in locked or (Phase.PREFILL, "max_bs") in locked:
+    prefill = facts.prefill_graph
+    if prefill.user_set & {"bs", "max_bs"}:
         return None, "user", None, ""
-    if cfg.cuda_graph_config.prefill.backend == Backend.DISABLED:
+    if prefill.backend == Backend.DISABLED:
         return None, "prefill graph off", None, ""
-    reason = unhandled(server_args)
+    reason = unhandled(facts)
     if reason is None:
         try:
-            derived, note = derive_fitting_buckets(facts, upstream_max_bs)
+            derived, note = derive_fitting_buckets(facts, prefill.max_bs)
             return derived, "auto", None, note
         except BucketDerivationError as e:
             reason = str(e)
     return None, f"upstream (fallback: {reason})", reason, ""
 
 
-def _estimate_settles(backend, facts, buckets: list[int]) -> RuleSettlement:
+def _estimate_settles(backend, facts: Deployment, buckets: list[int]) -> RuleSettlement:
     from sglang.srt.model_executor.cuda_graph_config import Backend
 
     from sglang_mixgraph.core.capture_memory import fmt_bytes
@@ -148,40 +150,40 @@ def _estimate_settles(backend, facts, buckets: list[int]) -> RuleSettlement:
     )
 
 
-def settle_prefill(
-    server_args, record: GraphDecisions, *, indexer_logits_eager: bool = False
-) -> PrefillSettlement:
-    """The planner's whole answer for one resolution with SGLANG_MIXGRAPH_PREFILL_BUCKETS=auto.
-    `indexer_logits_eager`: breakable captures run the c4 indexer's logits eagerly (the caller
-    knows whether the live-width indexer acts; the planner reads no patch).
+def settle_out_of_scope(why: str, record: GraphDecisions) -> PrefillSettlement:
+    """The answer for a deployment that left the patch's scope after the rule hook saw it in
+    scope (mixed chunk or the model changed later in resolution): upstream's rule stands."""
+    pending = record.prefill_backend_source is Source.ESTIMATE_PENDING
+    return PrefillSettlement(
+        out_of_scope=why,
+        bucket_policy=f"upstream ({why})",
+        upstream_max_bs=None,
+        buckets=None,
+        bucket_fallback=None,
+        bucket_said=None,
+        rule=_upstream_rule_stands(why, f"disables ({why} later in resolution)")
+        if pending
+        else None,
+        validations=(),
+    )
+
+
+def settle_prefill(facts: Deployment, record: GraphDecisions) -> PrefillSettlement:
+    """The planner's whole answer for one in-scope resolution with
+    SGLANG_MIXGRAPH_PREFILL_BUCKETS=auto (`settle_out_of_scope` for the others).
 
     Raises GraphConfigError when the chunk cannot fit under the MegaMoE cap (`derive_buckets`).
     """
-    from sglang.srt.arg_groups.overrides import resolving_view
     from sglang.srt.model_executor.cuda_graph_config import Backend
 
-    from sglang_mixgraph.graph_plan import deployment, out_of_scope, prefill_validations
+    from sglang_mixgraph.graph_plan import prefill_validations
 
+    if facts.out_of_scope is not None:
+        return settle_out_of_scope(facts.out_of_scope, record)
     pending = record.prefill_backend_source is Source.ESTIMATE_PENDING
-    why = out_of_scope(server_args)
-    if why is not None:  # in scope at the rule hook, out of it now: upstream's rule stands
-        return PrefillSettlement(
-            out_of_scope=why,
-            bucket_policy=f"upstream ({why})",
-            upstream_max_bs=None,
-            buckets=None,
-            bucket_fallback=None,
-            bucket_said=None,
-            rule=_upstream_rule_stands(why, f"disables ({why} later in resolution)")
-            if pending
-            else None,
-            validations=(),
-        )
-    cfg = resolving_view(server_args)
-    prefill = cfg.cuda_graph_config.prefill
-    facts = deployment(server_args, indexer_logits_eager=indexer_logits_eager)
-    upstream = list(prefill.bs or [])
-    derived, policy, fallback, note = _derived_buckets(server_args, cfg, facts, prefill.max_bs)
+    prefill = facts.prefill_graph
+    upstream = list(prefill.buckets)
+    derived, policy, fallback, note = _derived_buckets(facts)
     applied = derived is not None and derived != upstream
     final = derived if applied else upstream
     said = None

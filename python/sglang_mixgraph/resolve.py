@@ -167,7 +167,8 @@ class Resolution:
     resolved: dict[str, Any]
     logs: list[logging.LogRecord] = field(default_factory=list)
     plugin: PluginLoad = field(default_factory=lambda: PluginLoad(True, "SGLang loads the plugin"))
-    # A fact of this process the planner is told (graph_plan.Deployment.indexer_logits_eager):
+    # A fact of this process the planner is told (deployment_facts.read_deployment's
+    # indexer_logits_eager):
     # the plugin is loaded and its live-width indexer acts in breakable captures.
     indexer_logits_eager: bool = False
 
@@ -228,6 +229,26 @@ def resolve(argv: list[str], gpu: str = DEFAULT_GPU) -> Resolution:
         plugin=plugin,
         indexer_logits_eager=plugin.loaded and live_width_indexer.acts_in_captures(),
     )
+
+
+def graph_plan_of(resolution: Resolution):
+    """The planner's report (`graph_plan.GraphPlan`) of a finished resolution: its facts read
+    once, for the GPU it was resolved for."""
+    from sglang_mixgraph.bcg_rules import recorded
+    from sglang_mixgraph.deployment_facts import read_deployment
+    from sglang_mixgraph.graph_plan import graph_plan
+    from sglang_mixgraph.target_gpu import described_gpu
+
+    with described_gpu(resolution.gpu.name):
+        facts = read_deployment(
+            resolution.server_args, indexer_logits_eager=resolution.indexer_logits_eager
+        )
+        return graph_plan(
+            facts,
+            recorded(resolution.server_args),
+            resolution.gpu,
+            plugin_loaded=resolution.plugin.loaded,
+        )
 
 
 # ---------------------------------------------------------------- model class

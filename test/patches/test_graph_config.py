@@ -201,10 +201,10 @@ def flags(monkeypatch):
 def plan_of(argv, gpu="B300"):
     """The resolution and the graph part of `plan --json` for it."""
     from sglang_mixgraph.cli.plan_format import graph_plan_json
-    from sglang_mixgraph.graph_plan import graph_plan
+    from sglang_mixgraph.resolve import graph_plan_of
 
     r = resolve(argv, gpu=gpu)
-    d = graph_plan_json(graph_plan(r))
+    d = graph_plan_json(graph_plan_of(r))
     json.dumps(d)  # the plan is JSON-serialisable
     return r, d
 
@@ -305,9 +305,9 @@ def test_reference_plan_contents(flags):
     logits = next(v for v in d["validations"] if v["name"].startswith("logits"))
     assert logits["rows"] == 8 * 257 and logits["upstream_rows"] == 2048
     from sglang_mixgraph.cli.plan_format import format_graph_plan
-    from sglang_mixgraph.graph_plan import graph_plan
+    from sglang_mixgraph.resolve import graph_plan_of
 
-    text = format_graph_plan(graph_plan(resolve(reference(), gpu="B300")))
+    text = format_graph_plan(graph_plan_of(resolve(reference(), gpu="B300")))
     assert (
         "decided by estimate" in text
         and "upstream: 45 buckets" in text
@@ -635,14 +635,14 @@ _FORCE = textwrap.dedent(
     from sglang_mixgraph.resolve import select_described_platform, resolve
     select_described_platform()
     from sglang_mixgraph.cli.plan_format import format_graph_plan, graph_plan_json
-    from sglang_mixgraph.graph_plan import graph_plan
+    from sglang_mixgraph.resolve import graph_plan_of
     out = {}
     for name, (argv, gpu) in json.loads(sys.argv[1]).items():
         r = resolve(argv, gpu=gpu)
-        plan = graph_plan_json(graph_plan(r))
+        plan = graph_plan_json(graph_plan_of(r))
         out[name] = {
             "plan": plan,
-            "text": format_graph_plan(graph_plan(r)),
+            "text": format_graph_plan(graph_plan_of(r)),
             "messages": r.messages("sglang_mixgraph"),
             "resolved": json.loads(json.dumps(r.resolved, default=str)),
         }

@@ -151,10 +151,10 @@ def cmd_plan(args: argparse.Namespace, server_argv: list[str]) -> int:
     if args.json:
         # Keep stdout pure JSON; SGLang logs to stderr through the root logger.
         logging.basicConfig(stream=sys.stderr, level=logging.WARNING)
-    from sglang_mixgraph.graph_plan import graph_plan
     from sglang_mixgraph.resolve import (
         PlanInputError,
         explain_failure,
+        graph_plan_of,
         invalid_environment,
         model_class_problem,
         prepare_argv,
@@ -191,7 +191,7 @@ def cmd_plan(args: argparse.Namespace, server_argv: list[str]) -> int:
     except Exception as e:  # SGLang's own resolution errors (ValueError, AssertionError, ...)
         _plan_error(explain_failure(e))
         return 1
-    graph = graph_plan(resolution)
+    graph = graph_plan_of(resolution)
     report = plan_report(
         resolution,
         graph,

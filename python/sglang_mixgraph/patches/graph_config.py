@@ -8,7 +8,8 @@ derived bucket list is applied, the deferred rule settled by the capture-memory 
 startup validations run; AROUND `triton_symm_mem_ag.recommended_max_tokens` the logits
 all-gather is sized for mixed steps. ``SGLANG_EXPERIMENTAL_FORCE_BCG=1`` runs the same rule hook
 in forced mode (below). The planner (graph_plan.py, prefill_settlement.py) computes and
-decides the resolution hook's answer; this module applies it and logs. Off by default
+decides the resolution hook's answer from the facts this module reads
+(deployment_facts.py); this module applies it and logs. Off by default
 because on a DeepSeek-V4-Pro rank slice on the H200 breakable replays of mixed steps were slower
 than eager steps (docs/results/rank_slice_h200.md). Why and retire condition: `PATCH`.
 """
@@ -76,7 +77,7 @@ def estimate_applies(server_args) -> bool:
     (the rule hook's estimate mode)."""
     from sglang.srt.arg_groups.overrides import resolving_view
 
-    from sglang_mixgraph.graph_plan import out_of_scope
+    from sglang_mixgraph.deployment_facts import out_of_scope
 
     if not _auto() or out_of_scope(server_args) is not None:
         return False
@@ -211,17 +212,23 @@ def _settle_rule(server_args, record: GraphDecisions, rule) -> None:
 def _validate_around(original, server_args, **kwargs):
     """AROUND the MegaMoE token-budget check: upstream's check, then the planner's one answer
     (`prefill_settlement.settle_prefill`) applied and logged."""
+    from sglang_mixgraph.deployment_facts import out_of_scope, read_deployment
     from sglang_mixgraph.graph_plan import GraphConfigError
     from sglang_mixgraph.patches import live_width_indexer
-    from sglang_mixgraph.prefill_settlement import settle_prefill
+    from sglang_mixgraph.prefill_settlement import settle_out_of_scope, settle_prefill
 
     original(server_args, **kwargs)
     if not _auto():  # the patch is off: upstream behaviour only (installed for a test process)
         return
     record = decisions_for(server_args)
-    settled = settle_prefill(
-        server_args, record, indexer_logits_eager=live_width_indexer.acts_in_captures()
-    )
+    why = out_of_scope(server_args)
+    if why is not None:  # in scope at the rule hook perhaps, not now: read nothing more
+        settled = settle_out_of_scope(why, record)
+    else:
+        facts = read_deployment(
+            server_args, indexer_logits_eager=live_width_indexer.acts_in_captures()
+        )
+        settled = settle_prefill(facts, record)
     if settled.out_of_scope is None:
         record.upstream_max_bs = settled.upstream_max_bs
     record.bucket_policy = settled.bucket_policy
@@ -254,7 +261,7 @@ def _recommended_max_tokens_around(original, *args, **kwargs):
         from sglang.srt.runtime_context import get_parallel, get_schedule, get_server_args, get_spec
 
         from sglang_mixgraph.core.prefill_buckets import mixed_sampling_rows_bound
-        from sglang_mixgraph.graph_plan import is_designed_model
+        from sglang_mixgraph.deployment_facts import is_designed_model
 
         schedule = get_schedule()
         if not schedule.enable_mixed_chunk:
