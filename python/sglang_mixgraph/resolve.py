@@ -8,9 +8,9 @@ The caller's process must have selected the described GPU before anything import
 
 Here: the described platform, `plugin_load_status` (whether SGLang would load this plugin at
 all, `SGLANG_PLUGINS`), `resolve` itself and `model_class_problem` (a model architecture
-SGLang has no model class for). What `plan` checks before resolving lives in `plan_inputs`,
-a failed resolution in words in `resolution_errors`; their names are importable from here
-too, as `plan` and the A/B tool import them.
+SGLang has no model class for), and `graph_plan_of` (the planner's report of a resolution).
+What `plan` checks before resolving lives in `plan_inputs`, a failed resolution in words in
+`resolution_errors`.
 """
 
 from __future__ import annotations
@@ -25,21 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from sglang_mixgraph import target_gpu
-from sglang_mixgraph.plan_inputs import (  # noqa: F401  (the entry point plan imports)
-    MAX_PLAN_LIST,
-    MAX_PLAN_SIZE,
-    PlanInputError,
-    ServerArgumentError,
-    ServerArgv,
-    _check_config_json,
-    invalid_environment,
-    prepare_argv,
-    quiet_import_warnings,
-)
-from sglang_mixgraph.resolution_errors import (  # noqa: F401  (the entry point plan imports)
-    environment_problem,
-    explain_failure,
-)
+from sglang_mixgraph.plan_inputs import quiet_import_warnings
 from sglang_mixgraph.target_gpu import DEFAULT_GPU, PLATFORM_PLUGIN_NAME, GpuSpec
 
 # The entry point SGLang's plugin loader finds us by (pyproject.toml).

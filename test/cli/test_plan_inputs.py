@@ -22,8 +22,8 @@ import pytest
 from sglang_mixgraph import cli, target_gpu
 from sglang_mixgraph.core.prefill_buckets import padding_profile
 from sglang_mixgraph.kits.model_configs import write_model
+from sglang_mixgraph.plan_inputs import MAX_PLAN_LIST, MAX_PLAN_SIZE, PlanInputError, prepare_argv
 from sglang_mixgraph.presets import DSV4_MODEL_DIR, MEGA_MOE_CAP_ENV
-from sglang_mixgraph.resolve import MAX_PLAN_LIST, MAX_PLAN_SIZE, PlanInputError, prepare_argv
 
 DSV4 = str(DSV4_MODEL_DIR)
 BUCKETS_ENV = "SGLANG_MIXGRAPH_PREFILL_BUCKETS"
@@ -178,7 +178,7 @@ def test_a_dsv4_compress_ratios_that_matches_no_layer_count(
 ):
     model = _dsv4_with_ratios(tmp_path, ratios)
     if expected is None:
-        from sglang_mixgraph.resolve import _check_config_json
+        from sglang_mixgraph.plan_inputs import _check_config_json
 
         _check_config_json(Path(model) / "config.json")  # no error; the plan itself is slow
         return
@@ -190,7 +190,7 @@ def test_a_dsv4_compress_ratios_that_matches_no_layer_count(
 
 
 def test_the_embedded_dsv4_config_passes_the_config_checks():
-    from sglang_mixgraph.resolve import _check_config_json
+    from sglang_mixgraph.plan_inputs import _check_config_json
 
     _check_config_json(DSV4_MODEL_DIR / "config.json")  # 61 layers + 1 MTP entry
 

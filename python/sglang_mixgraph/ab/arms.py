@@ -6,7 +6,7 @@ result. So every name that looks like an SGLang flag (prefix `SGLANG_` or `SGL_`
 field of SGLang's flag registry (`sglang.srt.environ.Envs`), one of this plugin's flags
 (registered in the same registry by `sglang_mixgraph.flags` when the patches are imported), or
 listed in `[server] allow_env` for a variable SGLang reads outside its registry. Values are
-checked the way SGLang and the plugin would parse them (`resolve.invalid_environment`).
+checked the way SGLang and the plugin would parse them (`plan_inputs.invalid_environment`).
 Other names (CUDA_*, NCCL_*, ...) pass unchecked: they are not ours to know.
 """
 
@@ -48,7 +48,7 @@ def _environment(env: dict[str, str]) -> Iterator[None]:
 
 def env_problems(config: Config) -> list[str]:
     """One line per unknown flag name or invalid value, across the shared env and every arm."""
-    from sglang_mixgraph.resolve import invalid_environment, quiet_import_warnings
+    from sglang_mixgraph.plan_inputs import invalid_environment, quiet_import_warnings
 
     with quiet_import_warnings():
         known = known_flag_names() | set(config.server.allow_env)

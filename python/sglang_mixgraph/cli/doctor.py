@@ -225,7 +225,8 @@ def _print_doctor(report: dict[str, Any]) -> None:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from sglang_mixgraph.resolve import environment_problem, quiet_import_warnings
+    from sglang_mixgraph.plan_inputs import quiet_import_warnings
+    from sglang_mixgraph.resolution_errors import environment_problem
 
     try:
         with quiet_import_warnings():

@@ -151,13 +151,11 @@ def cmd_plan(args: argparse.Namespace, server_argv: list[str]) -> int:
     if args.json:
         # Keep stdout pure JSON; SGLang logs to stderr through the root logger.
         logging.basicConfig(stream=sys.stderr, level=logging.WARNING)
+    from sglang_mixgraph.plan_inputs import PlanInputError, invalid_environment, prepare_argv
+    from sglang_mixgraph.resolution_errors import explain_failure
     from sglang_mixgraph.resolve import (
-        PlanInputError,
-        explain_failure,
         graph_plan_of,
-        invalid_environment,
         model_class_problem,
-        prepare_argv,
         resolve,
         select_described_platform,
     )
