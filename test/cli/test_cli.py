@@ -65,10 +65,13 @@ def test_doctor_json_reports_versions_gpu_flags_and_every_patch(monkeypatch):
         assert p["targets"] and all(t["ok"] for t in p["targets"]), p
     assert report["ok"] is True
     catalogue = {
-        p["id"]: [p[k] for k in ("why", "how", "upstream_pr", "retired_by")]
+        p["id"]: [p[k] for k in ("why", "how", "upstream_pr", "retired_by", "docs_page")]
         for p in report["patches"]
     }
-    assert catalogue == {p.id: [p.why, p.how, p.upstream_pr, p.retired_by] for p in all_patches()}
+    assert catalogue == {
+        p.id: [p.why, p.how, p.upstream_pr, p.retired_by, p.docs_page] for p in all_patches()
+    }
+    assert all(p["docs_page"].startswith("docs/") for p in report["patches"])
 
 
 def test_every_patch_has_its_catalogue_entry():

@@ -54,6 +54,7 @@ CATALOGUE = (
     ("how", "how"),
     ("upstream PR", "upstream_pr"),
     ("retired by", "retired_by"),
+    ("docs", "docs_page"),
 )
 
 
@@ -96,6 +97,7 @@ def doctor_report() -> dict[str, Any]:
             "how": patch.how,
             "upstream_pr": patch.upstream_pr,
             "retired_by": patch.retired_by,
+            "docs_page": patch.docs_page,
             "flags": _patch_flags(patch, status),
             # Whatever the flags say, nothing applies when SGLang does not load the plugin.
             "status": status.state if plugin.loaded else NOT_LOADED,
