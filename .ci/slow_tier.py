@@ -42,6 +42,7 @@ PLANNER = (
     PKG + "graph_plan.py",
     PKG + "prefill_settlement.py",
     PKG + "bcg_rules.py",
+    PKG + "deployment_facts.py",
     PKG + "resolve.py",
     PKG + "plan_inputs.py",
     PKG + "resolution_errors.py",
