@@ -103,7 +103,7 @@ def test_example_config_is_the_dsv4_split_experiment():
         ({"sweep": {"concurrencies": [1], "repeats": True}}, "repeats: expected an integer"),
         ({"server": {"args": ["--model-path", "x"]}}, "give the model as model_path"),
         ({"server": {}}, "model_path: needed to launch arm 'baseline'"),
-        ({"gsm8k": {"threshold": 93}}, "an accuracy between 0 and 1"),
+        ({"gsm8k": {"threshold": 93}}, "[gsm8k] threshold: must be at most 1, got 93"),
         ({"gsm8k": {"arms": ["nope"]}}, "no arm named 'nope'"),
         (
             {"gate": [{"metric": "median_tpot_ms", "candidate": "split", "baseline": "baseline"}]},
@@ -201,6 +201,34 @@ def test_bad_configs_are_one_line_errors(change, message):
     with pytest.raises(ConfigError) as e:
         parse_config(raw_with(**change))
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("section", "change", "message"),
+    [
+        (
+            "gsm8k",
+            {"threshhold": 0.9},
+            "[gsm8k]: unknown key 'threshhold' (known: arms, data_path, enabled, judge, "
+            "max_tokens, num_examples, num_shots, parallel, threshold, timeout_s)",
+        ),
+        ("server", {"gpus": True}, "[server] gpus: expected an integer, got True"),
+        ("sweep", {"range_ratio": 1.5}, "[sweep] range_ratio: must be at most 1, got 1.5"),
+        ("server", {"args": ["--tp", 8]}, "[server] args[1]: expected a string, got 8"),
+    ],
+    ids=["unknown key", "bool for an int", "float out of range", "list item type"],
+)
+def test_the_schemas_refusals_are_one_exact_line(tmp_path, capsys, section, change, message):
+    """pydantic's errors come out as the tool's own line, from the file and on the CLI."""
+    raw = raw_with(**{section: {**RAW[section], **change}})
+    with pytest.raises(ConfigError) as e:
+        parse_config(raw)
+    assert str(e.value) == message
+    config = tmp_path / "ab.toml"
+    config.write_text(_toml(raw))
+    argv = ["run", str(config), "--dry-run", "--run-dir", str(tmp_path / "run")]
+    assert _one_line_exit_2(argv, capsys) == f"sglang-mixgraph ab: {message}\n"
+    assert not (tmp_path / "run").exists()
 
 
 def test_accuracy_only_takes_one_arm_and_needs_a_threshold():
