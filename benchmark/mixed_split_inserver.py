@@ -283,13 +283,30 @@ def time_point(
     )
 
 
+TAIL_GRAPHS = "+tg"  # an arm suffix: the policy with SGLANG_MIXGRAPH_SPLIT_TAIL_GRAPHS=1
+
+
 def time_arm(dep, layer, d, p, reps, flush, arm, kit, ahead_ms=0.0):
     """One arm: upstream alone (``off``), or with the patch installed through the plugin
-    registry and SGLang's HookRegistry for the given policy (removed again afterwards)."""
+    registry and SGLang's HookRegistry for the given policy (removed again afterwards);
+    ``always+tg`` / ``adaptive+tg``: that policy with the decode tail replayed from its CUDA
+    graphs (captured at the point's first, untimed call)."""
     if arm == "off":
         return time_point(dep, layer, d, p, reps, flush, ahead_ms)
-    with kit.patch_installed(flag_on=True, policy=arm):
-        return time_point(dep, layer, d, p, reps, flush, ahead_ms)
+    from sglang_mixgraph.patches import mixed_split as ms
+
+    policy = arm.removesuffix(TAIL_GRAPHS)
+    name = ms.TAIL_GRAPHS_FLAG.name
+    before = os.environ.get(name)
+    os.environ[name] = "1" if arm.endswith(TAIL_GRAPHS) else "0"
+    try:
+        with kit.patch_installed(flag_on=True, policy=policy):
+            return time_point(dep, layer, d, p, reps, flush, ahead_ms)
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
 
 
 def environment(**fields) -> dict:
@@ -347,10 +364,22 @@ def summary_lines(points) -> list:
         f"({'always'}) {host_on:.3f} ms. Where the GPU work of a layer is shorter than this, the layer "
         "is host-bound in an eager step and a GPU saving does not show."
     )
+    tg = "always" + TAIL_GRAPHS
+    if f"{tg}_layer_host_ms" in points[0]:
+        extra = statistics.median(
+            r["always_layer_host_ms"] - r["off_layer_host_ms"] for r in points
+        )
+        extra_tg = statistics.median(
+            r[f"{tg}_layer_host_ms"] - r["off_layer_host_ms"] for r in points
+        )
+        out.append(
+            f"- Host added per split layer call, median of the per-point differences from `off`: "
+            f"`always` {extra:+.3f} ms, `{tg}` (decode tail from its CUDA graphs) {extra_tg:+.3f} ms."
+        )
     same = [
         abs(r["adaptive_layer_ms"] / r["off_layer_ms"] - 1)
         for r in points
-        if not r["adaptive_split"]
+        if "adaptive_split" in r and not r["adaptive_split"]
     ]
     if same:
         out.append(
@@ -358,12 +387,13 @@ def summary_lines(points) -> list:
             f"`off` by up to {100 * max(same):.0f}% (median {100 * statistics.median(same):.0f}%): "
             "differences below that are not resolved by this run."
         )
-    setup = statistics.median(r["adaptive_setup_ms"] - r["off_setup_ms"] for r in points)
     setup_always = statistics.median(r["always_setup_ms"] - r["off_setup_ms"] for r in points)
-    out.append(
-        f"- Step set-up added by the patch, median: `always` {setup_always:.2f} ms, `adaptive` {setup:.2f} ms "
-        "per step (once for all layers)."
-    )
+    if "adaptive_setup_ms" in points[0]:
+        setup = statistics.median(r["adaptive_setup_ms"] - r["off_setup_ms"] for r in points)
+        out.append(
+            f"- Step set-up added by the patch, median: `always` {setup_always:.2f} ms, `adaptive` "
+            f"{setup:.2f} ms per step (once for all layers)."
+        )
     return out
 
 

@@ -109,6 +109,10 @@ class Deployment:
         return bool(self.chunk_per_rank and self.chunk_per_rank > 0)
 
 
+def _attn_tp_size(cfg) -> int:
+    return max(1, cfg.tp_size // max(1, cfg.attn_dp_size) // max(1, cfg.attn_cp_size))
+
+
 def _mega_moe_cap(cfg) -> int | None:
     from sglang.srt.environ import envs
     from sglang.srt.runtime_context import get_platform
@@ -133,10 +137,14 @@ def _phase_graph(server_args, phase: str) -> PhaseGraph:
     )
 
 
-def read_deployment(server_args, *, indexer_logits_eager: bool = False) -> Deployment:
-    """The facts of the resolving deployment. `indexer_logits_eager`: breakable captures run
-    the c4 indexer's logits in an eager break (the live-width indexer acts), so the estimate
-    leaves them out of the graph pool; the caller says so, as this layer reads no patch."""
+def read_deployment(
+    server_args, *, indexer_logits_eager: bool = False, decode_tail_graphs: bool = False
+) -> Deployment:
+    """The facts of the resolving deployment, with what the caller says of the patches (this
+    layer reads none): `indexer_logits_eager`, breakable captures run the c4 indexer's logits
+    in an eager break (the live-width indexer acts), so the estimate leaves them out of the
+    graph pool; `decode_tail_graphs`, the split's decode tails replay from CUDA graphs of
+    their own, which the estimate counts."""
     from sglang.srt.arg_groups.overrides import (
         model_config_of,
         post_capture_kv_sizing_planned,
@@ -159,7 +167,7 @@ def read_deployment(server_args, *, indexer_logits_eager: bool = False) -> Deplo
         tp_size=cfg.tp_size,
         attn_dp_size=attn_dp,
         dp_attention=dp_attention,
-        attn_tp_size=max(1, cfg.tp_size // max(1, cfg.attn_dp_size) // max(1, cfg.attn_cp_size)),
+        attn_tp_size=_attn_tp_size(cfg),
         mixed_chunk=bool(cfg.enable_mixed_chunk),
         chunk_per_rank=cfg.chunked_prefill_size,
         max_running_requests=mrr,
@@ -179,7 +187,7 @@ def read_deployment(server_args, *, indexer_logits_eager: bool = False) -> Deplo
         dllm=bool(getattr(cfg, "dllm_algorithm", None)),
         hisparse=bool(getattr(cfg, "enable_hisparse", False)),
         page_size=max(1, int(cfg.page_size or 1)),
-        shape=_model_shape(server_args, indexer_logits_eager),
+        shape=_model_shape(server_args, indexer_logits_eager, decode_tail_graphs),
         memory=MemoryFacts(
             device=cfg.device,
             pp_size=cfg.pp_size,
@@ -198,7 +206,17 @@ def read_deployment(server_args, *, indexer_logits_eager: bool = False) -> Deplo
     )
 
 
-def _model_shape(server_args, indexer_logits_eager: bool) -> ModelShape:
+def _kernel_heads(heads: int, attn_tp_size: int) -> int:
+    """The decode kernel's query heads per rank, as `MqaAttentionBase._kernel_num_heads`
+    (models.deepseek_v4) pads them off SM120: the local heads with one attention-TP rank,
+    else 64 or all heads."""
+    local = heads // max(1, attn_tp_size)
+    if attn_tp_size <= 1:
+        return local
+    return 64 if local <= 64 else heads
+
+
+def _model_shape(server_args, indexer_logits_eager: bool, decode_tail_graphs: bool) -> ModelShape:
     """The capture-memory model's view of the model (core.capture_memory.ModelShape)."""
     from sglang.srt.arg_groups.overrides import model_config_of, resolving_view
     from sglang.srt.configs.model_config import is_deepseek_v4
@@ -229,5 +247,11 @@ def _model_shape(server_args, indexer_logits_eager: bool) -> ModelShape:
             index_heads=int(getattr(text, "index_n_heads", 64) or 64),
             torch_logits=bool(envs.SGLANG_FP8_PAGED_MQA_LOGITS_TORCH.get()),
             logits_eager=indexer_logits_eager,
+            decode_tail_heads=_kernel_heads(
+                int(getattr(text, "num_attention_heads", 0) or 0),
+                _attn_tp_size(cfg),
+            )
+            if decode_tail_graphs
+            else 0,
         )
     return ModelShape(hidden_size=hidden, hidden_multiplier=hc, sparse=sparse)

@@ -157,6 +157,8 @@ class Resolution:
     # indexer_logits_eager):
     # the plugin is loaded and its live-width indexer acts in breakable captures.
     indexer_logits_eager: bool = False
+    # Likewise: the split's decode tails replay from CUDA graphs of their own.
+    decode_tail_graphs: bool = False
 
     def messages(self, logger_prefix: str = "") -> list[str]:
         return [r.getMessage() for r in self.logs if r.name.startswith(logger_prefix)]
@@ -205,7 +207,7 @@ def resolve(argv: list[str], gpu: str = DEFAULT_GPU) -> Resolution:
         for lg, level in zip(loggers, previous_levels, strict=False):
             lg.removeHandler(collector)
             lg.setLevel(level)
-    from sglang_mixgraph.patches import live_width_indexer
+    from sglang_mixgraph.patches import live_width_indexer, mixed_split
 
     return Resolution(
         gpu=spec,
@@ -214,6 +216,7 @@ def resolve(argv: list[str], gpu: str = DEFAULT_GPU) -> Resolution:
         logs=collector.records,
         plugin=plugin,
         indexer_logits_eager=plugin.loaded and live_width_indexer.acts_in_captures(),
+        decode_tail_graphs=plugin.loaded and mixed_split.tail_graphs_act(),
     )
 
 
@@ -227,7 +230,9 @@ def graph_plan_of(resolution: Resolution):
 
     with described_gpu(resolution.gpu.name):
         facts = read_deployment(
-            resolution.server_args, indexer_logits_eager=resolution.indexer_logits_eager
+            resolution.server_args,
+            indexer_logits_eager=resolution.indexer_logits_eager,
+            decode_tail_graphs=resolution.decode_tail_graphs,
         )
         return graph_plan(
             facts,

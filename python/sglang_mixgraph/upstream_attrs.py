@@ -20,6 +20,9 @@ BACKEND_SPLIT_LAYERS = "_mixgraph_split_layers"
 # On DeepseekV4AttnBackend (the mixed split): (the KV pool, {layer id: (the layer's SWA and
 # compressed buffers' address/shape/dtype, their decode-kernel views)}), made once per layer.
 BACKEND_SPLIT_KV_VIEWS = "_mixgraph_split_kv_views"
+# On DeepseekV4AttnBackend (the mixed split, SGLANG_MIXGRAPH_SPLIT_TAIL_GRAPHS=1): the decode
+# tails' CUDA graphs and their static buffers (core.decode_tail_graphs.TailGraphs).
+BACKEND_SPLIT_TAIL_GRAPHS = "_mixgraph_split_tail_graphs"
 # On ModelRunner, between replay read-done's PRE_REPLAY and upstream's publisher: the replay's
 # label and the event the mailbox held before.
 RUNNER_PENDING_READ_DONE = "_mixgraph_replay_read_done"

@@ -332,6 +332,26 @@ def test_live_width_indexer_takes_the_logits_out_of_the_estimate(flags):
     assert (base["buckets"], eager["buckets"]) == (10, 17)
 
 
+def test_the_split_decode_tail_graphs_are_counted_in_the_estimate(flags):
+    """With the split's decode-tail graphs on, their buffers and pool are a term of the
+    estimate: the decode kernel's 128 heads (one attention-TP rank), the reference's 1M
+    capture width for the c128 indices."""
+    from sglang_mixgraph.core.decode_tail_graphs import tail_graph_bytes
+
+    base = plan_of(reference())[1]["capture_memory"]["estimate"]
+    assert "dsv4_decode_tail_graphs" not in base["terms"]
+    flags(SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN="1", SGLANG_MIXGRAPH_SPLIT_TAIL_GRAPHS="1")
+    on = plan_of(reference())[1]["capture_memory"]["estimate"]
+    widths = {0: (128, 0), 4: (128, 1024), 128: (128, (1 << 20) // 128)}
+    assert on["terms"]["dsv4_decode_tail_graphs"] == tail_graph_bytes(128, widths)
+    assert on["terms"] == {
+        **base["terms"],
+        "dsv4_decode_tail_graphs": tail_graph_bytes(128, widths),
+    }
+    flags(SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN="0")  # the graphs come with the split only
+    assert plan_of(reference())[1]["capture_memory"]["estimate"] == base
+
+
 BAND = [2592, 2624, 2656, 2688, 2720, 2752, 2784]  # 256-token pages: mixed steps 2561..2816
 
 

@@ -364,6 +364,12 @@ def test_the_split_only_arm_differs_from_bcg_auto_by_the_split_alone():
     assert added == {A.SPLIT: "1", A.POLICY: "always"} and set(auto.env) <= set(split.env)
 
 
+def test_the_tail_graph_arm_differs_from_the_split_only_arm_by_the_tail_graphs_alone():
+    split, graphs = A.ARMS["bcg-split-always"], A.ARMS["bcg-split-tg"]
+    assert kwargs("bcg-split-tg") == kwargs("bcg-split-always")
+    assert graphs.env == {**split.env, A.TAIL_GRAPHS: "1"}
+
+
 def test_probe_arms_log_their_counters_while_they_serve():
     """The probe reads each arm's patch counters from its log: with the interval at 0 they
     would come only at exit, which SGLang's Engine.shutdown can skip."""

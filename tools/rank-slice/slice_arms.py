@@ -25,6 +25,7 @@ DECODE_BUCKETS = [16, 32, 64, 128, 192, 256]
 SPLIT = "SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN"
 POLICY = "SGLANG_MIXGRAPH_SPLIT_POLICY"
 READ_DONE = "SGLANG_OPT_DSV4_REPLAY_READ_DONE"
+TAIL_GRAPHS = "SGLANG_MIXGRAPH_SPLIT_TAIL_GRAPHS"
 BUCKETS = "SGLANG_MIXGRAPH_PREFILL_BUCKETS"
 FORCE_BCG = "SGLANG_EXPERIMENTAL_FORCE_BCG"
 LIVE_WIDTH = "SGLANG_OPT_DSV4_BCG_LIVE_WIDTH_INDEXER"
@@ -88,6 +89,11 @@ ARMS = {
             "bcg-split-always",
             "bcg-auto with the split (always) alone: the split's own cost in replays",
             {BUCKETS: "auto", SPLIT: "1", POLICY: "always"},
+        ),
+        Arm(
+            "bcg-split-tg",
+            "bcg-split-always with the decode tail replayed from its CUDA graphs",
+            {BUCKETS: "auto", SPLIT: "1", POLICY: "always", TAIL_GRAPHS: "1"},
         ),
         Arm(
             "bcg-split-rd-always",

@@ -97,6 +97,9 @@ class SparseIndexerShape:
     torch_logits: bool = False  # the indexer's logits in torch (per head), not deep_gemm
     # The live-width indexer patch runs the logits in an eager break: outside the graph pool.
     logits_eager: bool = False
+    # The split's decode-tail graphs (their query heads; 0: they do not run) hold their own
+    # buffers and pool next to the prefill graphs (core.decode_tail_graphs.tail_graph_bytes).
+    decode_tail_heads: int = 0
 
     def metadata_bytes_per_token(self) -> int:
         ints = (
@@ -114,6 +117,16 @@ class SparseIndexerShape:
         cols = _ceil_div(self.context_width, self.c4_ratio)
         cols = _ceil_div(cols, LOGITS_ROW_ALIGN) * LOGITS_ROW_ALIGN
         return cols * LOGITS_BYTES_PER_ELEM
+
+    def decode_tail_graph_bytes(self) -> int:
+        if not self.decode_tail_heads:
+            return 0
+        from sglang_mixgraph.core.decode_tail_graphs import tail_graph_bytes
+
+        swa = _ceil_div(self.swa_window, 64) * 64  # index widths are padded to 64
+        c128 = _ceil_div(_ceil_div(self.context_width, self.c128_ratio), 64) * 64
+        widths = {0: (swa, 0), self.c4_ratio: (swa, self.index_topk), self.c128_ratio: (swa, c128)}
+        return tail_graph_bytes(self.decode_tail_heads, widths)
 
     def torch_logits_peak_bytes_per_token(self) -> int:
         """Per-head fp32 logits over W/4 columns, the copies alive at the peak (torch path)."""
@@ -159,6 +172,8 @@ def _terms(count: int, largest: int, total_tokens: int, model: ModelShape) -> di
     if model.sparse is not None:
         terms["dsv4_captured_metadata"] = total_tokens * model.sparse.metadata_bytes_per_token()
         terms["dsv4_indexer_logits"] = total_tokens * model.sparse.logits_bytes_per_token()
+        if model.sparse.decode_tail_heads:
+            terms["dsv4_decode_tail_graphs"] = model.sparse.decode_tail_graph_bytes()
     return terms
 
 

@@ -372,12 +372,18 @@ class World:
         self.max_ctx = max_ctx  # the model's context length: the graphs' capture width
         g = torch.Generator().manual_seed(step.seed)
         self.g = g
-        self.pool = kv_pool(max_reqs=MAX_REQS, size=SWA_SIZE, ratios=LAYER_RATIOS, device=device)
-        self.req_to_token = torch.zeros(MAX_REQS, max_ctx, dtype=torch.int32)
-        # Requests get shuffled, non-contiguous pages (page 0 stays unused).
         n_reqs = len(step.seq_lens)
         pages_needed = [-(-s // PAGE) for s in step.seq_lens]
-        perm = (torch.randperm(SWA_SIZE // PAGE - 1, generator=g) + 1).tolist()
+        # MAX_REQS requests in SWA_SIZE slots, more where the step needs them (hundreds of
+        # decode requests on the GPU); the same sizes, so the same pages, for every smaller step.
+        self.max_reqs = max(MAX_REQS, n_reqs)
+        n_pages = max(SWA_SIZE // PAGE, sum(pages_needed) + 1)
+        self.pool = kv_pool(
+            max_reqs=self.max_reqs, size=n_pages * PAGE, ratios=LAYER_RATIOS, device=device
+        )
+        self.req_to_token = torch.zeros(self.max_reqs, max_ctx, dtype=torch.int32)
+        # Requests get shuffled, non-contiguous pages (page 0 stays unused).
+        perm = (torch.randperm(n_pages - 1, generator=g) + 1).tolist()
         self.pages: list[list[int]] = []
         for r in range(n_reqs):
             own = perm[: pages_needed[r]]

@@ -64,7 +64,7 @@ class GpuWorld(K.World):
 
     def _make_backend(self, dsv4, cls, q8kv8: bool):
         runner = model_runner(
-            self.pool, self.req_to_token, num_reqs=K.MAX_REQS, context_len=self.max_ctx
+            self.pool, self.req_to_token, num_reqs=self.max_reqs, context_len=self.max_ctx
         )
         backend = cls(runner)
         if q8kv8:

@@ -214,7 +214,7 @@ def _validate_around(original, server_args, **kwargs):
     (`prefill_settlement.settle_prefill`) applied and logged."""
     from sglang_mixgraph.deployment_facts import out_of_scope, read_deployment
     from sglang_mixgraph.graph_plan import GraphConfigError
-    from sglang_mixgraph.patches import live_width_indexer
+    from sglang_mixgraph.patches import live_width_indexer, mixed_split
     from sglang_mixgraph.prefill_settlement import settle_out_of_scope, settle_prefill
 
     original(server_args, **kwargs)
@@ -226,7 +226,9 @@ def _validate_around(original, server_args, **kwargs):
         settled = settle_out_of_scope(why, record)
     else:
         facts = read_deployment(
-            server_args, indexer_logits_eager=live_width_indexer.acts_in_captures()
+            server_args,
+            indexer_logits_eager=live_width_indexer.acts_in_captures(),
+            decode_tail_graphs=mixed_split.tail_graphs_act(),
         )
         settled = settle_prefill(facts, record)
     if settled.out_of_scope is None:

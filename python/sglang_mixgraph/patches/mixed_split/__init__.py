@@ -42,9 +42,11 @@ from sglang_mixgraph.patches.mixed_split.state import (
     PATCH_ID,
     POLICY_FLAG,
     SPLIT_FLAG,
+    TAIL_GRAPHS_FLAG,
     SplitPlan,
     SplitPlanError,
     get_plan,
+    tail_graphs_act,
 )
 from sglang_mixgraph.registry import Hook, Patch
 
@@ -57,6 +59,7 @@ __all__ = [
     "PATCH_ID",
     "POLICY_FLAG",
     "SPLIT_FLAG",
+    "TAIL_GRAPHS_FLAG",
     "SplitPlan",
     "SplitPlanError",
     "after_eager_load_batch",
@@ -67,6 +70,7 @@ __all__ = [
     "around_forward_prefill_sparse",
     "around_forward_prefill_sparse_q8kv8",
     "decode_tail_of",
+    "tail_graphs_act",
     "explain_for_deployment",
     "get_plan",
     "num_decode_requests",
@@ -170,7 +174,7 @@ PATCH = Patch(
     id=PATCH_ID,
     summary="DSV4 mixed prefill/decode split: decode rows via the fp8 decode kernel, "
     "prefill-only sparse workspace, in eager steps and breakable-graph replays",
-    flags=(SPLIT_FLAG, POLICY_FLAG),
+    flags=(SPLIT_FLAG, POLICY_FLAG, TAIL_GRAPHS_FLAG),
     hooks=HOOKS,
     is_enabled=_is_enabled,
     explain=explain_for_deployment,

@@ -8,22 +8,34 @@ rows with the inputs the plan prepared for the layer's compress ratio, joined by
 decode rows in (``core.mixed_boundary.copy_in_join``). Per layer that is the two kernel calls, a
 view of the query's tail rows and the copy: the metadata slices, their checks and the
 scheduling metadata are the plan's (``core.decode_tail.TailInputs``, once per ratio per step).
+With SGLANG_MIXGRAPH_SPLIT_TAIL_GRAPHS=1 the decode call is replayed from a CUDA graph per layer
+and bucket of decode rows (``core.decode_tail_graphs``) wherever one serves.
 """
 
 from __future__ import annotations
 
+import logging
+
 from sglang_mixgraph.core.decode_tail import run_tail
+from sglang_mixgraph.core.decode_tail_graphs import TailGraphs
 from sglang_mixgraph.core.mixed_boundary import assemble_rows, copy_in_join
 from sglang_mixgraph.patches.mixed_split.state import (
     FALLBACK_REASONS,
+    PATCH_ID,
+    TAIL_GRAPHS_FLAG,
     SplitPlan,
     SplitPlanError,
     _count,
     _fallback,
     get_plan,
 )
-from sglang_mixgraph.upstream_attrs import BACKEND_SPLIT_KV_VIEWS, METADATA_SPLIT_PLAN
+from sglang_mixgraph.upstream_attrs import (
+    BACKEND_SPLIT_KV_VIEWS,
+    BACKEND_SPLIT_TAIL_GRAPHS,
+    METADATA_SPLIT_PLAN,
+)
 
+logger = logging.getLogger("sglang_mixgraph")
 _LAYERS_SPLIT = {r: f"layers_split.c{r}" for r in (0, 4, 128)}
 
 
@@ -160,6 +172,43 @@ def _tail_of(plan: SplitPlan, backend, core, compress_ratio: int):
     return tail
 
 
+def _tail_graphs(backend, plan: SplitPlan) -> TailGraphs | None:
+    """The backend's decode-tail graphs with SGLANG_MIXGRAPH_SPLIT_TAIL_GRAPHS=1, made on first
+    use with the plan's kernel and scheduling-metadata factory."""
+    if not TAIL_GRAPHS_FLAG.get():
+        return None
+    graphs = getattr(backend, BACKEND_SPLIT_TAIL_GRAPHS, None)
+    if graphs is None:
+        from sglang_mixgraph.patches.mixed_split.plan import _sched_meta_factory
+
+        graphs = TailGraphs(plan.kernel, _sched_meta_factory)
+        setattr(backend, BACKEND_SPLIT_TAIL_GRAPHS, graphs)
+    return graphs
+
+
+def _decode_tail(backend, plan: SplitPlan, layer_id: int, tail, q_tail, caches, attn_sink):
+    """The layer's decode rows: replayed from the tail's graph where one serves, else the
+    plain kernel call (counted by reason; a failed capture is logged, once)."""
+    swa_cache, extra_cache = caches
+    graphs = _tail_graphs(backend, plan)
+    if graphs is not None:
+        why = graphs.unreplayable(tail.num_rows)
+        if why is None:
+            out = graphs.run(layer_id, tail, q_tail, swa_cache, attn_sink, extra_cache)
+            if out is not None:
+                _count("tail_graph_replays")
+                return out
+            why = "capture_failed"  # once: every later call finds the graphs broken
+            logger.warning(
+                "sglang-mixgraph: %s: decode-tail CUDA graphs off for this process, the split "
+                "calls the decode kernel eagerly: the capture failed (%s)",
+                PATCH_ID,
+                graphs.broken,
+            )
+        _count(f"tail_graph_eager.{why}")
+    return run_tail(tail, q_tail, swa_cache, attn_sink, extra_cache, plan.kernel)
+
+
 def _split_forward(original, backend, call: dict):
     """The layer's split attention (``call``: upstream's keyword arguments), or None where
     upstream's body runs instead (no plan for the step, or the layer does not match it)."""
@@ -187,11 +236,10 @@ def _split_forward(original, backend, call: dict):
         # Upstream's sparse prefill over every row with the prefill-only workspace, first:
         # the layer's longest kernel is queued before the decode tail's host work.
         o_all = original(backend, **call)
-    swa_cache, extra_cache = _layer_caches(backend, pool, layer_id, compress_ratio)
+    caches = _layer_caches(backend, pool, layer_id, compress_ratio)
     q4 = q if q.dim() == 4 else q.unsqueeze(1)
-    o_dec = run_tail(
-        tail, q4.narrow(0, b.b0, b.num_decode_reqs), swa_cache, attn_sink, extra_cache, plan.kernel
-    ).squeeze(1)
+    q_tail = q4.narrow(0, b.b0, b.num_decode_reqs)
+    o_dec = _decode_tail(backend, plan, layer_id, tail, q_tail, caches, attn_sink).squeeze(1)
     plan.decode_calls[compress_ratio] = plan.decode_calls.get(compress_ratio, 0) + 1
     _count(_LAYERS_SPLIT[compress_ratio])
     if o_all is None:

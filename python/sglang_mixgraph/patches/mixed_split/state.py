@@ -41,6 +41,21 @@ POLICY_FLAG = choice_flag(
     off_value="always",
 )
 
+TAIL_GRAPHS_FLAG = bool_flag(
+    "SGLANG_MIXGRAPH_SPLIT_TAIL_GRAPHS",
+    False,
+    "With the mixed split on: replay each split layer's decode tail from a CUDA graph captured "
+    "per layer and bucket of decode rows (static inputs, one launch) instead of calling the "
+    "decode kernel eagerly; cuts the split's host time per layer. Not yet measured on a GPU.",
+)
+
+
+def tail_graphs_act() -> bool:
+    """Whether this process's split replays its decode tails from CUDA graphs (the capture
+    estimate then counts their memory)."""
+    return bool(SPLIT_FLAG.get()) and bool(TAIL_GRAPHS_FLAG.get())
+
+
 # The compress ratios of a DSV4 (not V4.1) model: SWA-only, CSA, HCA.
 ALL_RATIOS = (0, 4, 128)
 

@@ -1,0 +1,109 @@
+"""SGLANG_MIXGRAPH_SPLIT_TAIL_GRAPHS=1 through upstream's DSV4 backend on the CPU: the split's
+decode rows from the tail graphs equal the plain calls', every split layer is counted as a replay
+or under the reason it was not, and a capture that fails leaves the plain call, said once. The
+graphs replay by calling the captured function here (test/core/test_decode_tail_graphs.py); a
+real CUDA graph's replay is checked on the GPU (test/gpu_upstream/test_decode_tail_graphs_gpu.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import pytest
+import torch
+
+from sglang_mixgraph import counters, fallback
+from sglang_mixgraph.core.decode_tail_graphs import TailGraphs
+from sglang_mixgraph.kits import dsv4_cpu as K
+from sglang_mixgraph.reference.sparse_mla import ReferenceSchedMeta
+from sglang_mixgraph.target_gpu import described_gpu
+from sglang_mixgraph.upstream_attrs import BACKEND_SPLIT_TAIL_GRAPHS
+
+K.import_upstream()
+
+from sglang_mixgraph.patches import mixed_split as ms  # noqa: E402
+
+STEPS = [
+    K.Step(prefill=[(300, 29), (0, 7)], decode=[255, 256, 129, 0], padding=2, seed=11),
+    K.Step(prefill=[], decode=[511, 3, 130], padding=3, seed=12),  # decode rows only
+]
+
+
+class Replayed:
+    def __init__(self, fn):
+        self.replay = fn
+
+
+@pytest.fixture(autouse=True)
+def _fresh(monkeypatch):
+    monkeypatch.setenv("SGLANG_MIXGRAPH_COUNTERS_LOG_INTERVAL", "0")
+    counters.stop_reporter()
+    counters.reset()
+    fallback._said.clear()
+    yield
+    counters.reset()
+
+
+def _ctx():
+    stack = contextlib.ExitStack()
+    stack.enter_context(described_gpu("H200"))
+    stack.enter_context(K.sglang_context())
+    stack.enter_context(K.reference_kernels())
+    return stack
+
+
+def _split_step(world, graphs_on: bool, capture=None) -> dict[int, torch.Tensor]:
+    if capture is not None:
+        graphs = TailGraphs(
+            world.backend._flash_mla_with_kvcache, ReferenceSchedMeta, capture=capture
+        )
+        setattr(world.backend, BACKEND_SPLIT_TAIL_GRAPHS, graphs)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(ms.TAIL_GRAPHS_FLAG.name, "1" if graphs_on else "0")
+        with K.patch_installed():
+            out = world.run_step(world.forward_batch())
+            assert ms.get_plan(world.backend) is not None
+    return out
+
+
+def _events():
+    return counters.snapshot()["events"].get(ms.PATCH_ID, {})
+
+
+@pytest.mark.parametrize("step", STEPS, ids=["mixed", "decode_only"])
+def test_the_tail_graphs_give_the_plain_calls_rows(step):
+    with _ctx():
+        plain = _split_step(K.World(step), graphs_on=False)
+        assert not any(k.startswith("tail_graph") for k in _events())
+        counters.reset()
+        world = K.World(step)
+        sink = world.attn_sink()  # a model's sink is a parameter: one tensor for every step
+        world.attn_sink = lambda heads=K.HEADS: sink
+        out = _split_step(world, graphs_on=True, capture=Replayed)
+        out_again = _split_step(world, graphs_on=True)  # the next step: graphs kept, replayed
+    for layer in plain:
+        assert torch.equal(out[layer], plain[layer]), layer
+        assert torch.equal(out_again[layer], plain[layer]), layer
+    assert _events()["tail_graph_replays"] == 2 * len(plain)
+    assert getattr(world.backend, BACKEND_SPLIT_TAIL_GRAPHS).captures == len(plain)
+
+
+def test_a_failed_capture_leaves_the_plain_call_and_is_said_once(caplog):
+    def failing(fn):
+        raise RuntimeError("capture refused")
+
+    with _ctx():
+        plain = _split_step(K.World(STEPS[0]), graphs_on=False)
+        world = K.World(STEPS[0])
+        with caplog.at_level(logging.WARNING, logger="sglang_mixgraph"):
+            out = _split_step(world, graphs_on=True, capture=failing)
+    for layer in plain:
+        assert torch.equal(out[layer], plain[layer]), layer
+    said = [
+        r.getMessage() for r in caplog.records if "decode-tail CUDA graphs off" in r.getMessage()
+    ]
+    assert len(said) == 1 and "capture refused" in said[0]
+    events = _events()
+    assert events["tail_graph_eager.capture_failed"] == len(plain)
+    assert "tail_graph_replays" not in events
