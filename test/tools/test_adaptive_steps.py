@@ -45,7 +45,9 @@ def test_a_shared_prefix_leaves_only_the_rest_to_prefill_at_the_whole_context():
     prefill = [
         (seq, ext)
         for s in steps
-        for seq, ext in zip(s.seq_lens, s.extend_lens[: len(s.extend_lens) - s.num_decode])
+        for seq, ext in zip(
+            s.seq_lens, s.extend_lens[: len(s.extend_lens) - s.num_decode], strict=False
+        )
     ]
     assert prefill and all(7680 < seq <= 8192 and ext <= 512 for seq, ext in prefill)
     # The first prompt runs alone (2816 + 2816 + 2560 tokens, no decode rows yet: not MIXED); its
