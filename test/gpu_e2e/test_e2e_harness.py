@@ -846,6 +846,123 @@ def test_moe_sum_reduce_standin_sums_topk_and_scales(standins):
     torch.testing.assert_close(out, (x.float().sum(1) * 1.5).to(torch.bfloat16))
 
 
+def _fp8_blocks(w, block=128):
+    """`w` (N, K) as e4m3 with one scale per 128 x 128 block, as an FP8 checkpoint stores it."""
+    import torch
+
+    n, k = w.shape
+    blocks = w.float().view(n // block, block, k // block, block)
+    scale = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-10) / 448
+    q = (blocks / scale[:, None, :, None]).to(torch.float8_e4m3fn).view(n, k)
+    return q, scale
+
+
+def _group_quant(x, group, column_major_scales):
+    """SGLang's activation quant on the CPU: e4m3 per 128 columns, scales column-major."""
+    import torch
+
+    assert column_major_scales
+    m, k = x.shape
+    g = x.float().view(m, k // group, group)
+    scale = g.abs().amax(-1).clamp(min=1e-10) / 448
+    return (g / scale[..., None]).to(torch.float8_e4m3fn).view(m, k), scale.t().contiguous().t()
+
+
+class _BlockScaledMM:
+    """What cuBLAS's block-scaled GEMM computes, checking the layout it is given."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, a, b, scale_a, recipe_a, scale_b, recipe_b, output_dtype):
+        import torch.nn.functional as F
+
+        self.calls.append((a.shape, scale_a.stride(), scale_b.shape))
+        assert (recipe_a, recipe_b) == (
+            F.ScalingType.BlockWise1x128,
+            F.ScalingType.BlockWise128x128,
+        )
+        assert a.shape[0] % 4 == 0 and scale_a.stride(0) == 1  # rows padded, scales column-major
+        m, k = a.shape
+        a_deq = (a.float().view(m, k // 128, 128) * scale_a[..., None]).view(m, k)
+        b_deq = b.float() * scale_b.repeat_interleave(128, 0).repeat_interleave(128, 1)
+        return (a_deq @ b_deq).to(output_dtype)
+
+
+def test_block_fp8_linear_on_torch_scaled_mm_computes_the_linear(standins, capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(standins, "_torch_fp8_refused", [])
+    monkeypatch.setattr(standins, "_announced", set())
+
+    torch.manual_seed(0)
+    w = torch.randn(256, 512, dtype=torch.bfloat16) * 0.05
+    q, scale = _fp8_blocks(w)
+    x = torch.randn(2, 3, 512, dtype=torch.bfloat16)  # 6 rows: padded to 8 for cuBLAS
+    bias = torch.randn(256, dtype=torch.bfloat16)
+    mm = _BlockScaledMM()
+    out = standins.torch_block_fp8_linear(
+        x, q, [128, 128], scale, bias=bias, fallback=None, scaled_mm=mm, quant=_group_quant
+    )
+    assert out.shape == (2, 3, 256) and out.dtype == torch.bfloat16
+    assert mm.calls == [((8, 512), (1, 8), (4, 2))]  # the weight's scales transposed with it
+    w_deq = q.float() * scale.repeat_interleave(128, 0).repeat_interleave(128, 1)
+    want = x.float() @ w_deq.t() + bias.float()
+    err = (out.float() - want).norm() / want.norm()
+    assert err < 0.05, err  # e4m3 activations against bf16
+    assert "block-FP8 linear -> torch scaled_mm" in capsys.readouterr().err
+
+
+def test_block_fp8_linear_leaves_what_it_does_not_handle_to_sglangs_choice(standins, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(standins, "_torch_fp8_refused", [])
+    calls = []
+
+    def fallback(**kw):
+        calls.append(kw)
+        return "upstream"
+
+    q, scale = _fp8_blocks(torch.randn(256, 512))
+    x = torch.randn(4, 512, dtype=torch.bfloat16)
+    args = dict(fallback=fallback, quant=_group_quant, scaled_mm=_BlockScaledMM())
+    # a pre-quantized input, another block size, K blocks not a multiple of 4
+    assert (
+        standins.torch_block_fp8_linear(x, q, [128, 128], scale, input_scale=scale, **args)
+        == "upstream"
+    )
+    assert standins.torch_block_fp8_linear(x, q, [1, 128], scale, **args) == "upstream"
+    q3, scale3 = _fp8_blocks(torch.randn(256, 384))
+    x3 = torch.randn(4, 384, dtype=torch.bfloat16)
+    assert standins.torch_block_fp8_linear(x3, q3, [128, 128], scale3, **args) == "upstream"
+    assert len(calls) == 3 and calls[0]["input_scale"] is scale
+
+    def refusing(*a, **k):
+        raise RuntimeError("scale_a must be outer-dim-major")
+
+    args["scaled_mm"] = refusing
+    assert standins.torch_block_fp8_linear(x, q, [128, 128], scale, **args) == "upstream"
+    args["scaled_mm"] = _BlockScaledMM()  # once refused, SGLang's choice for good
+    assert standins.torch_block_fp8_linear(x, q, [128, 128], scale, **args) == "upstream"
+    assert len(calls) == 5
+
+
+def test_block_fp8_dispatch_routes_128_blocks_only(standins):
+    from types import SimpleNamespace
+
+    def choose(weight_block_size=None, act_scale_ue8m0=False):
+        return ("triton", tuple(weight_block_size or ()), act_scale_ue8m0)
+
+    fp8 = SimpleNamespace(dispatch_w8a8_block_fp8_linear=choose)
+    standins._block_fp8_on_torch(fp8)
+    routed = fp8.dispatch_w8a8_block_fp8_linear(weight_block_size=[128, 128])
+    assert routed.func is standins.torch_block_fp8_linear
+    assert routed.keywords["fallback"] == ("triton", (128, 128), False)
+    assert fp8.dispatch_w8a8_block_fp8_linear(weight_block_size=[32, 32])[0] == "triton"
+    ue8m0 = fp8.dispatch_w8a8_block_fp8_linear(weight_block_size=[128, 128], act_scale_ue8m0=True)
+    assert ue8m0 == ("triton", (128, 128), True)
+
+
 def test_stub_calls_are_loud_and_still_raise(standins, capsys):
     import stubs
 

@@ -357,6 +357,20 @@ def test_probe_engines_keep_nvlink_multicast_off(monkeypatch):
     assert env["SGLANG_OPT_DSV4_REPLAY_READ_DONE"] == "1"  # the arm's own flags still on top
 
 
+def test_probe_arms_carry_the_fp8_gemm_choice_to_the_engine_standins():
+    from sglang_mixgraph.kits.gpu_machine import KIT_FP8_GEMM_ENV
+
+    drv = _load("run_slice_probe")
+    arm = A.ARMS["upstream"]
+    assert drv.arm_env(arm, "/tmp/p", "8", radix=True)[KIT_FP8_GEMM_ENV] == "sglang"
+    env = drv.arm_env(arm, "/tmp/p", "8", radix=True, fp8_gemm="torch")
+    assert env[KIT_FP8_GEMM_ENV] == "torch"
+    engine = (
+        Path(__file__).resolve().parents[2] / "tools/gpu-upstream/engine/engine_standins.py"
+    ).read_text()
+    assert f'FP8_GEMM_ENV = "{KIT_FP8_GEMM_ENV}"' in engine  # the name the stand-ins read
+
+
 def test_the_split_only_arm_differs_from_bcg_auto_by_the_split_alone():
     auto, split = A.ARMS["bcg-auto"], A.ARMS["bcg-split-always"]
     assert kwargs("bcg-split-always") == kwargs("bcg-auto")

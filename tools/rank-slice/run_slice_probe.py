@@ -33,6 +33,7 @@ import slice_arms as A
 from sglang_mixgraph.kits.gpu_machine import (
     ENGINE_DIR,
     KERNEL_ENV,
+    KIT_FP8_GEMM_ENV,
     KIT_KERNELS_ENV,
     NO_MULTICAST_ENV,
     RADIX_CORE_ENV,
@@ -63,11 +64,13 @@ def arm_env(
     radix: bool,
     profile_decode: str = "",
     kernels: str = "standin",
+    fp8_gemm: str = "sglang",
 ) -> dict:
     env = dict(os.environ)
     env.update(NO_MULTICAST_ENV)
     env.update(KERNEL_ENV[kernels])
     env[KIT_KERNELS_ENV] = kernels
+    env[KIT_FP8_GEMM_ENV] = fp8_gemm
     if radix:
         env[RADIX_CORE_ENV] = "python"  # the Rust radix core is built for another torch
     env.update(arm.env)
@@ -220,6 +223,13 @@ def main() -> int:
     ap.add_argument(
         "--fp8", action="store_true", help="an FP8 block-128 slice (make_slice_model --fp8)"
     )
+    ap.add_argument(
+        "--fp8-gemm",
+        choices=("sglang", "torch"),
+        default="sglang",
+        help="an FP8 slice's block-128 linears: SGLang's choice (its Triton GEMM without "
+        "DeepGEMM) or torch's block-scaled scaled_mm (the Engine stand-ins)",
+    )
     ap.add_argument("--layers", type=int, default=61, help="the slice's first N layers")
     ap.add_argument("--model-dir", default="")
     ap.add_argument("--out", default=os.environ.get("OUT") or "/tmp/rank_slice_out")
@@ -231,6 +241,8 @@ def main() -> int:
     args = ap.parse_args()
     if args.dp < 1:
         ap.error(f"--dp {args.dp}: at least 1")
+    if args.fp8_gemm != "sglang" and not args.fp8:
+        ap.error("--fp8-gemm chooses the GEMM of an FP8 slice: add --fp8")
     if not 0 <= args.shared_prefix < args.input_len:
         ap.error(f"--shared-prefix {args.shared_prefix}: from 0 to below --input-len")
     if args.shared_prefix and args.radix == "off":
@@ -281,6 +293,7 @@ def main() -> int:
         "torch": torch.__version__,
         "kernels": args.kernels,
         "fp8": args.fp8,
+        "fp8_gemm": args.fp8_gemm,
         "layers": args.layers,
     }
     for arm in arms:
@@ -303,6 +316,7 @@ def main() -> int:
             args.radix == "on",
             args.profile_decode,
             args.kernels,
+            args.fp8_gemm,
         )
         log(f"== {arm.name}: {arm.what}; env {json.dumps(arm.env)}; engine {json.dumps(kwargs)}")
         log_path = os.path.join(args.work, "logs", f"{arm.name}.log")

@@ -96,6 +96,9 @@ GLM5_ENGINE = {
     "kv_cache_dtype": "bfloat16",
 }
 KIT_KERNELS_ENV = "MIXGRAPH_KIT_KERNELS"  # read by engine_standins in every Engine process
+# An FP8 slice's block-128 linears: "torch" puts them on torch's block-scaled scaled_mm
+# (engine_standins.torch_block_fp8_linear), else SGLang's own choice (its Triton GEMM here).
+KIT_FP8_GEMM_ENV = "MIXGRAPH_KIT_FP8_GEMM"
 RADIX_CORE_ENV = "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"
 
 CHECKOUT = Path(__file__).resolve().parents[3]

@@ -17,6 +17,12 @@ in the carried sglang take it: ``rmsnorm`` on SGLang's JIT rmsnorm
 ``moe_sum_reduce_triton``, and the sinkhorn stays on SGLang's TileLang kernel; shapes those
 kernels refuse go to the torch version, said once.
 
+With ``MIXGRAPH_KIT_FP8_GEMM=torch`` (an FP8 slice) the block-128 FP8 linears run on torch's
+block-scaled ``scaled_mm`` (cuBLAS) instead of the Triton GEMM SGLang picks where DeepGEMM does
+not load: upstream's ``fp8_utils.torch_w8a8_block_fp8_linear`` does the same for XPU only, in XPU's
+scale layout; ``torch_block_fp8_linear`` here gives cuBLAS its own (below). What it does not
+handle, or a first call cuBLAS refuses, goes back to SGLang's choice, said once.
+
 Each says on stderr when it is first used (``STANDIN_MARK``); every call of a stub is said too
 (``STUB_MARK``, with its caller), since upstream code may swallow the exception it raises.
 """
@@ -146,6 +152,92 @@ def moe_sum_reduce_triton(input, output, routed_scaling_factor=1.0):
     triton_sum(input, output, 1.0 if routed_scaling_factor is None else routed_scaling_factor)
 
 
+FP8_GEMM_ENV = "MIXGRAPH_KIT_FP8_GEMM"  # "torch": block-FP8 linears on torch's scaled_mm
+_torch_fp8_refused: list = []  # the error of a first call cuBLAS refused: the fallback from then on
+
+
+def torch_block_fp8_linear(
+    input,
+    weight,
+    block_size,
+    weight_scale,
+    input_scale=None,
+    bias=None,
+    *,
+    fallback,
+    scaled_mm=None,
+    quant=None,
+    **extra,
+):
+    """A [128, 128]-block FP8 linear on torch's block-scaled ``scaled_mm``: the activation
+    group-quantized per 128 columns by SGLang's kernel with column-major scales, its rows padded
+    to a multiple of 4, the weight's block scales transposed with the weight (the layout cuBLAS's
+    block scaling reads on SM90). ``fallback`` (SGLang's own choice) takes a pre-quantized input,
+    another block size or K blocks not a multiple of 4, and everything after a refused call."""
+    import torch.nn.functional as F
+
+    def upstream():
+        return fallback(
+            input=input,
+            weight=weight,
+            block_size=block_size,
+            weight_scale=weight_scale,
+            input_scale=input_scale,
+            bias=bias,
+            **extra,
+        )
+
+    if _torch_fp8_refused:
+        return upstream()
+    if input_scale is not None or list(block_size) != [128, 128] or weight_scale.shape[1] % 4:
+        _first_use("block-FP8 linear -> SGLang's choice (a case torch's scaled_mm is not given)")
+        return upstream()
+    if quant is None:
+        from sglang.kernels.ops.quantization.fp8_kernel import (
+            sglang_per_token_group_quant_fp8 as quant,
+        )
+    x = input.reshape(-1, input.shape[-1])
+    rows = x.shape[0]
+    if rows % 4:
+        x = F.pad(x, (0, 0, 0, -rows % 4))
+    q, scale = quant(x.contiguous(), 128, column_major_scales=True)
+    try:
+        out = (scaled_mm or F.scaled_mm)(
+            q,
+            weight.t(),
+            scale,
+            F.ScalingType.BlockWise1x128,
+            weight_scale.t(),
+            F.ScalingType.BlockWise128x128,
+            output_dtype=input.dtype,
+        )
+    except RuntimeError as e:
+        _torch_fp8_refused.append(e)
+        _first_use(f"block-FP8 linear -> SGLang's choice for good: scaled_mm refused ({e})")
+        return upstream()
+    _first_use("block-FP8 linear -> torch scaled_mm (cuBLAS block scaling)")
+    out = out[:rows]
+    if bias is not None:
+        out = out + bias
+    return out.view(*input.shape[:-1], weight.shape[0])
+
+
+def _block_fp8_on_torch(fp8) -> None:
+    """Wrap ``fp8.dispatch_w8a8_block_fp8_linear`` (Fp8LinearMethod's choice of linear, looked
+    up in that module): [128, 128] blocks without UE8M0 scales go to ``torch_block_fp8_linear``."""
+    import functools
+
+    choose = fp8.dispatch_w8a8_block_fp8_linear
+
+    def dispatch_w8a8_block_fp8_linear(weight_block_size=None, act_scale_ue8m0=False):
+        chosen = choose(weight_block_size=weight_block_size, act_scale_ue8m0=act_scale_ue8m0)
+        if list(weight_block_size or ()) != [128, 128] or act_scale_ue8m0:
+            return chosen
+        return functools.partial(torch_block_fp8_linear, fallback=chosen)
+
+    fp8.dispatch_w8a8_block_fp8_linear = dispatch_w8a8_block_fp8_linear
+
+
 SGL_KERNEL = {
     "sgl_kernel.moe_align_block_size": moe_align_block_size,
     "sgl_kernel.moe_sum_reduce": moe_sum_reduce,
@@ -222,6 +314,10 @@ def install() -> None:
 
     stubs.OVERRIDES.update(SGL_KERNEL)
     _make_stub_calls_loud(stubs)
+    if os.environ.get(FP8_GEMM_ENV) == "torch":
+        sys.meta_path.insert(
+            0, AfterImport("sglang.srt.layers.quantization.fp8", _block_fp8_on_torch)
+        )
     if _faithful():
         stubs.OVERRIDES.update(
             {"sgl_kernel.rmsnorm": rmsnorm_jit, "sgl_kernel.moe_sum_reduce": moe_sum_reduce_triton}
