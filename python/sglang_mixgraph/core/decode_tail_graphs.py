@@ -135,7 +135,8 @@ class TailGraphs:
         self._capture = capture
         self._rows: dict[tuple, _RowBuffers] = {}
         self._indices: dict[int, _IndexBuffers] = {}
-        self._graphs: dict[tuple, Any] = {}
+        # (layer, bucket) -> (the operands' addresses and layouts it was captured on, graph)
+        self._graphs: dict[tuple[int, int], tuple[tuple, Any]] = {}
         self.broken: str | None = None
         self.captures = 0
 
@@ -167,8 +168,8 @@ class TailGraphs:
         index = self._index_buffers(tail)
         buffers.q[:rows].copy_(q)
         self._fill(index, tail)
-        # What the graph bakes in: every operand's address and shape (a buffer replaced at the
-        # same address with another layout gets a graph of its own).
+        # What the graph bakes in: each operand's address and layout. Not the tensor objects: the
+        # model hands the sink as a new slice view per call (`MqaAttentionBase._local_attn_sink`).
         operands = (
             buffers.q,
             index.swa,
@@ -179,18 +180,16 @@ class TailGraphs:
             extra_cache,
             attn_sink,
         )
-        key = (
-            layer_id,
-            bucket,
-            *(None if t is None else (t.data_ptr(), t.shape) for t in operands),
+        layout = tuple(
+            None if t is None else (t.data_ptr(), t.shape, t.stride(), t.dtype) for t in operands
         )
-        graph = self._graphs.get(key)
-        if graph is None:
+        entry = self._graphs.get((layer_id, bucket))
+        if entry is None or entry[0] != layout:
             graph = self._new_graph(bucket, buffers, index, tail, swa_cache, attn_sink, extra_cache)
             if graph is None:
                 return None
-            self._graphs[key] = graph
-        graph.replay()
+            entry = self._graphs[(layer_id, bucket)] = (layout, graph)
+        entry[1].replay()
         return buffers.out[:rows]
 
     # ------------------------------------------------------------------ buffers
@@ -205,10 +204,12 @@ class TailGraphs:
         return buffers
 
     def _index_buffers(self, tail: TailInputs) -> _IndexBuffers:
+        index = self._indices.get(tail.ratio)
+        if index is not None and index.tail is tail:
+            return index  # checked when this step's inputs first came
         kw = tail.kernel_kwargs
         swa, swa_len = kw["indices"], kw["topk_length"]
         extra, extra_len = kw["extra_indices_in_kvcache"], kw["extra_topk_length"]
-        index = self._indices.get(tail.ratio)
         if index is None or not _same_layout(index, swa, swa_len, extra, extra_len):
             rows = self.max_rows
             index = _IndexBuffers(
