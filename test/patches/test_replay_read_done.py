@@ -17,7 +17,6 @@ import torch
 from sglang_mixgraph import counters
 from sglang_mixgraph.kits import dsv4_cpu as K
 from sglang_mixgraph.kits.install import installed
-from sglang_mixgraph.target_gpu import described_gpu
 
 K.import_upstream()
 
@@ -99,7 +98,7 @@ def _replay_runner(w, step):
 @pytest.fixture
 def world():
     """(world, capture metadata, runner stand-in, replay(step, mode, rows) -> (static, ends))."""
-    with described_gpu("H200"), K.sglang_context(), K.reference_kernels():
+    with K.reference_world():
         w = K.World(MIXED)
         capture, model_runner, runner, key = _replay_runner(w, MIXED)
 
@@ -419,7 +418,7 @@ def padded_world():
     """MIXED's 13 live rows replayed in a 16-row bucket: (world, capture, runner,
     replay(non_padded) -> (static, ends)); ``non_padded`` is the static batch's
     ``global_num_token_non_padded_cpu`` (None: not set)."""
-    with described_gpu("H200"), K.sglang_context(), K.reference_kernels():
+    with K.reference_world():
         w = K.World(BUCKET)  # the bucket's metadata rows (K.World.build_metadata reads w.step)
         capture, model_runner, runner, key = _replay_runner(w, BUCKET)
 

@@ -19,7 +19,6 @@ import torch
 
 from sglang_mixgraph.kits import dsv4_cpu as K
 from sglang_mixgraph.kits.install import installed
-from sglang_mixgraph.target_gpu import described_gpu
 
 K.import_upstream()
 
@@ -103,7 +102,7 @@ def test_the_page_lists_every_reader():
 
 @pytest.fixture
 def pool_world():
-    with described_gpu("H200"), K.sglang_context(), K.reference_kernels():
+    with K.reference_world():
         wc.PUBLISHED.clear()
         wc.READS.clear()
         yield K.World(K.Step(prefill=[(58, 13)], decode=[], seed=5))

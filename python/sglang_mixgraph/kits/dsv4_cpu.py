@@ -165,6 +165,16 @@ def _q8_fwd(
 
 
 @contextlib.contextmanager
+def reference_world(gpu: str = "H200"):
+    """What a CPU test of a step through upstream's backend runs under: `gpu` described to
+    SGLang, its CPU context (`sglang_context`) and the torch reference kernels."""
+    from sglang_mixgraph.target_gpu import described_gpu
+
+    with described_gpu(gpu), sglang_context(), reference_kernels():
+        yield
+
+
+@contextlib.contextmanager
 def reference_kernels():
     """Swap every GPU leaf kernel on the DSV4 sparse/decode path for our torch reference."""
     from sglang.srt.layers.attention import deepseek_v4_backend as dsv4

@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 from sglang_mixgraph import fallback
 from sglang_mixgraph import upstream_attrs as attrs
 from sglang_mixgraph.kits import dsv4_cpu as K
-from sglang_mixgraph.target_gpu import described_gpu
 
 K.import_upstream()
 
@@ -36,16 +35,6 @@ def _fresh_fallback_log():
     fallback._said.clear()
     yield
     fallback._said.clear()
-
-
-def _ctx(gpu="H200", q8=False):
-    import contextlib
-
-    stack = contextlib.ExitStack()
-    stack.enter_context(described_gpu(gpu))
-    stack.enter_context(K.sglang_context())
-    stack.enter_context(K.reference_kernels())
-    return stack
 
 
 def _prefill_only_slots(world, layer):
@@ -134,7 +123,7 @@ step_strategy = st.builds(
 @settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
 @given(step=step_strategy)
 def test_split_equals_unsplit(gpu, step):
-    with _ctx(gpu):
+    with K.reference_world(gpu):
         world = K.World(step)
         base = world.run_step(world.forward_batch())
         with K.patch_installed(), K.cache_builds() as builds:
@@ -175,7 +164,7 @@ def test_split_fixed_cases(gpu, step):
 def test_sm90_q8kv8_prefill_rows_unchanged_decode_rows_exact(step):
     """SM90 Q8KV8: prefill rows take upstream's Q8KV8 path unchanged; decode rows take the fp8
     decode kernel, i.e. they match the bf16 sparse path (no fp8 cast of q) instead of Q8KV8."""
-    with _ctx("H200"):
+    with K.reference_world("H200"):
         q8 = K.World(step, q8kv8=True)
         base_q8 = q8.run_step(q8.forward_batch())
         bf16 = K.World(step)
@@ -210,7 +199,7 @@ def test_sm90_q8kv8_prefill_rows_unchanged_decode_rows_exact(step):
 @pytest.mark.parametrize("how", ["prepare_mlp_sync_relabel", "convert_decode_to_extend"])
 def test_dp_attention_decode_relabelled_to_extend_splits_at_zero(how):
     step = K.Step(prefill=[], decode=[40, 257, 600], padding=5, seed=31)
-    with _ctx("B200"):
+    with K.reference_world("B200"):
         world = K.World(step)
         kw = dict(mode=ForwardMode.EXTEND)
         if how == "prepare_mlp_sync_relabel":
@@ -228,7 +217,7 @@ def test_dp_attention_decode_relabelled_to_extend_splits_at_zero(how):
 
 def test_plain_extend_is_not_split():
     step = K.Step(prefill=[(10, 5), (0, 1)], decode=[], seed=32)
-    with _ctx("H200"):
+    with K.reference_world("H200"):
         world = K.World(step)
         with K.patch_installed():
             K.CALLS.clear()
@@ -259,7 +248,7 @@ def test_init_new_hook_records_decode_tail_only_when_it_is_the_tail():
 def test_stale_plan_never_applies_to_another_batch():
     """A plan belongs to the ForwardBatch it was made for (e.g. BCG's static batch differs)."""
     step = K.Step(prefill=[(50, 10)], decode=[70, 300], seed=41)
-    with _ctx("H200"):
+    with K.reference_world("H200"):
         world = K.World(step)
         base = world.run_step(world.forward_batch())
         with K.patch_installed():
@@ -295,7 +284,7 @@ def test_flag_off_leaves_upstream_untouched():
         )
     }
     init_new = ForwardBatch.__dict__["init_new"]
-    with _ctx("H200"):
+    with K.reference_world("H200"):
         world = K.World(step)
         with K.patch_installed(flag_on=False) as status:
             assert status.state == "off"
@@ -340,7 +329,7 @@ FALLBACKS = {
 @pytest.mark.parametrize("reason", sorted(FALLBACKS))
 def test_unsupported_configs_fall_back_logged_once(reason, monkeypatch, caplog):
     step = K.Step(prefill=[(20, 6)], decode=[8, 150], seed=61)
-    with _ctx("H200"):
+    with K.reference_world("H200"):
         world = K.World(step)
         with K.patch_installed(), caplog.at_level(logging.INFO, logger="sglang_mixgraph"):
             FALLBACKS[reason](world, None, monkeypatch)
@@ -359,7 +348,7 @@ def test_a_layer_ratio_the_split_does_not_know_falls_back_at_plan_time():
     ratio outside SWA-only / c4 / c128 (what the decode tail has inputs for) leaves the whole
     step to upstream."""
     step = K.Step(prefill=[(20, 6)], decode=[8, 150], seed=64)
-    with _ctx("H200"):
+    with K.reference_world("H200"):
         world = K.World(step)
         world.pool.compression_ratios = [0, 4, 2]
         with K.patch_installed():
@@ -371,7 +360,7 @@ def test_a_layer_ratio_the_split_does_not_know_falls_back_at_plan_time():
 @pytest.mark.parametrize("reason", ["hisparse", "dsv41", "spec"])
 def test_fallback_output_is_upstream_output(reason, monkeypatch):
     step = K.Step(prefill=[(20, 6)], decode=[8, 150], padding=1, seed=62)
-    with _ctx("H200"):
+    with K.reference_world("H200"):
         world = K.World(step)
         FALLBACKS[reason](world, None, monkeypatch)
         base = world.run_step(world.forward_batch())
@@ -388,7 +377,7 @@ def test_mega_backend_and_sm120_fall_back(caplog):
     from sglang.srt.runtime_context import override_platform
 
     step = K.Step(prefill=[(20, 6)], decode=[8], seed=63)
-    with _ctx("B200"):
+    with K.reference_world("B200"):
         mega = K.World(step, backend_cls=DeepseekV4MegaAttnBackend)
         normal = K.World(step)
         with K.patch_installed(), caplog.at_level(logging.INFO, logger="sglang_mixgraph"):
@@ -420,7 +409,7 @@ def test_adaptive_policy_follows_cost_model(decode_cost, expect_split, monkeypat
         lambda: scm.Coefficients("test", per, margin=0.0, step=free_step),
     )
     step = K.Step(prefill=[(100, 16)], decode=[400, 500, 90], padding=1, seed=71)
-    with _ctx("H200"):
+    with K.reference_world("H200"):
         world = K.World(step)
         base = world.run_step(world.forward_batch())
         with K.patch_installed(policy="adaptive"):
@@ -446,7 +435,7 @@ def test_a_head_count_the_decode_kernel_cannot_take_falls_back_at_plan_time(capl
     in the model's config and leaves the step to upstream before building anything, so the
     step has upstream's one chunk cache and upstream's output, bit for bit."""
     step = K.Step(prefill=[(60, 11)], decode=[30, 290], padding=1, seed=81)
-    with _ctx("H200"):
+    with K.reference_world("H200"):
         world = K.World(step)
         _heads(world, 32)
         q = world.q(heads=32)
@@ -471,7 +460,7 @@ def test_a_head_count_the_decode_kernel_cannot_take_falls_back_at_plan_time(capl
 
 def test_unknown_head_count_falls_back():
     step = K.Step(prefill=[(60, 11)], decode=[30], seed=82)
-    with _ctx("H200"):
+    with K.reference_world("H200"):
         world = K.World(step)
         del world.backend.model_runner
         with K.patch_installed():
@@ -497,7 +486,7 @@ def test_a_layer_that_contradicts_its_plan_raises_where_read_done_may_be_publish
     eager snapshot), because upstream's lazy build would read the shared tables late and no
     fallback cache exists: it raises before anything is built or launched."""
     step = K.Step(prefill=[(60, 11)], decode=[30, 290], padding=1, seed=83)
-    with _ctx("H200"):
+    with K.reference_world("H200"):
         world = K.World(step)
         with K.patch_installed(), K.cache_builds() as builds:
             fb = world.forward_batch()
@@ -519,7 +508,7 @@ def test_without_read_done_a_contradicting_layer_goes_back_to_upstream(how, monk
     from sglang.srt.environ import envs
 
     step = K.Step(prefill=[(60, 11)], decode=[30, 290], padding=1, seed=84)
-    with _ctx("H200"), envs.SGLANG_FORCE_COARSE_WAR_BARRIER.override(True):
+    with K.reference_world("H200"), envs.SGLANG_FORCE_COARSE_WAR_BARRIER.override(True):
         world = K.World(step)
         q = world.q(heads=32) if how == "heads" else world.q()
         base_fb = world.forward_batch()
@@ -560,7 +549,7 @@ def test_adaptive_splits_whole_steps_with_one_chunk_cache(step, split):
     and upstream's own cache, every layer upstream's, bit for bit."""
     from sglang_mixgraph.core import split_cost_model as scm
 
-    with _ctx("H200"), pytest.MonkeyPatch.context() as mp:
+    with K.reference_world("H200"), pytest.MonkeyPatch.context() as mp:
         decide, asked = _decide(split)
         mp.setattr(scm, "decide_step", decide)
         world = K.World(step)
@@ -602,7 +591,7 @@ def test_adaptive_decides_with_the_real_step_model(monkeypatch):
         coeffs = scm.Coefficients("test", per, margin=0.0, step=dict.fromkeys(scm.STEP_NAMES, 0.0))
         assert scm.decide_step(counts, mix, coeffs, regime="eager") == expect
         monkeypatch.setattr(ms.plan, "_cost_coefficients", lambda coeffs=coeffs: coeffs)
-        with _ctx("H200"):
+        with K.reference_world("H200"):
             world = K.World(step)
             with K.patch_installed(policy="adaptive"):
                 world.backend.init_forward_metadata(world.forward_batch())
@@ -616,7 +605,7 @@ def test_adaptive_unsplit_q8kv8_step_is_upstream_exactly(monkeypatch):
     step = K.Step(
         prefill=[(200, 24), (0, 9)], decode=[300, 17, 140], padding=2, holes=False, seed=75
     )
-    with _ctx("H200"):
+    with K.reference_world("H200"):
         q8 = K.World(step, q8kv8=True)
         base_q8 = q8.run_step(q8.forward_batch())
         with K.patch_installed(policy="adaptive"):
@@ -636,7 +625,7 @@ def test_decode_tail_inputs_are_built_once_per_ratio_per_step(monkeypatch):
     the very same index and length tensors and scheduling metadata, and the outputs match."""
     step = K.Step(prefill=[(300, 29), (0, 7)], decode=[255, 256, 129, 0], padding=2, seed=91)
     layers = (0, 1, 2, 1, 2, 0)
-    with _ctx("H200"):
+    with K.reference_world("H200"):
         world = K.World(step)
         base = world.run_step(world.forward_batch(), layers=(0, 1, 2))
         sliced = []
@@ -669,7 +658,7 @@ def test_the_tail_reads_the_indexers_per_layer_topk_and_follows_a_replaced_tenso
     ratio's inputs from the new one (counted) rather than read stale rows."""
     step = K.Step(prefill=[(100, 16)], decode=[400, 500, 90], seed=92)
     b0, d = step.b0, len(step.decode)
-    with _ctx("H200"):
+    with K.reference_world("H200"):
         world = K.World(step)
         with K.patch_installed():
             fb = world.forward_batch()
@@ -702,7 +691,7 @@ def test_the_tail_reads_the_indexers_per_layer_topk_and_follows_a_replaced_tenso
 def test_the_sparse_prefill_is_launched_before_the_decode_tail(step):
     """Per split layer with prefill rows: upstream's sparse prefill (the layer's longest kernel)
     first, then the decode kernel; without prefill rows the decode kernel alone."""
-    with _ctx("H200"):
+    with K.reference_world("H200"):
         world = K.World(step)
         order = []
         fmi = sys.modules["sglang.kernels.ops.attention.flash_mla_interface"]
@@ -759,7 +748,7 @@ def test_a_split_layer_issues_only_its_kernels_a_tail_view_and_the_copy():
     makes a view of the query's tail rows, squeezes the kernel's output and copies it in, and
     nothing else (no metadata slicing, no checks of its tensors: the plan did those)."""
     step = K.Step(prefill=[(300, 29), (0, 7)], decode=[255, 256, 129, 0], padding=2, seed=95)
-    with _ctx("H200"):
+    with K.reference_world("H200"):
         world = K.World(step)
         with K.patch_installed():
             world.run_step(world.forward_batch())

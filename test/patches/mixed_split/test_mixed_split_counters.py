@@ -9,15 +9,13 @@ eager buffer registry on CPU; only the model is ours (it runs the kit's three at
 
 from __future__ import annotations
 
-import contextlib
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from sglang_mixgraph import counters, fallback
+from sglang_mixgraph import counters
 from sglang_mixgraph.kits import dsv4_cpu as K
-from sglang_mixgraph.target_gpu import described_gpu
 
 K.import_upstream()
 
@@ -33,23 +31,7 @@ P = ms.PATCH_ID
 MIXED = K.Step(prefill=[(300, 29), (0, 7)], decode=[255, 256, 129, 0], seed=11)
 
 
-@pytest.fixture(autouse=True)
-def _fresh(monkeypatch):
-    monkeypatch.setenv("SGLANG_MIXGRAPH_COUNTERS_LOG_INTERVAL", "0")
-    counters.stop_reporter()
-    counters.reset()
-    fallback._said.clear()
-    yield
-    counters.reset()
-    fallback._said.clear()
-
-
-def _ctx(gpu="H200"):
-    stack = contextlib.ExitStack()
-    stack.enter_context(described_gpu(gpu))
-    stack.enter_context(K.sglang_context())
-    stack.enter_context(K.reference_kernels())
-    return stack
+pytestmark = pytest.mark.usefixtures("fresh_counters")
 
 
 def _events():
@@ -65,7 +47,7 @@ def _fallbacks():
 
 def test_each_split_step_counts_the_step_its_decode_rows_and_each_layer():
     d = len(MIXED.decode)
-    with _ctx():
+    with K.reference_world():
         world = K.World(MIXED)
         with K.patch_installed(policy="always"):
             world.run_step(world.forward_batch())
@@ -93,7 +75,7 @@ def test_adaptive_counts_steps_it_splits_and_every_layer_of_them(monkeypatch):
     from sglang_mixgraph.core import split_cost_model as scm
 
     monkeypatch.setattr(scm, "decide_step", lambda *a, **k: True)
-    with _ctx():
+    with K.reference_world():
         world = K.World(MIXED)
         with K.patch_installed(policy="adaptive"):
             world.run_step(world.forward_batch())
@@ -110,7 +92,7 @@ def test_adaptive_counts_steps_it_keeps_unsplit(monkeypatch):
     from sglang_mixgraph.core import split_cost_model as scm
 
     monkeypatch.setattr(scm, "decide_step", lambda *a, **k: False)
-    with _ctx():
+    with K.reference_world():
         world = K.World(MIXED)
         with K.patch_installed(policy="adaptive"):
             K.CALLS.clear()
@@ -120,7 +102,7 @@ def test_adaptive_counts_steps_it_keeps_unsplit(monkeypatch):
 
 
 def test_every_fallback_is_counted_under_its_reason():
-    with _ctx():
+    with K.reference_world():
         world = K.World(MIXED)
         world.backend.hisparse_coordinator = object()
         with K.patch_installed(policy="always"):
@@ -199,7 +181,7 @@ def test_eager_runner_mixed_step_run_as_extend_is_split(policy, monkeypatch):
     if policy == "adaptive":
         monkeypatch.setattr(scm, "decide_step", lambda *a, **k: True)
     step, d = MIXED, len(MIXED.decode)
-    with _ctx():
+    with K.reference_world():
         world = K.World(step)
         runner, model = _eager_runner(world)
         base = _execute(runner, world, world.forward_batch())
@@ -229,7 +211,7 @@ def test_eager_extend_not_built_mixed_with_a_decode_tail_is_not_split(recorded):
     """Only a batch ``init_new`` saw MIXED with its decode requests as the tail is split after
     the relabel; an EXTEND label alone (or a stray count) is never enough."""
     step = MIXED
-    with _ctx():
+    with K.reference_world():
         world = K.World(step)
         runner, _ = _eager_runner(world)
         with K.patch_installed(policy="always"):
@@ -259,7 +241,7 @@ def test_eager_mixed_step_publishes_read_done_and_reads_no_table_after_it(heads)
         "SGLANG_MIXGRAPH_SPLIT_POLICY": "always",
         "SGLANG_DEBUG_WAR_SNAPSHOT": "1",
     }
-    with _ctx():
+    with K.reference_world():
         world = K.World(MIXED)
         world.backend.model_runner.model_config.hf_text_config.num_attention_heads = heads
         runner, _ = _eager_runner(world, heads)

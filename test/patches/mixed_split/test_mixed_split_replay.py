@@ -15,7 +15,6 @@ import torch
 from sglang_mixgraph import counters
 from sglang_mixgraph import upstream_attrs as attrs
 from sglang_mixgraph.kits import dsv4_cpu as K
-from sglang_mixgraph.target_gpu import described_gpu
 
 K.import_upstream()
 
@@ -31,7 +30,7 @@ EXTEND = K.Step(prefill=[(58, 13)], decode=[], seed=5)  # request 0 again, 13 ro
 @pytest.fixture
 def replay():
     """(world, capture metadata, replay(step, mode, rows) -> static batch) on one backend."""
-    with described_gpu("H200"), K.sglang_context(), K.reference_kernels():
+    with K.reference_world():
         world = K.World(MIXED)
         capture = world.build_metadata(world.forward_batch())
         capture.core_attn_metadata.swa_out_cache_loc = torch.zeros(

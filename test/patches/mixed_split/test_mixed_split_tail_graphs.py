@@ -7,17 +7,15 @@ real CUDA graph's replay is checked on the GPU (test/gpu_upstream/test_decode_ta
 
 from __future__ import annotations
 
-import contextlib
 import logging
 
 import pytest
 import torch
 
-from sglang_mixgraph import counters, fallback
+from sglang_mixgraph import counters
 from sglang_mixgraph.core.decode_tail_graphs import TailGraphs
 from sglang_mixgraph.kits import dsv4_cpu as K
 from sglang_mixgraph.reference.sparse_mla import ReferenceSchedMeta
-from sglang_mixgraph.target_gpu import described_gpu
 from sglang_mixgraph.upstream_attrs import BACKEND_SPLIT_TAIL_GRAPHS
 
 K.import_upstream()
@@ -35,22 +33,7 @@ class Replayed:
         self.replay = fn
 
 
-@pytest.fixture(autouse=True)
-def _fresh(monkeypatch):
-    monkeypatch.setenv("SGLANG_MIXGRAPH_COUNTERS_LOG_INTERVAL", "0")
-    counters.stop_reporter()
-    counters.reset()
-    fallback._said.clear()
-    yield
-    counters.reset()
-
-
-def _ctx():
-    stack = contextlib.ExitStack()
-    stack.enter_context(described_gpu("H200"))
-    stack.enter_context(K.sglang_context())
-    stack.enter_context(K.reference_kernels())
-    return stack
+pytestmark = pytest.mark.usefixtures("fresh_counters")
 
 
 def _split_step(world, graphs_on: bool, capture=None) -> dict[int, torch.Tensor]:
@@ -73,7 +56,7 @@ def _events():
 
 @pytest.mark.parametrize("step", STEPS, ids=["mixed", "decode_only"])
 def test_the_tail_graphs_give_the_plain_calls_rows(step):
-    with _ctx():
+    with K.reference_world():
         plain = _split_step(K.World(step), graphs_on=False)
         assert not any(k.startswith("tail_graph") for k in _events())
         counters.reset()
@@ -93,7 +76,7 @@ def test_a_failed_capture_leaves_the_plain_call_and_is_said_once(caplog):
     def failing(fn):
         raise RuntimeError("capture refused")
 
-    with _ctx():
+    with K.reference_world():
         plain = _split_step(K.World(STEPS[0]), graphs_on=False)
         world = K.World(STEPS[0])
         with caplog.at_level(logging.WARNING, logger="sglang_mixgraph"):
