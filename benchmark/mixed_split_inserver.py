@@ -293,20 +293,9 @@ def time_arm(dep, layer, d, p, reps, flush, arm, kit, ahead_ms=0.0):
     graphs (captured at the point's first, untimed call)."""
     if arm == "off":
         return time_point(dep, layer, d, p, reps, flush, ahead_ms)
-    from sglang_mixgraph.patches import mixed_split as ms
-
     policy = arm.removesuffix(TAIL_GRAPHS)
-    name = ms.TAIL_GRAPHS_FLAG.name
-    before = os.environ.get(name)
-    os.environ[name] = "1" if arm.endswith(TAIL_GRAPHS) else "0"
-    try:
-        with kit.patch_installed(flag_on=True, policy=policy):
-            return time_point(dep, layer, d, p, reps, flush, ahead_ms)
-    finally:
-        if before is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = before
+    with kit.patch_installed(flag_on=True, policy=policy, tail_graphs=arm.endswith(TAIL_GRAPHS)):
+        return time_point(dep, layer, d, p, reps, flush, ahead_ms)
 
 
 def environment(**fields) -> dict:

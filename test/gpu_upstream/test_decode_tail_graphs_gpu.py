@@ -24,8 +24,7 @@ def _decode_contexts(d: int) -> list[int]:
 
 
 @pytest.fixture
-def tail_graphs(monkeypatch):
-    monkeypatch.setenv(ms.TAIL_GRAPHS_FLAG.name, "1")
+def fresh_counters():
     counters.reset()
     yield
     counters.reset()
@@ -44,12 +43,12 @@ def _compare(out, base, b0, live):
 
 
 @pytest.mark.parametrize("d", ROWS)
-def test_eager_steps_replay_the_tail_and_equal_upstream(sglang_cuda, tail_graphs, d):
+def test_eager_steps_replay_the_tail_and_equal_upstream(sglang_cuda, fresh_counters, d):
     world = G.GpuWorld(K.Step(prefill=PREFILL, decode=_decode_contexts(d), seed=61))
     sink = world.attn_sink()  # a model's sink is a parameter: the graphs keep its address
     q = world.q()
     base = world.run_step(world.forward_batch(num_decode_attr=None), q=q, sink=sink)
-    with K.patch_installed(policy="always"):
+    with K.patch_installed(policy="always", tail_graphs=True):
         outs = [world.run_step(world.forward_batch(), q=q, sink=sink) for _ in range(2)]
     torch.cuda.synchronize()
     graphs = getattr(world.backend, attrs.BACKEND_SPLIT_TAIL_GRAPHS)
@@ -84,11 +83,11 @@ def bucket(sglang_cuda):
 
 
 @pytest.mark.parametrize("d", ROWS)
-def test_replays_run_the_tail_graphs_inside_the_break_and_equal_upstream(bucket, tail_graphs, d):
+def test_replays_run_the_tail_graphs_inside_the_break_and_equal_upstream(bucket, fresh_counters, d):
     world, b = bucket
     view, fb = _live(world, d)
     off = b.replay(view, fb, view.q())
-    with K.patch_installed(policy="always"):
+    with K.patch_installed(policy="always", tail_graphs=True):
         view, fb = _live(world, d)
         on = b.replay(view, fb, view.q())
         plan = getattr(b.metadata, attrs.METADATA_SPLIT_PLAN, None)

@@ -250,12 +250,16 @@ def _restore(store, saved: dict) -> None:
 
 
 @contextlib.contextmanager
-def patch_installed(flag_on: bool = True, policy: str | None = "always"):
-    """Install the mixed_split patch (kits.install); upstream is restored afterwards."""
+def patch_installed(flag_on: bool = True, policy: str | None = "always", tail_graphs: bool = False):
+    """Install the mixed_split patch (kits.install); upstream is restored afterwards.
+    `tail_graphs`: its decode tails replayed from CUDA graphs (SGLANG_MIXGRAPH_SPLIT_TAIL_GRAPHS)."""
     from sglang_mixgraph.kits.install import installed
     from sglang_mixgraph.patches import mixed_split
 
-    env = {"SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN": "1" if flag_on else "0"}
+    env = {
+        "SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN": "1" if flag_on else "0",
+        mixed_split.TAIL_GRAPHS_FLAG.name: "1" if tail_graphs else "0",
+    }
     if policy is not None:
         env["SGLANG_MIXGRAPH_SPLIT_POLICY"] = policy
     with installed((mixed_split.PATCH,), env) as statuses:

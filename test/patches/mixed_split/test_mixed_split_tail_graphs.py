@@ -42,11 +42,9 @@ def _split_step(world, graphs_on: bool, capture=None) -> dict[int, torch.Tensor]
             world.backend._flash_mla_with_kvcache, ReferenceSchedMeta, capture=capture
         )
         setattr(world.backend, BACKEND_SPLIT_TAIL_GRAPHS, graphs)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(ms.TAIL_GRAPHS_FLAG.name, "1" if graphs_on else "0")
-        with K.patch_installed():
-            out = world.run_step(world.forward_batch())
-            assert ms.get_plan(world.backend) is not None
+    with K.patch_installed(tail_graphs=graphs_on):
+        out = world.run_step(world.forward_batch())
+        assert ms.get_plan(world.backend) is not None
     return out
 
 
