@@ -3,18 +3,13 @@ them (checked against a served run's counts), each priced by the split's own dec
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from tool_scripts import load
 
 from sglang_mixgraph.core import split_cost_model as scm
 from sglang_mixgraph.core.mixed_step_counts import StepCounts
 
-SCRIPT = Path(__file__).resolve().parents[2] / "tools" / "rank-slice" / "adaptive_steps.py"
-_spec = importlib.util.spec_from_file_location("adaptive_steps", SCRIPT)
-S = importlib.util.module_from_spec(_spec)
-sys.modules["adaptive_steps"] = S  # dataclasses look their module up
-_spec.loader.exec_module(S)
+load("slice_arms")  # the script imports it by name, as when run from its folder
+S = load("adaptive_steps")
 
 
 def test_the_faithful_2k_runs_step_count_and_prefill_tokens():

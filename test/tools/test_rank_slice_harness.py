@@ -3,28 +3,17 @@ probe's shape and kernel-table readers, and the driver's step summary (tools/ran
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import types
 from pathlib import Path
 
 import pytest
+from tool_scripts import load
 
 SLICE = Path(__file__).resolve().parents[2] / "tools" / "rank-slice"
 
 
-def _load(name):
-    """A script of tools/rank-slice under its own name: the scripts import each other by it
-    (run_slice_probe imports slice_arms), and dataclasses look their module up there."""
-    spec = importlib.util.spec_from_file_location(name, SLICE / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-A = _load("slice_arms")
-probe = _load("slice_probe")
+A = load("slice_arms")
+probe = load("slice_probe")
 
 
 def kwargs(arm, **kw):
@@ -153,7 +142,7 @@ def test_kernel_table_sums_device_time_by_name():
 
 
 def test_driver_summarizes_steps_by_kind():
-    drv = _load("run_slice_probe")
+    drv = load("run_slice_probe")
     steps = [
         {
             "mode": "MIXED",
@@ -191,7 +180,7 @@ def test_ab_configuration_selects_the_kits_kernels_like_the_probe():
     """ab_slice.toml spells the kit's kernel selection out in TOML; it must stay the probe's."""
     import tomllib
 
-    drv = _load("run_slice_probe")
+    drv = load("run_slice_probe")
     server = tomllib.loads((SLICE / "ab_slice.toml").read_text())["server"]
     env = dict(server["env"])
     # The one addition: counters every 10 s, since a server ab stops logs no exit line.
@@ -201,7 +190,7 @@ def test_ab_configuration_selects_the_kits_kernels_like_the_probe():
 
 
 def test_step_mix_counts_sglangs_scheduler_lines_by_kind_and_graph():
-    mix = _load("step_mix")
+    mix = load("step_mix")
     head = "[2026-12-01 15:00:00] "
     pre = (
         "Prefill batch, #new-seq: {s}, #new-token: {t}, #cached-token: 0, token usage: 0.10, "
@@ -247,7 +236,7 @@ def test_ab_arms_set_the_probe_arms_flags(name):
 def test_faithful_ab_configuration_selects_the_probes_faithful_kernels():
     import tomllib
 
-    drv = _load("run_slice_probe")
+    drv = load("run_slice_probe")
     server = tomllib.loads((SLICE / "ab_faithful.toml").read_text())["server"]
     env = dict(server["env"])
     assert env.pop("SGLANG_MIXGRAPH_COUNTERS_LOG_INTERVAL") == "10"
@@ -262,7 +251,7 @@ def test_faithful_ab_configuration_selects_the_probes_faithful_kernels():
 
 
 def test_driver_compares_tokens_with_upstream_or_the_first_arm():
-    drv = _load("run_slice_probe")
+    drv = load("run_slice_probe")
     a, b, c = ({"outputs": o} for o in ([[1, 2], [3]], [[1, 2], [4]], [[1, 2], [3]]))
     assert drv.token_equality({"bcg-auto-1s": a, "bcg-auto-lw": b}) == [
         "tokens equal to bcg-auto-1s: bcg-auto-lw: 1/2 requests"
@@ -306,7 +295,7 @@ def test_dp_serves_that_many_reference_ranks_each_with_one_ranks_shape():
 
 
 def test_driver_summarizes_steps_per_rank_only_under_dp():
-    drv = _load("run_slice_probe")
+    drv = load("run_slice_probe")
     row = {"graph": True, "host_ms": 1, "wall_ms": 2, "n_dec": 1, "prefill_tokens": 9}
     steps = [dict(row, mode="MIXED", dp_rank=0), dict(row, mode="IDLE", dp_rank=1)]
     by = drv.steps_by_rank(steps)
@@ -316,7 +305,7 @@ def test_driver_summarizes_steps_per_rank_only_under_dp():
 
 
 def test_driver_sums_capture_memory_per_rank_only_under_dp():
-    drv = _load("run_slice_probe")
+    drv = load("run_slice_probe")
     rec = [
         {"size": 2816, "device_mib": 900.0, "seconds": 5.0, "dp_rank": 0},
         {"size": 16, "device_mib": 24.0, "seconds": 1.0, "dp_rank": 0},
@@ -350,7 +339,7 @@ def test_a_process_names_its_rank_only_with_attention_dp(monkeypatch):
 def test_probe_engines_keep_nvlink_multicast_off(monkeypatch):
     from sglang_mixgraph.kits.gpu_machine import NO_MULTICAST_ENV
 
-    drv = _load("run_slice_probe")
+    drv = load("run_slice_probe")
     monkeypatch.setenv("NCCL_NVLS_ENABLE", "1")
     env = drv.arm_env(A.ARMS["bcg-split-rd-always"], "/tmp/p", "8", radix=True)
     assert {k: env[k] for k in NO_MULTICAST_ENV} == NO_MULTICAST_ENV
@@ -360,7 +349,7 @@ def test_probe_engines_keep_nvlink_multicast_off(monkeypatch):
 def test_probe_arms_carry_the_fp8_gemm_choice_to_the_engine_standins():
     from sglang_mixgraph.kits.gpu_machine import KIT_FP8_GEMM_ENV
 
-    drv = _load("run_slice_probe")
+    drv = load("run_slice_probe")
     arm = A.ARMS["upstream"]
     assert drv.arm_env(arm, "/tmp/p", "8", radix=True)[KIT_FP8_GEMM_ENV] == "sglang"
     env = drv.arm_env(arm, "/tmp/p", "8", radix=True, fp8_gemm="torch")
@@ -387,13 +376,13 @@ def test_the_tail_graph_arm_differs_from_the_split_only_arm_by_the_tail_graphs_a
 def test_probe_arms_log_their_counters_while_they_serve():
     """The probe reads each arm's patch counters from its log: with the interval at 0 they
     would come only at exit, which SGLang's Engine.shutdown can skip."""
-    drv = _load("run_slice_probe")
+    drv = load("run_slice_probe")
     env = drv.arm_env(A.ARMS["split-eager-adaptive"], "/tmp/p", "0", radix=True)
     assert float(env["SGLANG_MIXGRAPH_COUNTERS_LOG_INTERVAL"]) > 0
 
 
 def test_shared_prefix_prompts_share_only_their_prefix():
-    arm = _load("slice_arm")
+    arm = load("slice_arm")
     wl = dict(requests=3, input_len=40, output_len=1, seed=7, vocab=1000)
     plain = arm.prompts(wl)
     shared = arm.prompts({**wl, "shared_prefix": 32})

@@ -3,27 +3,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import lzma
-import sys
-from pathlib import Path
 
 import pytest
+from tool_scripts import load
 
-SLICE = Path(__file__).resolve().parents[2] / "tools" / "rank-slice"
-
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, SLICE / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-C = _load("step_classes")
-R = _load("step_roofline")
+C = load("step_classes")
+R = load("step_roofline")
 
 
 def _frame(name, ts, dur, tid=1, cat="python_function"):
@@ -174,7 +161,7 @@ def test_the_command_reads_compressed_traces_and_says_one_line_for_a_bad_file(tm
 
 
 def _config(layers=61):
-    msm = _load("make_slice_model")
+    msm = load("make_slice_model")
     return msm.build_config(msm.load_pro_config(), layers)
 
 

@@ -26,10 +26,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from slice_arms import CHUNK, PAGE, RUNNING
+
 from sglang_mixgraph.core import split_cost_model as scm
 from sglang_mixgraph.core.mixed_step_counts import StepCounts
 
-CHUNK, PAGE, RUNNING = 2816, 256, 256
 CONFIG = Path(scm.__file__).resolve().parents[1] / "data" / "dsv4_pro" / "config.json"
 
 
