@@ -122,12 +122,10 @@ def _mega_moe_cap(cfg) -> int | None:
     return int(envs.SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK.get())
 
 
-def _phase_graph(server_args, phase: str) -> PhaseGraph:
+def _phase_graph(server_args, cfg, phase: str) -> PhaseGraph:
     """`phase`'s settings ("prefill" or "decode"); which keys the user set is upstream's record
     on the arguments (`cuda_graph_hook.parse_cuda_graph_config`: (phase, key) pairs)."""
-    from sglang.srt.arg_groups.overrides import resolving_view
-
-    settings = getattr(resolving_view(server_args).cuda_graph_config, phase)
+    settings = getattr(cfg.cuda_graph_config, phase)
     locked = getattr(server_args, "_cuda_graph_config_locked", set()) or set()
     return PhaseGraph(
         backend=settings.backend,
@@ -156,11 +154,12 @@ def read_deployment(
     from sglang.srt.runtime_context import attn_dp_enabled_of
 
     cfg = resolving_view(server_args)
-    hf = model_config_of(server_args).hf_config
+    mc = model_config_of(server_args)
+    hf = mc.hf_config
     dp_attention = bool(attn_dp_enabled_of(resolved_view(server_args)))
     attn_dp = cfg.attn_dp_size if dp_attention else 1
     mrr = cfg.max_running_requests
-    decode = _phase_graph(server_args, Phase.DECODE)
+    decode = _phase_graph(server_args, cfg, Phase.DECODE)
     return Deployment(
         architectures=tuple(getattr(hf, "architectures", None) or ()),
         out_of_scope=out_of_scope(server_args),
@@ -187,7 +186,7 @@ def read_deployment(
         dllm=bool(getattr(cfg, "dllm_algorithm", None)),
         hisparse=bool(getattr(cfg, "enable_hisparse", False)),
         page_size=max(1, int(cfg.page_size or 1)),
-        shape=_model_shape(server_args, indexer_logits_eager, decode_tail_graphs),
+        shape=_model_shape(cfg, mc, indexer_logits_eager, decode_tail_graphs),
         memory=MemoryFacts(
             device=cfg.device,
             pp_size=cfg.pp_size,
@@ -200,7 +199,7 @@ def read_deployment(
         draft_tokens=max(
             int(cfg.speculative_num_draft_tokens or 0), int(cfg.speculative_eagle_topk or 0), 1
         ),
-        prefill_graph=_phase_graph(server_args, Phase.PREFILL),
+        prefill_graph=_phase_graph(server_args, cfg, Phase.PREFILL),
         decode_graph=decode,
         rules_holding=tuple(HeldRule(r.name, r.reason) for r in matching_rules(server_args)),
     )
@@ -216,16 +215,13 @@ def _kernel_heads(heads: int, attn_tp_size: int) -> int:
     return 64 if local <= 64 else heads
 
 
-def _model_shape(server_args, indexer_logits_eager: bool, decode_tail_graphs: bool) -> ModelShape:
+def _model_shape(cfg, mc, indexer_logits_eager: bool, decode_tail_graphs: bool) -> ModelShape:
     """The capture-memory model's view of the model (core.capture_memory.ModelShape)."""
-    from sglang.srt.arg_groups.overrides import model_config_of, resolving_view
     from sglang.srt.configs.model_config import is_deepseek_v4
     from sglang.srt.environ import envs
 
     from sglang_mixgraph.core.capture_memory import SparseIndexerShape
 
-    cfg = resolving_view(server_args)
-    mc = model_config_of(server_args)
     hf = mc.hf_config
     text = getattr(hf, "text_config", None) or hf
     hidden = int(getattr(text, "hidden_size", 0) or 0)
