@@ -245,7 +245,9 @@ class BreakableBucket:
             )
             self.outputs[layer] = o + 0.0  # a captured kernel reading the break's output
 
-    def capture(self, world: GpuWorld, live, q_live) -> None:
+    def capture(self, world: GpuWorld, live, q_live, pool=None) -> None:
+        """Capture the bucket; ``pool``: a graph memory pool shared with other buckets (as
+        SGLang's runners share one), a fresh one when None."""
         from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph.breakable_cuda_graph import (
             BreakableCUDAGraph,
             BreakableCUDAGraphCapture,
@@ -266,7 +268,9 @@ class BreakableBucket:
             torch.cuda.current_stream().wait_stream(stream)
             self.graph = BreakableCUDAGraph()
             with BreakableCUDAGraphCapture(
-                self.graph, pool=torch.cuda.graph_pool_handle(), stream=stream
+                self.graph,
+                pool=torch.cuda.graph_pool_handle() if pool is None else pool,
+                stream=stream,
             ):
                 self._body()
         torch.cuda.synchronize()

@@ -14,6 +14,7 @@ def all_patches() -> tuple[Patch, ...]:
     from sglang_mixgraph.patches import (
         drop_empty_segments,
         graph_config,
+        hold_break_inputs,
         live_width_indexer,
         mixed_split,
         replay_read_done,
@@ -27,4 +28,5 @@ def all_patches() -> tuple[Patch, ...]:
         graph_config.PATCH,
         drop_empty_segments.PATCH,
         live_width_indexer.PATCH,
+        hold_break_inputs.PATCH,
     )
