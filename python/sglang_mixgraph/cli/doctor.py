@@ -78,6 +78,7 @@ def _split_cost_calibration() -> dict[str, Any]:
 def doctor_report() -> dict[str, Any]:
     from sglang_mixgraph.flags import FLAGS, FlagValueError
     from sglang_mixgraph.patches import all_patches
+    from sglang_mixgraph.patches.hold_break_inputs import exposure as break_inputs_exposure
     from sglang_mixgraph.patches.mixed_split.state import PATCH_ID as SPLIT_PATCH_ID
     from sglang_mixgraph.registry import PINNED_SGLANG, evaluate, target_checks
     from sglang_mixgraph.resolve import plugin_load_status
@@ -145,6 +146,8 @@ def doctor_report() -> dict[str, Any]:
         "flags": flags,
         "patches": patches,
         "guards": guards,
+        # How the installed SGLang keeps breakable graphs' break inputs (not a failure).
+        "break_inputs": break_inputs_exposure(),
         # A patch deferred to upstream fails doctor only when the user switched it on: they
         # asked for this plugin's patch and get SGLang's feature of the same name instead.
         # Unset or off, SGLang's flag is simply SGLang's, and nothing the user asked for is lost.
@@ -218,6 +221,7 @@ def _print_doctor(report: dict[str, Any]) -> None:
         print(f"  [{'ok ' if g['ok'] else 'BAD'}] {g['name']}: {g['what']}")
         for problem in g["problems"]:
             print(f"      {problem}")
+    print(f"Break inputs of breakable CUDA graphs: {report['break_inputs']}")
     print(
         "OK"
         if report["ok"]

@@ -90,7 +90,7 @@ def exposure() -> str:
 # The pool ranges of the capture in progress: (pool id, ranges), refreshed when an input
 # falls outside them (the pool grows during a capture).
 _ranges: ContextVar[tuple[object, AddressRanges] | None] = ContextVar(
-    "mixgraph_pool_ranges", default=None
+    "hold_break_inputs_pool_ranges", default=None
 )
 
 
