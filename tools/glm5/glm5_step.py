@@ -119,7 +119,11 @@ def engine_kwargs(arm: str, model_dir: str, lengths: list[int]) -> dict:
         max_running_requests=4,
         max_total_tokens=4 * longest,
         moe_runner_backend="triton",
-        mem_fraction_static=0.6,
+        # The arms' Engines start one after another on one GPU, each SGLang check seeing only
+        # what the earlier ones left: at 0.6 the third 78-layer Engine (37.4 GB of weights)
+        # was refused on the H200 (it needed > 0.615); the KV pool is capped by
+        # max_total_tokens either way.
+        mem_fraction_static=0.85,
         random_seed=1,
         disable_radix_cache=True,
         log_level="info",
