@@ -147,8 +147,18 @@ def explain_for_deployment(plan) -> str:
         if fallback.deployment is not None and fallback.deployment(plan):
             return f"falls back to upstream: {fallback.text}"
     dp_attention = facts.attn_dp_size > 1
+    if facts.speculative_algorithm and not facts.mixed_chunk:
+        return (
+            "speculative decoding with mixed chunk off: decode steps are verify steps, nothing "
+            "to split"
+        )
     if facts.mixed_chunk:
         acts = "splits mixed steps at the prefill/decode boundary"
+        if facts.speculative_algorithm:
+            acts += (
+                f" ({facts.speculative_algorithm}: the running requests are 1-token decodes "
+                "there; verify and draft steps keep upstream's path)"
+            )
     elif dp_attention:
         acts = "no mixed steps (mixed chunk off); splits DP-attention decode batches relabelled to EXTEND"
     else:

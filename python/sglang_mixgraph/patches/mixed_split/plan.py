@@ -21,6 +21,7 @@ from sglang_mixgraph.patches.mixed_split.boundary import decode_tail_of
 from sglang_mixgraph.patches.mixed_split.state import (
     ALL_RATIOS,
     POLICY_FLAG,
+    SPLIT_SPEC_ALGORITHMS,
     SplitPlan,
     _count,
     _fallback,
@@ -61,13 +62,9 @@ def _unsupported_reason(backend, forward_batch, metadata) -> str | None:
         return "heads"
     if getattr(backend, "is_dspark_draft", False):
         return "dspark"
-    spec_algo = getattr(forward_batch, "spec_algorithm", None)
-    if (
-        getattr(backend, "mtp_enabled", False)
-        or getattr(forward_batch, "spec_info", None) is not None
-        or (spec_algo is not None and not spec_algo.is_none())
-    ):
-        return "spec"
+    reason = _speculative_reason(backend, forward_batch)
+    if reason is not None:
+        return reason
     if (
         metadata.late_layer_tail is not None
         or getattr(backend, "tail_forward_metadata", None) is not None
@@ -84,6 +81,41 @@ def _unsupported_reason(backend, forward_batch, metadata) -> str | None:
         or getattr(forward_batch, "encoder_swa_compress_rows", None) is not None
     ):
         return "encoder_replay"
+    return None
+
+
+def _spec_algorithm(backend, forward_batch):
+    """The step's speculative algorithm: the batch's, else its model runner's (None: unknown)."""
+    algo = getattr(forward_batch, "spec_algorithm", None)
+    if algo is None or algo.is_none():
+        runner_algo = getattr(getattr(backend, "model_runner", None), "spec_algorithm", None)
+        algo = runner_algo if runner_algo is not None else algo
+    return algo
+
+
+def _speculative_reason(backend, forward_batch) -> str | None:
+    """Why a step with speculative state stays upstream's, or None (no such state, or a MIXED
+    step of EAGLE/EAGLE3, whose running rows are plain 1-token decodes: docs/mixed-split.md,
+    "Speculative decoding")."""
+    algo = _spec_algorithm(backend, forward_batch)
+    spec_info = getattr(forward_batch, "spec_info", None)
+    if not (
+        getattr(backend, "mtp_enabled", False)
+        or spec_info is not None
+        or (algo is not None and not algo.is_none())
+    ):
+        return None
+    if getattr(backend, "is_draft_runner", False):
+        return "spec_draft"
+    if not forward_batch.forward_mode.is_mixed() or getattr(algo, "name", None) not in (
+        SPLIT_SPEC_ALGORITHMS
+    ):
+        return "spec"
+    if spec_info is not None and spec_info.is_verify_input():
+        return "spec_verify"
+    online_c128 = getattr(backend, "online_c128_mtp", None)
+    if online_c128 is not None and online_c128.enabled():
+        return "spec_online_c128"
     return None
 
 

@@ -59,6 +59,29 @@ def tail_graphs_act() -> bool:
 # The compress ratios of a DSV4 (not V4.1) model: SWA-only, CSA, HCA.
 ALL_RATIOS = (0, 4, 128)
 
+# Speculative algorithms whose MIXED steps the split takes: the target forward runs the running
+# requests as 1-token decodes and the draft reads only its hidden states and tokens afterwards.
+SPLIT_SPEC_ALGORITHMS = ("EAGLE", "EAGLE3")
+
+
+def _spec_algorithm_name(name: str | None) -> str | None:
+    """SGLang's algorithm for a ``--speculative-algorithm`` value (NEXTN is EAGLE), by name."""
+    if not name:
+        return None
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    algo = SpeculativeAlgorithm.from_string(name)
+    return None if algo.is_none() else getattr(algo, "name", str(algo))
+
+
+def _online_c128_mtp() -> bool:
+    # The same two switches upstream's OnlineC128MTPController.enabled reads (with MTP on).
+    from sglang.srt.environ import envs
+
+    return bool(
+        envs.SGLANG_OPT_USE_ONLINE_COMPRESS.get() and envs.SGLANG_EXPERIMENTAL_ONLINE_C128_MTP.get()
+    )
+
 
 @dataclass(frozen=True)
 class Fallback:
@@ -89,7 +112,20 @@ FALLBACKS = (
         lambda plan: plan.facts.dsv4_attn_backend == "flashmla_mega",
     ),
     Fallback("sm120", "SM120", lambda plan: plan.gpu_sm_major == 12),
-    Fallback("spec", "speculative decoding", lambda plan: bool(plan.facts.speculative_algorithm)),
+    Fallback(
+        "spec",
+        "speculative decoding outside a mixed step of EAGLE or EAGLE3 (a verify or draft step, "
+        "or another algorithm)",
+        lambda plan: _spec_algorithm_name(plan.facts.speculative_algorithm)
+        not in (None, *SPLIT_SPEC_ALGORITHMS),
+    ),
+    Fallback(
+        "spec_online_c128",
+        "online c128 MTP compression (its per-request compressor state is not split)",
+        lambda plan: bool(plan.facts.speculative_algorithm) and _online_c128_mtp(),
+    ),
+    Fallback("spec_draft", "the speculative draft model's own forward"),
+    Fallback("spec_verify", "a mixed step carrying a speculative verify input"),
     Fallback("cp", "context parallelism", lambda plan: plan.facts.context_parallel),
     Fallback("hisparse", "hisparse", lambda plan: plan.facts.hisparse),
     Fallback("low_ratio", "DSV4.1 low-ratio (c1/c2) layers"),
