@@ -57,6 +57,7 @@ STANDIN_MARK, STUB_MARK = _STANDINS.STANDIN_MARK, _STANDINS.STUB_MARK
 
 COUNTER_INTERVAL_S = "0.5"
 MODELS = {"dsv4": "DeepSeek-V4", "glm5": "GLM-5"}
+HOLD_FLAG = "SGLANG_MIXGRAPH_BCG_HOLD_BREAK_INPUTS"  # hold_break_inputs' switch
 PHASE_SCRIPT = os.path.join(HERE, "e2e_phase.py")  # the CPU test of this driver swaps it
 
 
@@ -109,7 +110,17 @@ def patch_flag_off_values() -> dict:
     return {f.name: f.off_value for p in all_patches() for f in p.flags}
 
 
-def _phase_env(phase, off_values, radix, steps_dir, workload, dp=1, kernels="standin"):
+def _phase_env(
+    phase,
+    off_values,
+    radix,
+    steps_dir,
+    workload,
+    dp=1,
+    kernels="standin",
+    churn=False,
+    hold_break_inputs=False,
+):
     env = dict(os.environ)
     env.update(gpu_machine.NO_MULTICAST_ENV)
     if dp > 1:
@@ -122,6 +133,11 @@ def _phase_env(phase, off_values, radix, steps_dir, workload, dp=1, kernels="sta
     # GLM-5 phases add their probe (split-op runs, breakable segments, guards in the scheduler).
     probe = ",e2e_glm5_probe" if isinstance(phase, G.Glm5Phase) else ""
     env["MIXGRAPH_E2E_STARTUP"] = "e2e_step_log,e2e_pool_log" + probe
+    if churn:  # the ordinary allocator churned after every forward (e2e_churn_probe.py)
+        env["MIXGRAPH_E2E_STARTUP"] += ",e2e_churn_probe"
+        env["MIXGRAPH_E2E_CHURN"] = "1"
+    if hold_break_inputs:
+        env[HOLD_FLAG] = "1"
     env["MIXGRAPH_E2E_STEP_LOG"] = steps_dir
     env["SGLANG_MIXGRAPH_COUNTERS_LOG_INTERVAL"] = COUNTER_INTERVAL_S
     env["PYTHONUNBUFFERED"] = "1"
@@ -150,6 +166,8 @@ def run_wave(
     override,
     dp=1,
     kernels="standin",
+    churn=False,
+    hold_break_inputs=False,
 ) -> dict:
     pending = list(enumerate(phases))
     running = {}
@@ -167,7 +185,15 @@ def run_wave(
             with open(os.path.join(d, "kwargs.json"), "w") as f:
                 json.dump(kwargs, f)
             env = _phase_env(
-                phase, off_values, radix, os.path.join(d, "steps"), workload, dp, kernels
+                phase,
+                off_values,
+                radix,
+                os.path.join(d, "steps"),
+                workload,
+                dp,
+                kernels,
+                churn=churn,
+                hold_break_inputs=hold_break_inputs,
             )
             logf = open(os.path.join(logs, f"{phase.name}.log"), "w")
             proc = subprocess.Popen(
@@ -364,6 +390,18 @@ def main() -> int:
         default=1,
         help="attention data parallel over this many GPUs (tp = dp); use with --workload dp",
     )
+    ap.add_argument(
+        "--churn",
+        action="store_true",
+        help="churn the ordinary allocator after every forward of every phase (NaN-filled "
+        "blocks, e2e_churn_probe.py): a replay that reads memory it does not own shows",
+    )
+    ap.add_argument(
+        "--hold-break-inputs",
+        action="store_true",
+        help=f"{HOLD_FLAG}=1 in every phase (breakable graphs hold break inputs from outside "
+        "their memory pool)",
+    )
     args = ap.parse_args()
     t_start = time.time()
     deadline = t_start + args.budget_s
@@ -444,7 +482,14 @@ def main() -> int:
         override=override,
         dp=args.dp,
         kernels=args.kernels,
+        churn=args.churn,
+        hold_break_inputs=args.hold_break_inputs,
     )
+    if args.churn or args.hold_break_inputs:
+        log(
+            f"allocator churn after every forward: {'on' if args.churn else 'off'}; "
+            f"{HOLD_FLAG}={'1' if args.hold_break_inputs else '0'} in every phase"
+        )
     baselines = [p for p in phases if p.is_baseline]
     rest = [p for p in phases if not p.is_baseline]
     if args.radix != "auto":
