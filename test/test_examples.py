@@ -68,3 +68,37 @@ def test_each_example_sends_the_documented_prompts_and_warm_up(path):
         c = int(point.value)
         assert sweep.prompts(point) == max(min_prompts, per_prompt * c), (path.name, c)
         assert sweep.warmup(point) == per_warmup * c, (path.name, c)
+
+
+def _arms(name: str) -> dict:
+    cfg = parse_config(tomllib.loads((ROOT / "examples" / name).read_text()))
+    return {a.name: (dict(a.env), tuple(a.args)) for a in cfg.arms}
+
+
+SPLIT_ALWAYS = {"SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN": "1", "SGLANG_MIXGRAPH_SPLIT_POLICY": "always"}
+
+
+def test_reproduction_examples_run_the_pull_requests_arms():
+    """As the pull requests ran them: the split on every mixed step against no split; the
+    breakable graph with the split and read-done against eager split steps; GLM-5's breakable
+    graph against none, and with the empty segments dropped against without."""
+    split = _arms("ab_repro_dsv4_split.toml")
+    assert split == {
+        "split_off": ({"SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN": "0"}, ()),
+        "split_on": (SPLIT_ALWAYS, ()),
+    }
+    bcg = _arms("ab_repro_dsv4_bcg.toml")
+    assert list(bcg) == ["split_eager", "bcg_split_rd"]
+    assert bcg["split_eager"] == (SPLIT_ALWAYS, ())
+    env, args = bcg["bcg_split_rd"]
+    assert env == dict(
+        SPLIT_ALWAYS, SGLANG_EXPERIMENTAL_FORCE_BCG="1", SGLANG_OPT_DSV4_REPLAY_READ_DONE="1"
+    )
+    assert args == ("--cuda-graph-bs-prefill", "512", "1024", "1536", "2048", "2560", "2816")
+    glm5 = _arms("ab_repro_glm5_bcg.toml")
+    assert glm5["graph_off"] == ({}, ("--cuda-graph-backend-prefill", "disabled"))
+    assert glm5["bcg"] == ({}, ("--cuda-graph-backend-prefill", "breakable"))
+    assert glm5["bcg_drop"] == (
+        {"SGLANG_OPT_BCG_DROP_EMPTY_SEGMENTS": "1"},
+        ("--cuda-graph-backend-prefill", "breakable"),
+    )
