@@ -301,19 +301,35 @@ def test_another_configuration_is_refused_and_force_new_moves_the_run_aside(tmp_
     assert _report(run_dir)["passed"] and len(rundir.finished(run_dir)) == 2
 
 
-def test_a_damaged_cell_is_reported_named_and_measured_again(tmp_path, capsys):
+def _cut(raw: Path) -> str | None:
+    """Cut the raw output mid-line, as a full disk or a copy would; its text is kept aside."""
+    text = raw.read_text()
+    raw.write_text(text[: len(text) // 2])
+    return text[: len(text) // 2]
+
+
+def _delete(raw: Path) -> None:
+    """Delete the raw output (someone cleaning up): nothing is left to keep aside."""
+    raw.unlink()
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [(_cut, "does not parse as JSON"), (_delete, "is missing")],
+    ids=["truncated", "deleted"],
+)
+def test_a_damaged_cell_is_reported_named_and_measured_again(tmp_path, capsys, damage, reason):
     run_dir = tmp_path / "run"
     config = _config(tmp_path)
     assert _run(tmp_path, config) == 0, capsys.readouterr().err
     capsys.readouterr()
     (raw,) = run_dir.glob("cells/split/*.jsonl")
-    text = raw.read_text()
-    raw.write_text(text[: len(text) // 2])  # cut mid-line, as a full disk or a copy would
+    kept = damage(raw)
 
     # Not measuring (the report alone): named as damaged, and the run is not complete.
     assert ab_cli.main(["report", str(run_dir)]) == 1
     err = capsys.readouterr().err
-    assert f"arm=split concurrency=1 repeat=1: damaged: its raw output {raw} does not parse" in err
+    assert f"arm=split concurrency=1 repeat=1: damaged: its raw output {raw} {reason}" in err
     assert [c["status"] for c in _report(run_dir)["cells"]] == ["ok", "damaged"]
     assert _run(tmp_path, config, "--dry-run") == 0
     out = capsys.readouterr().out
@@ -322,9 +338,12 @@ def test_a_damaged_cell_is_reported_named_and_measured_again(tmp_path, capsys):
     recorder = Recorder()
     assert _run(tmp_path, config, recorder=recorder) == 0, capsys.readouterr().err
     err = capsys.readouterr().err
-    assert "arm=split concurrency=1 repeat=1: finished but damaged, its raw output" in err
+    line = f"arm=split concurrency=1 repeat=1: finished but damaged, its raw output {raw} {reason}"
+    assert line in err
+    assert "Traceback" not in err and "free space" not in err, err
     assert len(recorder.calls) == 1 and recorder.bench_servers() == [5.0]
-    assert raw.with_name(raw.name + ".damaged").read_text() == text[: len(text) // 2]
+    aside = raw.with_name(raw.name + ".damaged")
+    assert (aside.read_text() if aside.exists() else None) == kept
     assert json.loads(raw.read_text().splitlines()[-1])["completed"] == 2
     assert _report(run_dir)["passed"]
 

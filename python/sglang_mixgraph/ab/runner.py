@@ -316,8 +316,9 @@ def _run_cell(
 ) -> tuple[str | None, str]:
     raw = raw_path(run_dir, cell)
     raw.parent.mkdir(parents=True, exist_ok=True)
-    if damaged(run_dir, cell):
-        os.replace(raw, raw.with_name(raw.name + ".damaged"))  # kept for a look, not read
+    if damaged(run_dir, cell) and raw.exists():
+        # Kept for a look, not read; a deleted raw output leaves nothing to keep.
+        os.replace(raw, raw.with_name(raw.name + ".damaged"))
     raw.unlink(missing_ok=True)  # bench_serving appends; a failed try's line is no measurement
     module, argv = cell_command(config, run_dir, cell, srv.url)
     timeout = config.gsm8k.timeout_s if cell.kind == "gsm8k" else config.sweep.cell_timeout_s
