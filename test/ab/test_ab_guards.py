@@ -348,6 +348,31 @@ def test_a_damaged_cell_is_reported_named_and_measured_again(tmp_path, capsys, d
     assert _report(run_dir)["passed"]
 
 
+def test_a_record_that_is_no_object_is_one_line_naming_it(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    config = _config(tmp_path)
+    assert _run(tmp_path, config) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    (record,) = run_dir.glob("cells/split/*.cell.json")
+    record.write_text("[1]\n")  # valid JSON, but no record
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.name != ".lock"}
+    pids = (tmp_path / "pids").read_text()
+    expected = (
+        f"sglang-mixgraph ab: {record}: not a cell record (JSON list, not an object); move it "
+        "away and its cell is measured again"
+    )
+    for extra in ([], ["--dry-run"]):
+        recorder = Recorder()
+        assert _run(tmp_path, config, *extra, recorder=recorder) == 2
+        err = capsys.readouterr().err
+        assert err == expected + "\n" and recorder.calls == []
+        assert (tmp_path / "pids").read_text() == pids, "a server was started"
+    assert ab_cli.main(["report", str(run_dir)]) == 2
+    assert capsys.readouterr().err == expected + "\n"
+    after = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.name != ".lock"}
+    assert after == before  # nothing written, the report of the finished run kept
+
+
 def test_a_full_disk_is_one_line_naming_the_run_directory(tmp_path, capsys, monkeypatch):
     run_dir = tmp_path / "run"
 

@@ -328,6 +328,8 @@ def cmd_run(args: argparse.Namespace, invoker: Any = None) -> int:
     recorded = raw if args.accuracy_only else with_counts(raw, config.sweep)
     digest = rundir.digest(recorded, args.accuracy_only)
     planned = {c.stem for v in visits for c in v.cells}
+    if not problems and run_dir.is_dir():
+        problems += filter(None, [runner.record_problem(run_dir)])
     if not problems and not args.force_new and run_dir.is_dir():
         problems += filter(None, [rundir.conflict(run_dir, digest, planned)])
     if problems:
@@ -472,11 +474,12 @@ def _verdict(built: Any) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from sglang_mixgraph.ab import report
     from sglang_mixgraph.ab.results import RunDirError
+    from sglang_mixgraph.ab.runner import RecordError
 
     run_dir = Path(args.run_dir)
     try:
         built, plots = report.build(run_dir)
-    except (RunDirError, ConfigError) as e:
+    except (RunDirError, ConfigError, RecordError) as e:
         _error(str(e))
         return EXIT_USAGE
     for line in plots:
