@@ -132,6 +132,17 @@ CASES = {
         (),
         "[gsm8k] threshold: must be a finite number, got nan",
     ),
+    "nested 100,000 deep": (
+        {"extra": "deep = " + "[" * 100_000 + "]" * 100_000},
+        (),
+        "ab.toml: tables and arrays nested more than 16 levels deep (no key of a configuration "
+        "nests deeper than 3)",
+    ),
+    "20,000-part table name": (
+        {"extra": "[" + ".".join(["t"] * 20_000) + "]"},
+        (),
+        "ab.toml: tables and arrays nested more than 16 levels deep",
+    ),
     "port": ({"port": 70000}, (), "[server] port: a TCP port is 1-65535, got 70000"),
     "repeats": (
         {},
