@@ -24,7 +24,7 @@ import pytest
 from ab_kit import STANDIN, Recorder, pids_alive, small_sweep, standin_config, write_gsm8k
 
 from sglang_mixgraph.ab import cli as ab_cli
-from sglang_mixgraph.ab import rundir, runner
+from sglang_mixgraph.ab import rundir
 
 ARMS = """
 [[arm]]
@@ -384,22 +384,29 @@ def test_a_record_that_is_no_object_is_one_line_naming_it(tmp_path, capsys):
     assert after == before  # nothing written, the report of the finished run kept
 
 
-def test_a_full_disk_is_one_line_naming_the_run_directory(tmp_path, capsys, monkeypatch):
+def test_a_full_disk_is_one_line_naming_the_run_directory_and_the_file(
+    tmp_path, capsys, monkeypatch
+):
     run_dir = tmp_path / "run"
+    real_write_text = Path.write_text
 
-    def full(path, data):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+    def full(self, data, *args, **kwargs):
+        if self.name.endswith(".cell.json.tmp"):  # a record fails as write() fails: no name
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write_text(self, data, *args, **kwargs)
 
-    monkeypatch.setattr(runner, "_write_json", full)
+    monkeypatch.setattr(Path, "write_text", full)
     assert _run(tmp_path, _config(tmp_path)) == 2
     err = capsys.readouterr().err
     ours = [line for line in err.splitlines() if line.startswith("sglang-mixgraph ab:")]
     assert "Traceback" not in err and len(ours) == 1, err
-    assert ours[0].startswith(f"sglang-mixgraph ab: run directory {run_dir}: cannot write (")
-    assert ours[0].endswith(
-        ": No space left on device; finished cells are kept, free space and run the same "
-        "command to resume"
+    (log,) = run_dir.glob("cells/base/*.log")  # the first cell's
+    record = log.with_name(log.name.removesuffix(".log") + ".cell.json")
+    assert ours[0] == (
+        f"sglang-mixgraph ab: run directory {run_dir}: cannot write ({record}): No space left "
+        "on device; finished cells are kept, free space and run the same command to resume"
     )
+    assert not record.exists() and not list(run_dir.rglob("*.tmp"))
     # the autouse fixture checks that the server it had started is gone
 
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sglang_mixgraph.ab import network, versions
+from sglang_mixgraph.ab import files, network, versions
 from sglang_mixgraph.ab import server as servers
 from sglang_mixgraph.ab.config import (
     CONCURRENCY,
@@ -267,9 +267,7 @@ def stale(run_dir: Path, cells: list[Cell], current: dict[str, Any]) -> list[str
 def _write_json(path: Path, data: Any) -> None:
     # Written whole, then renamed: an interrupted write never leaves a record that parses.
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    files.write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 # ---------------------------------------------------------------- running
