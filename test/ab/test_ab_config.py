@@ -15,6 +15,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from ab_kit import sharegpt_text
 
 from sglang_mixgraph.ab import arms, runner
 from sglang_mixgraph.ab import cli as ab_cli
@@ -891,7 +892,7 @@ def test_configuration_paths_are_checked_before_anything(tmp_path, capsys):
     raw["server"]["model_path"] = model
     raw["sweep"]["dataset_path"] = str(tmp_path / "sharegpt.json")
     assert f"[sweep] dataset_path '{tmp_path / 'sharegpt.json'}': no such file" in run(raw)
-    (tmp_path / "sharegpt.json").write_text("[]")
+    (tmp_path / "sharegpt.json").write_text(sharegpt_text(6 * 2048))  # a prompt per request
     raw["gsm8k"]["data_path"] = "missing/test.jsonl"
     assert "[gsm8k] data_path 'missing/test.jsonl': no such file" in run(raw)
     del raw["gsm8k"]["data_path"]

@@ -21,7 +21,15 @@ import time
 from pathlib import Path
 
 import pytest
-from ab_kit import STANDIN, Recorder, pids_alive, small_sweep, standin_config, write_gsm8k
+from ab_kit import (
+    STANDIN,
+    Recorder,
+    pids_alive,
+    sharegpt_text,
+    small_sweep,
+    standin_config,
+    write_gsm8k,
+)
 
 from sglang_mixgraph.ab import cli as ab_cli
 from sglang_mixgraph.ab import rundir
@@ -435,6 +443,69 @@ def test_dry_run_lists_every_download(tmp_path, capsys):
     # Given locally, nothing is fetched.
     assert _run(tmp_path, _config(tmp_path, gsm8k="enabled = true"), "--dry-run") == 0
     assert "needs network" not in capsys.readouterr().out
+
+
+TRUNCATED = sharegpt_text(3)[:-1]  # the closing bracket lost, as a cut-off copy loses it
+SHAREGPT_CASES = {
+    "truncated": (
+        TRUNCATED,
+        f"does not parse as JSON (Expecting ',' delimiter: line 1 column {len(TRUNCATED) + 1} "
+        f"(char {len(TRUNCATED)}); truncated?); bench_serving's dataset 'random' would download "
+        "ShareGPT in its place",
+    ),
+    "nested too deep": (
+        "[" * 100_000,
+        "does not parse as JSON (nested too deeply; truncated?)",
+    ),
+    "not a list": ('{"conversations": []}', "a JSON dict; ShareGPT is a list of conversations"),
+    "entry no object": (
+        "[1]",
+        "entry 0 is no conversation (an object whose 'conversations' list has turns with a "
+        "'value' text); bench_serving would fail on it",
+    ),
+    "turn without value": (
+        json.dumps([{"conversations": [{"from": "human"}, {"value": "x"}]}]),
+        "entry 0 is no conversation",
+    ),
+    "too few": (
+        sharegpt_text(1),
+        "1 conversations of two turns or more to prompt from; a cell sends up to 2 prompts, one "
+        "per conversation",
+    ),
+}
+
+
+@pytest.mark.parametrize("dry_run", [False, True], ids=["run", "dry-run"])
+@pytest.mark.parametrize("case", list(SHAREGPT_CASES))
+def test_a_dataset_file_bench_serving_cannot_read_is_one_line(tmp_path, capsys, case, dry_run):
+    text, expected = SHAREGPT_CASES[case]
+    data = tmp_path / "sharegpt.json"
+    data.write_text(text)
+    sweep = small_sweep("[1]").replace('"random-ids"', '"random"')
+    config = _config(tmp_path, sweep=f'{sweep}\ndataset_path = "{data}"')
+    line = _refused(
+        tmp_path, config, "--offline", *(["--dry-run"] if dry_run else []), capsys=capsys
+    )
+    assert line.startswith(f"sglang-mixgraph ab: [sweep] dataset_path '{data}': "), line
+    assert expected in line, line
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_dataset_file_that_passes_is_read_by_bench_serving_offline(tmp_path, capsys, monkeypatch):
+    import huggingface_hub.constants
+
+    # Offline with an empty cache: had bench_serving found the file unusable and fallen back to
+    # downloading ShareGPT, its cells would fail.
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    data = tmp_path / "sharegpt.json"
+    data.write_text(sharegpt_text(2))  # as many conversations as a cell sends prompts
+    sweep = small_sweep("[1]").replace('"random-ids"', '"random"')
+    config = _config(tmp_path, sweep=f'{sweep}\ndataset_path = "{data}"')
+    assert _run(tmp_path, config, "--offline") == 0, capsys.readouterr().err
+    for log in (tmp_path / "run").glob("cells/*/*.log"):
+        assert "treat as invalid file" not in log.read_text()  # upstream's note before a fetch
+    assert _report(tmp_path / "run")["passed"]
 
 
 def test_a_failed_download_names_the_setting_that_avoids_it(tmp_path, capsys, monkeypatch):
