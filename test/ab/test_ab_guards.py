@@ -5,9 +5,11 @@ flags or their combination is one line on stderr and exit 2, with no tool run an
 started: the stand-in writes its pid to STANDIN_PID_FILE as it starts, so no such file means
 no server. A run directory is locked by the run that holds it and refuses a configuration
 that would leave out cells it finished (unless --force-new, which moves the earlier run
-aside); a finished cell whose raw output is damaged is reported, named and measured again; a
-full disk is one line; what a run would download is listed by --dry-run, refused by
---offline, and a cell whose download fails names the setting that avoids it.
+aside); a finished cell whose raw output is damaged or deleted is reported, named and measured
+again; a cell record that is no JSON object is one line naming it; a full disk is one line
+naming the file; what a run would download is listed by --dry-run, refused by --offline, a
+dataset file bench_serving's ShareGPT loader cannot use is refused, and a cell whose download
+fails names the setting that avoids it.
 """
 
 from __future__ import annotations
