@@ -484,7 +484,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     except (RunDirError, ConfigError, RecordError) as e:
         _error(str(e))
         return EXIT_USAGE
-    except OSError as e:  # only writes fail here: every read is checked on its own
+    except OSError as e:  # reads catch their own errors: what fails here is a write
         _error(_report_write_problem(run_dir, e))
         return EXIT_USAGE
     for line in plots:
