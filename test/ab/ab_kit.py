@@ -70,6 +70,12 @@ def write_gsm8k(path: Path, n: int = 40) -> Path:
     return path
 
 
+def sharegpt_text(n: int) -> str:
+    """A ShareGPT file of `n` two-turn conversations, the shape bench_serving's loader reads."""
+    turns = [{"from": "human", "value": "w1 w2 w3"}, {"from": "gpt", "value": "w4 w5"}]
+    return json.dumps([{"id": str(i), "conversations": turns} for i in range(n)])
+
+
 def write_wrapper(path: Path, mark: str, *, executable: bool = False) -> Path:
     """A launch prefix like tools/gpu-upstream/device.sh: prepares, then runs "$@" as its child.
 

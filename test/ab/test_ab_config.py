@@ -7,6 +7,7 @@ import json
 import math
 import os
 import random
+import re
 import shlex
 import statistics
 import sys
@@ -15,8 +16,9 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from ab_kit import sharegpt_text
 
-from sglang_mixgraph.ab import arms, runner
+from sglang_mixgraph.ab import arms, config_schema, runner
 from sglang_mixgraph.ab import cli as ab_cli
 from sglang_mixgraph.ab.config import (
     CONCURRENCY,
@@ -891,7 +893,7 @@ def test_configuration_paths_are_checked_before_anything(tmp_path, capsys):
     raw["server"]["model_path"] = model
     raw["sweep"]["dataset_path"] = str(tmp_path / "sharegpt.json")
     assert f"[sweep] dataset_path '{tmp_path / 'sharegpt.json'}': no such file" in run(raw)
-    (tmp_path / "sharegpt.json").write_text("[]")
+    (tmp_path / "sharegpt.json").write_text(sharegpt_text(6 * 2048))  # a prompt per request
     raw["gsm8k"]["data_path"] = "missing/test.jsonl"
     assert "[gsm8k] data_path 'missing/test.jsonl': no such file" in run(raw)
     del raw["gsm8k"]["data_path"]
@@ -939,6 +941,26 @@ def _toml(raw: dict) -> str:
         else:
             lines.append(f"{section} = {value(body)}")
     return "\n".join(lines) + "\n"
+
+
+def _doc_section(text: str, first: str, end: str) -> str:
+    return text[text.index(first) : text.index(end)]
+
+
+def test_the_docs_name_every_key_and_run_option_and_only_paths_that_exist(capsys):
+    text = (ROOT / "docs" / "ab.md").read_text()
+    # "CI use" holds [[gate]]'s keys; "Configuration reference" every other section's.
+    reference = _doc_section(text, "## CI use", "## Reproducing the upstream tables")
+    for section, table in config_schema._SECTIONS.items():
+        for key in table.model_fields:
+            assert f"`{key}`" in reference, f"[{section}] {key} is not documented"
+    with pytest.raises(SystemExit):
+        ab_cli.main(["run", "--help"])
+    options = set(re.findall(r"--[a-z][a-z-]+", capsys.readouterr().out)) - {"--help"}
+    command_line = _doc_section(text, "Command line: `sglang-mixgraph ab run", "`--dry-run` checks")
+    assert sorted(o for o in options if f"[{o}" not in command_line) == []
+    for path in re.findall(r"`((?:tools|examples|docs|test)/[^` ]+)", text):
+        assert (ROOT / path).exists(), f"docs/ab.md names {path}, which does not exist"
 
 
 def test_versions_of_this_environment():

@@ -5,9 +5,11 @@ flags or their combination is one line on stderr and exit 2, with no tool run an
 started: the stand-in writes its pid to STANDIN_PID_FILE as it starts, so no such file means
 no server. A run directory is locked by the run that holds it and refuses a configuration
 that would leave out cells it finished (unless --force-new, which moves the earlier run
-aside); a finished cell whose raw output is damaged is reported, named and measured again; a
-full disk is one line; what a run would download is listed by --dry-run, refused by
---offline, and a cell whose download fails names the setting that avoids it.
+aside); a finished cell whose raw output is damaged or deleted is reported, named and measured
+again; a cell record that is no JSON object is one line naming it; a full disk is one line
+naming the file; what a run would download is listed by --dry-run, refused by --offline, a
+dataset file bench_serving's ShareGPT loader cannot use is refused, and a cell whose download
+fails names the setting that avoids it.
 """
 
 from __future__ import annotations
@@ -21,10 +23,18 @@ import time
 from pathlib import Path
 
 import pytest
-from ab_kit import STANDIN, Recorder, pids_alive, small_sweep, standin_config, write_gsm8k
+from ab_kit import (
+    STANDIN,
+    Recorder,
+    pids_alive,
+    sharegpt_text,
+    small_sweep,
+    standin_config,
+    write_gsm8k,
+)
 
 from sglang_mixgraph.ab import cli as ab_cli
-from sglang_mixgraph.ab import rundir, runner
+from sglang_mixgraph.ab import rundir
 
 ARMS = """
 [[arm]]
@@ -131,6 +141,17 @@ CASES = {
         {"gsm8k": "threshold = nan"},
         (),
         "[gsm8k] threshold: must be a finite number, got nan",
+    ),
+    "nested 100,000 deep": (
+        {"extra": "deep = " + "[" * 100_000 + "]" * 100_000},
+        (),
+        "ab.toml: tables and arrays nested more than 16 levels deep (no key of a configuration "
+        "nests deeper than 3)",
+    ),
+    "20,000-part table name": (
+        {"extra": "[" + ".".join(["t"] * 20_000) + "]"},
+        (),
+        "ab.toml: tables and arrays nested more than 16 levels deep",
     ),
     "port": ({"port": 70000}, (), "[server] port: a TCP port is 1-65535, got 70000"),
     "repeats": (
@@ -301,19 +322,35 @@ def test_another_configuration_is_refused_and_force_new_moves_the_run_aside(tmp_
     assert _report(run_dir)["passed"] and len(rundir.finished(run_dir)) == 2
 
 
-def test_a_damaged_cell_is_reported_named_and_measured_again(tmp_path, capsys):
+def _cut(raw: Path) -> str | None:
+    """Cut the raw output mid-line, as a full disk or a copy would; its text is kept aside."""
+    text = raw.read_text()
+    raw.write_text(text[: len(text) // 2])
+    return text[: len(text) // 2]
+
+
+def _delete(raw: Path) -> None:
+    """Delete the raw output (someone cleaning up): nothing is left to keep aside."""
+    raw.unlink()
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [(_cut, "does not parse as JSON"), (_delete, "is missing")],
+    ids=["truncated", "deleted"],
+)
+def test_a_damaged_cell_is_reported_named_and_measured_again(tmp_path, capsys, damage, reason):
     run_dir = tmp_path / "run"
     config = _config(tmp_path)
     assert _run(tmp_path, config) == 0, capsys.readouterr().err
     capsys.readouterr()
     (raw,) = run_dir.glob("cells/split/*.jsonl")
-    text = raw.read_text()
-    raw.write_text(text[: len(text) // 2])  # cut mid-line, as a full disk or a copy would
+    kept = damage(raw)
 
     # Not measuring (the report alone): named as damaged, and the run is not complete.
     assert ab_cli.main(["report", str(run_dir)]) == 1
     err = capsys.readouterr().err
-    assert f"arm=split concurrency=1 repeat=1: damaged: its raw output {raw} does not parse" in err
+    assert f"arm=split concurrency=1 repeat=1: damaged: its raw output {raw} {reason}" in err
     assert [c["status"] for c in _report(run_dir)["cells"]] == ["ok", "damaged"]
     assert _run(tmp_path, config, "--dry-run") == 0
     out = capsys.readouterr().out
@@ -322,29 +359,64 @@ def test_a_damaged_cell_is_reported_named_and_measured_again(tmp_path, capsys):
     recorder = Recorder()
     assert _run(tmp_path, config, recorder=recorder) == 0, capsys.readouterr().err
     err = capsys.readouterr().err
-    assert "arm=split concurrency=1 repeat=1: finished but damaged, its raw output" in err
+    line = f"arm=split concurrency=1 repeat=1: finished but damaged, its raw output {raw} {reason}"
+    assert line in err
+    assert "Traceback" not in err and "free space" not in err, err
     assert len(recorder.calls) == 1 and recorder.bench_servers() == [5.0]
-    assert raw.with_name(raw.name + ".damaged").read_text() == text[: len(text) // 2]
+    aside = raw.with_name(raw.name + ".damaged")
+    assert (aside.read_text() if aside.exists() else None) == kept
     assert json.loads(raw.read_text().splitlines()[-1])["completed"] == 2
     assert _report(run_dir)["passed"]
 
 
-def test_a_full_disk_is_one_line_naming_the_run_directory(tmp_path, capsys, monkeypatch):
+def test_a_record_that_is_no_object_is_one_line_naming_it(tmp_path, capsys):
     run_dir = tmp_path / "run"
+    config = _config(tmp_path)
+    assert _run(tmp_path, config) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    (record,) = run_dir.glob("cells/split/*.cell.json")
+    record.write_text("[1]\n")  # valid JSON, but no record
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.name != ".lock"}
+    pids = (tmp_path / "pids").read_text()
+    expected = (
+        f"sglang-mixgraph ab: {record}: not a cell record (JSON list, not an object); move it "
+        "away and its cell is measured again"
+    )
+    for extra in ([], ["--dry-run"]):
+        recorder = Recorder()
+        assert _run(tmp_path, config, *extra, recorder=recorder) == 2
+        err = capsys.readouterr().err
+        assert err == expected + "\n" and recorder.calls == []
+        assert (tmp_path / "pids").read_text() == pids, "a server was started"
+    assert ab_cli.main(["report", str(run_dir)]) == 2
+    assert capsys.readouterr().err == expected + "\n"
+    after = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.name != ".lock"}
+    assert after == before  # nothing written, the report of the finished run kept
 
-    def full(path, data):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
-    monkeypatch.setattr(runner, "_write_json", full)
+def test_a_full_disk_is_one_line_naming_the_run_directory_and_the_file(
+    tmp_path, capsys, monkeypatch
+):
+    run_dir = tmp_path / "run"
+    real_write_text = Path.write_text
+
+    def full(self, data, *args, **kwargs):
+        if self.name.endswith(".cell.json.tmp"):  # a record fails as write() fails: no name
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write_text(self, data, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", full)
     assert _run(tmp_path, _config(tmp_path)) == 2
     err = capsys.readouterr().err
     ours = [line for line in err.splitlines() if line.startswith("sglang-mixgraph ab:")]
     assert "Traceback" not in err and len(ours) == 1, err
-    assert ours[0].startswith(f"sglang-mixgraph ab: run directory {run_dir}: cannot write (")
-    assert ours[0].endswith(
-        ": No space left on device; finished cells are kept, free space and run the same "
-        "command to resume"
+    (log,) = run_dir.glob("cells/base/*.log")  # the first cell's
+    record = log.with_name(log.name.removesuffix(".log") + ".cell.json")
+    assert ours[0] == (
+        f"sglang-mixgraph ab: run directory {run_dir}: cannot write ({record}): No space left "
+        "on device; finished cells are kept, free space and run the same command to resume"
     )
+    assert not record.exists() and not list(run_dir.rglob("*.tmp"))
     # the autouse fixture checks that the server it had started is gone
 
 
@@ -373,6 +445,69 @@ def test_dry_run_lists_every_download(tmp_path, capsys):
     # Given locally, nothing is fetched.
     assert _run(tmp_path, _config(tmp_path, gsm8k="enabled = true"), "--dry-run") == 0
     assert "needs network" not in capsys.readouterr().out
+
+
+TRUNCATED = sharegpt_text(3)[:-1]  # the closing bracket lost, as a cut-off copy loses it
+SHAREGPT_CASES = {
+    "truncated": (
+        TRUNCATED,
+        f"does not parse as JSON (Expecting ',' delimiter: line 1 column {len(TRUNCATED) + 1} "
+        f"(char {len(TRUNCATED)}); truncated?); bench_serving's dataset 'random' would download "
+        "ShareGPT in its place",
+    ),
+    "nested too deep": (
+        "[" * 100_000,
+        "does not parse as JSON (nested too deeply; truncated?)",
+    ),
+    "not a list": ('{"conversations": []}', "a JSON dict; ShareGPT is a list of conversations"),
+    "entry no object": (
+        "[1]",
+        "entry 0 is no conversation (an object whose 'conversations' list has turns with a "
+        "'value' text); bench_serving would fail on it",
+    ),
+    "turn without value": (
+        json.dumps([{"conversations": [{"from": "human"}, {"value": "x"}]}]),
+        "entry 0 is no conversation",
+    ),
+    "too few": (
+        sharegpt_text(1),
+        "1 conversations of two turns or more to prompt from; a cell sends up to 2 prompts, one "
+        "per conversation",
+    ),
+}
+
+
+@pytest.mark.parametrize("dry_run", [False, True], ids=["run", "dry-run"])
+@pytest.mark.parametrize("case", list(SHAREGPT_CASES))
+def test_a_dataset_file_bench_serving_cannot_read_is_one_line(tmp_path, capsys, case, dry_run):
+    text, expected = SHAREGPT_CASES[case]
+    data = tmp_path / "sharegpt.json"
+    data.write_text(text)
+    sweep = small_sweep("[1]").replace('"random-ids"', '"random"')
+    config = _config(tmp_path, sweep=f'{sweep}\ndataset_path = "{data}"')
+    line = _refused(
+        tmp_path, config, "--offline", *(["--dry-run"] if dry_run else []), capsys=capsys
+    )
+    assert line.startswith(f"sglang-mixgraph ab: [sweep] dataset_path '{data}': "), line
+    assert expected in line, line
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_dataset_file_that_passes_is_read_by_bench_serving_offline(tmp_path, capsys, monkeypatch):
+    import huggingface_hub.constants
+
+    # Offline with an empty cache: had bench_serving found the file unusable and fallen back to
+    # downloading ShareGPT, its cells would fail.
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    data = tmp_path / "sharegpt.json"
+    data.write_text(sharegpt_text(2))  # as many conversations as a cell sends prompts
+    sweep = small_sweep("[1]").replace('"random-ids"', '"random"')
+    config = _config(tmp_path, sweep=f'{sweep}\ndataset_path = "{data}"')
+    assert _run(tmp_path, config, "--offline") == 0, capsys.readouterr().err
+    for log in (tmp_path / "run").glob("cells/*/*.log"):
+        assert "treat as invalid file" not in log.read_text()  # upstream's note before a fetch
+    assert _report(tmp_path / "run")["passed"]
 
 
 def test_a_failed_download_names_the_setting_that_avoids_it(tmp_path, capsys, monkeypatch):

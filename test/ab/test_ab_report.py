@@ -10,8 +10,10 @@ turn the verdict and the exit status.
 from __future__ import annotations
 
 import csv
+import errno
 import io
 import json
+import os
 import shutil
 import statistics
 import struct
@@ -206,6 +208,71 @@ def test_without_matplotlib_the_plots_are_skipped_with_one_line(run_dir, monkeyp
     err = capsys.readouterr().err
     assert err.strip() == f"sglang-mixgraph ab: {report.PLOTS_SKIPPED}"
     assert (run_dir / "report.md").exists() and not (run_dir / "pareto.png").exists()
+
+
+def _fail_writes(monkeypatch, name: str, code: int) -> None:
+    """Writing the report file `name` fails with `code`, as write() fails (no file name):
+    a full disk once half the bytes are out, anything else before the first byte."""
+
+    def fail(path: Path, data: bytes) -> None:
+        if code == errno.ENOSPC:
+            path.write_bytes(data[: len(data) // 2])
+        raise OSError(code, os.strerror(code))
+
+    real_write_text = Path.write_text
+
+    def write_text(self, data, *args, **kwargs):
+        if self.name.startswith(name):  # the file or a temporary file beside it
+            return fail(self, data.encode())
+        return real_write_text(self, data, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", write_text)
+    figure = pytest.importorskip("matplotlib.figure").Figure
+    real_savefig = figure.savefig
+
+    def savefig(self, fname, *args, **kwargs):
+        real_savefig(self, fname, *args, **kwargs)
+        if Path(fname).name.startswith(name):
+            fail(Path(fname), Path(fname).read_bytes())
+
+    monkeypatch.setattr(figure, "savefig", savefig)
+
+
+def _report_files(run_dir: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+
+
+@pytest.mark.parametrize("name", ["report.md", "results.json", "results.csv", "pareto.png"])
+def test_a_full_disk_keeps_the_previous_report_whole(run_dir, capsys, monkeypatch, name):
+    report.build(run_dir)
+    before = _report_files(run_dir)
+    _fail_writes(monkeypatch, name, errno.ENOSPC)
+    assert ab_cli.main(["report", str(run_dir)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == (
+        f"sglang-mixgraph ab: run directory {run_dir}: cannot write {run_dir / name}: No space "
+        "left on device; every report file is whole (this one as before): free space and run "
+        "again\n"
+    )
+    assert "report:" not in captured.out  # no report is announced
+    after = _report_files(run_dir)
+    assert after[name] == before[name] and after.keys() == before.keys()  # no .tmp left
+
+
+@pytest.mark.parametrize("code", [errno.EROFS, errno.EACCES], ids=["read-only fs", "no permission"])
+def test_a_read_only_run_directory_is_one_line_saying_what_to_do(
+    run_dir, capsys, monkeypatch, code
+):
+    report.build(run_dir)
+    before = _report_files(run_dir)
+    _fail_writes(monkeypatch, "", code)  # every file of the run directory
+    assert ab_cli.main(["report", str(run_dir)]) == 2
+    assert capsys.readouterr().err == (
+        f"sglang-mixgraph ab: run directory {run_dir}: cannot write {run_dir / 'report.md'}: "
+        f"{os.strerror(code)}; the run directory is read-only (an archived run?): copy it "
+        "somewhere writable and run `sglang-mixgraph ab report` on the copy\n"
+    )
+    assert _report_files(run_dir) == before
 
 
 def test_accuracy_below_threshold_and_lost_cells_fail_the_report(run_dir, capsys):

@@ -11,7 +11,9 @@ are relative to the directory the tool runs in):
 - `[sweep] dataset_path` (read by bench_serving here) and `[gsm8k] data_path` (read by the
   eval here) must exist, when the sweep or the eval runs; the GSM8K file must read as SGLang's
   eval reads it (`sglang.utils.read_jsonl`: UTF-8 JSON lines, `#` lines skipped) with a
-  `question` and an `answer` on every line and more lines than `num_shots`;
+  `question` and an `answer` on every line and more lines than `num_shots`; for the datasets
+  `random` and `sharegpt` the dataset file must load as bench_serving's ShareGPT loader loads
+  it (`sharegpt_problem`), with a conversation for every prompt of a cell;
 - `[server] model_path` must be an existing directory when it is written as a local path
   (absolute, or starting with `.` or `~`) and an arm launches without `[server] command`: a
   Hugging Face id (`org/name`) is not checked, and a command (a container, `srun`) may see
@@ -29,7 +31,7 @@ import os
 from pathlib import Path
 
 from sglang_mixgraph.ab.config import Config, launch_command, launch_prefix
-from sglang_mixgraph.ab.network import fetches, local_path
+from sglang_mixgraph.ab.network import SHAREGPT_DATASETS, fetches, local_path
 from sglang_mixgraph.ab.results import RUN_FILE
 from sglang_mixgraph.ab.rundir import LOCK_FILE
 from sglang_mixgraph.ab.server import executable_problem
@@ -96,6 +98,67 @@ def gsm8k_data_problem(path: str, num_shots: int) -> str | None:
     return None
 
 
+def sharegpt_problem(path: str, dataset: str, prompts: int) -> str | None:
+    """Why bench_serving's dataset `dataset` could not draw `prompts` prompts from the ShareGPT
+    file at `path` (None: it can).
+
+    What SGLang 0.5.23's loaders need, read from sglang.benchmark.datasets.random's
+    sample_random_requests and sglang.benchmark.datasets.sharegpt's sample_sharegpt_requests
+    (with sglang.benchmark.utils.is_file_valid_json): the whole file must load as JSON, else
+    `random` downloads ShareGPT in its place (a failure offline, other prompts online) and
+    `sharegpt` fails; it is a list of objects, of which those whose `conversations` (else
+    `conversation`) holds two turns or more are used, each such turn an object with a `value`
+    text; a cell draws at most one prompt per usable conversation (an empty first turn is
+    skipped), so fewer of them than its prompts sends fewer requests than the cell counts.
+    """
+    where = f"[sweep] dataset_path {path!r}"
+    try:
+        text = Path(path).expanduser().read_bytes().decode("utf-8")
+        data = json.loads(text)
+    except OSError as e:
+        return f"{where}: cannot read ({e.strerror})"
+    except UnicodeDecodeError as e:
+        return f"{where}: not UTF-8 text (byte at offset {e.start})"
+    except (ValueError, RecursionError) as e:
+        fallback = "download ShareGPT in its place" if dataset == "random" else "fail on it"
+        why = str(e) if isinstance(e, json.JSONDecodeError) else "nested too deeply"
+        return (
+            f"{where}: does not parse as JSON ({why}; truncated?); bench_serving's dataset "
+            f"{dataset!r} would {fallback}"
+        )
+    if not isinstance(data, list):
+        return f"{where}: a JSON {type(data).__name__}; ShareGPT is a list of conversations"
+    usable = 0
+    for index, entry in enumerate(data):
+        turns = _sharegpt_turns(entry)
+        if turns is None:
+            return (
+                f"{where}: entry {index} is no conversation (an object whose 'conversations' "
+                "list has turns with a 'value' text); bench_serving would fail on it"
+            )
+        usable += bool(turns and turns[0])
+    if usable < prompts:
+        return (
+            f"{where}: {usable} conversations of two turns or more to prompt from; a cell "
+            f"sends up to {prompts} prompts, one per conversation"
+        )
+    return None
+
+
+def _sharegpt_turns(entry: object) -> list[str] | None:
+    """The texts of the first two turns of a ShareGPT entry; [] when it has fewer turns (the
+    loader skips it); None when the loader would fail on it."""
+    if not isinstance(entry, dict):
+        return None
+    turns = entry.get("conversations", entry.get("conversation", []))
+    if not isinstance(turns, list):
+        return None
+    if len(turns) < 2:
+        return []
+    texts = [turn.get("value") if isinstance(turn, dict) else None for turn in turns[:2]]
+    return texts if all(isinstance(t, str) for t in texts) else None
+
+
 def offline_problems(config: Config, *, accuracy_only: bool = False) -> list[str]:
     """With `offline`, one line per fetch the run would make."""
     if not config.offline:
@@ -112,6 +175,10 @@ def config_path_problems(config: Config, *, accuracy_only: bool = False) -> list
     if not accuracy_only and sw.dataset_path:
         if not Path(sw.dataset_path).expanduser().exists():
             problems.append(f"[sweep] dataset_path {sw.dataset_path!r}: no such file")
+        elif sw.dataset in SHAREGPT_DATASETS:
+            prompts = max(sw.prompts(point) for point in sw.points())
+            if problem := sharegpt_problem(sw.dataset_path, sw.dataset, prompts):
+                problems.append(problem)
     if g.enabled and g.data_path:
         if not Path(g.data_path).expanduser().is_file():
             problems.append(f"[gsm8k] data_path {g.data_path!r}: no such file")

@@ -9,10 +9,11 @@ directory, the configuration's paths and, with `--offline`, what it would downlo
 and the plugin's flags (one line each, exit 2), then locks the run directory, refuses one that
 holds finished cells this configuration leaves out unless `--force-new` (rundir.py), runs or
 resumes the sweep in it and writes the report. A write that fails (a full disk) is one line
-naming the run directory.
+naming the run directory and the file; every file is written whole or not at all (files.py).
 Finished cells measured with other versions (versions.py) are measured again unless
 `--reuse-cells`. `--accuracy-only` runs only the GSM8K eval (one arm is enough) for CI jobs that only gate on
-accuracy. `report` rebuilds report.md, results.json and the plots from a run directory.
+accuracy. `report` rebuilds report.md, results.json and the plots from a run directory; a
+write that fails is one line naming the file, saying so when the directory is read-only.
 
 `--dry-run` prints every visit's server and every cell's exact command, what the run would
 download ("needs network: ..."), and an estimate of the time left (dryrun.py).
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import errno
 import re
 import shlex
 import signal
@@ -328,6 +330,8 @@ def cmd_run(args: argparse.Namespace, invoker: Any = None) -> int:
     recorded = raw if args.accuracy_only else with_counts(raw, config.sweep)
     digest = rundir.digest(recorded, args.accuracy_only)
     planned = {c.stem for v in visits for c in v.cells}
+    if not problems and run_dir.is_dir():
+        problems += filter(None, [runner.record_problem(run_dir)])
     if not problems and not args.force_new and run_dir.is_dir():
         problems += filter(None, [rundir.conflict(run_dir, digest, planned)])
     if problems:
@@ -472,18 +476,33 @@ def _verdict(built: Any) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from sglang_mixgraph.ab import report
     from sglang_mixgraph.ab.results import RunDirError
+    from sglang_mixgraph.ab.runner import RecordError
 
     run_dir = Path(args.run_dir)
     try:
         built, plots = report.build(run_dir)
-    except (RunDirError, ConfigError) as e:
+    except (RunDirError, ConfigError, RecordError) as e:
         _error(str(e))
+        return EXIT_USAGE
+    except OSError as e:  # reads catch their own errors: what fails here is a write
+        _error(_report_write_problem(run_dir, e))
         return EXIT_USAGE
     for line in plots:
         if line == report.PLOTS_SKIPPED:
             print(f"sglang-mixgraph ab: {line}", file=sys.stderr)
     print(f"report: {run_dir / 'report.md'}")
     return _verdict(built)
+
+
+def _report_write_problem(run_dir: Path, e: OSError) -> str:
+    """Why `ab report` could not write a report file, and what to do; every file is whole."""
+    where = f"run directory {run_dir}: cannot write {e.filename or 'the report'}: {e.strerror or e}"
+    if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return (
+            f"{where}; the run directory is read-only (an archived run?): copy it somewhere "
+            "writable and run `sglang-mixgraph ab report` on the copy"
+        )
+    return f"{where}; every report file is whole (this one as before): free space and run again"
 
 
 def main(argv: list[str], *, invoker: Any = None) -> int:

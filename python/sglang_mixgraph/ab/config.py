@@ -64,6 +64,8 @@ RATE = "rate"
 DEFAULT_JUDGE = "no_regression"  # of a gate (config_schema.JUDGES)
 # The cells of a whole plan, bounded as every count is (config_schema.MAX_COUNT).
 MAX_CELLS = 10_000
+# How deep tables and arrays may nest in the file ([[arm]] env.NAME, the deepest key, is 3).
+MAX_DEPTH = 16
 
 
 @dataclass(frozen=True)
@@ -527,11 +529,36 @@ def _pairs(items: tuple[str, ...], names: list[str]) -> tuple[tuple[str, str], .
     return tuple(pairs)
 
 
+def _nests_deeper(data: Any, limit: int) -> bool:
+    """Whether tables and arrays in `data` nest more than `limit` levels below it; iterative,
+    so that a document nested 100,000 deep cannot overflow the stack here."""
+    stack = [(data, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            value = list(value.values())
+        if not isinstance(value, list):
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in value)
+    return False
+
+
+def _too_deep(path: Path) -> ConfigError:
+    return ConfigError(
+        f"{path}: tables and arrays nested more than {MAX_DEPTH} levels deep (no key of a "
+        "configuration nests deeper than 3)"
+    )
+
+
 def read_toml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     try:
         data = path.read_bytes()
-        return tomllib.loads(data.decode("utf-8"))
+        document = tomllib.loads(data.decode("utf-8"))
+    except RecursionError:  # tomllib recurses into nested arrays and inline tables
+        raise _too_deep(path) from None
     except OSError as e:
         raise ConfigError(f"{path}: cannot read ({e.strerror})") from None
     except UnicodeDecodeError as e:
@@ -542,6 +569,11 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         ) from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML ({e})") from None
+    # A dotted table name nests without recursing in tomllib, but copying, validating and
+    # hashing the document all recurse: refused here, before any of them.
+    if _nests_deeper(document, MAX_DEPTH):
+        raise _too_deep(path)
+    return document
 
 
 def with_counts(raw: dict[str, Any], sweep: Sweep) -> dict[str, Any]:

@@ -28,6 +28,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from sglang_mixgraph.ab import files
 from sglang_mixgraph.ab.config import CONCURRENCY, GOODPUT_METRICS, RATE, Point, Sweep
 from sglang_mixgraph.ab.results import (
     INCOMPLETE,
@@ -481,7 +482,7 @@ def write_plots(results: Results, run_dir: Path) -> list[str]:
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(run_dir / PLOTS[0], dpi=120)
+    _save(fig, run_dir / PLOTS[0])
 
     fig = Figure(figsize=(7, 4.5))
     ax = fig.subplots()
@@ -509,10 +510,15 @@ def write_plots(results: Results, run_dir: Path) -> list[str]:
     if ax.get_legend_handles_labels()[0]:
         ax.legend()
     fig.tight_layout()
-    fig.savefig(run_dir / PLOTS[1], dpi=120)
+    _save(fig, run_dir / PLOTS[1])
 
     _ratio_plot(results, run_dir / PLOTS[2], Figure)
     return [str(run_dir / name) for name in PLOTS]
+
+
+def _save(fig: Any, path: Path) -> None:
+    # The format is named: the temporary file's suffix is not .png.
+    files.replace_file(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
 
 
 def _concurrency_axis(ax: Any, concurrencies: tuple[int, ...]) -> None:
@@ -573,15 +579,16 @@ def _ratio_plot(results: Results, path: Path, figure: type) -> None:
                 ax.legend(fontsize=8)
     fig.suptitle(f"candidate / {results.baseline} (error bars: 95% interval)")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    _save(fig, path)
 
 
 def build(run_dir: Path) -> tuple[Results, list[str]]:
-    """Write report.md, results.json, results.csv and the plots; return the results and the
-    plot lines."""
+    """Write report.md, results.json, results.csv and the plots, each whole or not at all
+    (files.py: a failed write keeps the previous file and raises an OSError naming it);
+    return the results and the plot lines."""
     results = collect(run_dir)
-    (run_dir / "report.md").write_text(render_markdown(results))
-    (run_dir / "results.json").write_text(json.dumps(results_json(results), indent=2) + "\n")
-    (run_dir / "results.csv").write_text(results_csv(results))
+    files.write_text(run_dir / "report.md", render_markdown(results))
+    files.write_text(run_dir / "results.json", json.dumps(results_json(results), indent=2) + "\n")
+    files.write_text(run_dir / "results.csv", results_csv(results))
     plots = [] if results.accuracy_only else write_plots(results, run_dir)
     return results, plots

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sglang_mixgraph.ab import runner, versions
+from sglang_mixgraph.ab import files, runner, versions
 from sglang_mixgraph.ab.config import CONCURRENCY, Config, Gate, Point, parse_config
 from sglang_mixgraph.ab.stats import (
     Estimate,
@@ -78,8 +78,9 @@ class RunDirError(ValueError):
 
 def write_run_file(run_dir: Path, raw_config: dict[str, Any], accuracy_only: bool) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / RUN_FILE).write_text(
-        json.dumps({"config": raw_config, "accuracy_only": accuracy_only}, indent=2) + "\n"
+    files.write_text(
+        run_dir / RUN_FILE,
+        json.dumps({"config": raw_config, "accuracy_only": accuracy_only}, indent=2) + "\n",
     )
 
 

@@ -23,10 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from sglang_mixgraph.ab.results import RUN_FILE
+from sglang_mixgraph.ab.runner import BENCH_RECORDS, GSM8K_RECORDS
 
 LOCK_FILE = ".lock"
 # Finished cells of the report (warm visits are discarded measurements, not reported).
-RECORDS = ("cells/*/*.cell.json", "gsm8k/*.cell.json")
+RECORDS = (BENCH_RECORDS, GSM8K_RECORDS)
 RECORD_SUFFIX = ".cell.json"
 
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sglang_mixgraph.ab import network, versions
+from sglang_mixgraph.ab import files, network, versions
 from sglang_mixgraph.ab import server as servers
 from sglang_mixgraph.ab.config import (
     CONCURRENCY,
@@ -64,6 +64,10 @@ FAILED = "failed"
 BENCH_KEYS = ("completed", "output_throughput", "median_tpot_ms", "median_ttft_ms")
 # A failed tool's log is read from its end for the marks of a failed download.
 LOG_TAIL_BYTES = 65536
+# Every cell record of a run directory: bench cells, GSM8K cells, warm visits.
+BENCH_RECORDS, GSM8K_RECORDS = "cells/*/*.cell.json", "gsm8k/*.cell.json"
+WARM_RECORDS = "warm/*/*.cell.json"
+RECORD_GLOBS = (BENCH_RECORDS, GSM8K_RECORDS, WARM_RECORDS)
 
 
 @dataclass(frozen=True)
@@ -172,11 +176,39 @@ def log_path(run_dir: Path, cell: Cell) -> Path:
     return run_dir / f"{cell.stem}.log"
 
 
-def read_record(run_dir: Path, cell: Cell) -> dict[str, Any] | None:
+class RecordError(ValueError):
+    """A cell record that parses as JSON but is no object: this tool did not write it."""
+
+
+def load_record(path: Path) -> dict[str, Any] | None:
+    """The record at `path`; None when missing or not JSON (its cell is measured again)."""
     try:
-        return json.loads(record_path(run_dir, cell).read_text())
+        data = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+    if not isinstance(data, dict):
+        # Not silently measured again: a hand edit or another tool's file, the user decides.
+        raise RecordError(
+            f"{path}: not a cell record (JSON {type(data).__name__}, not an object); move it "
+            "away and its cell is measured again"
+        )
+    return data
+
+
+def read_record(run_dir: Path, cell: Cell) -> dict[str, Any] | None:
+    return load_record(record_path(run_dir, cell))
+
+
+def record_problem(run_dir: Path) -> str | None:
+    """The first record of `run_dir` that is no object (None: there is none), so that a run
+    refuses it before starting a server instead of failing on it mid-run."""
+    for pattern in RECORD_GLOBS:
+        for path in sorted(run_dir.glob(pattern)):
+            try:
+                load_record(path)
+            except RecordError as e:
+                return str(e)
+    return None
 
 
 def raw_problem(run_dir: Path, cell: Cell) -> str | None:
@@ -235,9 +267,7 @@ def stale(run_dir: Path, cells: list[Cell], current: dict[str, Any]) -> list[str
 def _write_json(path: Path, data: Any) -> None:
     # Written whole, then renamed: an interrupted write never leaves a record that parses.
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    files.write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 # ---------------------------------------------------------------- running
@@ -316,8 +346,9 @@ def _run_cell(
 ) -> tuple[str | None, str]:
     raw = raw_path(run_dir, cell)
     raw.parent.mkdir(parents=True, exist_ok=True)
-    if damaged(run_dir, cell):
-        os.replace(raw, raw.with_name(raw.name + ".damaged"))  # kept for a look, not read
+    if damaged(run_dir, cell) and raw.exists():
+        # Kept for a look, not read; a deleted raw output leaves nothing to keep.
+        os.replace(raw, raw.with_name(raw.name + ".damaged"))
     raw.unlink(missing_ok=True)  # bench_serving appends; a failed try's line is no measurement
     module, argv = cell_command(config, run_dir, cell, srv.url)
     timeout = config.gsm8k.timeout_s if cell.kind == "gsm8k" else config.sweep.cell_timeout_s
@@ -382,11 +413,8 @@ def machine_of(run_dir: Path, cell: Cell) -> str | None:
 
 def served_on(run_dir: Path, machine: str) -> bool:
     """Whether any cell of the run directory, warm visits included, was measured on `machine`."""
-    for path in [*run_dir.glob("cells/*/*.cell.json"), *run_dir.glob("warm/*/*.cell.json")]:
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
+    for path in [*run_dir.glob(BENCH_RECORDS), *run_dir.glob(WARM_RECORDS)]:
+        record = load_record(path) or {}
         if record.get("status") == OK and record.get("machine") == machine:
             return True
     return False
