@@ -48,6 +48,8 @@ class MemoryFacts:
     decode_max_bs: int
     prefill_node: bool  # a PD prefill node: no decode graph reserve
     kv_sized_after_capture: bool  # capture memory then comes out of the KV pool
+    kv_cache_dtype: str  # as resolved ("auto": the model's dtype)
+    max_total_tokens: int | None  # KV tokens per GPU the user fixed; None: sized at startup
 
 
 @dataclass(frozen=True)
@@ -194,6 +196,8 @@ def read_deployment(
             decode_max_bs=decode.max_bs or 0,
             prefill_node=cfg.disaggregation_mode == "prefill",
             kv_sized_after_capture=bool(post_capture_kv_sizing_planned(server_args)),
+            kv_cache_dtype=str(getattr(cfg, "kv_cache_dtype", "auto") or "auto"),
+            max_total_tokens=getattr(cfg, "max_total_tokens", None),
         ),
         dp_lm_head=bool(cfg.enable_dp_lm_head),
         draft_tokens=max(

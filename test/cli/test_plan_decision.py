@@ -1,12 +1,15 @@
 """`plan`'s text leads with what SGLang will do, then the capture estimate of a list SGLang
 captures (labelled with what it was fitted on), then the advice and one line per switch of
-each patch that is off; a verdict for a model or GPU the estimate was never measured on says
-so instead of "does not fit". Run in this process (`cli.main`), one plan per test.
+each patch that is off; a verdict for a GPU the estimate was never measured on says so
+instead of "does not fit", and a model it was not fitted on gets SGLang's own budget and no
+verdict. Run in this process (`cli.main`), one plan per test.
 """
 
 from __future__ import annotations
 
 import json
+
+import pytest
 
 from sglang_mixgraph import cli
 from sglang_mixgraph.core.capture_memory import CALIBRATION, not_calibrated_for
@@ -87,33 +90,39 @@ def test_a_prefill_graph_that_is_off_gets_no_capture_verdict(plan_env, capsys):
     )
 
 
-def test_an_uncalibrated_glm5_verdict_says_so_instead_of_does_not_fit(plan_env, capsys):
-    text, report = _plan(capsys, "--preset", "glm5")  # B300, GLM-5: neither was measured
+@pytest.mark.parametrize("model", ["glm5", "dense"])
+def test_a_model_the_estimate_was_not_fitted_on_gets_sglangs_budget_and_no_verdict(
+    plan_env, capsys, tmp_path, model
+):
+    """GLM-5 on the B300 (its reference launch) and a plain dense model at tp 2 on the H100
+    (SGLang's default breakable prefill graph): the activation term was fitted on
+    DeepSeek-V4-Pro's stack, so no fit verdict, no memory advice, no capture figure; SGLang's
+    own budget instead."""
+    if model == "glm5":
+        args, arch = ("--preset", "glm5"), "GlmMoeDsaForCausalLM"
+    else:
+        path = write_model(tmp_path / "dense")
+        args, arch = (
+            ("--model-path", str(path), "--tp", "2", "--target-gpu", "H100"),
+            ("LlamaForCausalLM"),
+        )
+    text, report = _plan(capsys, *args)
     lines = text.splitlines()
     starts = _section_starts(lines)
-    assert starts == sorted(starts), starts
     assert any(line.startswith("  Prefill graph: ON (breakable)") for line in lines[: starts[1]])
-    label = lines[starts[1]]
-    assert label == (
-        "Capture estimate (fitted on DeepSeek-V4-Pro on the H200; no measurement of "
-        "GlmMoeDsaForCausalLM on the B300):"
+    assert lines[starts[1]] == (
+        f"Capture estimate: none: the capture estimate does not apply to {arch} (fitted on "
+        "DeepSeek-V4-Pro on the H200 only): no fit verdict, no memory advice"
     )
-    assert (
-        "over the available memory by the estimate, uncalibrated for GlmMoeDsaForCausalLM on the B300"
-        in lines[starts[1] + 1]
-    )
-    assert "does not fit" not in text
+    assert lines[starts[1] + 1].startswith("  SGLang's own budget: mem_fraction_static ")
+    for word in ("does not fit", "over the available", "within the available", "to fit the"):
+        assert word not in text, word
+    assert "capture not estimated for this model" in lines[starts[2] + 2]
     cm = report["graph"]["capture_memory"]
-    assert cm["captured"] is True
-    assert cm["verdict"]["fits"] is False and cm["verdict"]["calibrated"] is False
-    assert report["graph"]["capture_calibration"]["not_calibrated_for"] == (
-        "GlmMoeDsaForCausalLM on the B300"
-    )
-    # the advice the JSON carries is in the text too
-    advice = lines[starts[2] + 1]
-    assert advice.startswith("  to fit the capture estimate: ")
-    assert f"--cuda-graph-max-bs-prefill {cm['advice']['max_bs_prefill']}" in advice
-    assert f"--mem-fraction-static {cm['advice']['mem_fraction_static_at_most']} or lower" in advice
+    assert cm["applies"] is False and cm["captured"] is True
+    assert not {"estimate", "verdict", "advice"} & set(cm)
+    assert 0 < cm["budget"]["mem_fraction_static"] < 1 and cm["budget"]["outside_static_bytes"] > 0
+    assert any(line.startswith("  memory: mem_fraction_static ") for line in lines[: starts[1]])
     _switch_lines(text, report)
 
 

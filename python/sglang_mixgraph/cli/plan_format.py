@@ -14,7 +14,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from sglang_mixgraph.core.capture_memory import CALIBRATION, fmt_bytes, not_calibrated_for
+from sglang_mixgraph.core.capture_memory import (
+    CALIBRATION,
+    fmt_bytes,
+    model_calibrated,
+    not_calibrated_for,
+)
 
 # The version of the JSON documents `plan --json` and `doctor --json` print; raised when a key
 # changes meaning or type or goes away (new keys keep it).
@@ -150,6 +155,11 @@ def graph_plan_json(plan) -> dict[str, Any]:
     capture = None
     if plan.capture is not None:
         capture = _capture_json(plan.capture, calibration_gap(plan) is None)
+        capture["applies"] = estimate_applies(plan)
+        if not capture["applies"]:  # SGLang's own budget stays; no number of ours
+            for key in ("estimate", "verdict", "advice"):
+                capture.pop(key, None)
+            capture["why"] = not_applicable(plan)
         capture["captured"] = prefill_captured(plan)
         if plan.prefill_off_but_estimated:
             capture["note"] = "prefill graph is off; the estimate is what the final list would need"
@@ -245,6 +255,19 @@ def calibration_label(plan) -> str:
     return label if gap is None else f"{label}; no measurement of {gap}"
 
 
+def estimate_applies(plan) -> bool:
+    """Whether the capture estimate applies to this plan's model (it was fitted on one)."""
+    return model_calibrated(plan.facts.architectures)
+
+
+def not_applicable(plan) -> str:
+    arch = ", ".join(plan.facts.architectures) or "this model"
+    return (
+        f"the capture estimate does not apply to {arch} (fitted on {CALIBRATION.model} on the "
+        f"{CALIBRATION.gpu} only): no fit verdict, no memory advice"
+    )
+
+
 def _fits_word(fits: bool | None, gap: str | None) -> str:
     """The estimate's verdict; where it was not calibrated, what it says and that it is no
     verdict (a model or GPU it was never measured on)."""
@@ -256,14 +279,23 @@ def _fits_word(fits: bool | None, gap: str | None) -> str:
     return f"{side} the available memory by the estimate, uncalibrated for {gap}"
 
 
+def _capture_words(plan, side) -> str:
+    """A list's capture estimate in words, or that there is none for this model."""
+    if not estimate_applies(plan):
+        return "capture not estimated for this model"
+    return (
+        f"capture {fmt_bytes(side.capture.estimate.total)} "
+        f"({_fits_word(side.capture.fits, calibration_gap(plan))})"
+    )
+
+
 def _bucket_side_lines(plan, name: str, side, error: str | None = None) -> list[str]:
     if side is None:
         return [f"  {name}: {error or 'none'}"]
     pad = side.padding
     return [
-        f"  {name}: {len(side.buckets)} buckets, largest {max(side.buckets)}, capture "
-        f"{fmt_bytes(side.capture.estimate.total)} "
-        f"({_fits_word(side.capture.fits, calibration_gap(plan))}),"
+        f"  {name}: {len(side.buckets)} buckets, largest {max(side.buckets)}, "
+        f"{_capture_words(plan, side)},"
         f" worst padding {pad.worst_factor:.2f}x / {pad.worst_waste_tokens} tokens,"
         f" mean {pad.mean_factor:.2f}x",
         f"    {_elided(side.buckets)}",
@@ -292,6 +324,16 @@ def decision_lines(plan) -> list[str]:
         f"{facts.chunk_per_rank}, running requests per rank {facts.running_per_rank}"
         f" (max_running_requests {facts.max_running_requests}), MoE a2a {facts.moe_a2a_backend}"
         + (f", MegaMoE cap {facts.mega_moe_cap}" if facts.mega_moe_cap else "")
+    )
+    mem = facts.memory
+    kv_tokens = (
+        f"{mem.max_total_tokens} (--max-total-tokens)"
+        if mem.max_total_tokens
+        else "sized at startup from what the weights leave"
+    )
+    lines.append(
+        f"  memory: mem_fraction_static {facts.mem_fraction_static}, page size "
+        f"{facts.page_size}, KV cache dtype {mem.kv_cache_dtype}, KV tokens per GPU {kv_tokens}"
     )
     flags = ", ".join(f"{k}={v}" for k, v in plan.flags.items())
     if not plan.plugin_loaded:
@@ -370,6 +412,17 @@ def _capture_estimate_lines(plan) -> list[str]:
             "would need with the graph on is under Advice)"
         ]
     cm = plan.capture
+    if not estimate_applies(plan):
+        lines = [f"Capture estimate: none: {not_applicable(plan)}"]
+        budget = cm.budget
+        if budget is not None:
+            lines.append(
+                f"  SGLang's own budget: mem_fraction_static {budget.mem_fraction_static} leaves "
+                f"{fmt_bytes(budget.outside_static)} per GPU outside the static pool for "
+                "activations and CUDA graphs; SGLang sizes its KV pool from what the weights "
+                "leave of the static part at startup"
+            )
+        return lines
     lines = [f"Capture estimate ({calibration_label(plan)}):"]
     v = cm.verdict
     if v is None:
@@ -397,7 +450,7 @@ def advice_lines(plan) -> list[str]:
     upstream and the derived policy would capture with the graph on)."""
     lines = ["Advice:"]
     cm = plan.capture
-    if prefill_captured(plan) and cm.fits is False:
+    if prefill_captured(plan) and cm.fits is False and estimate_applies(plan):
         hints = []
         if cm.advice_max_bs_prefill:
             hints.append(f"--cuda-graph-max-bs-prefill {cm.advice_max_bs_prefill}")
@@ -419,11 +472,7 @@ def advice_lines(plan) -> list[str]:
 
 
 def _list_words(plan, side) -> str:
-    return (
-        f"{len(side.buckets)} buckets up to {max(side.buckets)}, capture estimate "
-        f"{fmt_bytes(side.capture.estimate.total)} "
-        f"({_fits_word(side.capture.fits, calibration_gap(plan))})"
-    )
+    return f"{len(side.buckets)} buckets up to {max(side.buckets)}, {_capture_words(plan, side)}"
 
 
 def graph_config_if_on(plan) -> dict[str, str]:

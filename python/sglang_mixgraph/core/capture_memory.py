@@ -309,6 +309,13 @@ def not_calibrated_for(architectures: Sequence[str], gpu: str) -> str | None:
     return " on ".join(parts) or None
 
 
+def model_calibrated(architectures: Sequence[str]) -> bool:
+    """Whether the estimate was fitted on this model. Its activation term (bytes per captured
+    token) is the model's attention and MoE stack measured on one GPU; another model's is not
+    that, while the same model on another GPU keeps it (then the verdict is only hedged)."""
+    return bool(set(architectures) & set(CALIBRATION.architectures))
+
+
 def fmt_bytes(n: int) -> str:
     sign = "-" if n < 0 else ""
     n = abs(n)
