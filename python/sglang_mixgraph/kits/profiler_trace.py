@@ -193,7 +193,6 @@ class TraceBuilder:
             "deviceProperties": [device_properties(self.gpu, self.device)] if self.gpu else [],
             "trace_id": "0" * 32,
             "with_stack": 1,
-            "record_shapes": 0,
             "host_name": "gpu-node",
             "displayTimeUnit": "ms",
             "baseTimeNanoseconds": 1790000000000000000,
