@@ -61,6 +61,7 @@ def test_the_split_keeps_small_eager_steps_unsplit_and_says_what_it_costs():
     v = by_id(inputs("dsv4_eager_h200"))
     split = v["mixed_split"]
     assert split.outcome == V.NO_GAIN and split.detail["steps_split"] == 0
+    assert split.flags == ("SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN=1",)  # priced: how to switch it
     assert split.reason.startswith("adaptive keeps all 6 MIXED steps unsplit")
     assert "24 decode rows at ~2051 tokens" in split.reason
     assert split.detail["regimes"] == ["eager"] and split.high_ms > 0
@@ -207,3 +208,22 @@ def test_a_replayed_steps_host_measured_here_prices_the_eager_ones():
     assert "measured here over 4 replayed MIXED steps" in graph.basis
     # 2584 rows pad to 2816 in this bucket list; no capture-width factor for GLM-5
     assert graph.low_ms == graph.high_ms == pytest.approx(140 * 2816 / 2584 - 212, abs=0.05)
+
+
+def test_on_host_bound_split_steps_the_tail_graphs_save_their_host_time():
+    x = inputs("dsv4_replay_h200", prefill_graph=REPLAYED)
+    for s in x.steps:
+        s.host_ms = 300.0  # the replays' launch now outlasts their 175 ms of kernels
+    tail = by_id(x)["split_tail_graphs"]
+    saved = 61 * (ev.SPLIT_HOST_PER_LAYER_MS.high - ev.TAIL_GRAPHS_HOST_PER_LAYER_MS.high)
+    assert tail.outcome == V.PAYS and tail.low_ms == tail.high_ms == pytest.approx(-saved)
+    assert tail.reason.startswith("the split steps are host-bound: the graphs save 1.8 ms")
+    assert tail.flags == (
+        "SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN=1",
+        "SGLANG_MIXGRAPH_SPLIT_TAIL_GRAPHS=1",
+    )
+
+
+def test_a_speculative_algorithm_only_the_servers_plugins_know_is_not_split():
+    split = by_id(inputs("dsv4_eager_h200", speculative_algorithm="MYSPEC"))["mixed_split"]
+    assert split.outcome == V.CANNOT_ACT and "speculative decoding outside" in split.reason

@@ -63,6 +63,12 @@ class Verdict:
         }
 
 
+def _verdict(id_: str, patch: str, title: str, outcome: str, reason: str, flags=(), **kw):
+    """A verdict; its flags (what switches the patch on here) only where it was priced."""
+    priced = outcome in (PAYS, MAY_PAY, NO_GAIN)
+    return Verdict(id_, patch, title, outcome, reason, tuple(flags) if priced else (), **kw)
+
+
 def _ranged(low: float, high: float) -> str:
     if high < 0:
         return PAYS
@@ -96,7 +102,11 @@ def _split_blocker(x: Inputs) -> str | None:
         return f"not a DeepSeek-V4 model ({x.facts.model_name()}): the split is DeepSeek-V4's"
     view = SimpleNamespace(facts=x.facts, gpu_sm_major=x.gpu.major if x.gpu else None)
     for fallback in FALLBACKS:
-        if fallback.deployment is not None and fallback.deployment(view):
+        try:
+            holds = fallback.deployment is not None and fallback.deployment(view)
+        except ValueError:  # a speculative algorithm only the server's plugins know: not EAGLE
+            holds = True
+        if holds:
             return f"every step falls back to upstream: {fallback.text}"
     return None if x.mixed else _no_mixed_reason(x)
 
@@ -107,8 +117,8 @@ def split_verdict(x: Inputs) -> tuple[Verdict, list[tuple[Step, StepPrice]]]:
     from sglang_mixgraph.core import split_cost_model as scm
 
     def verdict(outcome, reason, **kw) -> Verdict:
-        flags = (SPLIT_FLAG,) if outcome not in (CANNOT_ACT, ALREADY_ON) else ()
-        return Verdict("mixed_split", "mixed_split", "mixed split", outcome, reason, flags, **kw)
+        flags = (SPLIT_FLAG,)
+        return _verdict("mixed_split", "mixed_split", "mixed split", outcome, reason, flags, **kw)
 
     if blocker := _split_blocker(x):
         return verdict(CANNOT_ACT, blocker), []
@@ -184,9 +194,9 @@ def split_verdict(x: Inputs) -> tuple[Verdict, list[tuple[Step, StepPrice]]]:
 
 def tail_graphs_verdict(x: Inputs, split: Verdict, priced: list) -> Verdict:
     def verdict(outcome, reason, **kw) -> Verdict:
-        flags = (SPLIT_FLAG, TAIL_FLAG) if outcome not in (CANNOT_ACT, UNKNOWN) else ()
+        flags = (SPLIT_FLAG, TAIL_FLAG)
         title = "decode-tail graphs"
-        return Verdict("split_tail_graphs", "mixed_split", title, outcome, reason, flags, **kw)
+        return _verdict("split_tail_graphs", "mixed_split", title, outcome, reason, flags, **kw)
 
     if split.outcome in (CANNOT_ACT, UNKNOWN):
         return verdict(split.outcome, f"needs the mixed split: {split.reason}")
@@ -242,7 +252,7 @@ def prefill_graph_verdict(x: Inputs) -> Verdict:
 
     def verdict(outcome, reason, flags=(), **kw) -> Verdict:
         title = "breakable prefill graph"
-        return Verdict("prefill_graph", "graph_config", title, outcome, reason, flags, **kw)
+        return _verdict("prefill_graph", "graph_config", title, outcome, reason, flags, **kw)
 
     if not (f.deepseek_v4 or f.glm5):
         return verdict(CANNOT_ACT, f"not a DeepSeek-V4 or GLM-5 model ({f.model_name()})")
@@ -314,9 +324,9 @@ def prefill_graph_verdict(x: Inputs) -> Verdict:
 
 def read_done_verdict(x: Inputs) -> Verdict:
     def verdict(outcome, reason, **kw) -> Verdict:
-        flags = ("SGLANG_OPT_DSV4_REPLAY_READ_DONE=1",) if outcome in (PAYS, MAY_PAY) else ()
+        flags = ("SGLANG_OPT_DSV4_REPLAY_READ_DONE=1",)
         title = "replay read-done"
-        return Verdict("replay_read_done", "replay_read_done", title, outcome, reason, flags, **kw)
+        return _verdict("replay_read_done", "replay_read_done", title, outcome, reason, flags, **kw)
 
     if not x.facts.deepseek_v4:
         return verdict(CANNOT_ACT, f"not a DeepSeek-V4 model ({x.facts.model_name()})")
