@@ -230,3 +230,27 @@ def test_the_load_is_sglangs_own_client_on_random_ids():
     assert argv[argv.index("--base-url") + 1] == "http://h:1"
     assert argv[argv.index("--dataset-name") + 1] == "random-ids"  # downloads nothing
     assert argv[-2:] == ["--num-prompts", "8"]  # the user's come last: they win
+
+
+def test_the_model_config_comes_from_the_servers_path_or_model_path(tmp_path, capsys):
+    hub = DSV4 | {"model_path": "deepseek-ai/DeepSeek-V4-Pro"}  # not a directory here
+    replay = {"tp_size": 1, "attn_dp_size": 1}
+    with Standin("dsv4_replay_h200", "auto", recorded_server_info() | replay, hub) as standin:
+        assert advise(standin, tmp_path / "a", "--json") == 0
+        split = json.loads(capsys.readouterr().out)["verdicts"][0]
+        assert split["id"] == "mixed_split" and split["outcome"] == "unknown"
+        assert "deepseek-ai/DeepSeek-V4-Pro" in split["reason"]
+        assert "--model-path" in split["reason"]
+        args = ("--json", "--model-path", str(DSV4_MODEL_DIR))
+        assert advise(standin, tmp_path / "b", *args) == 0
+        split = json.loads(capsys.readouterr().out)["verdicts"][0]
+        assert split["outcome"] == "pays" and str(DSV4_MODEL_DIR) in split["basis"]
+
+
+def test_ranks_that_never_write_here_leave_the_ones_that_did(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(capture, "RANK_GRACE_S", 0.3)
+    with serve("auto", "dsv4_replay_h200") as standin:  # two ranks expected, one writes here
+        assert advise(standin, tmp_path, "--json") == 0
+    profile = json.loads(capsys.readouterr().out)["profile"]
+    assert (profile["ranks_read"], profile["ranks_expected"]) == (1, 2)
+    assert profile["stopped_early"] is False

@@ -105,7 +105,6 @@ def trace_files(trace_dir: Path, profile_id: str) -> list[Path]:
 @dataclass
 class Capture:
     traces: list[Path]
-    profile_id: str
     stopped: bool  # advise called /stop_profile (fewer steps ran than asked for)
 
 
@@ -147,11 +146,11 @@ def collect(
             elif size and now - seen[1] >= SETTLE_S:
                 ready.append(path)
         if len(ready) >= expected:
-            return Capture(ready, profile_id, stopped)
+            return Capture(ready, stopped)
         if ready:
             first_ready = first_ready or now
             if now - first_ready >= RANK_GRACE_S:
-                return Capture(ready, profile_id, stopped)
+                return Capture(ready, stopped)
         if load is not None and not sizes and load.poll() not in (None, 0):
             server.call("POST", "/stop_profile")
             raise AdviseError(
@@ -164,7 +163,7 @@ def collect(
                 server.call("POST", "/stop_profile")
                 stopped, deadline = True, now + STOP_GRACE_S
             elif ready or sizes:
-                return Capture(ready or sorted(sizes), profile_id, stopped)
+                return Capture(ready or sorted(sizes), stopped)
             else:
                 raise _not_shared(trace_dir, now - began)
         time.sleep(POLL_S)

@@ -143,6 +143,8 @@ def _read_rank(path: Path, profile_id: str):
 def _model_layers(path: str):
     from sglang_mixgraph.advise.split_pricing import read_model_layers
 
+    if not path:
+        return None, "the server names no model path: give its config.json with --model-path"
     try:
         return read_model_layers(path), None
     except (OSError, ValueError, TypeError, AttributeError) as e:
@@ -160,10 +162,10 @@ def advise(args) -> int:
     from sglang_mixgraph.advise.summary import kind_rows
     from sglang_mixgraph.advise.verdicts import Inputs, all_verdicts
 
-    trace_dir = _trace_dir(args.trace_dir)
     server = Server(args.url, args.api_key)
     info, model_info = server.get_json("/server_info"), server.get_json("/model_info")
     facts = ServerFacts.read(server.url, info, model_info)
+    trace_dir = _trace_dir(args.trace_dir)  # once the server answers: no temporary dir left
     profile_id = capture.new_profile_id()
     body = capture.profile_request(trace_dir, args.steps, not args.no_stack, profile_id)
     capture.start_profile(server, body)
