@@ -69,7 +69,7 @@ def test_a_url_that_does_not_answer_is_one_line():
 
 
 def test_a_server_that_is_not_sglang_and_one_that_wants_a_key():
-    with Standin("idle_h200", "auto", {}, DSV4) as standin:
+    with Standin("idle_h200", "elsewhere", {}, DSV4) as standin:  # it writes no trace
         server = Server(standin.url)
         with pytest.raises(AdviseError, match="is not an SGLang 0.5.23 server: GET /nothing"):
             server.get_json("/nothing")

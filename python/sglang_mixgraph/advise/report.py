@@ -83,6 +83,10 @@ def _change(v: Verdict) -> str:
     return text
 
 
+def _count(value: float | None) -> str:
+    return "unknown" if value is None else f"{value:.0f}"
+
+
 def _wrap(text: str, indent: str) -> list[str]:
     return textwrap.wrap(text, WIDTH, initial_indent=indent, subsequent_indent=indent + "  ")
 
@@ -102,10 +106,10 @@ def _table(rows: list[KindRow]) -> list[str]:
                 _ms(r.host_ms),
                 _ms(r.kernel_ms),
                 f"{r.launches:.0f}",
-                "unknown" if r.decode_rows is None else f"{r.decode_rows:.0f}",
+                _count(r.decode_rows),
                 ctx,
-                "-" if r.graph == "eager" else f"{lower}{r.bucket:.0f}" if r.bucket else "unknown",
-                "-" if r.graph == "eager" else _padding(r),
+                "-" if r.graph == "eager" else lower + _count(r.bucket),
+                "-" if r.graph == "eager" else _count(r.padding_rows),
                 *(_ms(r.class_ms[c]) for c in SHOWN_CLASSES),
             ]
         )
@@ -117,12 +121,6 @@ def _table(rows: list[KindRow]) -> list[str]:
         )
         for c in (head, *body)
     ]
-
-
-def _padding(r: KindRow) -> str:
-    if r.padding_rows is None:
-        return "unknown"
-    return f"{r.padding_rows:.0f}"
 
 
 def report_text(report: dict, verdicts: list[Verdict], rows: list[KindRow]) -> str:
