@@ -177,6 +177,7 @@ LAYERS = (
             "upstream_guards",
             "cli",
             "ab",
+            "advise",
             "kits",
         ),
     ),

@@ -15,10 +15,11 @@ scheduler process runs forwards. Writes to ``$SLICE_PROBE_DIR``:
 * ``profile_<pid>_<k>.json``: for the k-th MIXED step of ``$SLICE_PROFILE_MIXED`` (comma list;
   ``profile_<pid>_d<k>.json`` for the k-th DECODE step of ``$SLICE_PROFILE_DECODE``), CUDA kernel
   time by kernel name from ``torch.profiler`` over that one forward, the kernel time by class
-  (``step_classes.class_table``, each kernel classed by the Python that launched it), and the
-  host side of it: self CPU time by op and the launch calls (kernels, graphs) the host made; the
-  chrome trace itself as ``trace_<pid>_<k>.json.xz``. The profiler's own overhead (Python stacks
-  are recorded) inflates that step's host ms; the other steps are not profiled.
+  (``sglang_mixgraph.core.kernel_classes.class_table``, each kernel classed by the Python that
+  launched it), and the host side of it: self CPU time by op and the launch calls (kernels,
+  graphs) the host made; the chrome trace itself as ``trace_<pid>_<k>.json.xz``. The profiler's
+  own overhead (Python stacks are recorded) inflates that step's host ms; the other steps are
+  not profiled.
 """
 
 from __future__ import annotations
@@ -104,19 +105,19 @@ def host_table(prof, limit: int = 40) -> dict:
 
 
 def _class_table(prof, trace_path: str) -> dict:
-    """Kernel time by class of a profiled step (``step_classes``), from its chrome trace, which
-    is kept beside it xz-compressed."""
+    """Kernel time by class of a profiled step (``core.kernel_classes``), from its chrome trace,
+    which is kept beside it xz-compressed."""
     import lzma
 
-    import step_classes  # tools/rank-slice, on the arm's PYTHONPATH
+    from sglang_mixgraph.core.kernel_classes import class_table, load_trace
 
     try:
         prof.export_chrome_trace(trace_path)
-        events = step_classes.load_trace(trace_path)
+        events = load_trace(trace_path)
         with open(trace_path, "rb") as src, lzma.open(trace_path + ".xz", "wb", preset=6) as dst:
             dst.write(src.read())
         os.remove(trace_path)
-        return step_classes.class_table(events)
+        return class_table(events)
     except Exception as e:  # noqa: BLE001 -- a probe must never break a step
         return {"error": repr(e)}
 

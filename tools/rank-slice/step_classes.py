@@ -3,160 +3,20 @@
 
     python3 tools/rank-slice/step_classes.py TRACE.json[.gz|.xz] [--json]
 
-Classes: attention (FlashMLA and the rest of the attention path: KV store, compressor,
-metadata), indexer (the c4 indexer's projections, logits and top-k), mhc (hyper-connection pre
-and post, their GEMMs included), norm, gemm (the dense projections), moe (router, experts,
-shared expert), elementwise (copies, casts, fills), other. A kernel is classed by the Python that
-launched it where the trace has stacks (``with_stack=True``: its launch call is matched by
-correlation id, then the ``python_function`` frames around that call on its thread are read),
-and by its own name otherwise (graph replays launch every kernel from one ``cudaGraphLaunch``).
-Reads nothing but the trace: no torch, no GPU; the CPU tests run it on a recorded H200 trace.
+The classes and how a kernel is classed (by the Python frames that launched it, else by its
+name) are the package's: ``sglang_mixgraph.core.kernel_classes``, which ``sglang-mixgraph
+advise`` reads a server's traces with too. This script prints its table as markdown or JSON.
+Reads nothing but the trace: no torch, no GPU.
 """
 
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import lzma
-import re
 import sys
-from collections import defaultdict
 
-CLASSES = ("attention", "indexer", "mhc", "norm", "gemm", "moe", "elementwise", "other")
-GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
-LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
-FRAME_CATS = ("python_function", "cpu_op", "user_annotation")
-
-# Kernels whose name alone says their class, whoever launched them.
-FLASHMLA = re.compile(
-    r"flash_?mla|flash_fwd_splitkv_mla|sparse_?attn|splitkv_mla|mla_combine", re.I
-)
-GEMM_NAME = re.compile(r"gemm|nvjet|cutlass|xmma|cublas|matmul|scaled_mm|_mm_|wgmma|sm90_", re.I)
-# The Python that launched a kernel: file paths, functions and nn.Module names in its frames,
-# read from the innermost frame out; the first frame that names a class decides. A compressor or
-# a linear layer names none: it belongs to the attention or indexer around it.
-SCOPE_RULES = (
-    ("mhc", re.compile(r"mhc|hc_pre|hc_post|hyper_?conn|sinkhorn", re.I)),
-    ("moe", re.compile(r"moe|experts|router", re.I)),
-    ("indexer", re.compile(r"indexer|mqa_logits|topk_transform|dsv4/topk", re.I)),
-    ("norm", re.compile(r"layernorm|rmsnorm|norm\.py", re.I)),
-    ("attention", re.compile(r"attention|flash_mla|dsv4|kv_cache|memory_pool", re.I)),
-)
-# Scopes whose GEMMs count as theirs; elsewhere a GEMM kernel is a dense projection (gemm).
-OWN_GEMMS = ("mhc", "moe", "indexer")
-# Kernel names when no frame decides (graph replays, traces without stacks).
-NAME_RULES = (
-    ("mhc", re.compile(r"mhc|sinkhorn|hc_(pre|post|split)", re.I)),
-    ("indexer", re.compile(r"indexer|mqa_logits|topk|top_k", re.I)),
-    ("moe", re.compile(r"moe|expert|align_block|sum_reduce", re.I)),
-    ("norm", re.compile(r"norm", re.I)),
-    ("attention", re.compile(r"store_cache|compress|dequant|page_table|swa|causal|rope", re.I)),
-    (
-        "elementwise",
-        re.compile(r"elementwise|copy|memcpy|memset|fill|cast|cat_|reduce|index", re.I),
-    ),
-)
-
-
-def load_trace(path: str) -> list:
-    """The trace's events: a chrome-trace JSON, optionally gzip or xz compressed."""
-    opener = gzip.open if path.endswith(".gz") else lzma.open if path.endswith(".xz") else open
-    with opener(path, "rt") as f:
-        data = json.load(f)
-    return data["traceEvents"] if isinstance(data, dict) else data
-
-
-def _frames_at(events: list) -> dict:
-    """For each launch call (correlation id), the names of the CPU frames enclosing it on its
-    thread, outermost first."""
-    by_tid = defaultdict(list)
-    launches = []
-    for ev in events:
-        cat = ev.get("cat")
-        if cat in FRAME_CATS and "dur" in ev:
-            by_tid[ev.get("tid")].append(
-                (float(ev["ts"]), float(ev["ts"]) + float(ev["dur"]), ev["name"])
-            )
-        elif cat in LAUNCH_CATS and "correlation" in ev.get("args", {}):
-            launches.append((ev.get("tid"), float(ev["ts"]), ev["args"]["correlation"]))
-    by_launch_tid = defaultdict(list)
-    for tid, ts, corr in launches:
-        by_launch_tid[tid].append((ts, corr))
-    out = {}
-    for tid, calls in by_launch_tid.items():
-        frames = sorted(by_tid.get(tid, ()), key=lambda f: (f[0], -f[1]))
-        stack, i = [], 0
-        # One sweep in time order: the open frames at each call are those started before it and
-        # not yet ended (frames of one thread nest, so the open ones stay few).
-        for ts, corr in sorted(calls):
-            while i < len(frames) and frames[i][0] <= ts:
-                stack = [f for f in stack if f[1] >= frames[i][0]]
-                stack.append(frames[i])
-                i += 1
-            stack = [f for f in stack if f[1] >= ts]
-            out[corr] = [f[2] for f in stack]
-    return out
-
-
-def scope_of(frames: list) -> str | None:
-    """The class the innermost frame that names one gives, or None."""
-    for frame in reversed(frames):
-        for cls, rule in SCOPE_RULES:
-            if rule.search(frame):
-                return cls
-    return None
-
-
-def classify(kernel: str, frames: list) -> str:
-    """The class of one kernel, from its name and the frames (outermost first) that launched it."""
-    if FLASHMLA.search(kernel):
-        return "attention"
-    scope = scope_of(frames)
-    if GEMM_NAME.search(kernel) and scope not in OWN_GEMMS:
-        return "gemm"
-    if scope is not None:
-        return scope
-    for cls, rule in NAME_RULES:
-        if rule.search(kernel):
-            return cls
-    return "other"
-
-
-def class_table(events: list, top: int = 5) -> dict:
-    """Kernel ms, kernel count and the largest kernels of each class; the total; and how many
-    kernels had launch frames to read (``with_stack``)."""
-    frames = _frames_at(events)
-    rows = {c: {"ms": 0.0, "count": 0, "kernels": defaultdict(float)} for c in CLASSES}
-    total, with_frames = 0.0, 0
-    for ev in events:
-        if ev.get("cat") not in GPU_CATS or "dur" not in ev:
-            continue
-        corr = ev.get("args", {}).get("correlation")
-        launched_by = frames.get(corr, [])
-        with_frames += bool(launched_by)
-        cls = classify(ev["name"], launched_by)
-        ms = float(ev["dur"]) / 1e3
-        rows[cls]["ms"] += ms
-        rows[cls]["count"] += 1
-        rows[cls]["kernels"][ev["name"][:120]] += ms
-        total += ms
-    table = {}
-    for c, r in rows.items():
-        largest = sorted(r["kernels"].items(), key=lambda kv: -kv[1])[:top]
-        table[c] = {
-            "ms": round(r["ms"], 3),
-            "count": r["count"],
-            "share": round(r["ms"] / total, 4) if total else 0.0,
-            "largest": [{"name": n, "ms": round(m, 3)} for n, m in largest],
-        }
-    kernels = sum(r["count"] for r in rows.values())
-    return {
-        "kernel_ms": round(total, 3),
-        "kernels": kernels,
-        "with_frames": with_frames,
-        "classes": table,
-    }
+from sglang_mixgraph.core.kernel_classes import CLASSES, class_table, load_trace
 
 
 def markdown(table: dict) -> str:

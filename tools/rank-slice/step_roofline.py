@@ -7,9 +7,10 @@
 Every estimate is computed from the model's ``config.json`` and the step's shape: for each
 operation the FLOPs and the bytes it must move, and its time as the larger of FLOPs / peak and
 bytes / bandwidth (``PEAK_BF16``, ``PEAK_FP8``, ``HBM_BW``: the H200's practical ceilings).
-The classes are those of ``step_classes`` (attention, indexer, mhc, norm, gemm, moe); copies and
-elementwise kernels have no estimate. The prefill rows are one chunk of a request whose context
-reaches ``--context``; the decode rows each have ``--context`` tokens. No torch, no sglang.
+The classes are those of ``sglang_mixgraph.core.kernel_classes`` (attention, indexer, mhc, norm,
+gemm, moe); copies, elementwise kernels and the workspace dequantization have no estimate. The
+prefill rows are one chunk of a request whose context reaches ``--context``; the decode rows
+each have ``--context`` tokens. No torch, no sglang.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
-"""`sglang-mixgraph doctor | plan | ab`: the console script, one module per command.
+"""`sglang-mixgraph doctor | plan | ab | advise`: the console script, one module per command.
 
 `doctor` (doctor.py) says what is installed and what each patch does and why; `plan` (plan.py,
 with plan_format.py for the planner's JSON and text) resolves a deployment for a described GPU;
-`ab` (ab.py) hands its arguments to the A/B tool. Each command module names itself, adds its
-parser and runs; this module only dispatches. `plan` selects the described-GPU platform before
+`ab` (ab.py) hands its arguments to the A/B tool; `advise` (advise.py) profiles a running
+server and says which patch pays there. Each command module names itself, adds its parser and
+runs; this module only dispatches. `plan` selects the described-GPU platform before
 anything imports `sglang.srt`, so no module here imports sglang at import time. The entry point
 is `main` (the `sglang-mixgraph` script, and `python -m sglang_mixgraph.cli`); `--version`
 names the plugin's version and the installed SGLang's, read from package metadata.
@@ -16,9 +17,9 @@ import sys
 from importlib import metadata
 
 from sglang_mixgraph import __version__
-from sglang_mixgraph.cli import ab, doctor, plan
+from sglang_mixgraph.cli import ab, advise, doctor, plan
 
-COMMANDS = (doctor, plan, ab)
+COMMANDS = (doctor, plan, ab, advise)
 
 
 def version_line() -> str:
@@ -53,4 +54,9 @@ def main(argv: list[str] | None = None) -> int:
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
         return doctor.cmd_doctor(args)
+    if args.command == advise.NAME:
+        if rest:
+            print(f"{advise.PROG}: unrecognized arguments: {' '.join(rest)}", file=sys.stderr)
+            return 2
+        return advise.cmd_advise(args)
     return plan.cmd_plan(args, rest)  # the rest are SGLang server arguments

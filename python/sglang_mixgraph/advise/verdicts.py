@@ -1,0 +1,382 @@
+"""One verdict per patch that could act on a MIXED step: what it would change there, and why.
+
+The mixed split (`SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN`) is priced by its own cost model
+(split_pricing); the breakable prefill graph (`graph_config`'s buckets) by the eager MIXED
+steps' host and GPU time against a replayed step's (measured in this profile where some
+replayed, else the evidence's); the decode-tail graphs by the split's steps and the measured
+per-layer host and GPU costs of the tails; read-done by the GPU's idle time after replayed
+steps, which bounds what the whole-forward barrier costs. A prediction is a (low, high) range of
+the MIXED step's wall change in ms; its outcome: pays (the whole range gains), may pay, no gain.
+A patch that cannot act here (model, backend, speculative mode, no such step) says why; where
+a number would need what neither the profile nor a record holds, the verdict is "unknown".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+from sglang_mixgraph.advise import evidence as ev
+from sglang_mixgraph.advise.server import ServerFacts
+from sglang_mixgraph.advise.split_pricing import ModelLayers, StepPrice, price_step
+from sglang_mixgraph.advise.steps import Gpu, Step, med
+from sglang_mixgraph.advise.summary import padding_of
+
+PAYS, MAY_PAY, NO_GAIN = "pays", "may pay", "no gain"
+ALREADY_ON, CANNOT_ACT, UNKNOWN = "already on", "cannot act", "unknown"
+# The GPU idle time after a replayed step below which read-done has nothing to win.
+IDLE_FLOOR_MS = 0.05
+PAGE = 256  # DeepSeek-V4's KV page: SGLang aligns the capture width to it
+
+
+@dataclass(frozen=True)
+class Inputs:
+    facts: ServerFacts
+    gpu: Gpu | None
+    steps: list[Step]
+    model: ModelLayers | None
+    model_problem: str | None = None  # why `model` could not be read
+
+    @property
+    def mixed(self) -> list[Step]:
+        return [s for s in self.steps if s.mode == "MIXED"]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    id: str
+    patch: str  # the plugin's patch the flags switch
+    title: str
+    outcome: str
+    reason: str
+    flags: tuple[str, ...] = ()
+    delta_ms: float | None = None
+    low_ms: float | None = None
+    high_ms: float | None = None
+    wall_ms: float | None = None  # the MIXED step's median wall the change is against
+    basis: str = ""
+    detail: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__} | {
+            "flags": list(self.flags)
+        }
+
+
+def _verdict(id_: str, patch: str, title: str, outcome: str, reason: str, flags=(), **kw):
+    """A verdict; its flags (what switches the patch on here) only where it was priced."""
+    priced = outcome in (PAYS, MAY_PAY, NO_GAIN)
+    return Verdict(id_, patch, title, outcome, reason, tuple(flags) if priced else (), **kw)
+
+
+def _ranged(low: float, high: float) -> str:
+    if high < 0:
+        return PAYS
+    return MAY_PAY if low < 0 else NO_GAIN
+
+
+def _no_mixed_reason(x: Inputs) -> str:
+    if not x.facts.mixed_chunk:
+        return "mixed chunked prefill is off (--enable-mixed-chunk): there are no MIXED steps"
+    return (
+        f"no MIXED step among the {len(x.steps)} profiled steps: no prefill ran beside "
+        "running requests while profiling (send more load, or profile more --steps)"
+    )
+
+
+def _on_in(steps: list[Step], patch: str) -> int:
+    return sum(patch in s.patches_seen for s in steps)
+
+
+# ------------------------------------------------------------------ mixed split
+
+SPLIT_FLAG = "SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN=1"
+TAIL_FLAG = "SGLANG_MIXGRAPH_SPLIT_TAIL_GRAPHS=1"
+
+
+def _split_blocker(x: Inputs) -> str | None:
+    """Why the split cannot act in any step of this deployment (None: it can)."""
+    from sglang_mixgraph.patches.mixed_split.state import FALLBACKS
+
+    if not x.facts.deepseek_v4:
+        return f"not a DeepSeek-V4 model ({x.facts.model_name()}): the split is DeepSeek-V4's"
+    view = SimpleNamespace(facts=x.facts, gpu_sm_major=x.gpu.major if x.gpu else None)
+    for fallback in FALLBACKS:
+        try:
+            holds = fallback.deployment is not None and fallback.deployment(view)
+        except ValueError:  # a speculative algorithm only the server's plugins know: not EAGLE
+            holds = True
+        if holds:
+            return f"every step falls back to upstream: {fallback.text}"
+    return None if x.mixed else _no_mixed_reason(x)
+
+
+def split_verdict(x: Inputs) -> tuple[Verdict, list[tuple[Step, StepPrice]]]:
+    """The split's verdict, and each priced MIXED step with its price (the tail graphs'
+    verdict reads them)."""
+    from sglang_mixgraph.core import split_cost_model as scm
+
+    def verdict(outcome, reason, **kw) -> Verdict:
+        flags = (SPLIT_FLAG,)
+        return _verdict("mixed_split", "mixed_split", "mixed split", outcome, reason, flags, **kw)
+
+    if blocker := _split_blocker(x):
+        return verdict(CANNOT_ACT, blocker), []
+    mixed = x.mixed
+    if on := _on_in(mixed, "mixed_split"):
+        return verdict(ALREADY_ON, f"its hooks ran in {on} of {len(mixed)} MIXED steps"), []
+    if x.gpu is None:
+        return verdict(UNKNOWN, "the traces name no GPU: no calibration can be chosen"), []
+    coeffs = scm.load_coefficients(x.gpu.arch)
+    if coeffs.file != f"split_cost_{x.gpu.arch}.json":
+        return verdict(
+            UNKNOWN,
+            f"no calibration of the split's cost model for {x.gpu.arch} ({x.gpu.name}); "
+            f"not priced (`sglang-mixgraph plan` shows the fallback `adaptive` would use)",
+            detail={"calibration": scm.calibration_info(coeffs)},
+        ), []
+    if x.model is None:
+        return verdict(UNKNOWN, x.model_problem or "the model's config.json is not readable"), []
+    priced = [(s, p) for s in mixed if (p := price_step(s, x.model, coeffs)) is not None]
+    if not priced:
+        reason = "the MIXED steps' labels carry no request counts (detailed annotations)"
+        return verdict(UNKNOWN, reason), []
+    deltas = [p.wall_delta_ms for _, p in priced]
+    splitting = [(s, p) for s, p in priced if p.splits]
+    labels = [s.label for s, _ in (splitting or priced)]
+    shape = (
+        f"{med(lb.decode_rows for lb in labels):.0f} decode rows at "
+        f"~{med(lb.decode_context for lb in labels) or 0:.0f} tokens"
+    )
+    regimes = sorted({p.regime for _, p in priced})
+    measured = med(s.class_ms["attention"] + s.class_ms["dequant"] for s, _ in priced)
+    modelled = med(p.unsplit_ms for _, p in priced)
+    if splitting:
+        reason = (
+            f"adaptive splits {len(splitting)} of {len(priced)} MIXED steps: attention "
+            f"{med(p.unsplit_ms for _, p in splitting):.1f} -> "
+            f"{med(p.split_ms for _, p in splitting):.1f} ms a step ({shape}; "
+            f"{'/'.join(regimes)} model)"
+        )
+    else:
+        reason = (
+            f"adaptive keeps all {len(priced)} MIXED steps unsplit: the split would cost "
+            f"{med(p.split_ms - p.unsplit_ms for _, p in priced):+.1f} ms of attention a step "
+            f"({shape}); its decision costs {priced[0][1].eval_ms:.2f} ms a step"
+        )
+    reason += f"; the profile shows {measured:.1f} ms of attention and dequant kernels a step"
+    off = modelled / max(measured, 1e-9)
+    if regimes == [scm.REPLAY] and not 0.5 <= off <= 2.0:
+        # Replays are GPU time, the model's unit: a factor of two apart means it does not fit.
+        reason += (
+            f" (the model's {modelled:.1f} ms is {off:.1f}x that: its calibration may not fit)"
+        )
+    info = scm.calibration_info(coeffs)
+    return verdict(
+        _ranged(min(deltas), max(deltas)),
+        reason,
+        delta_ms=med(deltas),
+        low_ms=min(deltas),
+        high_ms=max(deltas),
+        wall_ms=med(s.wall_ms for s in mixed),
+        basis=f"the split's cost model, calibration {info['arch']} ({info['file']}); "
+        f"layers from {x.model.source}; range over the {len(priced)} priced MIXED steps",
+        detail={
+            "steps_priced": len(priced),
+            "steps_split": len(splitting),
+            "regimes": regimes,
+            "attention_ms_modelled": modelled,
+            "attention_ms_measured": measured,
+            "calibration": info,
+        },
+    ), priced
+
+
+def tail_graphs_verdict(x: Inputs, split: Verdict, priced: list) -> Verdict:
+    def verdict(outcome, reason, **kw) -> Verdict:
+        flags = (SPLIT_FLAG, TAIL_FLAG)
+        title = "decode-tail graphs"
+        return _verdict("split_tail_graphs", "mixed_split", title, outcome, reason, flags, **kw)
+
+    if split.outcome in (CANNOT_ACT, UNKNOWN):
+        return verdict(split.outcome, f"needs the mixed split: {split.reason}")
+    if split.outcome == ALREADY_ON:
+        return verdict(UNKNOWN, "the split is on already; whether its tails replay is not traced")
+    splitting = [(s, p) for s, p in priced if p.splits]
+    if not splitting:
+        return verdict(CANNOT_ACT, "adaptive splits none of the MIXED steps: no decode tail runs")
+    layers = x.model.count
+    saved = (ev.SPLIT_HOST_PER_LAYER_MS.high - ev.TAIL_GRAPHS_HOST_PER_LAYER_MS.high) * layers
+    gpu = ev.TAIL_GRAPHS_GPU_PER_LAYER_MS
+    host_bound = sum(s.host_bound for s, _ in splitting) * 2 > len(splitting)
+    if host_bound:
+        low, high = -saved, -saved
+        reason = (
+            f"the split steps are host-bound: the graphs save {saved:.1f} ms of host a step "
+            f"({layers} layers x {saved / layers:.3f} ms)"
+        )
+    else:
+        low, high = gpu.low * layers, gpu.high * layers
+        reason = (
+            f"the split steps are GPU-bound: the graphs add {low:.1f}-{high:.1f} ms of GPU a "
+            f"step ({layers} layers x {gpu.low}-{gpu.high} ms) and their host saving is hidden"
+        )
+    return verdict(
+        _ranged(low, high),
+        reason,
+        delta_ms=(low + high) / 2,
+        low_ms=low,
+        high_ms=high,
+        wall_ms=split.wall_ms,
+        basis=f"per-layer costs measured on the H200: {gpu.source}",
+    )
+
+
+# ------------------------------------------------------------------ breakable prefill graph
+
+
+def _replay_host(x: Inputs, replayed: list[Step]) -> tuple[float, float, str] | None:
+    """(low, high, where from) of a replayed MIXED step's host ms, or None."""
+    if replayed:
+        h = med(s.host_ms for s in replayed)
+        return h, h, f"measured here over {len(replayed)} replayed MIXED steps"
+    if not x.facts.deepseek_v4:
+        return None
+    per = ev.DSV4_REPLAY_HOST_PER_LAYER
+    layers = x.model.count if x.model else 61
+    return per.low * layers, per.high * layers, f"{per.source}, {layers} layers"
+
+
+def prefill_graph_verdict(x: Inputs) -> Verdict:
+    f = x.facts
+
+    def verdict(outcome, reason, flags=(), **kw) -> Verdict:
+        title = "breakable prefill graph"
+        return _verdict("prefill_graph", "graph_config", title, outcome, reason, flags, **kw)
+
+    if not (f.deepseek_v4 or f.glm5):
+        return verdict(CANNOT_ACT, f"not a DeepSeek-V4 or GLM-5 model ({f.model_name()})")
+    if f.disable_cuda_graph:
+        return verdict(CANNOT_ACT, "CUDA graphs are off (--disable-cuda-graph)")
+    mixed = x.mixed
+    if not mixed:
+        return verdict(CANNOT_ACT, _no_mixed_reason(x))
+    eager = [s for s in mixed if not s.replayed]
+    replayed = [s for s in mixed if s.replayed]
+    if not eager:
+        return verdict(ALREADY_ON, f"all {len(mixed)} MIXED steps replayed a prefill graph")
+    host, kernel = med(s.host_ms for s in eager), med(s.kernel_ms for s in eager)
+    wall = med(s.wall_ms for s in eager)
+    pads = [(padding_of(s, f)[1], s.label.rows) for s in eager]
+    pad = med(p / r for p, r in pads if p is not None and r) or 0.0
+    factor = ev.DSV4_REPLAY_GPU_FACTOR if f.deepseek_v4 else None
+    f_lo, f_hi = (factor.low, factor.high) if factor else (1.0, 1.0)
+    gpu_lo, gpu_hi = kernel * (1 + pad) * f_lo, kernel * (1 + pad) * f_hi
+    h = _replay_host(x, replayed)
+    flags = ["SGLANG_MIXGRAPH_PREFILL_BUCKETS=auto"]
+    longest = max((s.label.longest_context_at_least or 0) for s in mixed)
+    if f.deepseek_v4 and longest:
+        # The low end of the GPU factor is a capture width cut to the live context; steps
+        # longer than the width run eagerly. (The live-width indexer would cut the GPU work
+        # too, but runs every c4 indexer eagerly: a replay's host grew to 451 ms with it.)
+        flags.append(f"--cuda-graph-prefill-max-context {-(-longest // PAGE) * PAGE}")
+    if host > kernel:
+        if h is None:
+            return verdict(
+                UNKNOWN,
+                f"host-bound ({host:.0f} ms of launch over {kernel:.0f} ms of kernels), but no "
+                "replayed MIXED step is in the profile and none was measured for this model",
+            )
+        reason = (
+            f"host-bound: {host:.0f} ms of launch over {kernel:.0f} ms of kernels; a replayed "
+            f"step launches about {(h[0] + h[1]) / 2:.0f} ms"
+        )
+    else:
+        h = h or (0.0, host, "")  # a replay launches no more than the eager step
+        reason = (
+            f"GPU-bound: {kernel:.0f} ms of kernels over {host:.0f} ms of launch; a replay "
+            f"saves launch time only and pads the step to its bucket (+{pad:.0%} rows)"
+        )
+    if len(eager) < len(mixed):
+        reason += f"; {len(eager)} of {len(mixed)} MIXED steps ran eagerly"
+    low = max(h[0], gpu_lo) - wall
+    high = max(h[1], gpu_hi) - wall
+    gpu_src = factor.source if factor else "padding only (the capture width's cost is unmeasured)"
+    return verdict(
+        _ranged(low, high),
+        reason,
+        tuple(flags),
+        delta_ms=max((h[0] + h[1]) / 2, (gpu_lo + gpu_hi) / 2) - wall,
+        low_ms=low,
+        high_ms=high,
+        wall_ms=wall,
+        basis=f"eager MIXED steps measured here; replay host: {h[2] or 'at most the eager host'}; "
+        f"replay GPU: the eager kernels padded to the server's prefill buckets, times {gpu_src}. "
+        "Run `sglang-mixgraph plan` with the server's launch arguments and these settings "
+        "first: its capture estimate decides whether `auto` turns the graph on; the context "
+        "width is the longest the profile saw, set it to the longest you want replayed",
+        detail={"eager_steps": len(eager), "replayed_steps": len(replayed), "padding": pad},
+    )
+
+
+# ------------------------------------------------------------------ read-done
+
+
+def read_done_verdict(x: Inputs) -> Verdict:
+    def verdict(outcome, reason, **kw) -> Verdict:
+        flags = ("SGLANG_OPT_DSV4_REPLAY_READ_DONE=1",)
+        title = "replay read-done"
+        return _verdict("replay_read_done", "replay_read_done", title, outcome, reason, flags, **kw)
+
+    if not x.facts.deepseek_v4:
+        return verdict(CANNOT_ACT, f"not a DeepSeek-V4 model ({x.facts.model_name()})")
+    replayed = [s for s in x.steps if s.mode in ("MIXED", "EXTEND") and s.replayed]
+    if on := _on_in(replayed, "replay_read_done"):
+        return verdict(ALREADY_ON, f"its hooks ran in {on} of {len(replayed)} replayed steps")
+    if not replayed:
+        return verdict(
+            CANNOT_ACT,
+            "no prefill or MIXED step replayed a breakable prefill graph (prefill graph "
+            f"{x.facts.prefill_graph.backend}); it acts in those replays only, and SGLang's "
+            "eager runner publishes read-done itself",
+        )
+    idle = [s.gpu_idle_after_ms for s in replayed if s.gpu_idle_after_ms is not None]
+    if not idle:
+        return verdict(UNKNOWN, "no step followed a replayed step in the profile")
+    gap = med(idle)
+    wall = med(s.wall_ms for s in x.mixed) if x.mixed else None
+    if gap < IDLE_FLOOR_MS:
+        return verdict(
+            NO_GAIN,
+            f"the GPU does not wait after a replayed step (median idle {gap:.3f} ms)",
+            delta_ms=0.0,
+            low_ms=-gap,
+            high_ms=0.0,
+            wall_ms=wall,
+        )
+    return verdict(
+        MAY_PAY,
+        f"the GPU idles {gap:.2f} ms (median) between a replayed step's last kernel and the "
+        "next step's first: at most that is what the whole-forward barrier costs",
+        low_ms=-gap,
+        high_ms=0.0,
+        wall_ms=wall,
+        basis=f"GPU idle time after {len(idle)} replayed steps, measured here (an upper bound)",
+    )
+
+
+def all_verdicts(x: Inputs) -> list[Verdict]:
+    split, priced = split_verdict(x)
+    return [
+        split,
+        prefill_graph_verdict(x),
+        tail_graphs_verdict(x, split, priced),
+        read_done_verdict(x),
+    ]
+
+
+def switch_on_order(verdicts: list[Verdict]) -> list[Verdict]:
+    """What to switch on first: those that pay, then those that may, larger gains first."""
+    rank = {PAYS: 0, MAY_PAY: 1}
+    chosen = [v for v in verdicts if v.outcome in rank]
+    return sorted(chosen, key=lambda v: (rank[v.outcome], v.delta_ms or v.low_ms or 0.0))

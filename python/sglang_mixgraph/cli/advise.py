@@ -1,0 +1,223 @@
+"""`sglang-mixgraph advise --url URL`: which of this plugin's patches pays on a running server.
+
+It attaches to the server (starts none), profiles `--steps` forward steps through SGLang's own
+`/start_profile` (traces in `--trace-dir`, which the server writes on its own host), optionally
+sends a burst with SGLang's benchmark client (`--load`), reads every rank's trace and prints
+what to switch on first and the evidence (`--json`: the same with a `schema_version`). The
+parts live in `sglang_mixgraph.advise` (docs/advise.md). Every failure is one line on stderr:
+exit 2 for the command line, 1 when the server, its traces or its steps give no answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import lzma
+import math
+import shlex
+import sys
+import tempfile
+from pathlib import Path
+
+NAME = "advise"
+HELP = "profile a running SGLang server and say which of the plugin's patches pays there"
+PROG = f"sglang-mixgraph {NAME}"
+MAX_STEPS = 1000
+MAX_TIMEOUT_S = 86400.0
+
+
+def _one_line_error(message: str) -> None:
+    print(f"{PROG}: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def add_parser(sub) -> None:
+    parser = sub.add_parser(
+        NAME,
+        help=HELP,
+        description=(
+            "Attach to a running SGLang server (starts none), profile a few forward steps with "
+            "its /start_profile endpoint, and say which of this plugin's patches would shorten "
+            "its MIXED steps, with the evidence. See docs/advise.md."
+        ),
+        allow_abbrev=False,
+    )
+    parser.error = _one_line_error  # one line, not argparse's usage block
+    parser.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:30000")
+    parser.add_argument(
+        "--trace-dir",
+        help="where the server writes its traces (kept there); it writes on its own host, so "
+        "this must be a directory both machines see (default: a fresh temporary directory)",
+    )
+    parser.add_argument(
+        "--steps", type=int, default=16, help="forward steps to profile (default 16)"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        help="seconds to wait for the steps before stopping the profile (default 60)",
+    )
+    parser.add_argument(
+        "--load",
+        action="store_true",
+        help="send a short burst with SGLang's benchmark client while profiling",
+    )
+    parser.add_argument(
+        "--load-args",
+        default="",
+        metavar="'ARGS'",
+        help="more arguments for the benchmark client, one quoted string (with --load)",
+    )
+    parser.add_argument(
+        "--model-path",
+        help="a local directory (or config.json) with the served model's config, when the "
+        "server's model path is not readable here",
+    )
+    parser.add_argument(
+        "--no-stack",
+        action="store_true",
+        help="profile without Python stacks: less profiler overhead in the host times, kernels "
+        "classed by their names only",
+    )
+    parser.add_argument("--api-key", help="the server's admin or API key (sent as a bearer token)")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _argument_problem(args) -> str | None:
+    from sglang_mixgraph.ab.config_schema import url_problem
+
+    if problem := url_problem(args.url):
+        return f"--url {args.url}: {problem}"
+    if not 1 <= args.steps <= MAX_STEPS:
+        return f"--steps must be between 1 and {MAX_STEPS}, not {args.steps}"
+    if not (math.isfinite(args.timeout) and 0 < args.timeout <= MAX_TIMEOUT_S):
+        return f"--timeout must be more than 0 and at most {MAX_TIMEOUT_S:.0f} s"
+    if args.load_args and not args.load:
+        return "--load-args needs --load"
+    try:
+        shlex.split(args.load_args)
+    except ValueError as e:
+        return f"--load-args: {e}"
+    if args.trace_dir and Path(args.trace_dir).expanduser().exists():
+        if not Path(args.trace_dir).expanduser().is_dir():
+            return f"--trace-dir {args.trace_dir} is not a directory"
+    if args.model_path:
+        p = Path(args.model_path).expanduser()
+        if not (p.is_file() or (p / "config.json").is_file()):
+            return f"--model-path {args.model_path}: no config.json there"
+    return None
+
+
+def _trace_dir(arg: str | None) -> Path:
+    from sglang_mixgraph.advise.server import AdviseError
+
+    if not arg:
+        return Path(tempfile.mkdtemp(prefix="mixgraph-advise-"))
+    path = Path(arg).expanduser().resolve()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise AdviseError(f"cannot create --trace-dir {path}: {e.strerror or e}", code=2) from None
+    return path
+
+
+def _read_rank(path: Path, profile_id: str):
+    import gzip
+
+    from sglang_mixgraph.advise.server import AdviseError
+    from sglang_mixgraph.advise.steps import read_steps
+    from sglang_mixgraph.core.kernel_classes import read_trace
+
+    rank = path.name.removeprefix(profile_id + "-").split(".trace.json")[0]
+    try:
+        doc = read_trace(str(path))
+    except (OSError, ValueError, EOFError, lzma.LZMAError, gzip.BadGzipFile) as e:
+        raise AdviseError(f"cannot read the trace {path}: {e}") from None
+    try:
+        return read_steps(doc, rank)
+    except (KeyError, TypeError, ValueError) as e:
+        raise AdviseError(f"cannot read the trace {path}: malformed event ({e!r})") from None
+
+
+def _model_layers(path: str):
+    from sglang_mixgraph.advise.split_pricing import read_model_layers
+
+    if not path:
+        return None, "the server names no model path: give its config.json with --model-path"
+    try:
+        return read_model_layers(path), None
+    except (OSError, ValueError, TypeError, AttributeError) as e:
+        why = getattr(e, "strerror", None) or e
+        return None, (
+            f"the model's config.json is not readable here ({path}: {why}); give a copy of it "
+            "with --model-path"
+        )
+
+
+def advise(args) -> int:
+    from sglang_mixgraph.advise import capture
+    from sglang_mixgraph.advise.report import report_json, report_text
+    from sglang_mixgraph.advise.server import AdviseError, Server, ServerFacts
+    from sglang_mixgraph.advise.summary import kind_rows
+    from sglang_mixgraph.advise.verdicts import Inputs, all_verdicts
+
+    server = Server(args.url, args.api_key)
+    info, model_info = server.get_json("/server_info"), server.get_json("/model_info")
+    facts = ServerFacts.read(server.url, info, model_info)
+    trace_dir = _trace_dir(args.trace_dir)  # once the server answers: no temporary dir left
+    profile_id = capture.new_profile_id()
+    body = capture.profile_request(trace_dir, args.steps, not args.no_stack, profile_id)
+    capture.start_profile(server, body)
+    load = log = None
+    if args.load:
+        burst = capture.Load(extra=tuple(shlex.split(args.load_args)))
+        load, log = capture.start_load(server.url, burst, trace_dir)
+    try:
+        got = capture.collect(
+            server, trace_dir, profile_id, facts.expected_traces, args.timeout, load, log
+        )
+    finally:
+        if load is not None:
+            capture.stop_load(load)
+    ranks = [_read_rank(p, profile_id) for p in got.traces]
+    steps = [s for r in ranks for s in r.steps]
+    if not steps:
+        raise AdviseError(
+            "the server ran no forward step while it was profiled: there were no steps to "
+            "profile (send it traffic, or use --load)"
+        )
+    gpu = next((r.gpu for r in ranks if r.gpu is not None), None)
+    model = problem = None
+    if facts.deepseek_v4:
+        model, problem = _model_layers(args.model_path or facts.model_path)
+    verdicts = all_verdicts(Inputs(facts, gpu, steps, model, problem))
+    rows = kind_rows(steps, facts)
+    profile = {
+        "trace_dir": str(trace_dir),
+        "profile_id": profile_id,
+        "traces": [str(p) for p in got.traces],
+        "ranks_read": len(ranks),
+        "ranks_expected": facts.expected_traces,
+        "steps_requested": args.steps,
+        "steps": len(steps),
+        "stopped_early": got.stopped,
+        "with_stack": all(r.with_stack for r in ranks),
+        "load_log": str(log) if log else None,
+    }
+    report = report_json(facts, gpu, profile, verdicts, rows)
+    print(json.dumps(report, indent=1) if args.json else report_text(report, verdicts, rows))
+    return 0
+
+
+def cmd_advise(args: argparse.Namespace) -> int:
+    from sglang_mixgraph.advise.server import AdviseError
+
+    if problem := _argument_problem(args):
+        print(f"{PROG}: {problem}", file=sys.stderr)
+        return 2
+    try:
+        return advise(args)
+    except AdviseError as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return e.code

@@ -1,0 +1,256 @@
+"""`sglang-mixgraph advise` as a user runs it, against a stand-in server (advise_standin.py):
+the profile it asks for, the traces it reads and keeps, its text and JSON, the load, and one
+line with a nonzero exit for everything that gives no answer (exit 2 for the command line)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+
+import pytest
+from advise_standin import Standin, recorded_server_info
+
+from sglang_mixgraph.advise import capture
+from sglang_mixgraph.cli import main
+from sglang_mixgraph.presets import DSV4_MODEL_DIR
+
+DSV4 = {
+    "model_path": str(DSV4_MODEL_DIR),
+    "architectures": ["DeepseekV4ForCausalLM"],
+    "model_type": "deepseek_v4",
+}
+
+
+@pytest.fixture(autouse=True)
+def quick(monkeypatch):
+    """The stand-in writes at once: settle and poll faster than a real server needs."""
+    monkeypatch.setattr(capture, "SETTLE_S", 0.2)
+    monkeypatch.setattr(capture, "POLL_S", 0.05)
+    monkeypatch.setattr(capture, "STOP_GRACE_S", 1.0)
+
+
+def serve(mode: str, scenario: str = "dsv4_eager_h200", **info) -> Standin:
+    return Standin(scenario, mode, recorded_server_info() | info, DSV4)
+
+
+def advise(standin: Standin, trace_dir, *args: str) -> int:
+    return main(["advise", "--url", standin.url, "--trace-dir", str(trace_dir), *args])
+
+
+def one_line(err: str) -> str:
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("sglang-mixgraph advise: ")
+    return err
+
+
+def test_it_profiles_reads_every_rank_and_says_what_to_switch_on_first(tmp_path, capsys):
+    with serve("auto") as standin:
+        assert advise(standin, tmp_path, "--steps", "12") == 0
+    out = capsys.readouterr().out
+    (start,) = [b for m, p, b in standin.requests if p == "/start_profile"]
+    assert start["output_dir"] == str(tmp_path) and start["num_steps"] == 12
+    assert start["activities"] == ["CPU", "GPU"] and start["detailed_annotations"] is True
+    assert start["with_stack"] is True and start["profile_id"].startswith("mixgraph-advise-")
+    assert "/stop_profile" not in standin.paths()  # the profile stopped by itself
+    # the raw traces stay where the user said, named as SGLang names them
+    kept = sorted(p.name for p in tmp_path.iterdir())
+    assert kept == [f"{start['profile_id']}-TP-{r}-DP-{r}-EP-{r}.trace.json.gz" for r in (0, 1)]
+    lines = out.splitlines()
+    assert lines[0] == f"sglang-mixgraph advise: {standin.url} (sglang 0.5.23)"
+    assert lines[1] == "DeepseekV4ForCausalLM on NVIDIA H200 (sm90)"
+    assert "profiled 16 steps on 2 of 2 ranks" in out
+    first = lines.index("Switch on first:")
+    assert lines[first + 1].startswith("  1. breakable prefill graph: -")
+    assert "host-bound: 212 ms of launch over 140 ms of kernels" in lines[first + 2]
+    assert "set: SGLANG_MIXGRAPH_PREFILL_BUCKETS=auto" in out
+    assert "Does not pay here:" in out and "- mixed split" in out
+    assert "Cannot act here:" in out and "- decode-tail graphs" in out
+    table = lines[
+        lines.index("Evidence (medians per step kind over every rank; times in ms):") + 1 :
+    ]
+    assert table[0].split() == [
+        "kind", "graph", "steps", "host", "ms", "kernel", "ms", "launches", "decode", "rows",
+        "longest", "ctx", "bucket", "padding", "attention", "dequant", "indexer", "gemm",
+    ]  # fmt: skip
+    assert table[1].split() == [
+        "MIXED", "eager", "6", "212.0", "140.0", "6", "24", ">=4608", "-", "-",
+        "30.0", "12.0", "8.0", "50.0",
+    ]  # fmt: skip
+    assert table[3].split()[:10] == [
+        "DECODE", "replay", "8", "3.0", "20.0", "1", "24", ">=2060", ">=24", "0",
+    ]  # fmt: skip
+
+
+def test_json_has_a_schema_version_the_verdicts_and_the_evidence(tmp_path, capsys):
+    with serve("auto", "dsv4_replay_h200", tp_size=1, attn_dp_size=1) as standin:
+        info = standin.server_info
+        info["cuda_graph_config"]["prefill"] |= {"backend": "breakable", "bs": [2560, 2816]}
+        assert advise(standin, tmp_path, "--json") == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["schema_version"] == 1
+    assert report["gpu"] == {"name": "NVIDIA H200", "arch": "sm90"}
+    assert report["switch_on_first"] == ["mixed_split", "replay_read_done"]
+    verdicts = {v["id"]: v for v in report["verdicts"]}
+    assert verdicts["mixed_split"]["outcome"] == "pays" and verdicts["mixed_split"]["high_ms"] < 0
+    assert verdicts["mixed_split"]["flags"] == ["SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN=1"]
+    assert verdicts["prefill_graph"]["outcome"] == "already on"
+    (row,) = report["steps"]
+    assert row | {"mode": "MIXED", "graph": "replay", "bucket": 2816.0, "padding_rows": 0.0} == row
+    assert row["bound"] == "GPU" and row["bucket_is_lower_bound"] is False
+    assert report["profile"]["ranks_read"] == report["profile"]["ranks_expected"] == 1
+
+
+def test_without_a_trace_dir_a_fresh_one_holds_the_traces(capsys):
+    with serve("auto", "dsv4_replay_h200", tp_size=1) as standin:
+        assert main(["advise", "--url", standin.url, "--json", "--no-stack"]) == 0
+    (start,) = [b for m, p, b in standin.requests if p == "/start_profile"]
+    report = json.loads(capsys.readouterr().out)
+    assert start["with_stack"] is False
+    assert report["profile"]["trace_dir"] == start["output_dir"]
+    assert "mixgraph-advise-" in start["output_dir"]
+
+
+def test_a_server_without_traffic_has_no_steps_to_profile(tmp_path, capsys):
+    with serve("on_stop", "idle_h200") as standin:
+        assert advise(standin, tmp_path, "--timeout", "0.5") == 1
+    err = one_line(capsys.readouterr().err)
+    assert "no steps to profile" in err and "--load" in err
+    assert standin.paths("POST") == ["/start_profile", "/stop_profile"]
+
+
+def test_traces_written_on_another_host_are_said_to_need_a_shared_directory(tmp_path, capsys):
+    with serve("elsewhere") as standin:
+        assert advise(standin, tmp_path, "--timeout", "0.3") == 1
+    err = one_line(capsys.readouterr().err)
+    assert f"no trace appeared in {tmp_path}" in err
+    assert "the server writes its traces on its own host" in err
+
+
+def test_an_unreadable_trace_is_one_line(tmp_path, capsys):
+    with serve("broken") as standin:
+        assert advise(standin, tmp_path) == 1
+    err = one_line(capsys.readouterr().err)
+    assert "cannot read the trace" in err and ".trace.json.gz" in err
+
+
+@pytest.mark.parametrize(
+    "mode, words",
+    [
+        ("missing", "no profiling endpoint at http://127.0.0.1:"),
+        ("refuse", "refused the profile request: profile request rejected: bad output_dir"),
+        ("busy", "could not start profiling (Internal Server Error)"),
+    ],
+)
+def test_a_server_that_cannot_profile_is_one_line(tmp_path, capsys, mode, words):
+    with serve(mode) as standin:
+        assert advise(standin, tmp_path) == 1
+    assert words in one_line(capsys.readouterr().err)
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_url_that_does_not_answer_is_one_line_from_the_installed_command(tmp_path):
+    url = f"http://127.0.0.1:{_closed_port()}"
+    result = subprocess.run(
+        [sys.executable, "-m", "sglang_mixgraph.cli", "advise", "--url", url],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 1 and result.stdout == ""
+    assert f"cannot reach {url}" in one_line(result.stderr)
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--url", "127.0.0.1:30000"], "give the scheme, e.g. http://127.0.0.1:30000"),
+        (["--url", "http://h:1", "--steps", "0"], "--steps must be between 1 and 1000, not 0"),
+        (["--url", "http://h:1", "--timeout", "nan"], "--timeout must be more than 0"),
+        (["--url", "http://h:1", "--load-args", "--num-prompts 8"], "--load-args needs --load"),
+        (["--url", "http://h:1", "--load", "--load-args", "'open"], "--load-args: No closing"),
+        (["--url", "http://h:1", "--model-path", "/no/such/model"], "no config.json there"),
+        (["--url", "http://h:1", "--steps", "many"], "invalid int value: 'many'"),
+        (["--steps", "3"], "the following arguments are required: --url"),
+        (["--url", "http://h:1", "--frobnicate"], "unrecognized arguments: --frobnicate"),
+    ],
+)
+def test_bad_arguments_are_one_line_and_exit_2(capsys, args, words):
+    try:
+        code = main(["advise", *args])
+    except SystemExit as e:  # argparse's own errors, through the one-line error hook
+        code = e.code
+    assert code == 2
+    assert words in one_line(capsys.readouterr().err)
+
+
+def test_a_trace_dir_that_is_a_file_is_a_bad_argument(tmp_path, capsys):
+    target = tmp_path / "file"
+    target.write_text("")
+    assert main(["advise", "--url", "http://h:1", "--trace-dir", str(target)]) == 2
+    assert "is not a directory" in one_line(capsys.readouterr().err)
+
+
+def _fake_load(monkeypatch, code: str) -> None:
+    """The burst's client: a small script in place of sglang.benchmark.serving."""
+    monkeypatch.setattr(
+        capture.Load, "argv", lambda self, url: [sys.executable, "-c", code.replace("URL", url)]
+    )
+
+
+def test_load_sends_a_burst_while_profiling_and_keeps_its_log(tmp_path, capsys, monkeypatch):
+    post = "import urllib.request as u; u.urlopen(u.Request('URL/generate', data=b'{}'))"
+    _fake_load(monkeypatch, post + "; print('sent')")
+    with serve("on_traffic", "dsv4_replay_h200", tp_size=1) as standin:
+        assert advise(standin, tmp_path, "--load", "--json") == 0
+    assert "/generate" in standin.paths("POST")
+    report = json.loads(capsys.readouterr().out)
+    assert report["profile"]["load_log"] == str(tmp_path / capture.LOAD_LOG)
+    assert (tmp_path / capture.LOAD_LOG).read_text().strip() == "sent"
+
+
+def test_a_load_client_that_fails_first_is_one_line(tmp_path, capsys, monkeypatch):
+    _fake_load(monkeypatch, "raise SystemExit(3)")
+    with serve("on_traffic") as standin:
+        assert advise(standin, tmp_path, "--load", "--timeout", "30") == 1
+    err = one_line(capsys.readouterr().err)
+    assert "the load client (sglang.benchmark.serving) exited with 3" in err
+    assert "/stop_profile" in standin.paths("POST")  # the profile is not left running
+
+
+def test_the_load_is_sglangs_own_client_on_random_ids():
+    argv = capture.Load(extra=("--num-prompts", "8")).argv("http://h:1")
+    assert argv[1:3] == ["-m", "sglang.benchmark.serving"]
+    assert argv[argv.index("--base-url") + 1] == "http://h:1"
+    assert argv[argv.index("--dataset-name") + 1] == "random-ids"  # downloads nothing
+    assert argv[-2:] == ["--num-prompts", "8"]  # the user's come last: they win
+
+
+def test_the_model_config_comes_from_the_servers_path_or_model_path(tmp_path, capsys):
+    hub = DSV4 | {"model_path": "deepseek-ai/DeepSeek-V4-Pro"}  # not a directory here
+    replay = {"tp_size": 1, "attn_dp_size": 1}
+    with Standin("dsv4_replay_h200", "auto", recorded_server_info() | replay, hub) as standin:
+        assert advise(standin, tmp_path / "a", "--json") == 0
+        split = json.loads(capsys.readouterr().out)["verdicts"][0]
+        assert split["id"] == "mixed_split" and split["outcome"] == "unknown"
+        assert "deepseek-ai/DeepSeek-V4-Pro" in split["reason"]
+        assert "--model-path" in split["reason"]
+        args = ("--json", "--model-path", str(DSV4_MODEL_DIR))
+        assert advise(standin, tmp_path / "b", *args) == 0
+        split = json.loads(capsys.readouterr().out)["verdicts"][0]
+        assert split["outcome"] == "pays" and str(DSV4_MODEL_DIR) in split["basis"]
+
+
+def test_ranks_that_never_write_here_leave_the_ones_that_did(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(capture, "RANK_GRACE_S", 0.3)
+    with serve("auto", "dsv4_replay_h200") as standin:  # two ranks expected, one writes here
+        assert advise(standin, tmp_path, "--json") == 0
+    profile = json.loads(capsys.readouterr().out)["profile"]
+    assert (profile["ranks_read"], profile["ranks_expected"]) == (1, 2)
+    assert profile["stopped_early"] is False
