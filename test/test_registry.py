@@ -11,9 +11,11 @@ from sglang_mixgraph import plugin
 from sglang_mixgraph.flags import FLAGS, bool_flag, choice_flag
 from sglang_mixgraph.patches import all_patches
 from sglang_mixgraph.registry import (
+    IMPORT_FAILED,
     Hook,
     Patch,
     PatchCheckError,
+    check_attribute,
     check_hook,
     describe_signature,
     install,
@@ -227,6 +229,74 @@ def test_default_on_patch_meeting_drift_warns_and_stays_off(
     monkeypatch.setenv(default_on_flag.name, "on")
     with pytest.raises(PatchCheckError, match="switch the patch off"):
         install([bad])
+
+
+# A module that exists but whose body raises, as one that loads a kernel library (ctypes.CDLL)
+# raises OSError when the library is not there.
+BROKEN = "mixgraph_test_broken_kernel"
+BROKEN_ERROR = "libbroken_kernel.so: cannot open shared object file"
+
+
+@pytest.fixture
+def broken_kernel_module(tmp_path, monkeypatch):
+    (tmp_path / f"{BROKEN}.py").write_text(
+        f"raise OSError({BROKEN_ERROR!r})\n\ndef attention(a, b, *, c=1):\n    return a\n"
+    )
+    (tmp_path / "mixgraph_test_needs_a_dependency.py").write_text(
+        "import mixgraph_test_no_such_dependency\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return Hook(f"{BROKEN}.attention", "function", "a, b, *, c", HookType.AROUND, _passthrough)
+
+
+def test_a_target_module_whose_import_raises_is_a_failed_check_naming_it(broken_kernel_module):
+    """Used to: the OSError escaped the check, so SGLang's loader swallowed it (no patch at all)
+    and doctor died with a traceback."""
+    check = check_hook(broken_kernel_module)
+    assert not check.ok and check.why == IMPORT_FAILED and check.unimportable == BROKEN
+    assert check.found == f"importing {BROKEN} raised OSError: {BROKEN_ERROR}"
+    attribute = check_attribute(f"{BROKEN}.attention", object)
+    assert not attribute.ok and attribute.unimportable == BROKEN
+    # a module that is there but misses a dependency is named as the one that does not import
+    needs = check_attribute("mixgraph_test_needs_a_dependency.f", object)
+    assert needs.found == (
+        "importing mixgraph_test_needs_a_dependency raised ModuleNotFoundError: "
+        "No module named 'mixgraph_test_no_such_dependency'"
+    )
+    # a module that is not there at all stays "missing"
+    missing = check_attribute("mixgraph_test_no_such_module.f", object)
+    assert missing.why == "attribute missing" and missing.unimportable is None
+
+
+def test_an_unimportable_target_stops_an_explicit_patch_and_leaves_a_default_on_one_off(
+    broken_kernel_module, test_flags, default_on_flag, clean_hook_registry, monkeypatch, caplog
+):
+    good_hook = Hook(f"{__name__}._victim", "function", "a, b, *, c", HookType.AROUND, _passthrough)
+    good = _patch("good", "SGLANG_MIXGRAPH_TEST_CHOICE", [good_hook])
+    monkeypatch.setenv("SGLANG_MIXGRAPH_TEST_CHOICE", "b")
+    monkeypatch.delenv(default_on_flag.name, raising=False)
+    kernel = _patch("kernel", default_on_flag.name, [broken_kernel_module])
+
+    # on by default only: one warning naming the module and its error, off, the rest installs
+    with caplog.at_level("WARNING", logger="sglang_mixgraph"):
+        statuses = install([good, kernel])
+    assert [s.state for s in statuses] == ["active", "off (upstream changed)"]
+    warned = [r.getMessage() for r in caplog.records if "'kernel'" in r.getMessage()]
+    assert len(warned) == 1
+    assert f"importing {BROKEN} raised OSError: {BROKEN_ERROR}" in warned[0]
+    assert f"Make {BROKEN} import (the error above) to use it" in warned[0]
+    assert broken_kernel_module.target not in HookRegistry._hooks
+    assert good_hook.target in HookRegistry._hooks
+
+    # switched on: startup stops naming the module and the error, and nothing is registered
+    HookRegistry._hooks.pop(good_hook.target)
+    monkeypatch.setenv(default_on_flag.name, "on")
+    with pytest.raises(PatchCheckError) as err:
+        install([good, kernel])
+    assert f"importing {BROKEN} raised OSError: {BROKEN_ERROR}" in str(err.value)
+    assert f"Make {BROKEN} import (the error above), or switch the patch off" in str(err.value)
+    assert "install sglang==" not in str(err.value).lower()  # the pinned sglang is installed
+    assert good_hook.target not in HookRegistry._hooks
 
 
 def test_other_sglang_version_warns_once(monkeypatch, caplog):

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from sglang_mixgraph.flags import FLAGS
+from sglang_mixgraph.kits.broken_import import broken_import_env
 from sglang_mixgraph.kits.model_configs import write_model
 from sglang_mixgraph.patches import all_patches
 from sglang_mixgraph.presets import DSV4_MODEL_DIR, MEGA_MOE_CAP_ENV
@@ -129,6 +130,23 @@ def test_doctor_exits_1_when_an_enabled_patch_cannot_apply():
     assert patch["status"] == "cannot apply"
     assert "ServerArgs.no_such_method" in patch["reason"]
     assert patch["targets"][0]["ok"] is False
+
+
+def test_doctor_names_a_target_module_whose_import_raises(tmp_path):
+    """Used to: doctor died with the OSError's traceback while checking the targets."""
+    module = "sglang.srt.layers.attention.dsv4.low_ratio_backend_hip"  # war_snapshot_check's
+    env = broken_import_env(
+        tmp_path, module, "OSError('libbroken_kernel.so: cannot open shared object file')"
+    )
+    result = cli("doctor", env={**env, "SGLANG_DEBUG_WAR_SNAPSHOT": "1"})
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    lines = [line.strip() for line in result.stdout.splitlines()]
+    assert any(line.startswith("war_snapshot_check: cannot apply") for line in lines)
+    assert (
+        f"[BAD] {module}._extend_k_slots: importing {module} raised OSError: "
+        "libbroken_kernel.so: cannot open shared object file"
+    ) in lines
 
 
 # Three fresh processes: switched on (exit 1) in the fast tier, unset and off slow.
