@@ -190,6 +190,7 @@ def test_upstream_flag_of_the_same_name_defers_the_patch_and_the_rest_loads():
     (line,) = warnings
     assert "patch 'mixed_split'" in line and f"defines {flag} itself" in line
     assert f"You set {flag}='1'" in line and f"Set {flag} as SGLang documents it" in line
+    assert f"SGLang's own field of that name (envs.{flag}) reads the value" in line
     assert "active patches: graph_config" in result.stderr
 
 

@@ -384,6 +384,41 @@ def test_patch_owning_an_upstream_flag_defers_and_touches_nothing(monkeypatch, c
         FLAGS.pop(name)
 
 
+def test_a_deferral_says_what_becomes_of_each_switch_the_user_set(test_flags, monkeypatch):
+    """Used to say "SGLang's own <deferred flags> gets that value instead" of whichever switch
+    was set: false for a switch SGLang does not define (nothing reads it) and for several
+    deferred flags (only the field of the variable's own name reads it)."""
+    from sglang_mixgraph.registry import evaluate
+
+    upstream_name = (
+        "SGLANG_OPT_FLASHMLA_SPARSE_PREFILL"  # an upstream flag, standing in for a clash
+    )
+    deferred = bool_flag(upstream_name, False, "clash")
+    ours = FLAGS["SGLANG_MIXGRAPH_TEST_BOOL"]
+    try:
+        patch = Patch("two_switches", "test", (ours, deferred), (), lambda: False, switch_count=2)
+        monkeypatch.setenv(ours.name, "1")
+        monkeypatch.delenv(upstream_name, raising=False)
+        line = evaluate(patch).deferred
+        assert (
+            f"You set {ours.name}='1' to turn this plugin's patch on: SGLang defines no flag of "
+            "that name and this plugin's patch stays off, so nothing acts on the value."
+        ) in line
+        assert "gets that value" not in line and f"envs.{upstream_name}" not in line
+
+        monkeypatch.delenv(ours.name)
+        monkeypatch.setenv(upstream_name, "true")
+        line = evaluate(patch).deferred
+        assert (
+            f"You set {upstream_name}='true' to turn this plugin's patch on: SGLang's own field "
+            f"of that name (envs.{upstream_name}) reads the value, and this plugin's patch stays "
+            "off."
+        ) in line
+        assert ours.name not in line.split("You set", 1)[1]
+    finally:
+        FLAGS.pop(upstream_name)
+
+
 def _catalogued(upstream_pr):
     return Patch(
         id="example",

@@ -367,10 +367,26 @@ def warn_if_not_pinned() -> None:
         )
 
 
+def _who_reads(switch: Flag) -> str:
+    """What becomes of the value of a switch the user set while its patch defers to upstream."""
+    if switch.deferred:
+        return (
+            f"SGLang's own field of that name (envs.{switch.name}) reads the value, and this "
+            "plugin's patch stays off"
+        )
+    return (
+        "SGLang defines no flag of that name and this plugin's patch stays off, so nothing acts "
+        "on the value"
+    )
+
+
 def deferral_message(patch: Patch, requested: bool) -> str:
-    """One line: which patch defers, for which flag(s) SGLang defines itself, what to set."""
+    """One line: which patch defers, for which flag(s) SGLang defines itself, what to set.
+
+    With `requested`, also what becomes of each switch the user set to turn the patch on: the
+    variable is read only by a field of its own name (flags.Flag.upstream_field), never passed
+    to another flag."""
     names = [f.name for f in patch.flags if f.deferred]
-    switch = next((f for f in patch.switches if f.requests_on()), patch.flags[0])
     shown = " and ".join(names)
     line = (
         f"patch {patch.id!r} defers to upstream: sglang {installed_sglang_version()} defines "
@@ -378,10 +394,11 @@ def deferral_message(patch: Patch, requested: bool) -> str:
         f"off (nothing of it is installed)."
     )
     if requested:
-        line += (
-            f" You set {switch.name}={os.environ.get(switch.name)!r} to turn this plugin's patch on;"
-            f" SGLang's own {shown} gets that value instead."
-        )
+        for switch in (f for f in patch.switches if f.requests_on()):
+            line += (
+                f" You set {switch.name}={os.environ.get(switch.name)!r} to turn this plugin's "
+                f"patch on: {_who_reads(switch)}."
+            )
     return line + (
         f" Set {shown} as SGLang documents it to use SGLang's own feature, or install "
         f"sglang=={PINNED_SGLANG} to use this plugin's patch."
