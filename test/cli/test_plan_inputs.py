@@ -286,6 +286,29 @@ def test_an_unwritable_home_is_named_as_the_cause(tmp_path):
     assert "Traceback" not in result.stderr and "server arguments" not in result.stderr
 
 
+@pytest.mark.parametrize("command", ["plan", "doctor"])
+def test_a_reader_that_closes_the_pipe_ends_the_report_quietly(command):
+    """`plan | head`: used to end in a BrokenPipeError traceback."""
+    script = Path(sys.executable).with_name("sglang-mixgraph")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_")}
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader has left before the first line is written
+    try:
+        result = subprocess.run(
+            [str(script), command],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            env=env,
+            text=True,
+            timeout=240,
+        )
+    finally:
+        os.close(write_end)
+    assert result.returncode == 141  # 128 + SIGPIPE, as a shell reports it for `yes | head`
+    assert "Traceback" not in result.stderr and "BrokenPipeError" not in result.stderr
+    assert "Exception ignored" not in result.stderr  # the interpreter's flush at exit is quiet
+
+
 # ---------------------------------------------------------------- the SGLANG_PLUGINS allowlist
 
 
