@@ -4,7 +4,8 @@ naming it instead of a traceback, a usage screen or a silent default.
 - `prepare_argv`: parses the server arguments with SGLang's own argument definitions first
   (unknown option, bad value), applies them on top of a reference deployment when no
   `--model-path` is given, refuses sizes that would make SGLang build enormous CUDA-graph
-  size lists (`MAX_PLAN_SIZE`, `MAX_PLAN_LIST`), a `--model-path` that does not exist, a
+  size lists (`MAX_PLAN_SIZE`, `MAX_PLAN_LIST`), a parallel size below 1, a `--model-path`
+  that does not exist or is a file other than a GGUF model (the config.json itself), a
   config.json that is not a JSON object and a DeepSeek-V4 `compress_ratios` whose length
   matches no layer count (`_check_config_json`);
 - `invalid_environment`: SGLang variables whose value SGLang would ignore with a warning;
@@ -34,6 +35,23 @@ MAX_PLAN_SIZE = 1 << 21  # 2,097,152 tokens (or requests) per size
 MAX_PLAN_LIST = 8192  # entries in an explicit size list
 _SIZE_DESTS = ("chunked_prefill_size", "cuda_graph_max_bs_prefill", "cuda_graph_max_bs_decode")
 _LIST_DESTS = ("cuda_graph_bs_prefill", "cuda_graph_bs_decode")
+# Numbers of ranks or nodes. SGLang's parser takes any int and its resolution checks only some of
+# them (parallel_hook `handle_data_parallelism` refuses --attn-dp-size 0), so --tp 0 used to
+# plan as a deployment that launch_server cannot start.
+_PARALLEL_DESTS = (
+    "nnodes",
+    "tp_size",
+    "pp_size",
+    "dp_size",
+    "attn_dp_size",
+    "attn_cp_size",
+    "dcp_size",
+    "moe_dp_size",
+    "ep_size",
+    "dwdp_size",
+    "moe_dense_tp_size",
+    "shared_experts_tp_size",
+)
 
 
 class PlanInputError(ValueError):
@@ -130,6 +148,7 @@ def prepare_argv(user_argv: list[str], reference_argv: list[str] | None = None) 
         ns = parser.parse_args(argv)
         on_reference = True
     _check_sizes(parser, ns)
+    _check_parallel_sizes(parser, ns)
     _check_model_path(ns.model_path)
     return ServerArgv(argv=argv, on_reference=on_reference, user_argv=list(user_argv))
 
@@ -161,6 +180,16 @@ def _check_sizes(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> Non
         big = [v for v in values if isinstance(v, int) and v > MAX_PLAN_SIZE]
         if big:
             raise too_large(what, max(big))
+
+
+def _check_parallel_sizes(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
+    for dest in _PARALLEL_DESTS:
+        value = getattr(ns, dest, None)
+        if isinstance(value, int) and value < 1:
+            counted = "nodes" if dest == "nnodes" else "ranks"
+            raise PlanInputError(
+                f"{_option(parser, dest)} {value} is below 1: it is a number of {counted}"
+            )
 
 
 # SGLang's DeepSeek-V4 architectures (sglang.srt.configs.model_config `is_deepseek_v4`) and
@@ -240,11 +269,33 @@ def _json_kind(value: Any) -> str:
     )
 
 
+def _check_model_file(path: Path, model_path: str) -> None:
+    """A file is a model only as a GGUF file (sglang.srt.utils.hf_transformers.common
+    `check_gguf_file`, which SGLang's config loading asks); any other file, the model's
+    config.json itself included, would be planned as a directory and fail at launch."""
+    from sglang.srt.utils.hf_transformers.common import check_gguf_file
+
+    if check_gguf_file(path):
+        return
+    if path.name == "config.json":
+        raise PlanInputError(
+            f"--model-path {model_path} is the model's config.json, not its directory: pass the "
+            f"directory that holds it (--model-path {path.parent})"
+        )
+    raise PlanInputError(
+        f"--model-path {model_path} is a file, not a model directory (a file is a model only as "
+        "GGUF): pass the directory that holds the model's config.json"
+    )
+
+
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.\-]*(/[A-Za-z0-9][\w.\-]*)?")
 
 
 def _check_model_path(model_path: str) -> None:
     path = Path(os.path.expanduser(model_path))
+    if path.is_file():
+        _check_model_file(path, model_path)
+        return
     if path.exists():
         if path.is_dir() and not any((path / n).is_file() for n in ("config.json", "params.json")):
             if not any(path.glob("*.gguf")):

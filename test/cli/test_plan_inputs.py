@@ -209,6 +209,61 @@ def test_arguments_without_model_path_go_on_top_of_the_reference(plan_env, capsy
     )
 
 
+def _only_line(result: subprocess.CompletedProcess) -> str:
+    """The one line a refused plan printed: nothing else on stderr (no SGLang error, no
+    traceback) and nothing on stdout."""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and result.stdout == "", result.stderr[-3000:]
+    return lines[0]
+
+
+def test_the_config_json_given_as_the_model_path_is_refused():
+    """Used to be planned as if it were the model's directory (launch_server would fail)."""
+    result = _cli("plan", "--model-path", f"{DSV4}/config.json", timeout=120)
+    assert result.returncode == 1
+    assert _only_line(result) == (
+        f"sglang-mixgraph plan: --model-path {DSV4}/config.json is the model's config.json, not "
+        f"its directory: pass the directory that holds it (--model-path {DSV4})"
+    )
+
+
+def test_a_model_file_is_accepted_only_as_gguf(tmp_path):
+    from sglang_mixgraph.plan_inputs import _check_model_path
+
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"not a model")
+    with pytest.raises(PlanInputError, match="is a file, not a model directory"):
+        _check_model_path(str(weights))
+    gguf = tmp_path / "model-q4"
+    gguf.write_bytes(b"GGUF" + bytes(12))  # SGLang's check_gguf_file reads the magic
+    _check_model_path(str(gguf))
+
+
+def test_a_parallel_size_below_1_is_refused():
+    """--tp 0 used to be planned as a valid deployment."""
+    result = _cli("plan", "--tp", "0", timeout=120)
+    assert result.returncode == 1
+    assert (
+        _only_line(result)
+        == "sglang-mixgraph plan: --tp-size 0 is below 1: it is a number of ranks"
+    )
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--ep", "-2"], "--ep-size -2 is below 1: it is a number of ranks"),
+        (["--pp-size", "0"], "--pp-size 0 is below 1: it is a number of ranks"),
+        (["--dp-size", "0"], "--dp-size 0 is below 1: it is a number of ranks"),
+        (["--nnodes", "0"], "--nnodes 0 is below 1: it is a number of nodes"),
+    ],
+)
+def test_every_parallel_size_below_1_is_refused_before_sglang_sees_it(args, expected):
+    with pytest.raises(PlanInputError) as e:
+        prepare_argv(["--model-path", DSV4, *args])
+    assert str(e.value) == expected
+
+
 # ---------------------------------------------------------------- bounded work
 
 
