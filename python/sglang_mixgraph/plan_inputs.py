@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import os
 import re
@@ -192,6 +193,86 @@ def _check_parallel_sizes(parser: argparse.ArgumentParser, ns: argparse.Namespac
             )
 
 
+# Ceilings on a config.json's sizes, checked before SGLang loads it. While SGLang loads the
+# config (sglang.srt.utils.hf_transformers.config `get_config`), transformers builds lists with
+# one entry per layer (configuration_glm_moe_dsa `GlmMoeDsaConfig.__post_init__`: indexer_types,
+# mlp_layer_types, layer_types), each entry validated by huggingface_hub's strict dataclasses:
+# 10^8 layers never returned. Each ceiling is far above any released model's.
+MAX_CONFIG_LAYERS = 4096
+_MAX_WIDTH = 1 << 20  # hidden, intermediate, head and LoRA dimensions
+_MAX_HEADS = 1 << 14
+_LAYERS = "num_hidden_layers"
+_CONFIG_LIMITS = {
+    _LAYERS: MAX_CONFIG_LAYERS,
+    "num_nextn_predict_layers": MAX_CONFIG_LAYERS,
+    "hidden_size": _MAX_WIDTH,
+    "intermediate_size": _MAX_WIDTH,
+    "moe_intermediate_size": _MAX_WIDTH,
+    "head_dim": _MAX_WIDTH,
+    "q_lora_rank": _MAX_WIDTH,
+    "kv_lora_rank": _MAX_WIDTH,
+    "num_attention_heads": _MAX_HEADS,
+    "num_key_value_heads": _MAX_HEADS,
+    "index_n_heads": _MAX_HEADS,
+    "vocab_size": 1 << 24,
+    "n_routed_experts": 1 << 16,
+    "num_experts": 1 << 16,
+    "num_local_experts": 1 << 16,
+}
+# Lists with one entry per layer, then one per MTP layer.
+_PER_LAYER_LISTS = ("compress_ratios", "layer_types", "indexer_types", "mlp_layer_types")
+_MAX_PER_LAYER_ENTRIES = 2 * MAX_CONFIG_LAYERS
+
+
+def _config_sections(data: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The config and each sub-config one level down (a multimodal model's text_config),
+    with the prefix that names a key in it."""
+    yield "", data
+    for key, value in data.items():
+        if isinstance(value, dict):
+            yield f"{key}.", value
+
+
+def _check_config_sizes(config: Path, data: dict[str, Any]) -> None:
+    """Every size within its ceiling (`_CONFIG_LIMITS`), every per-layer list bounded."""
+    for prefix, section in _config_sections(data):
+        for key, limit in _CONFIG_LIMITS.items():
+            value = section.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value > limit:
+                # the layer count is what SGLang's loading walks (the comment on the limits)
+                why = "; SGLang's config loading builds lists that long" if key == _LAYERS else ""
+                raise PlanInputError(
+                    f"{config}: {prefix}{key} is {value}, more than plan accepts (at most "
+                    f"{limit}){why}"
+                )
+        for key in _PER_LAYER_LISTS:
+            entries = section.get(key)
+            if isinstance(entries, list) and len(entries) > _MAX_PER_LAYER_ENTRIES:
+                raise PlanInputError(
+                    f"{config}: {prefix}{key} has {len(entries)} entries, more than plan accepts "
+                    f"(at most {_MAX_PER_LAYER_ENTRIES}: one per layer and MTP layer)"
+                )
+
+
+def _check_architectures(config: Path, data: dict[str, Any]) -> None:
+    """`architectures` is a list of class names: SGLang iterates it (model_loader.utils
+    `get_model_architecture`) and reads its first entry (configs.model_config `_hf_arch`), so a
+    string would be read letter by letter."""
+    archs = data.get("architectures")
+    if isinstance(archs, str):
+        raise PlanInputError(
+            f'{config}: "architectures" is the string {json.dumps(archs)}; it must be a list of '
+            f"class names: {json.dumps([archs])}"
+        )
+    if archs is not None and not (
+        isinstance(archs, list) and all(isinstance(a, str) and a for a in archs)
+    ):
+        raise PlanInputError(
+            f'{config}: "architectures" must be a list of class names such as '
+            f'["LlamaForCausalLM"], got {json.dumps(archs)[:80]}'
+        )
+
+
 # SGLang's DeepSeek-V4 architectures (sglang.srt.configs.model_config `is_deepseek_v4`) and
 # the compress ratios its layers accept (models.deepseek_v4 attention `__init__`,
 # mem_cache.deepseek_v4_memory_pool `collect_sources_by_ratio`).
@@ -213,9 +294,10 @@ def _check_config_json(config: Path) -> None:
     an indexer layer (`configs.model_config.get_num_indexer_layers`, which sizes the indexer
     top-k capturer), so the deployment would run with counts that match no model. Both are
     refused here in one line.
-    """
-    import json
 
+    Before SGLang reads it: `architectures` a list of class names (`_check_architectures`) and
+    every size within a ceiling (`_check_config_sizes`), so that loading it stays bounded.
+    """
     try:
         data = json.loads(config.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as e:
@@ -225,6 +307,8 @@ def _check_config_json(config: Path) -> None:
             f"{config} holds a JSON {_json_kind(data)}, not an object: a model config.json is "
             '{"architectures": [...], ...}'
         )
+    _check_architectures(config, data)
+    _check_config_sizes(config, data)
     archs = data.get("architectures")
     arch = archs[0] if isinstance(archs, list) and archs else None
     if arch not in _DSV4_ARCHS or "NextN" in str(arch):

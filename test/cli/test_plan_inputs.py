@@ -22,8 +22,14 @@ import pytest
 from sglang_mixgraph import cli, target_gpu
 from sglang_mixgraph.core.prefill_buckets import padding_profile
 from sglang_mixgraph.kits.model_configs import write_model
-from sglang_mixgraph.plan_inputs import MAX_PLAN_LIST, MAX_PLAN_SIZE, PlanInputError, prepare_argv
-from sglang_mixgraph.presets import DSV4_MODEL_DIR, MEGA_MOE_CAP_ENV
+from sglang_mixgraph.plan_inputs import (
+    MAX_CONFIG_LAYERS,
+    MAX_PLAN_LIST,
+    MAX_PLAN_SIZE,
+    PlanInputError,
+    prepare_argv,
+)
+from sglang_mixgraph.presets import DSV4_MODEL_DIR, GLM5_MODEL_DIR, MEGA_MOE_CAP_ENV
 
 DSV4 = str(DSV4_MODEL_DIR)
 BUCKETS_ENV = "SGLANG_MIXGRAPH_PREFILL_BUCKETS"
@@ -264,6 +270,26 @@ def test_every_parallel_size_below_1_is_refused_before_sglang_sees_it(args, expe
     assert str(e.value) == expected
 
 
+def test_architectures_given_as_a_string_is_refused(tmp_path):
+    """Used to be reported letter by letter ("L, l, a, m, a, ...")."""
+    model = write_model(tmp_path / "llama", architectures="LlamaForCausalLM")
+    result = _cli("plan", "--model-path", str(model), timeout=120)
+    assert result.returncode == 1
+    assert _only_line(result) == (
+        f'sglang-mixgraph plan: {model / "config.json"}: "architectures" is the string '
+        '"LlamaForCausalLM"; it must be a list of class names: ["LlamaForCausalLM"]'
+    )
+
+
+@pytest.mark.parametrize("architectures", [["LlamaForCausalLM", 3], [""], {"a": 1}])
+def test_architectures_must_be_a_list_of_class_names(tmp_path, architectures):
+    from sglang_mixgraph.plan_inputs import _check_config_json
+
+    config = write_model(tmp_path / "m", architectures=architectures) / "config.json"
+    with pytest.raises(PlanInputError, match='"architectures" must be a list of class names'):
+        _check_config_json(config)
+
+
 # ---------------------------------------------------------------- bounded work
 
 
@@ -325,6 +351,69 @@ def test_plan_returns_quickly_on_the_chunk_that_used_to_hang():
         f"sglang-mixgraph plan: --chunked-prefill-size 1000000000 is larger than plan accepts "
         f"(at most {MAX_PLAN_SIZE}): SGLang builds a CUDA-graph size list up to it"
     ]
+
+
+def _glm5_config(directory: Path, **changes) -> Path:
+    """The embedded GLM-5 config.json with `changes`, in `directory`."""
+    config = json.loads((GLM5_MODEL_DIR / "config.json").read_text())
+    return write_model(directory, {**config, **changes})
+
+
+def test_a_glm5_config_with_100_million_layers_is_refused_at_once(tmp_path):
+    """Used to hang past 90 s inside SGLang's config loading (transformers builds per-layer
+    lists, each entry validated)."""
+    model = _glm5_config(tmp_path / "glm5", num_hidden_layers=100_000_000)
+    result = _cli("plan", "--model-path", str(model), "--tp", "8", timeout=90)
+    assert result.returncode == 1
+    assert _only_line(result) == (
+        f"sglang-mixgraph plan: {model / 'config.json'}: num_hidden_layers is 100000000, more "
+        f"than plan accepts (at most {MAX_CONFIG_LAYERS}); SGLang's config loading builds lists "
+        "that long"
+    )
+
+
+@pytest.mark.parametrize(
+    "changes, expected",
+    [
+        ({"num_hidden_layers": 1e8}, "num_hidden_layers is 100000000.0, more than plan accepts"),
+        (
+            {"hidden_size": 10**12},
+            f"hidden_size is {10**12}, more than plan accepts (at most 1048576)",
+        ),
+        (
+            {"num_attention_heads": 10**6},
+            "num_attention_heads is 1000000, more than plan accepts (at most 16384)",
+        ),
+        (
+            {"vocab_size": 10**9},
+            "vocab_size is 1000000000, more than plan accepts (at most 16777216)",
+        ),
+        ({"text_config": {"num_hidden_layers": 10**6}}, "text_config.num_hidden_layers is 1000000"),
+        (
+            {"compress_ratios": [4] * (2 * MAX_CONFIG_LAYERS + 1)},
+            f"compress_ratios has {2 * MAX_CONFIG_LAYERS + 1} entries, more than plan accepts "
+            f"(at most {2 * MAX_CONFIG_LAYERS}: one per layer and MTP layer)",
+        ),
+    ],
+)
+def test_config_sizes_are_bounded_before_sglang_reads_them(tmp_path, changes, expected):
+    from sglang_mixgraph.plan_inputs import _check_config_json
+
+    config = _glm5_config(tmp_path / "glm5", **changes) / "config.json"
+    start = time.monotonic()
+    with pytest.raises(PlanInputError) as e:
+        _check_config_json(config)
+    assert time.monotonic() - start < 1.0
+    assert str(e.value).startswith(f"{config}: {expected}")
+
+
+def test_the_ceilings_themselves_are_accepted(tmp_path):
+    from sglang_mixgraph.plan_inputs import _check_config_json
+
+    _check_config_json(GLM5_MODEL_DIR / "config.json")
+    _check_config_json(
+        _glm5_config(tmp_path / "glm5", num_hidden_layers=MAX_CONFIG_LAYERS) / "config.json"
+    )
 
 
 # ---------------------------------------------------------------- environment
