@@ -91,6 +91,21 @@ def quiet_import_warnings() -> Iterator[None]:
 # ---------------------------------------------------------------- server arguments
 
 
+@contextlib.contextmanager
+def _silenced(logger: logging.Logger) -> Iterator[None]:
+    """Hide what one SGLang logger says while `plan` says it in its own one line.
+
+    `ConfigArgumentMerger._parse_yaml_config` (sglang.srt.utils.server_args_config_parser) logs
+    "Failed to read config file ..." with the YAML error, four lines for a malformed file, then
+    raises the same error, which `prepare_argv` reports."""
+    disabled = logger.disabled
+    logger.disabled = True
+    try:
+        yield
+    finally:
+        logger.disabled = disabled
+
+
 class _RaisingParser(argparse.ArgumentParser):
     """SGLang's argument parser, raising instead of printing its usage screen and exiting."""
 
@@ -137,7 +152,8 @@ def prepare_argv(user_argv: list[str], reference_argv: list[str] | None = None) 
         from sglang.srt.utils.server_args_config_parser import ConfigArgumentMerger
 
         try:
-            argv = ConfigArgumentMerger(parser).merge_config_with_args(argv)
+            with _silenced(logging.getLogger(ConfigArgumentMerger.__module__)):
+                argv = ConfigArgumentMerger(parser).merge_config_with_args(argv)
         except Exception as e:  # a missing file, bad YAML: the user's input, said in one line
             raise PlanInputError(f"--config: {' '.join(str(e).split())}") from None
     ns = parser.parse_args(argv)

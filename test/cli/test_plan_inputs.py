@@ -290,6 +290,17 @@ def test_architectures_must_be_a_list_of_class_names(tmp_path, architectures):
         _check_config_json(config)
 
 
+def test_a_malformed_config_yaml_is_plans_one_line_only(tmp_path):
+    """SGLang's own four-line error used to come before plan's line."""
+    config = tmp_path / "server.yaml"
+    config.write_text("tp-size: [8\n  bad: : x\n")
+    result = _cli("plan", "--config", str(config), timeout=120)
+    assert result.returncode == 1
+    line = _only_line(result)
+    assert line.startswith("sglang-mixgraph plan: --config: while parsing a flow sequence")
+    assert f'in "{config}", line 2, column 6' in line
+
+
 # ---------------------------------------------------------------- bounded work
 
 
