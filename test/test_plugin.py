@@ -15,6 +15,7 @@ import textwrap
 import pytest
 
 from sglang_mixgraph.flags import FLAGS, StrictEnvSeconds
+from sglang_mixgraph.kits.broken_import import broken_import_env
 from sglang_mixgraph.patches import all_patches
 
 # Every patch module registers its flags in FLAGS when imported; import them all now so
@@ -189,7 +190,106 @@ def test_upstream_flag_of_the_same_name_defers_the_patch_and_the_rest_loads():
     (line,) = warnings
     assert "patch 'mixed_split'" in line and f"defines {flag} itself" in line
     assert f"You set {flag}='1'" in line and f"Set {flag} as SGLang documents it" in line
+    assert f"SGLang's own field of that name (envs.{flag}) reads the value" in line
     assert "active patches: graph_config" in result.stderr
+
+
+# A kernel library that will not load: importing the module raises OSError, as ctypes.CDLL does.
+KERNEL_ERROR = "OSError('libbroken_kernel.so: cannot open shared object file')"
+# Hooked by war_snapshot_check only; SGLang imports it lazily, for HIP (deepseek_v4_backend).
+WAR_TARGET_MODULE = "sglang.srt.layers.attention.dsv4.low_ratio_backend_hip"
+
+# load_plugins as SGLang's processes call it; what it registered and wrapped is printed even when
+# startup stops (SystemExit goes on after the finally).
+LOAD_WITH_A_BROKEN_MODULE = """
+    import inspect, json, logging, sys
+    logging.basicConfig(level=logging.INFO)
+    from sglang.srt.plugins.hook_registry import HookRegistry
+    from sglang_mixgraph.patches.graph_config import PATCH as GRAPH_CONFIG
+    from sglang_mixgraph.registry import resolve_target
+
+    def identities():
+        return {h.target: id(inspect.getattr_static(*resolve_target(h.target)[:2]))
+                for h in GRAPH_CONFIG.hooks}
+
+    def ours():  # other installed plugins register hooks of their own
+        return sorted(t for t, hooks in HookRegistry._hooks.items()
+                      if any(fn.__module__.startswith("sglang_mixgraph") for _, fn, _ in hooks))
+
+    before = identities()
+    try:
+        from sglang.srt.plugins import load_plugins
+        load_plugins()
+    finally:
+        print("OUT" + json.dumps({
+            "registered": ours(),
+            "graph_config_untouched": identities() == before,
+        }))
+"""
+
+
+def test_an_enabled_patch_whose_target_module_does_not_import_stops_startup(tmp_path):
+    """Used to: the OSError escaped register(), SGLang's loader logged "Failed to execute
+    general plugin: mixgraph" and the server started with no patch at all."""
+    env = broken_import_env(tmp_path, WAR_TARGET_MODULE, KERNEL_ERROR)
+    env.update({"SGLANG_DEBUG_WAR_SNAPSHOT": "1", "SGLANG_MIXGRAPH_PREFILL_BUCKETS": "auto"})
+    result = run_python(LOAD_WITH_A_BROKEN_MODULE, env=env)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "sglang-mixgraph: startup stopped." in result.stderr
+    assert (
+        f"importing {WAR_TARGET_MODULE} raised OSError: libbroken_kernel.so: cannot open shared "
+        "object file"
+    ) in result.stderr
+    assert "switch the patch off (SGLANG_DEBUG_WAR_SNAPSHOT=0)" in result.stderr
+    assert "Failed to execute general plugin" not in result.stderr
+    assert "Traceback" not in result.stderr
+    out = json.loads(result.stdout.split("OUT", 1)[1])
+    # graph_config could apply, yet nothing of the plugin is installed: never half-applied
+    assert out == {"registered": [], "graph_config_untouched": True}
+
+
+# A patch on by default (none of the plugin's is) whose one target's module does not import.
+DEFAULT_ON_PATCH_WITH_A_BROKEN_MODULE = """
+    import json, logging
+    logging.basicConfig(level=logging.INFO)
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    import sglang_mixgraph.patches as patches
+    from sglang_mixgraph.flags import choice_flag
+    from sglang_mixgraph.registry import Hook, Patch
+
+    flag = choice_flag("SGLANG_MIXGRAPH_TEST_KERNEL", "on", ("on", "off"), "test", off_value="off")
+    hook = Hook("mixgraph_test_kernel.attention", "function", "a", HookType.AROUND, print)
+    kernel = Patch("kernel", "test", (flag,), (hook,), lambda: flag.get() == "on")
+    shipped = patches.all_patches
+    patches.all_patches = lambda: (*shipped(), kernel)
+    from sglang.srt.plugins import load_plugins
+    load_plugins()
+    print("OUT" + json.dumps({"kernel_registered": hook.target in HookRegistry._hooks}))
+"""
+
+
+def test_a_default_on_patch_whose_target_module_does_not_import_warns_once_and_stays_off(
+    tmp_path,
+):
+    env = broken_import_env(tmp_path, "mixgraph_test_kernel", KERNEL_ERROR)
+    env["SGLANG_MIXGRAPH_PREFILL_BUCKETS"] = "auto"
+    result = run_python(DEFAULT_ON_PATCH_WITH_A_BROKEN_MODULE, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.split("OUT", 1)[1]) == {"kernel_registered": False}
+    assert "Executed general plugin: mixgraph" in result.stderr
+    warnings = [
+        line
+        for line in result.stderr.splitlines()
+        if line.startswith("WARNING") and "patch 'kernel'" in line
+    ]
+    assert len(warnings) == 1, result.stderr[-3000:]
+    assert (
+        "  target mixgraph_test_kernel.attention: expected function with (a), found importing "
+        "mixgraph_test_kernel raised OSError: libbroken_kernel.so: cannot open shared object file"
+    ) in result.stderr
+    assert "Make mixgraph_test_kernel import (the error above) to use it" in result.stderr
+    assert "active patches: graph_config" in result.stderr  # the rest of the plugin loads
+    assert "Traceback" not in result.stderr
 
 
 # A worker process as SGLang starts one: the module bound `configure_logger` at import (as

@@ -11,9 +11,11 @@ from sglang_mixgraph import plugin
 from sglang_mixgraph.flags import FLAGS, bool_flag, choice_flag
 from sglang_mixgraph.patches import all_patches
 from sglang_mixgraph.registry import (
+    IMPORT_FAILED,
     Hook,
     Patch,
     PatchCheckError,
+    check_attribute,
     check_hook,
     describe_signature,
     install,
@@ -229,6 +231,74 @@ def test_default_on_patch_meeting_drift_warns_and_stays_off(
         install([bad])
 
 
+# A module that exists but whose body raises, as one that loads a kernel library (ctypes.CDLL)
+# raises OSError when the library is not there.
+BROKEN = "mixgraph_test_broken_kernel"
+BROKEN_ERROR = "libbroken_kernel.so: cannot open shared object file"
+
+
+@pytest.fixture
+def broken_kernel_module(tmp_path, monkeypatch):
+    (tmp_path / f"{BROKEN}.py").write_text(
+        f"raise OSError({BROKEN_ERROR!r})\n\ndef attention(a, b, *, c=1):\n    return a\n"
+    )
+    (tmp_path / "mixgraph_test_needs_a_dependency.py").write_text(
+        "import mixgraph_test_no_such_dependency\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return Hook(f"{BROKEN}.attention", "function", "a, b, *, c", HookType.AROUND, _passthrough)
+
+
+def test_a_target_module_whose_import_raises_is_a_failed_check_naming_it(broken_kernel_module):
+    """Used to: the OSError escaped the check, so SGLang's loader swallowed it (no patch at all)
+    and doctor died with a traceback."""
+    check = check_hook(broken_kernel_module)
+    assert not check.ok and check.why == IMPORT_FAILED and check.unimportable == BROKEN
+    assert check.found == f"importing {BROKEN} raised OSError: {BROKEN_ERROR}"
+    attribute = check_attribute(f"{BROKEN}.attention", object)
+    assert not attribute.ok and attribute.unimportable == BROKEN
+    # a module that is there but misses a dependency is named as the one that does not import
+    needs = check_attribute("mixgraph_test_needs_a_dependency.f", object)
+    assert needs.found == (
+        "importing mixgraph_test_needs_a_dependency raised ModuleNotFoundError: "
+        "No module named 'mixgraph_test_no_such_dependency'"
+    )
+    # a module that is not there at all stays "missing"
+    missing = check_attribute("mixgraph_test_no_such_module.f", object)
+    assert missing.why == "attribute missing" and missing.unimportable is None
+
+
+def test_an_unimportable_target_stops_an_explicit_patch_and_leaves_a_default_on_one_off(
+    broken_kernel_module, test_flags, default_on_flag, clean_hook_registry, monkeypatch, caplog
+):
+    good_hook = Hook(f"{__name__}._victim", "function", "a, b, *, c", HookType.AROUND, _passthrough)
+    good = _patch("good", "SGLANG_MIXGRAPH_TEST_CHOICE", [good_hook])
+    monkeypatch.setenv("SGLANG_MIXGRAPH_TEST_CHOICE", "b")
+    monkeypatch.delenv(default_on_flag.name, raising=False)
+    kernel = _patch("kernel", default_on_flag.name, [broken_kernel_module])
+
+    # on by default only: one warning naming the module and its error, off, the rest installs
+    with caplog.at_level("WARNING", logger="sglang_mixgraph"):
+        statuses = install([good, kernel])
+    assert [s.state for s in statuses] == ["active", "off (upstream changed)"]
+    warned = [r.getMessage() for r in caplog.records if "'kernel'" in r.getMessage()]
+    assert len(warned) == 1
+    assert f"importing {BROKEN} raised OSError: {BROKEN_ERROR}" in warned[0]
+    assert f"Make {BROKEN} import (the error above) to use it" in warned[0]
+    assert broken_kernel_module.target not in HookRegistry._hooks
+    assert good_hook.target in HookRegistry._hooks
+
+    # switched on: startup stops naming the module and the error, and nothing is registered
+    HookRegistry._hooks.pop(good_hook.target)
+    monkeypatch.setenv(default_on_flag.name, "on")
+    with pytest.raises(PatchCheckError) as err:
+        install([good, kernel])
+    assert f"importing {BROKEN} raised OSError: {BROKEN_ERROR}" in str(err.value)
+    assert f"Make {BROKEN} import (the error above), or switch the patch off" in str(err.value)
+    assert "install sglang==" not in str(err.value).lower()  # the pinned sglang is installed
+    assert good_hook.target not in HookRegistry._hooks
+
+
 def test_other_sglang_version_warns_once(monkeypatch, caplog):
     from sglang_mixgraph import registry
 
@@ -312,6 +382,41 @@ def test_patch_owning_an_upstream_flag_defers_and_touches_nothing(monkeypatch, c
             assert {k: list(v) for k, v in HookRegistry._hooks.items()} == before
     finally:
         FLAGS.pop(name)
+
+
+def test_a_deferral_says_what_becomes_of_each_switch_the_user_set(test_flags, monkeypatch):
+    """Used to say "SGLang's own <deferred flags> gets that value instead" of whichever switch
+    was set: false for a switch SGLang does not define (nothing reads it) and for several
+    deferred flags (only the field of the variable's own name reads it)."""
+    from sglang_mixgraph.registry import evaluate
+
+    upstream_name = (
+        "SGLANG_OPT_FLASHMLA_SPARSE_PREFILL"  # an upstream flag, standing in for a clash
+    )
+    deferred = bool_flag(upstream_name, False, "clash")
+    ours = FLAGS["SGLANG_MIXGRAPH_TEST_BOOL"]
+    try:
+        patch = Patch("two_switches", "test", (ours, deferred), (), lambda: False, switch_count=2)
+        monkeypatch.setenv(ours.name, "1")
+        monkeypatch.delenv(upstream_name, raising=False)
+        line = evaluate(patch).deferred
+        assert (
+            f"You set {ours.name}='1' to turn this plugin's patch on: SGLang defines no flag of "
+            "that name and this plugin's patch stays off, so nothing acts on the value."
+        ) in line
+        assert "gets that value" not in line and f"envs.{upstream_name}" not in line
+
+        monkeypatch.delenv(ours.name)
+        monkeypatch.setenv(upstream_name, "true")
+        line = evaluate(patch).deferred
+        assert (
+            f"You set {upstream_name}='true' to turn this plugin's patch on: SGLang's own field "
+            f"of that name (envs.{upstream_name}) reads the value, and this plugin's patch stays "
+            "off."
+        ) in line
+        assert ours.name not in line.split("You set", 1)[1]
+    finally:
+        FLAGS.pop(upstream_name)
 
 
 def _catalogued(upstream_pr):

@@ -176,7 +176,25 @@ def test_a_missing_upstream_function_is_reported_not_raised(monkeypatch):
     owner, attr = _owner(f"{ug.INDEXER}._forward_cuda_k_only")
     monkeypatch.delattr(owner, attr)
     (problem,) = ug._k_only_eager()
-    assert problem.startswith(f"{ug.INDEXER}._forward_cuda_k_only: cannot be read (AttributeError")
+    assert problem == (
+        f"{ug.INDEXER}._forward_cuda_k_only: cannot be read "
+        "(LookupError: 'Indexer' has no attribute '_forward_cuda_k_only')"
+    )
+
+
+def test_an_upstream_module_whose_import_raises_is_reported_not_raised(tmp_path, monkeypatch):
+    """Used to: the OSError of a kernel library that will not load escaped the guard and doctor
+    died with its traceback."""
+    (tmp_path / "mixgraph_test_broken_kernel.py").write_text(
+        "raise OSError('libbroken_kernel.so: cannot open shared object file')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (problem,) = ug._uses("mixgraph_test_broken_kernel.attention", "x")
+    assert problem == (
+        "mixgraph_test_broken_kernel.attention: cannot be read (TargetImportError: importing "
+        "mixgraph_test_broken_kernel raised OSError: libbroken_kernel.so: cannot open shared "
+        "object file)"
+    )
 
 
 def test_doctor_shows_every_guard_and_fails_on_a_broken_one(monkeypatch, capsys):

@@ -4,7 +4,8 @@ naming it instead of a traceback, a usage screen or a silent default.
 - `prepare_argv`: parses the server arguments with SGLang's own argument definitions first
   (unknown option, bad value), applies them on top of a reference deployment when no
   `--model-path` is given, refuses sizes that would make SGLang build enormous CUDA-graph
-  size lists (`MAX_PLAN_SIZE`, `MAX_PLAN_LIST`), a `--model-path` that does not exist, a
+  size lists (`MAX_PLAN_SIZE`, `MAX_PLAN_LIST`), a parallel size below 1, a `--model-path`
+  that does not exist or is a file other than a GGUF model (the config.json itself), a
   config.json that is not a JSON object and a DeepSeek-V4 `compress_ratios` whose length
   matches no layer count (`_check_config_json`);
 - `invalid_environment`: SGLang variables whose value SGLang would ignore with a warning;
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import os
 import re
@@ -34,6 +36,23 @@ MAX_PLAN_SIZE = 1 << 21  # 2,097,152 tokens (or requests) per size
 MAX_PLAN_LIST = 8192  # entries in an explicit size list
 _SIZE_DESTS = ("chunked_prefill_size", "cuda_graph_max_bs_prefill", "cuda_graph_max_bs_decode")
 _LIST_DESTS = ("cuda_graph_bs_prefill", "cuda_graph_bs_decode")
+# Numbers of ranks or nodes. SGLang's parser takes any int and its resolution checks only some of
+# them (parallel_hook `handle_data_parallelism` refuses --attn-dp-size 0), so --tp 0 used to
+# plan as a deployment that launch_server cannot start.
+_PARALLEL_DESTS = (
+    "nnodes",
+    "tp_size",
+    "pp_size",
+    "dp_size",
+    "attn_dp_size",
+    "attn_cp_size",
+    "dcp_size",
+    "moe_dp_size",
+    "ep_size",
+    "dwdp_size",
+    "moe_dense_tp_size",
+    "shared_experts_tp_size",
+)
 
 
 class PlanInputError(ValueError):
@@ -70,6 +89,21 @@ def quiet_import_warnings() -> Iterator[None]:
 
 
 # ---------------------------------------------------------------- server arguments
+
+
+@contextlib.contextmanager
+def _silenced(logger: logging.Logger) -> Iterator[None]:
+    """Hide what one SGLang logger says while `plan` says it in its own one line.
+
+    `ConfigArgumentMerger._parse_yaml_config` (sglang.srt.utils.server_args_config_parser) logs
+    "Failed to read config file ..." with the YAML error, four lines for a malformed file, then
+    raises the same error, which `prepare_argv` reports."""
+    disabled = logger.disabled
+    logger.disabled = True
+    try:
+        yield
+    finally:
+        logger.disabled = disabled
 
 
 class _RaisingParser(argparse.ArgumentParser):
@@ -118,7 +152,8 @@ def prepare_argv(user_argv: list[str], reference_argv: list[str] | None = None) 
         from sglang.srt.utils.server_args_config_parser import ConfigArgumentMerger
 
         try:
-            argv = ConfigArgumentMerger(parser).merge_config_with_args(argv)
+            with _silenced(logging.getLogger(ConfigArgumentMerger.__module__)):
+                argv = ConfigArgumentMerger(parser).merge_config_with_args(argv)
         except Exception as e:  # a missing file, bad YAML: the user's input, said in one line
             raise PlanInputError(f"--config: {' '.join(str(e).split())}") from None
     ns = parser.parse_args(argv)
@@ -130,6 +165,7 @@ def prepare_argv(user_argv: list[str], reference_argv: list[str] | None = None) 
         ns = parser.parse_args(argv)
         on_reference = True
     _check_sizes(parser, ns)
+    _check_parallel_sizes(parser, ns)
     _check_model_path(ns.model_path)
     return ServerArgv(argv=argv, on_reference=on_reference, user_argv=list(user_argv))
 
@@ -163,6 +199,96 @@ def _check_sizes(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> Non
             raise too_large(what, max(big))
 
 
+def _check_parallel_sizes(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
+    for dest in _PARALLEL_DESTS:
+        value = getattr(ns, dest, None)
+        if isinstance(value, int) and value < 1:
+            counted = "nodes" if dest == "nnodes" else "ranks"
+            raise PlanInputError(
+                f"{_option(parser, dest)} {value} is below 1: it is a number of {counted}"
+            )
+
+
+# Ceilings on a config.json's sizes, checked before SGLang loads it. While SGLang loads the
+# config (sglang.srt.utils.hf_transformers.config `get_config`), transformers builds lists with
+# one entry per layer (configuration_glm_moe_dsa `GlmMoeDsaConfig.__post_init__`: indexer_types,
+# mlp_layer_types, layer_types), each entry validated by huggingface_hub's strict dataclasses:
+# 10^8 layers never returned. Each ceiling is far above any released model's.
+MAX_CONFIG_LAYERS = 4096
+_MAX_WIDTH = 1 << 20  # hidden, intermediate, head and LoRA dimensions
+_MAX_HEADS = 1 << 14
+_LAYERS = "num_hidden_layers"
+_CONFIG_LIMITS = {
+    _LAYERS: MAX_CONFIG_LAYERS,
+    "num_nextn_predict_layers": MAX_CONFIG_LAYERS,
+    "hidden_size": _MAX_WIDTH,
+    "intermediate_size": _MAX_WIDTH,
+    "moe_intermediate_size": _MAX_WIDTH,
+    "head_dim": _MAX_WIDTH,
+    "q_lora_rank": _MAX_WIDTH,
+    "kv_lora_rank": _MAX_WIDTH,
+    "num_attention_heads": _MAX_HEADS,
+    "num_key_value_heads": _MAX_HEADS,
+    "index_n_heads": _MAX_HEADS,
+    "vocab_size": 1 << 24,
+    "n_routed_experts": 1 << 16,
+    "num_experts": 1 << 16,
+    "num_local_experts": 1 << 16,
+}
+# Lists with one entry per layer, then one per MTP layer.
+_PER_LAYER_LISTS = ("compress_ratios", "layer_types", "indexer_types", "mlp_layer_types")
+_MAX_PER_LAYER_ENTRIES = 2 * MAX_CONFIG_LAYERS
+
+
+def _config_sections(data: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The config and each sub-config one level down (a multimodal model's text_config),
+    with the prefix that names a key in it."""
+    yield "", data
+    for key, value in data.items():
+        if isinstance(value, dict):
+            yield f"{key}.", value
+
+
+def _check_config_sizes(config: Path, data: dict[str, Any]) -> None:
+    """Every size within its ceiling (`_CONFIG_LIMITS`), every per-layer list bounded."""
+    for prefix, section in _config_sections(data):
+        for key, limit in _CONFIG_LIMITS.items():
+            value = section.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value > limit:
+                # the layer count is what SGLang's loading walks (the comment on the limits)
+                why = "; SGLang's config loading builds lists that long" if key == _LAYERS else ""
+                raise PlanInputError(
+                    f"{config}: {prefix}{key} is {value}, more than plan accepts (at most "
+                    f"{limit}){why}"
+                )
+        for key in _PER_LAYER_LISTS:
+            entries = section.get(key)
+            if isinstance(entries, list) and len(entries) > _MAX_PER_LAYER_ENTRIES:
+                raise PlanInputError(
+                    f"{config}: {prefix}{key} has {len(entries)} entries, more than plan accepts "
+                    f"(at most {_MAX_PER_LAYER_ENTRIES}: one per layer and MTP layer)"
+                )
+
+
+def _check_architectures(config: Path, data: dict[str, Any]) -> None:
+    """`architectures` is a list of class names: SGLang iterates it (model_loader.utils
+    `get_model_architecture`) and reads its first entry (configs.model_config `_hf_arch`), so a
+    string would be read letter by letter."""
+    archs = data.get("architectures")
+    if isinstance(archs, str):
+        raise PlanInputError(
+            f'{config}: "architectures" is the string {json.dumps(archs)}; it must be a list of '
+            f"class names: {json.dumps([archs])}"
+        )
+    if archs is not None and not (
+        isinstance(archs, list) and all(isinstance(a, str) and a for a in archs)
+    ):
+        raise PlanInputError(
+            f'{config}: "architectures" must be a list of class names such as '
+            f'["LlamaForCausalLM"], got {json.dumps(archs)[:80]}'
+        )
+
+
 # SGLang's DeepSeek-V4 architectures (sglang.srt.configs.model_config `is_deepseek_v4`) and
 # the compress ratios its layers accept (models.deepseek_v4 attention `__init__`,
 # mem_cache.deepseek_v4_memory_pool `collect_sources_by_ratio`).
@@ -184,9 +310,10 @@ def _check_config_json(config: Path) -> None:
     an indexer layer (`configs.model_config.get_num_indexer_layers`, which sizes the indexer
     top-k capturer), so the deployment would run with counts that match no model. Both are
     refused here in one line.
-    """
-    import json
 
+    Before SGLang reads it: `architectures` a list of class names (`_check_architectures`) and
+    every size within a ceiling (`_check_config_sizes`), so that loading it stays bounded.
+    """
     try:
         data = json.loads(config.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as e:
@@ -196,6 +323,8 @@ def _check_config_json(config: Path) -> None:
             f"{config} holds a JSON {_json_kind(data)}, not an object: a model config.json is "
             '{"architectures": [...], ...}'
         )
+    _check_architectures(config, data)
+    _check_config_sizes(config, data)
     archs = data.get("architectures")
     arch = archs[0] if isinstance(archs, list) and archs else None
     if arch not in _DSV4_ARCHS or "NextN" in str(arch):
@@ -240,11 +369,33 @@ def _json_kind(value: Any) -> str:
     )
 
 
+def _check_model_file(path: Path, model_path: str) -> None:
+    """A file is a model only as a GGUF file (sglang.srt.utils.hf_transformers.common
+    `check_gguf_file`, which SGLang's config loading asks); any other file, the model's
+    config.json itself included, would be planned as a directory and fail at launch."""
+    from sglang.srt.utils.hf_transformers.common import check_gguf_file
+
+    if check_gguf_file(path):
+        return
+    if path.name == "config.json":
+        raise PlanInputError(
+            f"--model-path {model_path} is the model's config.json, not its directory: pass the "
+            f"directory that holds it (--model-path {path.parent})"
+        )
+    raise PlanInputError(
+        f"--model-path {model_path} is a file, not a model directory (a file is a model only as "
+        "GGUF): pass the directory that holds the model's config.json"
+    )
+
+
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.\-]*(/[A-Za-z0-9][\w.\-]*)?")
 
 
 def _check_model_path(model_path: str) -> None:
     path = Path(os.path.expanduser(model_path))
+    if path.is_file():
+        _check_model_file(path, model_path)
+        return
     if path.exists():
         if path.is_dir() and not any((path / n).is_file() for n in ("config.json", "params.json")):
             if not any(path.glob("*.gguf")):

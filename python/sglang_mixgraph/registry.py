@@ -33,6 +33,7 @@ logger = logging.getLogger(__name__)
 PINNED_SGLANG = "0.5.23"
 KINDS = ("function", "method", "classmethod", "staticmethod")
 DEFERRED = "deferred to upstream"
+IMPORT_FAILED = "its module does not import"
 
 
 class PatchCheckError(RuntimeError):
@@ -120,6 +121,8 @@ class TargetCheck:
     found: str
     ok: bool
     why: str = ""  # what is incompatible, when not ok
+    # The module on the target's path whose import raised, when that is why it is not ok.
+    unimportable: str | None = None
 
 
 @dataclass
@@ -178,18 +181,45 @@ def describe_signature(fn: Callable[..., Any]) -> str:
     return ", ".join(parts)
 
 
+class TargetImportError(LookupError):
+    """A module on a target's path exists but importing it raised (a kernel library that will
+    not load, a dependency that is missing): the target cannot be reached."""
+
+    def __init__(self, module: str, error: BaseException):
+        detail = " ".join(str(error).split())
+        super().__init__(
+            f"importing {module} raised {type(error).__name__}" + (f": {detail}" if detail else "")
+        )
+        self.module = module
+
+
+def _import_if_module(name: str) -> Any | None:
+    """The module `name`, or None when there is no such module (the name is an attribute)."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name == name:
+            return None
+        raise TargetImportError(name, e) from None  # the module is there, a dependency is not
+    except Exception as e:  # anything a module body raises: OSError from a CDLL, RuntimeError...
+        raise TargetImportError(name, e) from None
+
+
 def resolve_target(path: str) -> tuple[Any, str, Any]:
-    """Import the longest module prefix of `path`; return (owner, attribute name, raw attribute)."""
+    """Import the longest module prefix of `path`; return (owner, attribute name, raw attribute).
+
+    Raises LookupError when something on the path is missing, and its TargetImportError when a
+    module on it exists but its import raises: every failure is one the checks can report."""
     parts = path.split(".")
     module = None
     consumed = 0
-    for i in range(len(parts) - 1, 0, -1):
-        try:
-            module = importlib.import_module(".".join(parts[:i]))
-        except ModuleNotFoundError:
-            continue
-        consumed = i
-        break
+    # Shortest prefix first: the first name that is no module ends the module part, and a module
+    # whose import raises is named as the one that fails.
+    for i in range(1, len(parts)):
+        found = _import_if_module(".".join(parts[:i]))
+        if found is None:
+            break
+        module, consumed = found, i
     if module is None:
         raise LookupError(f"no importable module in {path!r}")
     owner: Any = module
@@ -281,7 +311,9 @@ def check_hook(hook: Hook) -> TargetCheck:
     expected = f"{hook.kind} with ({hook.signature})"
     try:
         owner, _attr, raw = resolve_target(hook.target)
-    except (LookupError, ImportError) as e:
+    except TargetImportError as e:
+        return TargetCheck(hook.target, expected, str(e), False, IMPORT_FAILED, e.module)
+    except LookupError as e:
         return TargetCheck(hook.target, expected, f"missing: {e}", False, "target missing")
     kind, fn = _kind_of(owner, raw)
     if fn is None:
@@ -300,7 +332,9 @@ def check_attribute(path: str, expected: type) -> TargetCheck:
     wanted = expected.__name__
     try:
         owner, attr, _raw = resolve_target(path)
-    except (LookupError, ImportError) as e:
+    except TargetImportError as e:
+        return TargetCheck(path, wanted, str(e), False, IMPORT_FAILED, e.module)
+    except LookupError as e:
         return TargetCheck(path, wanted, f"missing: {e}", False, "attribute missing")
     found = type(getattr(owner, attr)).__name__
     ok = isinstance(getattr(owner, attr), expected)
@@ -333,10 +367,26 @@ def warn_if_not_pinned() -> None:
         )
 
 
+def _who_reads(switch: Flag) -> str:
+    """What becomes of the value of a switch the user set while its patch defers to upstream."""
+    if switch.deferred:
+        return (
+            f"SGLang's own field of that name (envs.{switch.name}) reads the value, and this "
+            "plugin's patch stays off"
+        )
+    return (
+        "SGLang defines no flag of that name and this plugin's patch stays off, so nothing acts "
+        "on the value"
+    )
+
+
 def deferral_message(patch: Patch, requested: bool) -> str:
-    """One line: which patch defers, for which flag(s) SGLang defines itself, what to set."""
+    """One line: which patch defers, for which flag(s) SGLang defines itself, what to set.
+
+    With `requested`, also what becomes of each switch the user set to turn the patch on: the
+    variable is read only by a field of its own name (flags.Flag.upstream_field), never passed
+    to another flag."""
     names = [f.name for f in patch.flags if f.deferred]
-    switch = next((f for f in patch.switches if f.requests_on()), patch.flags[0])
     shown = " and ".join(names)
     line = (
         f"patch {patch.id!r} defers to upstream: sglang {installed_sglang_version()} defines "
@@ -344,14 +394,26 @@ def deferral_message(patch: Patch, requested: bool) -> str:
         f"off (nothing of it is installed)."
     )
     if requested:
-        line += (
-            f" You set {switch.name}={os.environ.get(switch.name)!r} to turn this plugin's patch on;"
-            f" SGLang's own {shown} gets that value instead."
-        )
+        for switch in (f for f in patch.switches if f.requests_on()):
+            line += (
+                f" You set {switch.name}={os.environ.get(switch.name)!r} to turn this plugin's "
+                f"patch on: {_who_reads(switch)}."
+            )
     return line + (
         f" Set {shown} as SGLang documents it to use SGLang's own feature, or install "
         f"sglang=={PINNED_SGLANG} to use this plugin's patch."
     )
+
+
+def _what_fixes(failed: list[TargetCheck]) -> str:
+    """What makes failed targets apply: the pinned sglang for upstream drift; for a module whose
+    import raised, making it import (installing another sglang would not help)."""
+    modules = sorted({c.unimportable for c in failed if c.unimportable is not None})
+    drifted = any(c.unimportable is None for c in failed)
+    fixes = [f"install sglang=={PINNED_SGLANG}"] if drifted else []
+    if modules:
+        fixes.append(f"make {', '.join(modules)} import (the error above)")
+    return " and ".join(fixes)
 
 
 def evaluate(patch: Patch) -> PatchStatus:
@@ -388,15 +450,16 @@ def evaluate(patch: Patch) -> PatchStatus:
     ]
     for c in failed:
         lines.append(f"  target {c.target}: expected {c.expected}, found {c.found} ({c.why})")
+    fix = _what_fixes(failed)
     if switched_on_explicitly(patch):
         lines.append(
-            f"  Install sglang=={PINNED_SGLANG}, or switch the patch off ({patch.switch_off_text()})."
+            f"  {fix[0].upper()}{fix[1:]}, or switch the patch off ({patch.switch_off_text()})."
         )
         status.error = "\n".join(lines)
     else:
         lines.append(
-            f"  It is on by default only, so it stays off and SGLang runs as upstream. Install "
-            f"sglang=={PINNED_SGLANG} to use it, or set {patch.switch_off_text()} to silence this."
+            f"  It is on by default only, so it stays off and SGLang runs as upstream. "
+            f"{fix[0].upper()}{fix[1:]} to use it, or set {patch.switch_off_text()} to silence this."
         )
         status.drift = "\n".join(lines)
         status.enabled = False

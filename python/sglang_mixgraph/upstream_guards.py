@@ -49,17 +49,14 @@ class Guard:
 
 
 def _get(path: str) -> Any:
-    """The object at a dotted path (module attribute or class attribute, raw from __dict__)."""
-    parts = path.split(".")
-    for i in range(len(parts) - 1, 0, -1):
-        try:
-            obj = importlib.import_module(".".join(parts[:i]))
-        except ModuleNotFoundError:
-            continue
-        for name in parts[i:]:
-            obj = inspect.getattr_static(obj, name)
-        return obj
-    raise LookupError(path)
+    """The object at a dotted path (module attribute or class attribute, raw from __dict__).
+
+    Resolved as the registry resolves a hook target: a module on the path whose import raises
+    (OSError from a kernel library) is a LookupError naming it, which every guard reports as a
+    problem instead of raising out of `doctor`."""
+    from sglang_mixgraph.registry import resolve_target
+
+    return resolve_target(path)[2]
 
 
 def _code(obj: Any) -> types.CodeType:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from sglang_mixgraph.flags import FLAGS
+from sglang_mixgraph.kits.broken_import import broken_import_env
 from sglang_mixgraph.kits.model_configs import write_model
 from sglang_mixgraph.patches import all_patches
 from sglang_mixgraph.presets import DSV4_MODEL_DIR, MEGA_MOE_CAP_ENV
@@ -129,6 +130,53 @@ def test_doctor_exits_1_when_an_enabled_patch_cannot_apply():
     assert patch["status"] == "cannot apply"
     assert "ServerArgs.no_such_method" in patch["reason"]
     assert patch["targets"][0]["ok"] is False
+
+
+BCG_MODULE = (
+    "sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph.breakable_cuda_graph"
+)
+
+
+# A module only war_snapshot_check hooks, and one that other patches hook and the upstream
+# guards read (the second in the slow tier). Its package imports it in its __init__, so the
+# package is the first module on the target's path whose import raises, and is named.
+@pytest.mark.parametrize(
+    "broken, patch, switch, target, named",
+    [
+        (
+            "sglang.srt.layers.attention.dsv4.low_ratio_backend_hip",
+            "war_snapshot_check",
+            "SGLANG_DEBUG_WAR_SNAPSHOT",
+            "sglang.srt.layers.attention.dsv4.low_ratio_backend_hip._extend_k_slots",
+            "sglang.srt.layers.attention.dsv4.low_ratio_backend_hip",
+        ),
+        pytest.param(
+            BCG_MODULE,
+            "drop_empty_segments",
+            "SGLANG_OPT_BCG_DROP_EMPTY_SEGMENTS",
+            f"{BCG_MODULE}.BreakableCUDAGraphCapture._end_current_segment",
+            BCG_MODULE.rsplit(".", 1)[0],
+            marks=pytest.mark.slow,
+        ),
+    ],
+)
+def test_doctor_names_a_target_module_whose_import_raises(
+    tmp_path, broken, patch, switch, target, named
+):
+    """Used to: doctor died with the OSError's traceback while checking the targets (and the
+    upstream guards)."""
+    env = broken_import_env(
+        tmp_path, broken, "OSError('libbroken_kernel.so: cannot open shared object file')"
+    )
+    result = cli("doctor", env={**env, switch: "1"})
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    lines = [line.strip() for line in result.stdout.splitlines()]
+    assert any(line.startswith(f"{patch}: cannot apply") for line in lines)
+    assert (
+        f"[BAD] {target}: importing {named} raised OSError: "
+        "libbroken_kernel.so: cannot open shared object file"
+    ) in lines
 
 
 # Three fresh processes: switched on (exit 1) in the fast tier, unset and off slow.

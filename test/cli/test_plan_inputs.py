@@ -22,8 +22,14 @@ import pytest
 from sglang_mixgraph import cli, target_gpu
 from sglang_mixgraph.core.prefill_buckets import padding_profile
 from sglang_mixgraph.kits.model_configs import write_model
-from sglang_mixgraph.plan_inputs import MAX_PLAN_LIST, MAX_PLAN_SIZE, PlanInputError, prepare_argv
-from sglang_mixgraph.presets import DSV4_MODEL_DIR, MEGA_MOE_CAP_ENV
+from sglang_mixgraph.plan_inputs import (
+    MAX_CONFIG_LAYERS,
+    MAX_PLAN_LIST,
+    MAX_PLAN_SIZE,
+    PlanInputError,
+    prepare_argv,
+)
+from sglang_mixgraph.presets import DSV4_MODEL_DIR, GLM5_MODEL_DIR, MEGA_MOE_CAP_ENV
 
 DSV4 = str(DSV4_MODEL_DIR)
 BUCKETS_ENV = "SGLANG_MIXGRAPH_PREFILL_BUCKETS"
@@ -209,6 +215,92 @@ def test_arguments_without_model_path_go_on_top_of_the_reference(plan_env, capsy
     )
 
 
+def _only_line(result: subprocess.CompletedProcess) -> str:
+    """The one line a refused plan printed: nothing else on stderr (no SGLang error, no
+    traceback) and nothing on stdout."""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and result.stdout == "", result.stderr[-3000:]
+    return lines[0]
+
+
+def test_the_config_json_given_as_the_model_path_is_refused():
+    """Used to be planned as if it were the model's directory (launch_server would fail)."""
+    result = _cli("plan", "--model-path", f"{DSV4}/config.json", timeout=120)
+    assert result.returncode == 1
+    assert _only_line(result) == (
+        f"sglang-mixgraph plan: --model-path {DSV4}/config.json is the model's config.json, not "
+        f"its directory: pass the directory that holds it (--model-path {DSV4})"
+    )
+
+
+def test_a_model_file_is_accepted_only_as_gguf(tmp_path):
+    from sglang_mixgraph.plan_inputs import _check_model_path
+
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"not a model")
+    with pytest.raises(PlanInputError, match="is a file, not a model directory"):
+        _check_model_path(str(weights))
+    gguf = tmp_path / "model-q4"
+    gguf.write_bytes(b"GGUF" + bytes(12))  # SGLang's check_gguf_file reads the magic
+    _check_model_path(str(gguf))
+
+
+def test_a_parallel_size_below_1_is_refused():
+    """--tp 0 used to be planned as a valid deployment."""
+    result = _cli("plan", "--tp", "0", timeout=120)
+    assert result.returncode == 1
+    assert (
+        _only_line(result)
+        == "sglang-mixgraph plan: --tp-size 0 is below 1: it is a number of ranks"
+    )
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--ep", "-2"], "--ep-size -2 is below 1: it is a number of ranks"),
+        (["--pp-size", "0"], "--pp-size 0 is below 1: it is a number of ranks"),
+        (["--dp-size", "0"], "--dp-size 0 is below 1: it is a number of ranks"),
+        (["--nnodes", "0"], "--nnodes 0 is below 1: it is a number of nodes"),
+    ],
+)
+def test_every_parallel_size_below_1_is_refused_before_sglang_sees_it(args, expected):
+    with pytest.raises(PlanInputError) as e:
+        prepare_argv(["--model-path", DSV4, *args])
+    assert str(e.value) == expected
+
+
+def test_architectures_given_as_a_string_is_refused(tmp_path):
+    """Used to be reported letter by letter ("L, l, a, m, a, ...")."""
+    model = write_model(tmp_path / "llama", architectures="LlamaForCausalLM")
+    result = _cli("plan", "--model-path", str(model), timeout=120)
+    assert result.returncode == 1
+    assert _only_line(result) == (
+        f'sglang-mixgraph plan: {model / "config.json"}: "architectures" is the string '
+        '"LlamaForCausalLM"; it must be a list of class names: ["LlamaForCausalLM"]'
+    )
+
+
+@pytest.mark.parametrize("architectures", [["LlamaForCausalLM", 3], [""], {"a": 1}])
+def test_architectures_must_be_a_list_of_class_names(tmp_path, architectures):
+    from sglang_mixgraph.plan_inputs import _check_config_json
+
+    config = write_model(tmp_path / "m", architectures=architectures) / "config.json"
+    with pytest.raises(PlanInputError, match='"architectures" must be a list of class names'):
+        _check_config_json(config)
+
+
+def test_a_malformed_config_yaml_is_plans_one_line_only(tmp_path):
+    """SGLang's own four-line error used to come before plan's line."""
+    config = tmp_path / "server.yaml"
+    config.write_text("tp-size: [8\n  bad: : x\n")
+    result = _cli("plan", "--config", str(config), timeout=120)
+    assert result.returncode == 1
+    line = _only_line(result)
+    assert line.startswith("sglang-mixgraph plan: --config: while parsing a flow sequence")
+    assert f'in "{config}", line 2, column 6' in line
+
+
 # ---------------------------------------------------------------- bounded work
 
 
@@ -272,6 +364,69 @@ def test_plan_returns_quickly_on_the_chunk_that_used_to_hang():
     ]
 
 
+def _glm5_config(directory: Path, **changes) -> Path:
+    """The embedded GLM-5 config.json with `changes`, in `directory`."""
+    config = json.loads((GLM5_MODEL_DIR / "config.json").read_text())
+    return write_model(directory, {**config, **changes})
+
+
+def test_a_glm5_config_with_100_million_layers_is_refused_at_once(tmp_path):
+    """Used to hang past 90 s inside SGLang's config loading (transformers builds per-layer
+    lists, each entry validated)."""
+    model = _glm5_config(tmp_path / "glm5", num_hidden_layers=100_000_000)
+    result = _cli("plan", "--model-path", str(model), "--tp", "8", timeout=90)
+    assert result.returncode == 1
+    assert _only_line(result) == (
+        f"sglang-mixgraph plan: {model / 'config.json'}: num_hidden_layers is 100000000, more "
+        f"than plan accepts (at most {MAX_CONFIG_LAYERS}); SGLang's config loading builds lists "
+        "that long"
+    )
+
+
+@pytest.mark.parametrize(
+    "changes, expected",
+    [
+        ({"num_hidden_layers": 1e8}, "num_hidden_layers is 100000000.0, more than plan accepts"),
+        (
+            {"hidden_size": 10**12},
+            f"hidden_size is {10**12}, more than plan accepts (at most 1048576)",
+        ),
+        (
+            {"num_attention_heads": 10**6},
+            "num_attention_heads is 1000000, more than plan accepts (at most 16384)",
+        ),
+        (
+            {"vocab_size": 10**9},
+            "vocab_size is 1000000000, more than plan accepts (at most 16777216)",
+        ),
+        ({"text_config": {"num_hidden_layers": 10**6}}, "text_config.num_hidden_layers is 1000000"),
+        (
+            {"compress_ratios": [4] * (2 * MAX_CONFIG_LAYERS + 1)},
+            f"compress_ratios has {2 * MAX_CONFIG_LAYERS + 1} entries, more than plan accepts "
+            f"(at most {2 * MAX_CONFIG_LAYERS}: one per layer and MTP layer)",
+        ),
+    ],
+)
+def test_config_sizes_are_bounded_before_sglang_reads_them(tmp_path, changes, expected):
+    from sglang_mixgraph.plan_inputs import _check_config_json
+
+    config = _glm5_config(tmp_path / "glm5", **changes) / "config.json"
+    start = time.monotonic()
+    with pytest.raises(PlanInputError) as e:
+        _check_config_json(config)
+    assert time.monotonic() - start < 1.0
+    assert str(e.value).startswith(f"{config}: {expected}")
+
+
+def test_the_ceilings_themselves_are_accepted(tmp_path):
+    from sglang_mixgraph.plan_inputs import _check_config_json
+
+    _check_config_json(GLM5_MODEL_DIR / "config.json")
+    _check_config_json(
+        _glm5_config(tmp_path / "glm5", num_hidden_layers=MAX_CONFIG_LAYERS) / "config.json"
+    )
+
+
 # ---------------------------------------------------------------- environment
 
 
@@ -284,6 +439,29 @@ def test_an_unwritable_home_is_named_as_the_cause(tmp_path):
     assert line.startswith(f"sglang-mixgraph plan: cannot write {home}/")
     assert "point SGLANG_CACHE_DIR at a writable directory or make HOME" in line
     assert "Traceback" not in result.stderr and "server arguments" not in result.stderr
+
+
+@pytest.mark.parametrize("command", ["plan", "doctor"])
+def test_a_reader_that_closes_the_pipe_ends_the_report_quietly(command):
+    """`plan | head`: used to end in a BrokenPipeError traceback."""
+    script = Path(sys.executable).with_name("sglang-mixgraph")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_")}
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader has left before the first line is written
+    try:
+        result = subprocess.run(
+            [str(script), command],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            env=env,
+            text=True,
+            timeout=240,
+        )
+    finally:
+        os.close(write_end)
+    assert result.returncode == 141  # 128 + SIGPIPE, as a shell reports it for `yes | head`
+    assert "Traceback" not in result.stderr and "BrokenPipeError" not in result.stderr
+    assert "Exception ignored" not in result.stderr  # the interpreter's flush at exit is quiet
 
 
 # ---------------------------------------------------------------- the SGLANG_PLUGINS allowlist

@@ -7,13 +7,17 @@ server and says which patch pays there. Each command module names itself, adds i
 runs; this module only dispatches. `plan` selects the described-GPU platform before
 anything imports `sglang.srt`, so no module here imports sglang at import time. The entry point
 is `main` (the `sglang-mixgraph` script, and `python -m sglang_mixgraph.cli`); `--version`
-names the plugin's version and the installed SGLang's, read from package metadata.
+names the plugin's version and the installed SGLang's, read from package metadata. A report
+whose reader closed the pipe (`doctor | head`) ends quietly with status 141, as Unix tools do.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
+from collections.abc import Callable
 from importlib import metadata
 
 from sglang_mixgraph import __version__
@@ -44,6 +48,29 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+# The exit status of a report whose reader closed the pipe (`plan | head`): 128 + SIGPIPE, what
+# a shell reports for any Unix tool that a closed pipe stopped (`yes | head`), so `set -o
+# pipefail` and PIPESTATUS read it as they do for them; 1 already means doctor found problems.
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
+
+
+def _until_the_reader_leaves(command: Callable[[], int]) -> int:
+    """Run a command that prints its report on stdout; stop quietly when the reader closed it.
+
+    Python ignores SIGPIPE and raises BrokenPipeError instead; SIGPIPE's default action is not
+    restored because it would also kill the process for any other pipe or socket. The recipe of
+    Python's signal documentation ("Note on SIGPIPE"): flush inside the guard, then point stdout
+    at devnull so that the interpreter's own flush at exit does not raise again."""
+    try:
+        code = command()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == [ab.NAME]:  # its own parser: run / report
@@ -53,10 +80,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == doctor.NAME:
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
-        return doctor.cmd_doctor(args)
+        return _until_the_reader_leaves(lambda: doctor.cmd_doctor(args))
     if args.command == advise.NAME:
         if rest:
             print(f"{advise.PROG}: unrecognized arguments: {' '.join(rest)}", file=sys.stderr)
             return 2
         return advise.cmd_advise(args)
-    return plan.cmd_plan(args, rest)  # the rest are SGLang server arguments
+    # the rest are SGLang server arguments
+    return _until_the_reader_leaves(lambda: plan.cmd_plan(args, rest))

@@ -11,5 +11,7 @@ torch at the top and sglang inside functions. One module per kit:
 `cost_fit` fitting the adaptive policy's cost model to measured timings;
 `host_timers` host time of named functions of the server's code inside a benchmark's phase;
 `profiler_trace` chrome traces in torch.profiler's format, built event by event;
-`gpu_machine` what the drivers read of the bare-torch GPU machine's set-up (tools/gpu-upstream).
+`gpu_machine` what the drivers read of the bare-torch GPU machine's set-up (tools/gpu-upstream);
+`broken_import` a module whose import raises in a fresh process (a kernel library that will not
+load).
 """
