@@ -54,6 +54,7 @@ def test_doctor_json_reports_versions_gpu_flags_and_every_patch(monkeypatch):
     report = cli_json("doctor")
     assert report["versions"]["sglang"] == "0.5.23"
     assert report["versions"]["sglang_pinned"] == "0.5.23"
+    assert report["versions"]["sglang_requirement"] == "sglang<0.5.24,>=0.5.23"
     assert report["versions"]["torch"]
     assert report["versions"]["flash_mla"]
     assert report["gpu"]["available"] is False

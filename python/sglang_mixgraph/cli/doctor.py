@@ -137,6 +137,7 @@ def doctor_report() -> dict[str, Any]:
         "versions": {
             "sglang": _dist_version("sglang"),
             "sglang_pinned": PINNED_SGLANG,
+            "sglang_requirement": _sglang_requirement(),
             "sglang_mixgraph": _dist_version("sglang-mixgraph"),
             "torch": _dist_version("torch"),
             "flash_mla": _dist_version("sgl-flash-mla"),
@@ -158,10 +159,25 @@ def doctor_report() -> dict[str, Any]:
     }
 
 
+def _sglang_requirement() -> str:
+    """The plugin's requirement on SGLang from its metadata, e.g. "sglang<0.5.24,>=0.5.23"."""
+    import re
+    from importlib.metadata import requires
+
+    from sglang_mixgraph.registry import PINNED_SGLANG
+
+    try:
+        found = [r for r in requires("sglang-mixgraph") or () if re.match(r"sglang\b(?!-)", r)]
+    except PackageNotFoundError:
+        found = []
+    return found[0] if found else f"sglang=={PINNED_SGLANG} (the plugin's metadata is missing)"
+
+
 def _print_doctor(report: dict[str, Any]) -> None:
     v = report["versions"]
     print(
-        f"sglang {v['sglang']} (pinned {v['sglang_pinned']}), sglang-mixgraph {v['sglang_mixgraph']}, "
+        f"sglang {v['sglang']} (requires {v['sglang_requirement']}), "
+        f"sglang-mixgraph {v['sglang_mixgraph']}, "
         f"torch {v['torch']}, flash_mla {v['flash_mla']}"
     )
     gpu = report["gpu"]
