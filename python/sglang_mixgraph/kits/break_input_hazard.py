@@ -120,8 +120,24 @@ class SyntheticBucket:
         self.x.copy_(torch.randn(self.n, WIDTH, generator=gen).cuda())
         self.graph.replay()
         torch.cuda.synchronize()
-        err = (self.y - self.reference()).abs().max().item()
-        return float("inf") if err != err else err
+        return (self.y - self.reference()).abs().max().item()
+
+
+class Tally:
+    """Replays counted, wrong ones (error over ``limit``, NaN included) and the worst error."""
+
+    def __init__(self, limit: float):
+        self.limit, self.replays, self.wrong, self.worst = limit, 0, 0, 0.0
+
+    def add(self, err) -> None:
+        err = float(err)
+        err = float("inf") if err != err else err  # a NaN read counts as the worst
+        self.replays += 1
+        self.worst = max(self.worst, err)
+        self.wrong += err > self.limit
+
+    def result(self, worst_key: str) -> dict:
+        return {"replays": self.replays, "wrong": self.wrong, worst_key: self.worst}
 
 
 def churn(nbytes: int) -> list[torch.Tensor]:
@@ -152,19 +168,13 @@ def run_synthetic(scenario: str, mode: str, rounds: int, seed: int) -> dict:
     reused = sum(1 for i, p in enumerate(ptrs) for q in ptrs[i + 1 :] if p & q)
     kept = churn(2 * sum(n * WIDTH * 4 for n in BUCKETS))
     gen = torch.Generator().manual_seed(seed)
-    wrong = replays = 0
-    worst = 0.0
+    tally = Tally(limit=1e-4)
     for r in range(rounds):
         for b in buckets if r % 2 else reversed(buckets):
-            err = b.replay_error(gen)
-            replays += 1
-            worst = max(worst, err)
-            wrong += err > 1e-4
+            tally.add(b.replay_error(gen))
     del kept
     return {
-        "replays": replays,
-        "wrong": wrong,
-        "worst_abs_err": worst,
+        **tally.result("worst_abs_err"),
         "capture_reserved_mib": capture_bytes / 2**20,
         "input_address_shared_by_bucket_pairs": reused,
     }
@@ -204,8 +214,7 @@ def run_dsv4(mode: str, rounds: int, seed: int) -> dict:
             buckets.append(b)
     capture_bytes = torch.cuda.memory_reserved() - base
     kept = churn(256 << 20)
-    wrong = replays = 0
-    worst = 0.0
+    tally = Tally(limit=1e-3)
     for r in range(rounds):
         for i, b in enumerate(buckets if r % 2 else list(reversed(buckets))):
             step = lives[(r + i) % len(lives)]
@@ -214,18 +223,9 @@ def run_dsv4(mode: str, rounds: int, seed: int) -> dict:
             ref_view, ref_fb = batch(step, num_decode_attr=None)
             want = ref_view.run_step(ref_fb, q=ref_view.q(), sink=ref_view.attn_sink())
             rows = view.step.num_rows
-            err = max(G.rel_l2(got[layer][:rows], want[layer]) for layer in b.layers)
-            err = float("inf") if err != err else float(err)
-            replays += 1
-            worst = max(worst, err)
-            wrong += err > 1e-3
+            tally.add(max(G.rel_l2(got[layer][:rows], want[layer]) for layer in b.layers))
     del kept
-    return {
-        "replays": replays,
-        "wrong": wrong,
-        "worst_rel_l2": worst,
-        "capture_reserved_mib": capture_bytes / 2**20,
-    }
+    return {**tally.result("worst_rel_l2"), "capture_reserved_mib": capture_bytes / 2**20}
 
 
 def run_case(scenario: str, mode: str, rounds: int, seed: int) -> dict:

@@ -167,8 +167,7 @@ def around_replay(original, self, *args, **kwargs):
 
 def explain_for_deployment(plan) -> str:
     """For `plan`: which of the deployment's graphs (a graph_plan.GraphPlan) the patch acts on."""
-    graphs = {"prefill": plan.prefill, "decode": plan.decode}
-    phases = [p for p in ("prefill", "decode") if graphs[p].backend == "breakable"]
+    phases = plan.breakable_phases
     if not phases:
         return "no breakable CUDA graph in this deployment: nothing to drop"
     return (

@@ -154,8 +154,7 @@ def _enabled() -> bool:
 
 
 def explain_for_deployment(plan) -> str:
-    graphs = {"prefill": plan.prefill, "decode": plan.decode}
-    phases = [p for p in ("prefill", "decode") if graphs[p].backend == "breakable"]
+    phases = plan.breakable_phases
     if not phases:
         return "no breakable CUDA graph in this deployment: nothing to hold"
     return (
