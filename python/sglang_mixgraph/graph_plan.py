@@ -423,11 +423,11 @@ class GraphPlan:
     def ok(self) -> bool:
         return not self.plugin_loaded or not any(v.blocks for v in self.validations)
 
-    @property
-    def breakable_phases(self) -> list[str]:
-        """ "prefill" and/or "decode": the phases whose CUDA graphs are breakable."""
-        graphs = {"prefill": self.prefill, "decode": self.decode}
-        return [p for p, g in graphs.items() if g.backend == "breakable"]
+
+def breakable_phases(plan) -> list[str]:
+    """The phases ("prefill", "decode") of a plan whose CUDA graphs are breakable."""
+    graphs = {"prefill": plan.prefill, "decode": plan.decode}
+    return [p for p, g in graphs.items() if g.backend == "breakable"]
 
 
 def _bucket_list(facts: Deployment, buckets, top: int) -> BucketList | None:

@@ -167,7 +167,9 @@ def around_replay(original, self, *args, **kwargs):
 
 def explain_for_deployment(plan) -> str:
     """For `plan`: which of the deployment's graphs (a graph_plan.GraphPlan) the patch acts on."""
-    phases = plan.breakable_phases
+    from sglang_mixgraph.graph_plan import breakable_phases
+
+    phases = breakable_phases(plan)
     if not phases:
         return "no breakable CUDA graph in this deployment: nothing to drop"
     return (

@@ -154,7 +154,9 @@ def _enabled() -> bool:
 
 
 def explain_for_deployment(plan) -> str:
-    phases = plan.breakable_phases
+    from sglang_mixgraph.graph_plan import breakable_phases
+
+    phases = breakable_phases(plan)
     if not phases:
         return "no breakable CUDA graph in this deployment: nothing to hold"
     return (
