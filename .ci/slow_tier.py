@@ -39,17 +39,9 @@ EVERYTHING = (
 # What `plan` and the resolution hook run through: the planner, SGLang's resolution, the presets.
 PLANNER = (
     PKG + "cli/*",
-    PKG + "graph_plan.py",
-    PKG + "prefill_settlement.py",
+    PKG + "planner/*",
     PKG + "bcg_rules.py",
-    PKG + "deployment_facts.py",
-    PKG + "resolve.py",
-    PKG + "plan_inputs.py",
-    PKG + "resolution_errors.py",
     PKG + "target_gpu.py",
-    PKG + "presets.py",
-    PKG + "dsa_surface.py",
-    PKG + "upstream_guards.py",
     PKG + "counters.py",
     PKG + "core/*",
     PKG + "data/*",

@@ -25,7 +25,7 @@ import os
 
 import pytest
 
-from sglang_mixgraph.resolve import load_plugins, select_described_platform
+from sglang_mixgraph.cli.resolve import load_plugins, select_described_platform
 
 REAL_GPU_DIRS = ("gpu_upstream",)
 SLOW_OPTION = "--slow"

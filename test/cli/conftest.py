@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from sglang_mixgraph.presets import MEGA_MOE_CAP_ENV
+from sglang_mixgraph.cli.presets import MEGA_MOE_CAP_ENV
 
 
 @pytest.fixture

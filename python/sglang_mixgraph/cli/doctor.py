@@ -76,13 +76,13 @@ def _split_cost_calibration() -> dict[str, Any]:
 
 
 def doctor_report() -> dict[str, Any]:
+    from sglang_mixgraph.cli.resolve import plugin_load_status
+    from sglang_mixgraph.cli.upstream_guards import guard_report
     from sglang_mixgraph.flags import FLAGS, FlagValueError
     from sglang_mixgraph.patches import all_patches
     from sglang_mixgraph.patches.hold_break_inputs import exposure as break_inputs_exposure
     from sglang_mixgraph.patches.mixed_split.state import PATCH_ID as SPLIT_PATCH_ID
     from sglang_mixgraph.registry import PINNED_SGLANG, evaluate, target_checks
-    from sglang_mixgraph.resolve import plugin_load_status
-    from sglang_mixgraph.upstream_guards import guard_report
 
     plugin = plugin_load_status()
     guards = guard_report()
@@ -247,8 +247,8 @@ def _print_doctor(report: dict[str, Any]) -> None:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from sglang_mixgraph.plan_inputs import quiet_import_warnings
-    from sglang_mixgraph.resolution_errors import environment_problem
+    from sglang_mixgraph.cli.plan_inputs import quiet_import_warnings
+    from sglang_mixgraph.cli.resolution_errors import environment_problem
 
     try:
         with quiet_import_warnings():

@@ -55,7 +55,7 @@ def _capture_json(report, calibrated: bool) -> dict[str, Any]:
         out["model"]["index_topk"] = report.shape.sparse.index_topk
     budget, verdict = report.budget, report.verdict
     if verdict is None:
-        from sglang_mixgraph.graph_plan import UNKNOWN_BUDGET
+        from sglang_mixgraph.planner.graph_plan import UNKNOWN_BUDGET
 
         out["verdict"] = {"fits": None, "why": UNKNOWN_BUDGET}
         return out
@@ -426,7 +426,7 @@ def _capture_estimate_lines(plan) -> list[str]:
     lines = [f"Capture estimate ({calibration_label(plan)}):"]
     v = cm.verdict
     if v is None:
-        from sglang_mixgraph.graph_plan import UNKNOWN_BUDGET
+        from sglang_mixgraph.planner.graph_plan import UNKNOWN_BUDGET
 
         lines.append(
             f"  {fmt_bytes(cm.estimate.total)} needed; available unknown ({UNKNOWN_BUDGET})"
@@ -479,7 +479,7 @@ def graph_config_if_on(plan) -> dict[str, str]:
     """For `plan` with the graph_config patch off: what each of its switches would do here,
     by "FLAG=value"."""
     from sglang_mixgraph.bcg_rules import DSV4_RULE, FORCEABLE_RULES
-    from sglang_mixgraph.graph_plan import DecidedBy
+    from sglang_mixgraph.planner.graph_plan import DecidedBy
 
     pg, bl = plan.prefill, plan.buckets
     user = pg.decided_by.kind is DecidedBy.USER

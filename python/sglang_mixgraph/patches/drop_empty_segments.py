@@ -167,7 +167,7 @@ def around_replay(original, self, *args, **kwargs):
 
 def explain_for_deployment(plan) -> str:
     """For `plan`: which of the deployment's graphs (a graph_plan.GraphPlan) the patch acts on."""
-    from sglang_mixgraph.graph_plan import breakable_phases
+    from sglang_mixgraph.planner.graph_plan import breakable_phases
 
     phases = breakable_phases(plan)
     if not phases:

@@ -7,7 +7,7 @@ rule hook (`rules_hook`) defers upstream's blanket DeepSeek-V4 BCG rule; AROUND
 derived bucket list is applied, the deferred rule settled by the capture-memory estimate and the
 startup validations run; AROUND `triton_symm_mem_ag.recommended_max_tokens` the logits
 all-gather is sized for mixed steps. ``SGLANG_EXPERIMENTAL_FORCE_BCG=1`` runs the same rule hook
-in forced mode (below). The planner (graph_plan.py, prefill_settlement.py) computes and
+in forced mode (below). The planner (planner/graph_plan.py, prefill_settlement.py) computes and
 decides the resolution hook's answer from the facts this module reads
 (deployment_facts.py); this module applies it and logs. Off by default
 because on a DeepSeek-V4-Pro rank slice on the H200 breakable replays of mixed steps were slower
@@ -77,7 +77,7 @@ def estimate_applies(server_args) -> bool:
     (the rule hook's estimate mode)."""
     from sglang.srt.arg_groups.overrides import resolving_view
 
-    from sglang_mixgraph.deployment_facts import out_of_scope
+    from sglang_mixgraph.planner.deployment_facts import out_of_scope
 
     if not _auto() or out_of_scope(server_args) is not None:
         return False
@@ -212,10 +212,10 @@ def _settle_rule(server_args, record: GraphDecisions, rule) -> None:
 def _validate_around(original, server_args, **kwargs):
     """AROUND the MegaMoE token-budget check: upstream's check, then the planner's one answer
     (`prefill_settlement.settle_prefill`) applied and logged."""
-    from sglang_mixgraph.deployment_facts import out_of_scope, read_deployment
-    from sglang_mixgraph.graph_plan import GraphConfigError
     from sglang_mixgraph.patches import live_width_indexer, mixed_split
-    from sglang_mixgraph.prefill_settlement import settle_out_of_scope, settle_prefill
+    from sglang_mixgraph.planner.deployment_facts import out_of_scope, read_deployment
+    from sglang_mixgraph.planner.graph_plan import GraphConfigError
+    from sglang_mixgraph.planner.prefill_settlement import settle_out_of_scope, settle_prefill
 
     original(server_args, **kwargs)
     if not _auto():  # the patch is off: upstream behaviour only (installed for a test process)
@@ -263,7 +263,7 @@ def _recommended_max_tokens_around(original, *args, **kwargs):
         from sglang.srt.runtime_context import get_parallel, get_schedule, get_server_args, get_spec
 
         from sglang_mixgraph.core.prefill_buckets import mixed_sampling_rows_bound
-        from sglang_mixgraph.deployment_facts import is_designed_model
+        from sglang_mixgraph.planner.deployment_facts import is_designed_model
 
         schedule = get_schedule()
         if not schedule.enable_mixed_chunk:

@@ -154,7 +154,7 @@ def _enabled() -> bool:
 
 
 def explain_for_deployment(plan) -> str:
-    from sglang_mixgraph.graph_plan import breakable_phases
+    from sglang_mixgraph.planner.graph_plan import breakable_phases
 
     phases = breakable_phases(plan)
     if not phases:

@@ -23,7 +23,7 @@ from sglang_mixgraph.core.capture_memory import (
     Verdict,
 )
 from sglang_mixgraph.core.prefill_buckets import PaddingProfile
-from sglang_mixgraph.deployment_facts import Deployment
+from sglang_mixgraph.planner.deployment_facts import Deployment
 
 # Upstream's floor for the logits all-gather
 # (`sglang.srt.layers.logits_processor.LogitsProcessor.__init__`).

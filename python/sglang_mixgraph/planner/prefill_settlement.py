@@ -17,8 +17,8 @@ import logging
 from dataclasses import dataclass
 
 from sglang_mixgraph.bcg_rules import GraphDecisions, Source
-from sglang_mixgraph.deployment_facts import Deployment
-from sglang_mixgraph.graph_plan import Validation
+from sglang_mixgraph.planner.deployment_facts import Deployment
+from sglang_mixgraph.planner.graph_plan import Validation
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ def _derived_buckets(facts: Deployment):
     from sglang.srt.model_executor.cuda_graph_config import Backend
 
     from sglang_mixgraph.core.prefill_buckets import BucketDerivationError
-    from sglang_mixgraph.graph_plan import derive_fitting_buckets, unhandled
+    from sglang_mixgraph.planner.graph_plan import derive_fitting_buckets, unhandled
 
     prefill = facts.prefill_graph
     if prefill.user_set & {"bs", "max_bs"}:
@@ -94,7 +94,7 @@ def _estimate_settles(backend, facts: Deployment, buckets: list[int]) -> RuleSet
     from sglang.srt.model_executor.cuda_graph_config import Backend
 
     from sglang_mixgraph.core.capture_memory import fmt_bytes
-    from sglang_mixgraph.graph_plan import UNKNOWN_BUDGET, capture_chunk, capture_estimate
+    from sglang_mixgraph.planner.graph_plan import UNKNOWN_BUDGET, capture_chunk, capture_estimate
 
     if backend != Backend.BREAKABLE:
         return RuleSettlement(Source.UPSTREAM_LATER, None, disable=False)
@@ -176,7 +176,7 @@ def settle_prefill(facts: Deployment, record: GraphDecisions) -> PrefillSettleme
     """
     from sglang.srt.model_executor.cuda_graph_config import Backend
 
-    from sglang_mixgraph.graph_plan import prefill_validations
+    from sglang_mixgraph.planner.graph_plan import prefill_validations
 
     if facts.out_of_scope is not None:
         return settle_out_of_scope(facts.out_of_scope, record)

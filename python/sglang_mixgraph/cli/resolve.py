@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from sglang_mixgraph import target_gpu
-from sglang_mixgraph.plan_inputs import quiet_import_warnings
+from sglang_mixgraph.cli.plan_inputs import quiet_import_warnings
 from sglang_mixgraph.target_gpu import DEFAULT_GPU, PLATFORM_PLUGIN_NAME, GpuSpec
 
 # The entry point SGLang's plugin loader finds us by (pyproject.toml).
@@ -224,8 +224,8 @@ def graph_plan_of(resolution: Resolution):
     """The planner's report (`graph_plan.GraphPlan`) of a finished resolution: its facts read
     once, for the GPU it was resolved for."""
     from sglang_mixgraph.bcg_rules import recorded
-    from sglang_mixgraph.deployment_facts import read_deployment
-    from sglang_mixgraph.graph_plan import graph_plan
+    from sglang_mixgraph.planner.deployment_facts import read_deployment
+    from sglang_mixgraph.planner.graph_plan import graph_plan
     from sglang_mixgraph.target_gpu import described_gpu
 
     with described_gpu(resolution.gpu.name):
