@@ -22,11 +22,14 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
 from sglang_mixgraph.flags import Flag, FlagValueError
+
+if TYPE_CHECKING:
+    from sglang_mixgraph.core.capture_memory import CaptureEffect
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +82,10 @@ class Patch:
     # the graph configuration), say what the patch would do there (act, or fall back and
     # why). None when the patch has nothing to add.
     explain: Callable[[Any], str] | None = None
+    # For the planner: what the patch changes in a breakable capture's memory in this process
+    # (reads its flags; core.capture_memory.CaptureEffect). The deployment facts read it from
+    # every patch (planner.deployment_facts.capture_effects_of). None when it changes nothing.
+    capture_effects: Callable[[], frozenset[CaptureEffect]] | None = None
     # Upstream attributes the hooks read besides their targets: (dotted path, expected type).
     reads: tuple[tuple[str, type], ...] = ()
     switch_count: int = 1

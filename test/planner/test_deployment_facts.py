@@ -75,3 +75,34 @@ def test_rules_that_hold_in_upstreams_order():
 def test_scope_is_mixed_chunk_on_a_sparse_mla_model(argv, why):
     facts, resolution = facts_of(argv)
     assert facts.out_of_scope == out_of_scope(resolution.server_args) == why
+
+
+def test_the_facts_take_what_patches_declare_they_change_in_capture_memory(monkeypatch):
+    """A patch tells the planner what it changes through its `Patch.capture_effects`: the facts
+    read the union of what the patches declare in this process, and the model shape follows."""
+    from sglang_mixgraph.core.capture_memory import CaptureEffect
+    from sglang_mixgraph.patches import all_patches, live_width_indexer, mixed_split
+    from sglang_mixgraph.planner.deployment_facts import capture_effects_of
+
+    patches = all_patches()
+    monkeypatch.setenv("SGLANG_OPT_DSV4_BCG_LIVE_WIDTH_INDEXER", "0")
+    monkeypatch.setenv("SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN", "0")
+    assert capture_effects_of(patches) == frozenset()
+    monkeypatch.setenv("SGLANG_OPT_DSV4_BCG_LIVE_WIDTH_INDEXER", "1")
+    monkeypatch.setenv("SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN", "1")
+    monkeypatch.setenv("SGLANG_MIXGRAPH_SPLIT_TAIL_GRAPHS", "1")
+    monkeypatch.setenv("SGLANG_OPT_USE_MULTI_STREAM_OVERLAP", "1")  # the indexer then stays out
+    assert capture_effects_of(patches) == {CaptureEffect.DECODE_TAIL_GRAPHS}
+    monkeypatch.setenv("SGLANG_OPT_USE_MULTI_STREAM_OVERLAP", "0")
+    assert capture_effects_of(patches) == set(CaptureEffect)
+    declaring = {p.id for p in patches if p.capture_effects is not None}
+    assert declaring == {live_width_indexer.PATCH.id, mixed_split.PATCH.id}
+
+    resolution = resolve([*DP_ATTENTION, *MIXED], gpu="B300")
+    with described_gpu("B300"):
+        plain = read_deployment(resolution.server_args).shape.sparse
+        both = read_deployment(
+            resolution.server_args, capture_effects=frozenset(CaptureEffect)
+        ).shape.sparse
+    assert (plain.logits_eager, plain.decode_tail_heads) == (False, 0)
+    assert both.logits_eager and both.decode_tail_heads > 0

@@ -26,6 +26,7 @@ from typing import Any
 
 from sglang_mixgraph import target_gpu
 from sglang_mixgraph.cli.plan_inputs import quiet_import_warnings
+from sglang_mixgraph.core.capture_memory import CaptureEffect
 from sglang_mixgraph.target_gpu import DEFAULT_GPU, PLATFORM_PLUGIN_NAME, GpuSpec
 
 # The entry point SGLang's plugin loader finds us by (pyproject.toml).
@@ -153,12 +154,9 @@ class Resolution:
     resolved: dict[str, Any]
     logs: list[logging.LogRecord] = field(default_factory=list)
     plugin: PluginLoad = field(default_factory=lambda: PluginLoad(True, "SGLang loads the plugin"))
-    # A fact of this process the planner is told (deployment_facts.read_deployment's
-    # indexer_logits_eager):
-    # the plugin is loaded and its live-width indexer acts in breakable captures.
-    indexer_logits_eager: bool = False
-    # Likewise: the split's decode tails replay from CUDA graphs of their own.
-    decode_tail_graphs: bool = False
+    # What the plugin's patches declare they change in capture memory in this process (none
+    # when SGLang does not load the plugin); the planner's facts take it.
+    capture_effects: frozenset[CaptureEffect] = frozenset()
 
     def messages(self, logger_prefix: str = "") -> list[str]:
         return [r.getMessage() for r in self.logs if r.name.startswith(logger_prefix)]
@@ -207,7 +205,8 @@ def resolve(argv: list[str], gpu: str = DEFAULT_GPU) -> Resolution:
         for lg, level in zip(loggers, previous_levels, strict=False):
             lg.removeHandler(collector)
             lg.setLevel(level)
-    from sglang_mixgraph.patches import live_width_indexer, mixed_split
+    from sglang_mixgraph.patches import all_patches
+    from sglang_mixgraph.planner.deployment_facts import capture_effects_of
 
     return Resolution(
         gpu=spec,
@@ -215,8 +214,7 @@ def resolve(argv: list[str], gpu: str = DEFAULT_GPU) -> Resolution:
         resolved=resolved,
         logs=collector.records,
         plugin=plugin,
-        indexer_logits_eager=plugin.loaded and live_width_indexer.acts_in_captures(),
-        decode_tail_graphs=plugin.loaded and mixed_split.tail_graphs_act(),
+        capture_effects=capture_effects_of(all_patches()) if plugin.loaded else frozenset(),
     )
 
 
@@ -229,11 +227,7 @@ def graph_plan_of(resolution: Resolution):
     from sglang_mixgraph.target_gpu import described_gpu
 
     with described_gpu(resolution.gpu.name):
-        facts = read_deployment(
-            resolution.server_args,
-            indexer_logits_eager=resolution.indexer_logits_eager,
-            decode_tail_graphs=resolution.decode_tail_graphs,
-        )
+        facts = read_deployment(resolution.server_args, capture_effects=resolution.capture_effects)
         return graph_plan(
             facts,
             recorded(resolution.server_args),

@@ -212,8 +212,12 @@ def _settle_rule(server_args, record: GraphDecisions, rule) -> None:
 def _validate_around(original, server_args, **kwargs):
     """AROUND the MegaMoE token-budget check: upstream's check, then the planner's one answer
     (`prefill_settlement.settle_prefill`) applied and logged."""
-    from sglang_mixgraph.patches import live_width_indexer, mixed_split
-    from sglang_mixgraph.planner.deployment_facts import out_of_scope, read_deployment
+    from sglang_mixgraph.patches import all_patches
+    from sglang_mixgraph.planner.deployment_facts import (
+        capture_effects_of,
+        out_of_scope,
+        read_deployment,
+    )
     from sglang_mixgraph.planner.graph_plan import GraphConfigError
     from sglang_mixgraph.planner.prefill_settlement import settle_out_of_scope, settle_prefill
 
@@ -225,11 +229,7 @@ def _validate_around(original, server_args, **kwargs):
     if why is not None:  # in scope at the rule hook perhaps, not now: read nothing more
         settled = settle_out_of_scope(why, record)
     else:
-        facts = read_deployment(
-            server_args,
-            indexer_logits_eager=live_width_indexer.acts_in_captures(),
-            decode_tail_graphs=mixed_split.tail_graphs_act(),
-        )
+        facts = read_deployment(server_args, capture_effects=capture_effects_of(all_patches()))
         settled = settle_prefill(facts, record)
     if settled.out_of_scope is None:
         record.upstream_max_bs = settled.upstream_max_bs

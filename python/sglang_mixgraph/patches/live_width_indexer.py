@@ -27,6 +27,7 @@ from sglang.srt.plugins.hook_registry import HookType
 
 from sglang_mixgraph import counters
 from sglang_mixgraph.core.attention_rows import batch_attention_rows
+from sglang_mixgraph.core.capture_memory import CaptureEffect
 from sglang_mixgraph.fallback import fallback_once
 from sglang_mixgraph.flags import bool_flag
 from sglang_mixgraph.registry import Hook, Patch
@@ -219,6 +220,9 @@ PATCH = Patch(
     hooks=HOOKS,
     is_enabled=lambda: bool(FLAG.get()),
     explain=explain_for_deployment,
+    capture_effects=lambda: (
+        frozenset({CaptureEffect.INDEXER_LOGITS_EAGER}) if acts_in_captures() else frozenset()
+    ),
     why=(
         "upstream captures DeepSeek-V4's c4 indexer in the breakable prefill graph at the "
         "capture width (the whole context unless --cuda-graph-prefill-max-context bounds it): "

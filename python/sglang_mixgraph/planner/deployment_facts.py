@@ -13,10 +13,12 @@ plugin stays cheap to load.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from sglang_mixgraph.bcg_rules import matching_rules
-from sglang_mixgraph.core.capture_memory import ModelShape
+from sglang_mixgraph.core.capture_memory import CaptureEffect, ModelShape
 
 
 def is_designed_model(hf_config) -> bool:
@@ -137,14 +139,19 @@ def _phase_graph(server_args, cfg, phase: str) -> PhaseGraph:
     )
 
 
+def capture_effects_of(patches: Iterable[Any]) -> frozenset[CaptureEffect]:
+    """What the given patches (`registry.Patch`) declare they change in capture memory in this
+    process: the union of their `capture_effects`."""
+    return frozenset(
+        effect for p in patches if p.capture_effects is not None for effect in p.capture_effects()
+    )
+
+
 def read_deployment(
-    server_args, *, indexer_logits_eager: bool = False, decode_tail_graphs: bool = False
+    server_args, *, capture_effects: frozenset[CaptureEffect] = frozenset()
 ) -> Deployment:
-    """The facts of the resolving deployment, with what the caller says of the patches (this
-    layer reads none): `indexer_logits_eager`, breakable captures run the c4 indexer's logits
-    in an eager break (the live-width indexer acts), so the estimate leaves them out of the
-    graph pool; `decode_tail_graphs`, the split's decode tails replay from CUDA graphs of
-    their own, which the estimate counts."""
+    """The facts of the resolving deployment, with what the patches of this process declare
+    they change in capture memory (`capture_effects_of`; this layer imports no patch)."""
     from sglang.srt.arg_groups.overrides import (
         model_config_of,
         post_capture_kv_sizing_planned,
@@ -188,7 +195,7 @@ def read_deployment(
         dllm=bool(getattr(cfg, "dllm_algorithm", None)),
         hisparse=bool(getattr(cfg, "enable_hisparse", False)),
         page_size=max(1, int(cfg.page_size or 1)),
-        shape=_model_shape(cfg, mc, indexer_logits_eager, decode_tail_graphs),
+        shape=_model_shape(cfg, mc, capture_effects),
         memory=MemoryFacts(
             device=cfg.device,
             pp_size=cfg.pp_size,
@@ -219,7 +226,7 @@ def _kernel_heads(heads: int, attn_tp_size: int) -> int:
     return 64 if local <= 64 else heads
 
 
-def _model_shape(cfg, mc, indexer_logits_eager: bool, decode_tail_graphs: bool) -> ModelShape:
+def _model_shape(cfg, mc, effects: frozenset[CaptureEffect]) -> ModelShape:
     """The capture-memory model's view of the model (core.capture_memory.ModelShape)."""
     from sglang.srt.configs.model_config import is_deepseek_v4
     from sglang.srt.environ import envs
@@ -246,12 +253,12 @@ def _model_shape(cfg, mc, indexer_logits_eager: bool, decode_tail_graphs: bool) 
             swa_window=int(getattr(text, "sliding_window", 128) or 128),
             index_heads=int(getattr(text, "index_n_heads", 64) or 64),
             torch_logits=bool(envs.SGLANG_FP8_PAGED_MQA_LOGITS_TORCH.get()),
-            logits_eager=indexer_logits_eager,
+            logits_eager=CaptureEffect.INDEXER_LOGITS_EAGER in effects,
             decode_tail_heads=_kernel_heads(
                 int(getattr(text, "num_attention_heads", 0) or 0),
                 _attn_tp_size(cfg),
             )
-            if decode_tail_graphs
+            if CaptureEffect.DECODE_TAIL_GRAPHS in effects
             else 0,
         )
     return ModelShape(hidden_size=hidden, hidden_multiplier=hc, sparse=sparse)

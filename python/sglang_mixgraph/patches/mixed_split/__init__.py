@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from sglang.srt.plugins.hook_registry import HookType
 
+from sglang_mixgraph.core.capture_memory import CaptureEffect
 from sglang_mixgraph.patches.mixed_split.boundary import (
     after_eager_load_batch,
     after_forward_batch_init_new,
@@ -188,6 +189,9 @@ PATCH = Patch(
     hooks=HOOKS,
     is_enabled=_is_enabled,
     explain=explain_for_deployment,
+    capture_effects=lambda: (
+        frozenset({CaptureEffect.DECODE_TAIL_GRAPHS}) if tail_graphs_act() else frozenset()
+    ),
     why=(
         "upstream sends every row of a DeepSeek-V4 MIXED batch through the sparse-prefill path "
         "(DeepseekV4AttnBackend._forward_prefill_sparse), whose bf16 workspace dequantizes each "
