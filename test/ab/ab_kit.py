@@ -21,9 +21,10 @@ import traceback
 import warnings
 from pathlib import Path
 
+from sglang_mixgraph.ab import standin
 from sglang_mixgraph.ab.tools import BENCH_MODULE
 
-STANDIN = Path(__file__).resolve().parent / "ab_standin.py"
+STANDIN = Path(standin.__file__).resolve()
 FLAG = "SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN"
 
 
