@@ -61,6 +61,7 @@ SLOW_FILES: dict[str, tuple[str, ...]] = {
         "test/patches/mixed_split/*",
     ),
     "test/ab/test_ab_standin.py": AB,
+    "test/ab/test_ab_demo.py": (*AB, PKG + "cli/demo.py"),
     "test/ab/test_rank_slice_device_ab.py": (*AB, "tools/rank-slice/*"),
     "test/tools/test_rank_slice_model.py": (*PLANNER, "tools/rank-slice/*"),
 }

@@ -36,7 +36,12 @@ def test_every_file_with_slow_tests_has_its_path_rule():
 
 def test_a_covered_path_selects_only_its_slow_files():
     chosen = slow_tier.select(["python/sglang_mixgraph/ab/report.py", "docs/ab.md"])
-    assert set(chosen) == {"test/ab/test_ab_standin.py", "test/ab/test_rank_slice_device_ab.py"}
+    assert set(chosen) == {
+        "test/ab/test_ab_standin.py",
+        "test/ab/test_ab_demo.py",
+        "test/ab/test_rank_slice_device_ab.py",
+    }
+    assert "test/ab/test_ab_demo.py" in slow_tier.select(["python/sglang_mixgraph/cli/demo.py"])
     assert "python/sglang_mixgraph/ab/report.py" in chosen["test/ab/test_ab_standin.py"]
     assert slow_tier.select(["docs/ab.md", "README.md"]) == {}
     own = "test/patches/mixed_split/test_mixed_split.py"

@@ -21,9 +21,11 @@ import traceback
 import warnings
 from pathlib import Path
 
+from sglang_mixgraph.ab import standin
+from sglang_mixgraph.ab.standin import write_model_dir
 from sglang_mixgraph.ab.tools import BENCH_MODULE
 
-STANDIN = Path(__file__).resolve().parent / "ab_standin.py"
+STANDIN = Path(standin.__file__).resolve()
 FLAG = "SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN"
 
 
@@ -42,20 +44,6 @@ output_len = 2
 num_prompts = 2
 warmup_requests = 1
 repeats = 1"""
-
-
-def write_model_dir(path: Path) -> Path:
-    """A directory bench_serving can load a tokenizer from: a word-level vocabulary."""
-    from tokenizers import Tokenizer
-    from tokenizers.models import WordLevel
-    from tokenizers.pre_tokenizers import Whitespace
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"[UNK]": 0, "tok": 1, **{f"w{i}": i + 2 for i in range(98)}}
-    tokenizer = Tokenizer(WordLevel(vocab, unk_token="[UNK]"))
-    tokenizer.pre_tokenizer = Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]").save_pretrained(path)
-    return path
 
 
 def write_gsm8k(path: Path, n: int = 40) -> Path:

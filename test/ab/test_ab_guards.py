@@ -1,6 +1,6 @@
 """`sglang-mixgraph ab` refuses a bad run before any server starts and never loses a finished one.
 
-Against the CPU stand-in server (ab_standin.py). Every mistake of the configuration file, the
+Against the CPU stand-in server (ab/standin.py). Every mistake of the configuration file, the
 flags or their combination is one line on stderr and exit 2, with no tool run and no server
 started: the stand-in writes its pid to STANDIN_PID_FILE as it starts, so no such file means
 no server. A run directory is locked by the run that holds it and refuses a configuration

@@ -1,7 +1,7 @@
 """`sglang-mixgraph ab` end to end against the stand-in server, on a CPU.
 
-The tool launches the stand-in (test/ab/ab_standin.py) through its own launch path, and SGLang's
-real `sglang.benchmark.serving` and GSM8K eval (`sglang.test.run_eval`) drive it. The checks:
+The tool launches the stand-in (sglang_mixgraph/ab/standin.py) through its own launch path, and
+SGLang's real `sglang.benchmark.serving` and GSM8K eval (`sglang.test.run_eval`) drive it. The checks:
 the report's numbers are what the stand-in was set to produce, accuracy is the known fraction,
 arms are interleaved A B B A, a second run skips every finished cell, a server that dies gives
 a clear error and keeps what was measured, Ctrl-C and startup failures leave no process

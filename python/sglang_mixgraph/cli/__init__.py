@@ -1,9 +1,10 @@
-"""`sglang-mixgraph doctor | plan | ab | advise`: the console script, one module per command.
+"""`sglang-mixgraph doctor | plan | ab | advise | demo`: the console script, a module each.
 
 `doctor` (doctor.py) says what is installed and what each patch does and why; `plan` (plan.py,
 with plan_format.py for the planner's JSON and text) resolves a deployment for a described GPU;
 `ab` (ab.py) hands its arguments to the A/B tool; `advise` (advise.py) profiles a running
-server and says which patch pays there. Each command module names itself, adds its parser and
+server and says which patch pays there; `demo` (demo.py) runs `ab` against a CPU stand-in
+server. Each command module names itself, adds its parser and
 runs; this module only dispatches. `plan` selects the described-GPU platform before
 anything imports `sglang.srt`, so no module here imports sglang at import time. The entry point
 is `main` (the `sglang-mixgraph` script, and `python -m sglang_mixgraph.cli`); `--version`
@@ -21,9 +22,9 @@ from collections.abc import Callable
 from importlib import metadata
 
 from sglang_mixgraph import __version__
-from sglang_mixgraph.cli import ab, advise, doctor, plan
+from sglang_mixgraph.cli import ab, advise, demo, doctor, plan
 
-COMMANDS = (doctor, plan, ab, advise)
+COMMANDS = (doctor, plan, ab, advise, demo)
 
 
 def version_line() -> str:
@@ -86,5 +87,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{advise.PROG}: unrecognized arguments: {' '.join(rest)}", file=sys.stderr)
             return 2
         return advise.cmd_advise(args)
+    if args.command == demo.NAME:
+        if rest:
+            print(f"{demo.PROG}: unrecognized arguments: {' '.join(rest)}", file=sys.stderr)
+            return 2
+        return _until_the_reader_leaves(lambda: demo.cmd_demo(args))
     # the rest are SGLang server arguments
     return _until_the_reader_leaves(lambda: plan.cmd_plan(args, rest))

@@ -1,4 +1,4 @@
-"""A stand-in for `python -m sglang.launch_server`, for the CPU tests of `sglang-mixgraph ab`.
+"""A stand-in for `python -m sglang.launch_server`: `sglang-mixgraph demo` and the `ab` CPU tests.
 
 It takes the launch arguments the tool passes (`--model-path`, `--host`, `--port`, the rest
 ignored) and speaks the endpoints SGLang's own clients use: `/health_generate`, `/v1/models`,
@@ -8,7 +8,8 @@ model, not a measurement: the first token after `--ttft-ms`, each further one af
 `--tpot-ms` plus `--tpot-per-running-ms` per request in flight. GSM8K answers are right for every question of `--gsm8k-data` whose line index is
 not a multiple of `--wrong-every`, so the expected accuracy is known. `--startup-s` delays
 the start (after logging a line), like a server loading weights. The model path must be a
-directory with a tokenizer (bench_serving loads it). Test hooks come from the environment
+directory with a tokenizer (bench_serving loads it; `write_model_dir` makes one).
+Test hooks come from the environment
 (inherited, not part of an arm): STANDIN_DIE_AFTER=N exits hard at the N-th `/generate`,
 STANDIN_PID_FILE receives the pids of the server and of a child it starts in its process group,
 STANDIN_WRAPPER (set by the tests' launch-prefix wrappers) is reported, when set, in
@@ -28,6 +29,7 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 FLAG = "SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN"
 
@@ -160,6 +162,21 @@ def make_handler(standin: Standin):
             )
 
     return Handler
+
+
+def write_model_dir(path: Path) -> Path:
+    """A directory bench_serving can load a tokenizer from: a word-level vocabulary."""
+    # Imported here: the server itself needs neither, and transformers takes seconds to import.
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"[UNK]": 0, "tok": 1, **{f"w{i}": i + 2 for i in range(98)}}
+    tokenizer = Tokenizer(WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]").save_pretrained(path)
+    return path
 
 
 def main() -> None:

@@ -1,0 +1,166 @@
+"""`sglang-mixgraph demo`: the A/B tool end to end against a CPU stand-in server, in under a minute.
+
+Without a GPU there is no SGLang server to compare arms on, so nothing shows what `ab` does.
+`demo` writes a two-arm configuration whose server is the package's stand-in (ab/standin.py:
+an HTTP app with a latency model; no model, no GPU, no SGLang server), runs it through the
+real `ab run` code path (launch, health wait, SGLang's own bench_serving, statistics, report)
+and prints the report, labelled as the stand-in's numbers. Its directory (`--dir`, by default a
+fresh temporary one) holds demo.toml, the stand-in's tokenizer (model/) and the run (run/), and
+is kept, so `ab report` and `ab run` can be tried on it afterwards. A `--dir` that exists and
+is not empty, or cannot be written, is one line and exit 2, before anything starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+NAME = "demo"
+PROG = f"sglang-mixgraph {NAME}"
+HELP = "run `ab` end to end against a CPU stand-in server (no GPU, no model), under a minute"
+
+EXIT_USAGE = 2
+STANDIN_MODULE = "sglang_mixgraph.ab.standin"
+CONFIG_NAME = "demo.toml"
+# The stand-in's latency model: the arms differ only in TPOT, so the report's ratio is known.
+TTFT_MS = 40
+TPOT_MS = {"baseline": 12, "candidate": 9}
+TPOT_PER_RUNNING_MS = 0.25
+
+NOT_MEASURED = "the numbers are a CPU stand-in's, not a measurement of SGLang or of a model"
+LABEL = (
+    f"{NOT_MEASURED}: every server is the plugin's stand-in ({STANDIN_MODULE}), an HTTP app "
+    f"with a latency model (TTFT {TTFT_MS} ms; TPOT {TPOT_MS['baseline']} ms in `baseline`, "
+    f"{TPOT_MS['candidate']} ms in `candidate`, + {TPOT_PER_RUNNING_MS:g} ms per request in "
+    "flight), with no GPU, no model and no SGLang server. Real: the A/B tool (launch, health "
+    "wait, cells, statistics, this report) and SGLang's own bench_serving driving the stand-in."
+)
+
+
+class DemoDirError(Exception):
+    """A --dir the demo cannot use; the message is the whole line."""
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        NAME,
+        help=HELP,
+        description=(
+            "Run `sglang-mixgraph ab run` end to end, two arms, against a CPU stand-in server "
+            "(no GPU, no model, no SGLang server): its numbers are the stand-in's, not a "
+            "model's. Prints the report. See docs/ab.md, 'Try it'."
+        ),
+        allow_abbrev=False,
+    )
+    p.add_argument(
+        "--dir",
+        metavar="DIR",
+        help="a new or empty directory for the configuration, the stand-in's tokenizer and the "
+        "run (default: a fresh temporary directory); kept afterwards",
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def demo_config(model: Path, port: int) -> str:
+    """The demo's `ab` configuration: two arms of the stand-in, one small cell each."""
+    command = [sys.executable, "-m", STANDIN_MODULE]
+    arms = "\n".join(
+        f'[[arm]]\nname = "{name}"\nargs = ["--tpot-ms", "{tpot}"]\n'
+        for name, tpot in TPOT_MS.items()
+    )
+    # json.dumps writes strings (and lists of them) that are valid TOML basic strings.
+    return f'''# Written by `sglang-mixgraph demo`: {NOT_MEASURED}.
+note = """`sglang-mixgraph demo`: {LABEL}"""
+
+[server]
+model_path = {json.dumps(str(model))}
+command = {json.dumps(command)}
+args = ["--ttft-ms", "{TTFT_MS}", "--tpot-per-running-ms", "{TPOT_PER_RUNNING_MS:g}"]
+port = {port}
+health_timeout_s = 60
+stop_timeout_s = 10
+
+{arms}
+[sweep]
+concurrencies = [4]
+dataset = "random-ids"
+input_len = 32
+output_len = 16
+num_prompts = 8
+warmup_requests = 2
+repeats = 1
+
+# SGLang's GSM8K eval would double the time; the stand-in answers it too (`--gsm8k-data`).
+[gsm8k]
+enabled = false
+'''
+
+
+def _demo_dir(given: str | None) -> Path:
+    """The directory to write into: new or empty (created), or a fresh temporary one."""
+    if given is None:
+        try:
+            return Path(tempfile.mkdtemp(prefix="sglang-mixgraph-demo-"))
+        except OSError as e:
+            raise DemoDirError(f"cannot make a temporary directory ({e.strerror or e})") from None
+    path = Path(given).resolve()
+    try:
+        if path.exists() and not path.is_dir():
+            raise DemoDirError(f"--dir {path}: exists and is not a directory")
+        if path.is_dir() and any(path.iterdir()):
+            raise DemoDirError(
+                f"--dir {path}: exists and is not empty; give a new or empty directory"
+            )
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DemoDirError(f"--dir {path}: cannot create or read it ({e.strerror or e})") from None
+    return path
+
+
+def _write_inputs(path: Path) -> Path:
+    """demo.toml and the stand-in's tokenizer in `path`; the configuration's path."""
+    from sglang_mixgraph.ab.standin import write_model_dir
+
+    config = path / CONFIG_NAME
+    try:
+        # The configuration first: an unwritable directory fails before transformers loads.
+        config.write_text(demo_config(path / "model", _free_port()))
+        write_model_dir(path / "model")
+    except OSError as e:
+        raise DemoDirError(f"--dir {path}: cannot write there ({e.strerror or e})") from None
+    return config
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    try:
+        path = _demo_dir(args.dir)
+        config = _write_inputs(path)
+    except DemoDirError as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    from sglang_mixgraph.ab import cli as ab_cli
+
+    run_dir = path / "run"
+    print(textwrap.fill(f"{PROG}: `ab run` with two arms; {LABEL}", width=100))
+    print(f"directory (kept): {path}")
+    print(f"configuration: {config}", flush=True)
+    code = ab_cli.main(["run", str(config), "--run-dir", str(run_dir), "--offline"])
+    report = run_dir / "report.md"
+    if report.is_file():
+        print(f"\n==> {report} <==\n{report.read_text()}")
+        print(
+            f"run it again (finished cells are skipped): sglang-mixgraph ab run {config} "
+            f"--run-dir {run_dir}\n"
+            f"rebuild the report: sglang-mixgraph ab report {run_dir}"
+        )
+    return code

@@ -1,0 +1,93 @@
+"""`sglang-mixgraph demo`, run as a user runs it: the installed console script.
+
+The whole demo (slow tier: two bench_serving children import SGLang, about 35 s on 2 cores)
+exits 0, writes its configuration, tokenizer and run into --dir, and prints the report, whose
+arms' TPOT is what the stand-in was told (the two arms differ there) and which says the numbers
+are the stand-in's; no server outlives it. A --dir it cannot use is one line on stderr and exit
+2, with nothing written and no server started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from ab_kit import pids_alive
+
+from sglang_mixgraph.cli import demo
+
+SCRIPT = shutil.which("sglang-mixgraph", path=os.path.dirname(sys.executable)) or shutil.which(
+    "sglang-mixgraph"
+)
+
+
+def _demo(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    assert SCRIPT, "the sglang-mixgraph console script is not installed"
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_", "STANDIN_"))}
+    full_env.update(env or {})
+    return subprocess.run(
+        [SCRIPT, "demo", *args], env=full_env, capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.mark.slow
+def test_demo_runs_ab_against_the_standin_and_prints_the_report(tmp_path):
+    where, pids = tmp_path / "demo", tmp_path / "pids"
+    result = _demo("--dir", str(where), env={"STANDIN_PID_FILE": str(pids)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (where / demo.CONFIG_NAME).is_file() and (where / "model").is_dir()
+    report = where / "run" / "report.md"
+    text = report.read_text()
+    out = " ".join(result.stdout.split())  # the header is wrapped
+    assert f"directory (kept): {where}" in out and demo.NOT_MEASURED in out
+    assert f"report: {report}" in result.stdout and text in result.stdout
+    assert demo.NOT_MEASURED in text and "**Result: PASS**" in text
+    summary = json.loads((where / "run" / "results.json").read_text())["summary"]
+    assert set(summary) == set(demo.TPOT_MS) and all(f"`{arm}`" in text for arm in summary)
+    for arm, tpot in demo.TPOT_MS.items():
+        # TPOT grows with each request in flight: 4 of them at concurrency 4.
+        expected = tpot + 4 * demo.TPOT_PER_RUNNING_MS
+        assert summary[arm]["4"]["median_tpot_ms"]["mean"] == pytest.approx(expected, rel=0.3)
+    assert len(pids.read_text().split()) == 4  # two servers, each with its child
+    assert pids_alive(pids) == []
+
+
+def _refused(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode == 2 and result.stdout == ""
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    return result.stderr
+
+
+def test_a_dir_that_is_not_empty_is_refused_and_left_alone(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    line = _refused(_demo("--dir", str(tmp_path)))
+    assert f"--dir {tmp_path}: exists and is not empty" in line
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+
+
+def test_a_dir_that_cannot_be_created_is_refused(tmp_path):
+    (tmp_path / "file").write_text("")
+    assert "exists and is not a directory" in _refused(_demo("--dir", str(tmp_path / "file")))
+    line = _refused(_demo("--dir", str(tmp_path / "file" / "demo")))
+    assert "cannot create or read it (Not a directory)" in line
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only directory")
+def test_an_unwritable_dir_is_refused(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    try:
+        assert "cannot write there (Permission denied)" in _refused(_demo("--dir", str(locked)))
+        assert list(locked.iterdir()) == []
+        line = _refused(_demo("--dir", str(locked / "demo")))
+        assert "cannot create or read it (Permission denied)" in line
+    finally:
+        locked.chmod(0o700)
+
+
+def test_an_argument_of_its_own_is_refused():
+    assert "unrecognized arguments: extra" in _refused(_demo("extra"))
