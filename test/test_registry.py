@@ -92,6 +92,31 @@ def _patch(pid, flag_name, hooks):
     )
 
 
+def test_install_records_the_patches_it_evaluated_and_nothing_when_it_refuses(
+    test_flags, clean_hook_registry, monkeypatch
+):
+    """A hook asks `evaluated_patches` what the plugin's patches declare (the graph-config hook
+    reads their capture effects): every patch an install checked, enabled or not, latest by
+    id; a refused install records none."""
+    from sglang_mixgraph import registry
+
+    monkeypatch.setattr(registry, "_evaluated", {})
+    monkeypatch.setenv("SGLANG_MIXGRAPH_TEST_BOOL", "0")
+    hook = Hook(f"{__name__}._victim", "function", "a, b, *, c", HookType.AROUND, _passthrough)
+    off = _patch("off", "SGLANG_MIXGRAPH_TEST_BOOL", [hook])
+    install([off])
+    assert registry.evaluated_patches() == (off,)
+    monkeypatch.setenv("SGLANG_MIXGRAPH_TEST_BOOL", "1")
+    broken = _patch(
+        "off",
+        "SGLANG_MIXGRAPH_TEST_BOOL",
+        [Hook(f"{__name__}._victim", "function", "z", HookType.AROUND, _passthrough)],
+    )
+    with pytest.raises(PatchCheckError):
+        install([broken])
+    assert registry.evaluated_patches() == (off,)
+
+
 @pytest.mark.parametrize(
     "bad_hook, found_text",
     [

@@ -473,6 +473,16 @@ def evaluate(patch: Patch) -> PatchStatus:
     return status
 
 
+# The patches this process's installs evaluated, by id: a hook asks them what they declare
+# (`evaluated_patches`) without importing the patch catalogue it is part of.
+_evaluated: dict[str, Patch] = {}
+
+
+def evaluated_patches() -> tuple[Patch, ...]:
+    """The patches `install` evaluated in this process (enabled or not), latest by id."""
+    return tuple(_evaluated.values())
+
+
 def install(patches: tuple[Patch, ...] | list[Patch]) -> list[PatchStatus]:
     """Check every enabled patch, then register all their hooks, or raise and register none."""
     warn_if_not_pinned()
@@ -480,6 +490,7 @@ def install(patches: tuple[Patch, ...] | list[Patch]) -> list[PatchStatus]:
     errors = [s.error for s in statuses if s.error is not None]
     if errors:
         raise PatchCheckError("\n".join(errors))
+    _evaluated.update((p.id, p) for p in patches)
     for s in statuses:
         if s.deferred is not None:
             logger.warning("sglang-mixgraph: %s", s.deferred)

@@ -36,7 +36,7 @@ from sglang_mixgraph.bcg_rules import (
 )
 from sglang_mixgraph.fallback import fallback_once
 from sglang_mixgraph.flags import bool_flag, choice_flag
-from sglang_mixgraph.registry import Hook, Patch
+from sglang_mixgraph.registry import Hook, Patch, evaluated_patches
 
 logger = logging.getLogger("sglang_mixgraph")
 
@@ -212,7 +212,6 @@ def _settle_rule(server_args, record: GraphDecisions, rule) -> None:
 def _validate_around(original, server_args, **kwargs):
     """AROUND the MegaMoE token-budget check: upstream's check, then the planner's one answer
     (`prefill_settlement.settle_prefill`) applied and logged."""
-    from sglang_mixgraph.patches import all_patches
     from sglang_mixgraph.planner.deployment_facts import (
         capture_effects_of,
         out_of_scope,
@@ -229,7 +228,8 @@ def _validate_around(original, server_args, **kwargs):
     if why is not None:  # in scope at the rule hook perhaps, not now: read nothing more
         settled = settle_out_of_scope(why, record)
     else:
-        facts = read_deployment(server_args, capture_effects=capture_effects_of(all_patches()))
+        effects = capture_effects_of(evaluated_patches())  # the plugin's patches in this process
+        facts = read_deployment(server_args, capture_effects=effects)
         settled = settle_prefill(facts, record)
     if settled.out_of_scope is None:
         record.upstream_max_bs = settled.upstream_max_bs
