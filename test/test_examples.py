@@ -102,3 +102,14 @@ def test_reproduction_examples_run_the_pull_requests_arms():
         {"SGLANG_OPT_BCG_DROP_EMPTY_SEGMENTS": "1"},
         ("--cuda-graph-backend-prefill", "breakable"),
     )
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_each_examples_gates_pass_only_on_what_the_data_confirm(path):
+    """A gate of an example passes only when the ratio's whole 95% interval is past its bound
+    (`judge = "confirmed"`), over at least two repeats so that there is an interval."""
+    config = parse_config(tomllib.loads(path.read_text()))
+    assert config.gates, f"{path.name}: no gate"
+    for gate in config.gates:
+        assert gate.judge == "confirmed", (path.name, gate.describe())
+    assert config.sweep.repeats // config.sweep.visits_per_block() >= 2, path.name

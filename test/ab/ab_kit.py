@@ -17,6 +17,7 @@ import os
 import runpy
 import socket
 import sys
+import threading
 import traceback
 import warnings
 from pathlib import Path
@@ -161,6 +162,21 @@ def inprocess_invoker(module, argv, log_path, timeout_s, watch):
         return 0
     finally:
         sys.argv = saved_argv
+
+
+def watching_invoker(module, argv, log_path, timeout_s, watch):
+    """`inprocess_invoker` in a thread while this one calls `watch` as the tool's own invoker
+    does, so the runner's progress lines are printed while the load generator runs. The tool's
+    output must not go to sys.stderr then (the thread redirects it into the log)."""
+    code: list[int] = []
+    worker = threading.Thread(
+        target=lambda: code.append(inprocess_invoker(module, argv, log_path, timeout_s, watch))
+    )
+    worker.start()
+    while worker.is_alive():
+        watch()
+        worker.join(0.05)
+    return code[0]
 
 
 class Recorder:

@@ -33,7 +33,7 @@ from sglang_mixgraph.ab.config import (
 from sglang_mixgraph.ab.results import judge_bounds
 from sglang_mixgraph.ab.server import ServerError, launch_argv, launch_problems
 from sglang_mixgraph.ab.stats import estimate, paired_ratio, t975, t_quantile, wilson
-from sglang_mixgraph.ab.tools import TIMED_OUT, subprocess_invoker
+from sglang_mixgraph.ab.tools import TIMED_OUT, bench_argv, subprocess_invoker
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "ab_dsv4.toml"
@@ -84,7 +84,7 @@ def test_example_config_is_the_dsv4_split_experiment():
     assert config.arm("split").env == {"SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN": "1"}
     assert config.sweep.concurrencies[-1] == 2048
     assert config.gsm8k.threshold == 0.93
-    assert config.gates[0].candidate == "split" and config.gates[0].min_ratio == 1.0
+    assert config.gates[0].candidate == "split" and config.gates[0].min_ratio == 0.98
     assert arms.env_problems(config) == []
 
 
@@ -370,7 +370,7 @@ def test_dry_run_prints_the_plan_with_attached_arms(tmp_path, capsys):
         "http://h:1", "--dataset-name", "random", "--random-input-len", "2048",
         "--random-output-len", "1024", "--random-range-ratio", "1.0", "--num-prompts", "1536",
         "--max-concurrency", "256", "--warmup-requests", "512", "--seed", "42", "--output-file",
-        str(run_dir / cell.stem) + ".jsonl", "--disable-tqdm", "--flush-cache",
+        str(run_dir / cell.stem) + ".jsonl", "--flush-cache",
     ])  # fmt: skip
     assert f"  arm=split concurrency=256 repeat=1: {expected}" in lines
     assert "  server: attach http://h:1" in lines
@@ -488,7 +488,7 @@ def test_gates_fail_a_clear_regression_and_pass_a_neutral_change():
     ok, basis = judged(*neutral, "no_regression", maximum=0.99)
     assert ok and basis == "lower bound 0.969x <= 0.99x"
     ok, basis = judged(*neutral, "confirmed", minimum=0.95, maximum=1.05)
-    assert ok and basis == "lower bound 0.969x >= 0.95x; upper bound 1.029x <= 1.05x"
+    assert ok and basis == "lower bound 0.969x > 0.95x; upper bound 1.029x < 1.05x"
     # One repeat: no interval, the value, said so.
     ok, basis = judged([990.0], [1000.0], "no_regression", minimum=1.0)
     assert not ok and basis == "value 0.990x < 1x (no interval: one repeat)"
@@ -1096,3 +1096,92 @@ def test_rates_shapes_and_slos_change_the_keys_only_when_used():
         raw_with(sweep=sweep, shape=[{"name": "x", "input_len": 2048, "output_len": 1024}])
     )
     assert settings_key(cell_settings(same, same.arm("split"), at(same, 64), 0)) == key
+
+
+def test_a_confirmed_gate_passes_only_on_an_interval_that_excludes_its_bound():
+    # At the bound: `no_regression` passes an interval that reaches it, `confirmed` fails one
+    # that touches it and passes one just past it; one repeat confirms nothing.
+    assert judge_bounds(1.05, 1.0, 1.1, judge="confirmed", minimum=1.0) == (
+        False,
+        "lower bound 1.000 = 1",
+    )
+    assert judge_bounds(1.05, 1.0001, 1.1, judge="confirmed", minimum=1.0)[0]
+    assert judge_bounds(0.95, 0.9, 1.0, judge="no_regression", minimum=1.0)[0]
+    assert not judge_bounds(0.95, 0.9, 1.0, judge="confirmed", maximum=1.0)[0]
+    assert judge_bounds(0.95, 0.9, 0.9999, judge="confirmed", maximum=1.0)[0]
+    assert judge_bounds(1.2, None, None, judge="confirmed", minimum=1.0) == (
+        False,
+        "value 1.200 > 1 (no interval: one repeat confirms nothing)",
+    )
+    gate = {**RAW["gate"][0], "judge": "confirmed"}
+    with pytest.raises(ConfigError, match=r"judge 'confirmed': .* at least 2 repeats .* has 1$"):
+        parse_config(raw_with(gate=[gate], sweep={**RAW["sweep"], "repeats": 1}))
+
+
+SHARED_PREFIX = {"num_groups": 4, "prompts_per_group": 8, "system_prompt_len": 1000}
+
+
+def _shared_prefix_sweep(**keys) -> dict:
+    sweep = {k: v for k, v in RAW["sweep"].items() if k not in ("input_len", "output_len")}
+    sweep = {k: v for k, v in sweep.items() if k not in ("range_ratio", "prompts_per_concurrency")}
+    return {**sweep, "dataset": "generated-shared-prefix", **keys}
+
+
+def test_shared_prefix_workload_is_bench_servings_flags_and_counts(tmp_path):
+    config = parse_config(raw_with(sweep=_shared_prefix_sweep(shared_prefix=SHARED_PREFIX)))
+    sw = config.sweep
+    point = sw.points()[0]
+    # bench_serving's defaults for the keys not given; 4 x 8 requests whatever the concurrency
+    assert sw.shared_prefix.question_len == 128 and sw.shared_prefix.output_len == 256
+    assert sw.prompts(point) == sw.completions(point) == 32
+    assert (sw.shapes[0].input_len, sw.shapes[0].output_len) == (1000 + 128, 256)
+    argv = bench_argv(config, "http://h:1", point, tmp_path / "out.jsonl")
+    assert argv[argv.index("--gsp-num-groups") :][:4] == ["--gsp-num-groups", "4",
+                                                         "--gsp-prompts-per-group", "8"]  # fmt: skip
+    assert "--random-input-len" not in argv
+    # Several turns: each is a completed request in bench_serving's count.
+    turns = {**SHARED_PREFIX, "num_turns": 3}
+    chat = parse_config(
+        raw_with(sweep=_shared_prefix_sweep(shared_prefix=turns, backend="sglang-oai-chat"))
+    )
+    assert chat.sweep.completions(point) == 96
+    # The dataset alone: bench_serving's own defaults, known to the tool (64 x 16 requests).
+    alone = parse_config(raw_with(sweep=_shared_prefix_sweep()))
+    assert alone.sweep.prompts(point) == 1024
+    # Other cells keep their keys: the workload is in a cell's settings only when set.
+    plain = parse_config(RAW)
+    assert (
+        "shared_prefix"
+        not in cell_settings(plain, plain.arms[0], plain.sweep.points()[0], 0)["bench"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("keys", "message"),
+    [
+        ({"input_len": 8}, r"\[sweep\] input_len: the shared-prefix workload takes its lengths"),
+        ({"num_prompts": 8}, r"\[sweep\] num_prompts: the shared-prefix workload sends num_groups"),
+        ({"dataset": "random"}, "is the workload of dataset 'generated-shared-prefix', not of"),
+        (
+            {"extra_args": ["--gsp-num-groups=2"]},
+            r"extra_args: --gsp-num-groups is set by \[sweep\] shared_prefix num_groups",
+        ),
+        (
+            {"shared_prefix": {**SHARED_PREFIX, "num_turns": 2}},
+            "num_turns 2: bench_serving sends several turns only through a chat backend",
+        ),
+        (
+            {"shared_prefix": {"groups": 2}},
+            r"\[sweep\] shared_prefix: unknown key 'groups' \(known: "
+            "num_groups, num_turns, output_len",
+        ),  # fmt: skip
+        (
+            {"shared_prefix": {"num_groups": 0}},
+            r"\[sweep\] shared_prefix.num_groups: must be at least 1",
+        ),
+    ],
+)
+def test_shared_prefix_refuses_what_would_send_another_workload(keys, message):
+    sweep = _shared_prefix_sweep(shared_prefix=SHARED_PREFIX)
+    with pytest.raises(ConfigError, match=message):
+        parse_config(raw_with(sweep={**sweep, **keys}))

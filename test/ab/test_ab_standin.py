@@ -34,12 +34,14 @@ from ab_kit import (
     pids_alive,
     small_sweep,
     standin_config,
+    watching_invoker,
     write_gsm8k,
     write_model_dir,
     write_wrapper,
 )
 
 from sglang_mixgraph.ab import cli as ab_cli
+from sglang_mixgraph.ab import runner
 from sglang_mixgraph.ab import server as servers
 from sglang_mixgraph.ab import versions as ab_versions
 from sglang_mixgraph.ab.config import parse_config, read_toml
@@ -741,3 +743,126 @@ def test_an_interrupted_run_is_incomplete_not_failed(tmp_path, capsys):
     ) in out
     assert _run(config, run_dir, Recorder()) == 0  # resumed: the rest is measured
     assert json.loads((run_dir / "results.json").read_text())["status"] == "PASS"
+
+
+def test_accept_length_tail_latencies_and_what_was_sent_reach_results_report_and_csv(
+    tmp_path, capsys
+):
+    """A server with speculative decoding reports its accept length (the stand-in: 3.5 in
+    `base`, 2.75 in `split`); bench_serving records it with its p90/p95 latencies, input and
+    total tok/s, peak concurrency and token totals, and each reaches every output."""
+    arms = TWO_ARMS.replace('"10"]', '"10", "--spec-accept-length", "3.5"]').replace(
+        '"5"]', '"5", "--spec-accept-length", "2.75"]'
+    )
+    config = standin_config(
+        tmp_path, arms=arms, sweep=small_sweep("[2]").replace("repeats = 1", "repeats = 2")
+    )
+    run_dir = tmp_path / "run"
+    _run_passes(config, run_dir, capsys)
+    assert "accept length 2.75" in capsys.readouterr().err  # the cell's summary line
+    results = json.loads((run_dir / "results.json").read_text())
+    summary = {arm: results["summary"][arm]["2"] for arm in ("base", "split")}
+    assert summary["base"]["accept_length"]["mean"] == 3.5
+    assert summary["split"]["accept_length"]["mean"] == 2.75
+    assert results["ratios_vs_baseline"]["split"]["2"]["accept_length"]["mean"] == pytest.approx(
+        2.75 / 3.5
+    )
+    for cell in results["cells"]:
+        line = json.loads((run_dir / cell["raw"]).read_text().splitlines()[-1])
+        for key in ("p90_tpot_ms", "p95_ttft_ms", "p95_e2e_latency_ms", "input_throughput",
+                    "total_throughput", "max_concurrent_requests"):  # fmt: skip
+            assert cell["metrics"][key] == line[key], key
+        # 2 prompts of 8 random ids and 2 output tokens each: the lengths actually sent
+        assert line["completed"] == 2 and line["total_input_tokens"] == 16
+        assert cell["metrics"]["mean_input_len_sent"] == 8.0
+        assert cell["metrics"]["mean_output_len_sent"] == 2.0
+        assert 1 <= cell["metrics"]["max_concurrent_requests"] <= 2 * 2
+    report = (run_dir / "report.md").read_text()
+    assert "| req/s | accept length | TPOT p50 ms |" in report
+    assert "| TPOT p90 ms | TPOT p95 ms | TTFT p90 ms | TTFT p95 ms |" in report
+    assert (
+        "| input len sent | output len sent | input tok/s | total tok/s | "
+        "peak concurrent requests | repeats |"
+    ) in report
+    assert re.search(r"\| 2 \| `base` \| .* \| 3\.50 ± 0\.00 \| ", report)
+    assert re.search(r"\| 2 \| `split` \| 8\.00 ± 0\.00 \| 2\.00 ± 0\.00 \| ", report)
+    rows = {r["arm"]: r for r in csv.DictReader(io.StringIO((run_dir / "results.csv").read_text()))}
+    assert float(rows["split"]["accept_length"]) == 2.75
+    assert float(rows["split"]["accept_length_ratio"]) == pytest.approx(2.75 / 3.5)
+    assert float(rows["base"]["mean_input_len_sent"]) == 8.0
+    assert "p95_itl_ms_low" in rows["base"] and "max_concurrent_requests" in rows["base"]
+
+
+def test_a_long_cell_says_how_many_requests_are_done(tmp_path):
+    """bench_serving's own progress bar, read from the cell's log while it runs: counts that
+    grow to the cell's prompts, none before the measured requests start."""
+    sweep = small_sweep("[1]").replace("num_prompts = 2", "num_prompts = 6")
+    config_path = standin_config(
+        tmp_path, arms=TWO_ARMS, sweep=sweep.replace("output_len = 2", "output_len = 20")
+    )
+    config = parse_config(read_toml(config_path))
+    visits = [v for v in runner.plan(config) if v.arm.name == "base"]
+    lines: list[str] = []
+    outcome = runner.run(
+        config,
+        tmp_path / "run",
+        visits,
+        invoker=watching_invoker,
+        out=lines.append,
+        progress_every_s=0.15,
+    )
+    assert outcome.errors == [] and not outcome.interrupted, lines
+    running = [line for line in lines if "arm=base concurrency=1 repeat=1: running" in line]
+    counts = [
+        tuple(map(int, found.groups()))
+        for line in running
+        if (found := re.search(r"so far, (\d+)/(\d+) requests done, log ", line))
+    ]
+    assert counts, running
+    assert {total for _, total in counts} == {6}
+    done = [d for d, _ in counts]
+    assert done == sorted(done) and max(done) <= 6 and len(set(done)) >= 2, counts
+    # Before the bar (loading, warm-up): the time and the log, no count.
+    assert "requests done" not in running[0], running
+
+
+def test_shared_prefix_workload_sends_its_own_counts_and_lengths(tmp_path, capsys):
+    """[sweep] shared_prefix: bench_serving's --gsp-* flags, its request count (groups x
+    questions, not num_prompts), and the lengths it actually sent, which are not the
+    nominal ones (range ratio 0.5 draws each length between half and all of its target)."""
+    sweep = """concurrencies = [2]
+warmup_requests = 1
+repeats = 1
+
+[sweep.shared_prefix]
+num_groups = 2
+prompts_per_group = 3
+system_prompt_len = 24
+question_len = 8
+output_len = 4
+range_ratio = 0.5"""
+    config = standin_config(tmp_path, arms=TWO_ARMS, sweep=sweep)
+    run_dir = tmp_path / "run"
+    recorder = _run_passes(config, run_dir, capsys)
+    _, argv = recorder.calls[0]
+    assert argv[argv.index("--dataset-name") + 1] == "generated-shared-prefix"
+    flags = dict(zip(argv[::1], argv[1::1], strict=False))
+    assert (flags["--gsp-num-groups"], flags["--gsp-prompts-per-group"]) == ("2", "3")
+    assert (flags["--gsp-system-prompt-len"], flags["--gsp-output-len"]) == ("24", "4")
+    assert "--random-input-len" not in argv
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["dataset"] == "generated-shared-prefix"
+    assert results["shared_prefix"]["num_groups"] == 2
+    for cell in results["cells"]:
+        line = json.loads((run_dir / cell["raw"]).read_text().splitlines()[-1])
+        assert line["completed"] == 2 * 3
+        sent_in = cell["metrics"]["mean_input_len_sent"]
+        assert sent_in == line["total_input_tokens"] / 6
+        assert sent_in < 24 + 8  # below the nominal first-turn length
+        assert cell["metrics"]["mean_output_len_sent"] == line["total_output_tokens"] / 6 < 4
+    report = (run_dir / "report.md").read_text()
+    assert (
+        "2 shared system prompts of 24 tokens, each with 3 questions of 8 tokens, one turn "
+        "each, output 4 tokens (range ratio 0.5), 6 requests per cell"
+    ) in report
+    assert "| input len sent | output len sent |" in report

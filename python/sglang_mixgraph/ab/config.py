@@ -27,7 +27,7 @@ import hashlib
 import json
 import math
 import tomllib
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ from sglang_mixgraph.ab.config_schema import (
     GateTable,
     Gsm8kTable,
     ShapeTable,
+    SharedPrefixTable,
     SloTable,
     SweepTable,
     validated,
@@ -62,6 +63,10 @@ GOODPUT_METRICS = ("request_goodput", "slo_attainment")
 CONCURRENCY = "concurrency"
 RATE = "rate"
 DEFAULT_JUDGE = "no_regression"  # of a gate (config_schema.JUDGES)
+SHARED_PREFIX_DATASET = "generated-shared-prefix"
+# bench_serving runs several turns of a conversation only through these backends
+# (sglang.benchmark.serving.MULTI_TURN_BACKENDS; it asserts it in wrap_multi_turn_request_func).
+MULTI_TURN_BACKENDS = ("sglang-oai-chat", "vllm-chat", "lmdeploy-chat")
 # The cells of a whole plan, bounded as every count is (config_schema.MAX_COUNT).
 MAX_CELLS = 10_000
 # How deep tables and arrays may nest in the file ([[arm]] env.NAME, the deepest key, is 3).
@@ -102,6 +107,34 @@ class Shape:
     input_len: int
     output_len: int
     range_ratio: float
+
+
+@dataclass(frozen=True)
+class SharedPrefix:
+    """bench_serving's generated-shared-prefix workload: `num_groups` system prompts, each
+    shared by `prompts_per_group` requests of `num_turns` questions. The defaults are
+    bench_serving's own (`--gsp-*` in sglang.benchmark.serving.cli_main)."""
+
+    num_groups: int = 64
+    prompts_per_group: int = 16
+    system_prompt_len: int = 2048
+    question_len: int = 128
+    output_len: int = 256
+    num_turns: int = 1
+    range_ratio: float = 1.0
+
+    @property
+    def requests(self) -> int:
+        """What bench_serving sends: one request (conversation) per group and prompt; it
+        ignores --num-prompts for this dataset."""
+        return self.num_groups * self.prompts_per_group
+
+    def flags(self) -> list[str]:
+        """The `--gsp-*` flags that send this workload."""
+        argv = []
+        for key, value in asdict(self).items():
+            argv += [f"--gsp-{key.replace('_', '-')}", str(value)]
+        return argv
 
 
 @dataclass(frozen=True)
@@ -146,6 +179,8 @@ class Sweep:
     repeats: int = 3  # A B, B A, A B: the fewest that give an interval worth reading
     cell_timeout_s: float = 3600.0
     extra_args: tuple[str, ...] = ()
+    # The generated-shared-prefix dataset's workload (None for every other dataset).
+    shared_prefix: SharedPrefix | None = None
     # Blocks: `block` is the visit order of one block (arm names, each arm equally often), run
     # whole on one machine; `repeats` is then blocks x visits per arm. Without `block`, each
     # repeat is a block of one visit per arm (A B, then B A).
@@ -162,11 +197,19 @@ class Sweep:
         return repeat // self.visits_per_block()
 
     def prompts(self, point: Point) -> int:
+        if self.shared_prefix is not None:
+            return self.shared_prefix.requests
         if self.num_prompts is not None:
             return self.num_prompts
         if point.kind == RATE:
             return max(self.min_prompts, math.ceil(point.value * self.rate_duration_s))
         return max(self.min_prompts, self.prompts_per_concurrency * int(point.value))
+
+    def completions(self, point: Point) -> int:
+        """The `completed` count of a cell where every request succeeds: bench_serving counts
+        each turn of a multi-turn conversation."""
+        turns = self.shared_prefix.num_turns if self.shared_prefix is not None else 1
+        return self.prompts(point) * turns
 
     def warmup(self, point: Point) -> int:
         if self.warmup_requests is not None:
@@ -300,6 +343,7 @@ def _sweep(table: SweepTable) -> Sweep:
             f"{where}: give warmup_requests (a count) or warmup_per_concurrency, not both"
         )
     given = _given(table)
+    given.pop("shared_prefix", None)
     given["concurrencies"] = tuple(sorted(table.concurrencies or ()))
     given["request_rates"] = tuple(sorted(table.request_rates or ()))
     if table.block is not None:
@@ -311,6 +355,8 @@ def _sweep(table: SweepTable) -> Sweep:
     elif table.blocks is not None:
         raise ConfigError(f"{where} blocks: needs block (the visit order of one block)")
     sweep = Sweep(**given)
+    if table.shared_prefix is not None or sweep.dataset == SHARED_PREFIX_DATASET:
+        return _shared_prefix(table, sweep)
     shape = Shape(
         f"in{sweep.input_len}_out{sweep.output_len}",
         sweep.input_len,
@@ -320,8 +366,55 @@ def _sweep(table: SweepTable) -> Sweep:
     return replace(sweep, shapes=(shape,))
 
 
+def _shared_prefix(table: SweepTable, sweep: Sweep) -> Sweep:
+    """The generated-shared-prefix workload: its counts and lengths are `[sweep] shared_prefix`
+    (bench_serving's defaults where not given), and nothing else may say otherwise."""
+    where = "[sweep]"
+    if table.dataset not in (None, SHARED_PREFIX_DATASET):
+        raise ConfigError(
+            f"{where} shared_prefix: is the workload of dataset {SHARED_PREFIX_DATASET!r}, "
+            f"not of {table.dataset!r}"
+        )
+    for key in ("input_len", "output_len", "range_ratio"):
+        if getattr(table, key) is not None:
+            raise ConfigError(
+                f"{where} {key}: the shared-prefix workload takes its lengths from [sweep] "
+                "shared_prefix (system_prompt_len, question_len, output_len, range_ratio)"
+            )
+    for key in ("num_prompts", "prompts_per_concurrency", "min_prompts"):
+        if getattr(table, key) is not None:
+            raise ConfigError(
+                f"{where} {key}: the shared-prefix workload sends num_groups x "
+                "prompts_per_group requests ([sweep] shared_prefix); bench_serving ignores "
+                "--num-prompts for it"
+            )
+    workload = SharedPrefix(**_given(table.shared_prefix or SharedPrefixTable()))
+    for flag in workload.flags()[::2]:
+        if any(arg == flag or arg.startswith(f"{flag}=") for arg in sweep.extra_args):
+            key = flag.removeprefix("--gsp-").replace("-", "_")
+            raise ConfigError(f"{where} extra_args: {flag} is set by [sweep] shared_prefix {key}")
+    if workload.num_turns > 1 and sweep.backend not in MULTI_TURN_BACKENDS:
+        raise ConfigError(
+            f"{where} shared_prefix num_turns {workload.num_turns}: bench_serving sends several "
+            f"turns only through a chat backend ({', '.join(MULTI_TURN_BACKENDS)}); [sweep] "
+            f"backend is {sweep.backend!r}"
+        )
+    # One shape: the first turn's target lengths, system prompt and question together.
+    shape = Shape(
+        f"prefix{workload.system_prompt_len}_q{workload.question_len}_out{workload.output_len}",
+        workload.system_prompt_len + workload.question_len,
+        workload.output_len,
+        workload.range_ratio,
+    )
+    return replace(sweep, dataset=SHARED_PREFIX_DATASET, shared_prefix=workload, shapes=(shape,))
+
+
 def _shapes(tables: list[ShapeTable], sweep_table: SweepTable, sweep: Sweep) -> Sweep:
     """`[[shape]]` entries replace `[sweep]`'s one pair of lengths."""
+    if sweep.shared_prefix is not None:
+        raise ConfigError(
+            "[[shape]]: the shared-prefix workload has its lengths in [sweep] shared_prefix"
+        )
     if not tables:
         raise ConfigError("[[shape]]: give at least one, or leave it out")
     for key in ("input_len", "output_len"):
@@ -409,6 +502,13 @@ def _gates(
         if low is not None and high is not None and low > high:
             raise ConfigError(
                 f"{where}: min_ratio {low:g} is above max_ratio {high:g}; no ratio can pass"
+            )
+        blocks = sweep.repeats // sweep.visits_per_block()
+        if table.judge == "confirmed" and blocks < 2:
+            # The ratio's interval is over blocks (each repeat one without a block order).
+            raise ConfigError(
+                f"{where} judge 'confirmed': passes only on a 95% interval, which needs at "
+                f"least 2 repeats (blocks with a block order); the sweep has {blocks}"
             )
         gates.append(
             Gate(
@@ -583,7 +683,7 @@ def with_counts(raw: dict[str, Any], sweep: Sweep) -> dict[str, Any]:
     `ab report` look for cells under other keys (and call them missing).
     """
     table = dict(raw.get("sweep", {}))
-    if "num_prompts" not in table:
+    if "num_prompts" not in table and sweep.shared_prefix is None:
         table.setdefault("prompts_per_concurrency", sweep.prompts_per_concurrency)
         table.setdefault("min_prompts", sweep.min_prompts)
     if "warmup_requests" not in table:
@@ -649,6 +749,9 @@ def cell_settings(config: Config, arm: Arm, point: Point, repeat: int) -> dict[s
         "seed": sw.seed,
         "extra_args": list(sw.extra_args),
     }
+    if sw.shared_prefix is not None:
+        # Only with that workload: the keys of every other dataset's cells stay what they were.
+        bench["shared_prefix"] = asdict(sw.shared_prefix)
     if config.slo.limits:
         # Only with SLOs: the keys of runs without them stay what they were.
         bench["goodput"] = config.slo.goodput_args()

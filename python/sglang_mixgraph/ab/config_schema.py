@@ -40,12 +40,10 @@ MAX_SEED = 2**32 - 1  # bench_serving seeds numpy with it
 GATE_METRICS = (
     "output_throughput_per_gpu",
     "output_throughput",
-    "median_tpot_ms",
-    "p99_tpot_ms",
-    "median_ttft_ms",
-    "p99_ttft_ms",
-    "median_itl_ms",
-    "p99_itl_ms",
+    "input_throughput",
+    "total_throughput",
+    "accept_length",
+    *(f"{p}_{m}_ms" for m in ("tpot", "ttft", "itl") for p in ("median", "p90", "p95", "p99")),
     "request_goodput",
     "slo_attainment",
 )
@@ -204,6 +202,17 @@ class ArmTable(_Table):
     launch_prefix: Prefix | None = None
 
 
+class SharedPrefixTable(_Table):
+    # bench_serving's --gsp-* flags of its generated-shared-prefix dataset, without the prefix.
+    num_groups: Count | None = None
+    prompts_per_group: Count | None = None
+    system_prompt_len: Count | None = None
+    question_len: Count | None = None
+    output_len: Count | None = None
+    num_turns: Count | None = None
+    range_ratio: Fraction | None = None
+
+
 class SweepTable(_Table):
     concurrencies: Annotated[tuple[Count, ...], Field(strict=False)] | None = None
     request_rates: Annotated[tuple[Positive, ...], Field(strict=False)] | None = None
@@ -224,6 +233,7 @@ class SweepTable(_Table):
     repeats: Repeats | None = None
     cell_timeout_s: Timeout | None = None
     extra_args: Words | None = None
+    shared_prefix: SharedPrefixTable | None = None
     block: Words | None = None
     blocks: Repeats | None = None
     warm_visit: str | None = None
@@ -315,6 +325,8 @@ _SECTIONS: dict[str, type[_Table]] = {
     "run": RunTable,
 }
 _ARRAYS_OF_TABLES = ("arm", "shape", "gate")  # written [[arm]]
+# Tables inside a section, by (section, key): their unknown keys list their own known ones.
+_SUBTABLES: dict[tuple[str, str], type[_Table]] = {("sweep", "shared_prefix"): SharedPrefixTable}
 
 
 # ---------------------------------------------------------------- errors as one line
@@ -346,6 +358,7 @@ def _one_line(errors: list[ErrorDetails], data: Any) -> str:
     loc, kind, value = error["loc"], error["type"], error["input"]
     if kind == "extra_forbidden":
         table = _SECTIONS[str(loc[0])] if len(loc) > 1 else ConfigFile
+        table = _SUBTABLES.get((str(loc[0]), str(loc[1])), table) if len(loc) > 2 else table
         known = ", ".join(sorted(table.model_fields))
         return f"{_key(loc[:-1], data)}: unknown key {loc[-1]!r} (known: {known})"
     if kind == "missing":

@@ -4,8 +4,10 @@
 or INCOMPLETE while cells are still to be measured), what was compared (model, server
 arguments, each arm's environment and arguments), the workload, then per shape and load point
 (concurrency or request rate) each arm's output tok/s per GPU, tok/s per user, requests per
-second, TPOT, TTFT, ITL and end-to-end latency (p50 and p99), and with SLOs its goodput and
-SLO attainment, as mean +/- the 95% interval over repeats, with each candidate's ratio to the
+second, the MTP accept length when the server reports one, TPOT, TTFT, ITL and end-to-end
+latency (p50 and p99, then p90 and p95), with SLOs its goodput and SLO attainment, and what
+was sent (mean input and output tokens per request, input and total tok/s, the most requests
+in flight), as mean +/- the 95% interval over repeats, with each candidate's ratio to the
 baseline (the first arm): the geometric mean of the paired ratios with the exp of the t
 interval of their logarithms; the Pareto frontier of output tok/s per GPU against tok/s per
 user, per arm and over all arms; GSM8K per arm with its Wilson interval against the
@@ -191,7 +193,16 @@ def _load_lines(sw: Sweep) -> list[str]:
         + (f" as `{s.name}`" if len(sw.shapes) > 1 else "")
         for s in sw.shapes
     )
-    if sw.num_prompts is not None:
+    if (gsp := sw.shared_prefix) is not None:
+        turns = f"{gsp.num_turns} turns each" if gsp.num_turns > 1 else "one turn each"
+        shapes = (
+            f"{gsp.num_groups} shared system prompts of {gsp.system_prompt_len} tokens, each "
+            f"with {gsp.prompts_per_group} questions of {gsp.question_len} tokens, "
+            f"{turns}, output {gsp.output_len} tokens (range ratio {gsp.range_ratio:g})"
+        )
+    if gsp is not None:
+        prompts = f"{gsp.requests} requests per cell (groups x questions per group)"
+    elif sw.num_prompts is not None:
         prompts = f"{sw.num_prompts} prompts per cell"
     else:
         prompts = (
@@ -225,8 +236,9 @@ def _load_lines(sw: Sweep) -> list[str]:
 _JUDGE_NOTE = (
     "Judged on the 95% interval: `no_regression` (the default) fails only when the whole "
     "interval is beyond the bound (a minimum on its upper bound, a maximum on its lower "
-    "bound: the data show the regression); `confirmed` passes only when the whole interval is "
-    "within the bounds; `mean` compares the value itself."
+    "bound: the data show the regression); `confirmed` passes only when the interval excludes "
+    "the bound on the passing side (lower bound > a minimum, upper bound < a maximum: the data "
+    "show it met; one repeat confirms nothing); `mean` compares the value itself."
 )
 
 
@@ -236,46 +248,98 @@ def _point_label(point: Point, rates: bool) -> str:
     return f"{point.value:g} req/s"
 
 
+# The report's tables per shape, by results key: the headline numbers (bench_serving's p50 and
+# p99; the accept length only where a server reported one; goodput only with SLOs), the tail
+# latencies between them, then the load as sent: the mean lengths of what went out per
+# completed request, the input and total token rates and the most requests in flight.
+MAIN_COLUMNS = (
+    "output_throughput_per_gpu",
+    "output_tok_per_s_per_user",
+    "request_throughput",
+    "accept_length",
+    *(
+        f"{p}_{m}"
+        for m in ("tpot_ms", "ttft_ms", "itl_ms", "e2e_latency_ms")
+        for p in ("median", "p99")
+    ),
+    *GOODPUT_METRICS,
+)
+TAIL_COLUMNS = tuple(
+    f"{p}_{m}" for m in ("tpot_ms", "ttft_ms", "itl_ms", "e2e_latency_ms") for p in ("p90", "p95")
+)
+SENT_COLUMNS = (
+    "mean_input_len_sent",
+    "mean_output_len_sent",
+    "input_throughput",
+    "total_throughput",
+    "max_concurrent_requests",
+)
+_TITLES = {key: title for key, _, title in METRICS}
+
+
+def _measured(results: Results, key: str) -> bool:
+    return any(key in by_m for by_p in results.summary.values() for by_m in by_p.values())
+
+
+def _metric_table(results: Results, shape: str, keys: tuple[str, ...]) -> list[str]:
+    """Rows per load point: each arm's mean ± interval, then each candidate's ratio."""
+    c = results.config
+    sw = c.sweep
+    shown = [(key, _TITLES[key]) for key in keys]
+    load = "load" if sw.request_rates else "concurrency"
+    header = f"| {load} | arm | " + " | ".join(t for _, t in shown) + " | repeats |"
+    lines = [header, "|" + "---|" * (len(shown) + 3)]
+    for point in (p for p in sw.points() if p.shape == shape):
+        label = _point_label(point, bool(sw.request_rates))
+        for arm in c.arms:
+            by_metric = results.summary.get(arm.name, {}).get(point, {})
+            n = max((e.n for e in by_metric.values()), default=0)
+            row = [label, f"`{arm.name}`"]
+            row += [_cell(by_metric.get(k), k in FRACTIONS) for k, _ in shown]
+            lines.append("| " + " | ".join(row) + f" | {n} |")
+        base = results.summary.get(results.baseline, {}).get(point, {})
+        for arm in c.arms[1:]:
+            by_metric = results.ratios.get(arm.name, {}).get(point, {})
+            own = results.summary.get(arm.name, {}).get(point, {})
+            row = ["", f"`{arm.name}` / `{results.baseline}`"]
+            row += [
+                _ratio(
+                    by_metric.get(k),
+                    min(own[k].n, base[k].n) if k in own and k in base else None,
+                )
+                for k, _ in shown
+            ]
+            lines.append("| " + " | ".join(row) + " | |")
+    lines.append("")
+    return lines
+
+
 def _throughput_section(results: Results) -> list[str]:
     c = results.config
     sw = c.sweep
     lines = ["## Throughput and latency", ""]
-    shown = [
-        (key, title)
-        for key, _, title in METRICS
-        if key != "output_throughput" and (key not in GOODPUT_METRICS or c.slo.limits)
-    ]
-    load = "load" if sw.request_rates else "concurrency"
+    main = tuple(
+        key
+        for key in MAIN_COLUMNS
+        if (key not in GOODPUT_METRICS or c.slo.limits)
+        and (key != "accept_length" or _measured(results, key))
+    )
     for shape in sw.shapes:
         if len(sw.shapes) > 1:
             lines += [
                 f"### `{shape.name}`: input {shape.input_len} / output {shape.output_len} tokens",
                 "",
             ]
-        header = f"| {load} | arm | " + " | ".join(t for _, t in shown) + " | repeats |"
-        lines += [header, "|" + "---|" * (len(shown) + 3)]
-        for point in (p for p in sw.points() if p.shape == shape.name):
-            label = _point_label(point, bool(sw.request_rates))
-            for arm in c.arms:
-                by_metric = results.summary.get(arm.name, {}).get(point, {})
-                n = max((e.n for e in by_metric.values()), default=0)
-                row = [label, f"`{arm.name}`"]
-                row += [_cell(by_metric.get(k), k in FRACTIONS) for k, _ in shown]
-                lines.append("| " + " | ".join(row) + f" | {n} |")
-            base = results.summary.get(results.baseline, {}).get(point, {})
-            for arm in c.arms[1:]:
-                by_metric = results.ratios.get(arm.name, {}).get(point, {})
-                own = results.summary.get(arm.name, {}).get(point, {})
-                row = ["", f"`{arm.name}` / `{results.baseline}`"]
-                row += [
-                    _ratio(
-                        by_metric.get(k),
-                        min(own[k].n, base[k].n) if k in own and k in base else None,
-                    )
-                    for k, _ in shown
-                ]
-                lines.append("| " + " | ".join(row) + " | |")
-        lines.append("")
+        lines += _metric_table(results, shape.name, main)
+        lines += ["p90 and p95 latencies:", ""]
+        lines += _metric_table(results, shape.name, TAIL_COLUMNS)
+        lines += [
+            "As sent: mean input and output tokens per completed request (bench_serving's "
+            "token totals / completed requests), input and total tok/s, and the most requests "
+            "in flight in any second:",
+            "",
+        ]
+        lines += _metric_table(results, shape.name, SENT_COLUMNS)
     if c.slo.limits and sw.concurrencies:
         lines.append(
             f"Highest concurrency with at least {100 * c.slo.attainment:g}% of requests within "

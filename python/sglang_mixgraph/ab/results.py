@@ -14,7 +14,9 @@ outside its bounds) or INCOMPLETE (nothing failed, but cells are not measured ye
 interrupted run, resumed by running it again). Thresholds and gates are judged on the 95%
 interval (`judge`, docs/ab.md "Gates"): by default one fails only when the whole interval is
 beyond its bound, i.e. when the data show the regression (`judge_bounds`).
-Besides bench_serving's own fields (end-to-end latency p50/p99, `request_throughput`), tok/s
+Besides bench_serving's own fields (latencies at p50, p90, p95 and p99, `request_throughput`,
+input and total tok/s, the MTP `accept_length`, `max_concurrent_requests`), each cell has
+the mean input and output lengths it actually sent (its token totals / `completed`), tok/s
 per user is 1000 / median TPOT (the decode speed one request sees); `pareto` marks the load
 points no other point beats on both output tok/s per GPU and tok/s per user, per arm and over
 all arms (`frontier`); each candidate's GSM8K score minus the baseline's comes with Newcombe's
@@ -31,7 +33,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,15 +57,28 @@ METRICS = (
     # 1000 / median TPOT: the decode speed one request sees (the Pareto frontier's x axis).
     ("output_tok_per_s_per_user", None, "tok/s/user"),
     ("request_throughput", "request_throughput", "req/s"),
-    ("median_tpot_ms", "median_tpot_ms", "TPOT p50 ms"),
-    ("p99_tpot_ms", "p99_tpot_ms", "TPOT p99 ms"),
-    ("median_ttft_ms", "median_ttft_ms", "TTFT p50 ms"),
-    ("p99_ttft_ms", "p99_ttft_ms", "TTFT p99 ms"),
-    ("median_itl_ms", "median_itl_ms", "ITL p50 ms"),
-    ("p99_itl_ms", "p99_itl_ms", "ITL p99 ms"),
-    ("median_e2e_latency_ms", "median_e2e_latency_ms", "E2E p50 ms"),
-    ("p99_e2e_latency_ms", "p99_e2e_latency_ms", "E2E p99 ms"),
+    # The server's mean accepted tokens per speculative (MTP) step, which bench_serving reads
+    # from /server_info after the cell; absent (None there) without speculative decoding.
+    ("accept_length", "accept_length", "accept length"),
+    *(
+        (f"{p}_{key}", f"{p}_{key}", f"{name} {title} ms")
+        for key, name in (
+            ("tpot_ms", "TPOT"),
+            ("ttft_ms", "TTFT"),
+            ("itl_ms", "ITL"),
+            ("e2e_latency_ms", "E2E"),
+        )
+        for p, title in (("median", "p50"), ("p90", "p90"), ("p95", "p95"), ("p99", "p99"))
+    ),
     ("output_throughput", "output_throughput", "output tok/s"),
+    ("input_throughput", "input_throughput", "input tok/s"),
+    ("total_throughput", "total_throughput", "total tok/s"),
+    # The most requests in flight in any second of the cell (bench_serving's own count).
+    ("max_concurrent_requests", "max_concurrent_requests", "peak concurrent requests"),
+    # What was sent, per completed request: bench_serving's token totals / `completed` (a
+    # turn of a multi-turn conversation counts; it has no input total for those).
+    ("mean_input_len_sent", None, "input len sent"),
+    ("mean_output_len_sent", None, "output len sent"),
     # Present only when the run has SLOs: bench_serving writes them with --goodput.
     ("request_goodput", "request_goodput", "goodput req/s"),
     ("slo_attainment", "slo_attainment", "within SLO"),
@@ -219,12 +234,15 @@ def collect(run_dir: Path) -> Results:
                 gpus, source = _gpus(config, cell.arm, raw)
                 results.gpus[cell.arm] = {"gpus": gpus, "source": source}
                 metrics = {
-                    key: raw[src] for key, src, _ in METRICS if src is not None and src in raw
+                    key: raw[src]
+                    for key, src, _ in METRICS
+                    if src is not None and _number(raw.get(src)) is not None
                 }
                 if gpus is not None:
                     metrics["output_throughput_per_gpu"] = raw["output_throughput"] / gpus
                 if (raw.get("median_tpot_ms") or 0) > 0:
                     metrics["output_tok_per_s_per_user"] = 1000.0 / raw["median_tpot_ms"]
+                metrics.update(lengths_sent(raw))
                 entry["metrics"] = metrics
                 per_metric = values.setdefault(cell.arm, {}).setdefault(cell.point, {})
                 for name, value in metrics.items():
@@ -255,6 +273,32 @@ def collect(run_dir: Path) -> Results:
     _pareto(results)
     _verdict(results)
     return results
+
+
+def _number(value: Any) -> float | None:
+    """A result value as a number; None for a missing one (bench_serving writes null)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def lengths_sent(raw: dict[str, Any]) -> dict[str, float]:
+    """The mean input and output tokens per completed request, from bench_serving's totals: what
+    a cell sent, which a dataset may make differ from the lengths asked for. Multi-turn cells
+    have no input total (bench_serving writes 0): no input length, rather than a wrong one."""
+    completed = _number(raw.get("completed")) or 0
+    if completed <= 0:
+        return {}
+    sent = {}
+    total_in, total_out = (
+        _number(raw.get("total_input_tokens")),
+        _number(raw.get("total_output_tokens")),
+    )
+    if total_in:
+        sent["mean_input_len_sent"] = total_in / completed
+    if total_out is not None:
+        sent["mean_output_len_sent"] = total_out / completed
+    return sent
 
 
 def _gsm8k_differences(results: Results) -> None:
@@ -369,11 +413,14 @@ def judge_bounds(
     `no_regression` (the default): fails only when the whole interval is beyond the bound, so
     a minimum is judged on the interval's upper bound and a maximum on its lower bound (the
     data show, at 97.5% one-sided, that the bound is crossed). `confirmed`: passes only when
-    the whole interval is within the bounds (lower bound >= minimum, upper bound <= maximum).
-    `mean`: the value itself. Without an interval (one repeat) every judge uses the value.
+    the interval excludes the bound on the right side (lower bound > minimum, upper bound <
+    maximum): an interval that touches the bound has not shown it met. `mean`: the value
+    itself. Without an interval (one repeat) `no_regression` uses the value and `confirmed`
+    fails: nothing is confirmed without an interval.
     """
     checks = []
     no_interval = low is None or high is None
+    strict = judge == "confirmed"
     for bound, is_min in ((minimum, True), (maximum, False)):
         if bound is None:
             continue
@@ -383,13 +430,20 @@ def judge_bounds(
             name, x = "upper bound", high
         else:
             name, x = "lower bound", low
-        ok = x >= bound if is_min else x <= bound
-        sign = (">=" if ok else "<") if is_min else ("<=" if ok else ">")
+        if strict:
+            # The relation as it is: a bound the interval touches reads `=`, and fails.
+            sign = ">" if x > bound else "<" if x < bound else "="
+            ok = sign == (">" if is_min else "<") and not no_interval
+        else:
+            ok = x >= bound if is_min else x <= bound
+            sign = (">=" if ok else "<") if is_min else ("<=" if ok else ">")
         checks.append(
             (ok, f"{name} {fmt.format(x)} {sign} {fmt.replace('.3f', 'g').format(bound)}")
         )
     basis = "; ".join(text for _, text in checks)
-    if no_interval and judge != "mean":
+    if no_interval and strict:
+        basis += " (no interval: one repeat confirms nothing)"
+    elif no_interval and judge != "mean":
         basis += " (no interval: one repeat)"
     return all(ok for ok, _ in checks), basis
 
@@ -502,6 +556,8 @@ def results_json(results: Results) -> dict[str, Any]:
             {"name": a.name, "env": a.env, "args": list(a.args), "url": a.url}
             for a in results.config.arms
         ],
+        "dataset": sw.dataset,
+        "shared_prefix": None if sw.shared_prefix is None else asdict(sw.shared_prefix),
         "concurrencies": list(sw.concurrencies),
         "request_rates": list(sw.request_rates),
         "shapes": [

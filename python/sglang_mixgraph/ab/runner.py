@@ -22,7 +22,8 @@ Every record also holds the versions it was measured with (versions.py: SGLang,
 sglang-mixgraph, torch, the git commit, the GPUs); a finished cell whose versions differ from
 this environment's is measured again, unless the run reuses cells (`--reuse-cells`).
 While a cell runs and while a server starts, a line every `--progress-every` seconds says how
-long it has taken and what its log last said (progress.py).
+long it has taken, for a load cell how many requests are done, and what its log last said
+(progress.py).
 """
 
 from __future__ import annotations
@@ -47,7 +48,13 @@ from sglang_mixgraph.ab.config import (
     gsm8k_settings,
     settings_key,
 )
-from sglang_mixgraph.ab.progress import DEFAULT_EVERY_S, Heartbeat, duration, last_line
+from sglang_mixgraph.ab.progress import (
+    DEFAULT_EVERY_S,
+    TRY_HEADER,
+    Heartbeat,
+    duration,
+    last_line,
+)
 from sglang_mixgraph.ab.tools import (
     BENCH_MODULE,
     GSM8K_MODULE,
@@ -305,20 +312,23 @@ def _stderr(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def _bench_summary(raw_file: Path, num_prompts: int) -> tuple[str | None, str]:
-    """(error or None, one-line summary) of a bench_serving output file."""
+def _bench_summary(raw_file: Path, expected: int) -> tuple[str | None, str]:
+    """(error or None, one-line summary) of a bench_serving output file; `expected`: its
+    `completed` count when every request succeeds (Sweep.completions)."""
     try:
         lines = raw_file.read_text().splitlines()
         result = json.loads(lines[-1])
     except (OSError, ValueError, IndexError):
         return "bench_serving wrote no result", ""
     completed = result.get("completed")
-    if completed != num_prompts:
-        return f"{num_prompts - (completed or 0)} of {num_prompts} requests failed", ""
+    if completed != expected:
+        return f"{expected - (completed or 0)} of {expected} requests failed", ""
     summary = (
         f"{result['output_throughput']:.1f} tok/s, median TPOT {result['median_tpot_ms']:.1f} ms, "
         f"median TTFT {result['median_ttft_ms']:.1f} ms"
     )
+    if isinstance(result.get("accept_length"), (int, float)):
+        summary += f", accept length {result['accept_length']:.2f}"
     if "request_goodput" in result:
         summary += (
             f", goodput {result['request_goodput']:.2f} req/s "
@@ -354,7 +364,7 @@ def _run_cell(
     timeout = config.gsm8k.timeout_s if cell.kind == "gsm8k" else config.sweep.cell_timeout_s
     log = log_path(run_dir, cell)
     with open(log, "ab") as f:
-        f.write(f"\n=== python -m {module} {' '.join(argv)}\n".encode())
+        f.write(f"{TRY_HEADER}{module} {' '.join(argv)}\n".encode())
 
     def watch() -> None:
         # While the tool runs only the process is watched: probing a busy server's health
@@ -382,8 +392,8 @@ def _run_cell(
         except (OSError, ValueError, KeyError):
             return f"the GSM8K eval wrote no score (log {log})", ""
         return None, f"accuracy {score:.3f}"
-    num_prompts = cell.settings["bench"]["num_prompts"]
-    error, summary = _bench_summary(raw, num_prompts)
+    assert cell.point is not None
+    error, summary = _bench_summary(raw, config.sweep.completions(cell.point))
     if error:
         return f"{error} (log {log})", ""
     return None, summary
@@ -403,7 +413,7 @@ def _log_end(log: Path) -> str:
             text = f.read().decode(errors="replace")
     except OSError:
         return ""
-    return text[text.rfind("\n=== python -m ") + 1 :]  # from the last try's header
+    return text[text.rfind(TRY_HEADER) + 1 :]  # from the last try's header
 
 
 def machine_of(run_dir: Path, cell: Cell) -> str | None:
@@ -576,7 +586,11 @@ class _VisitState:
             for cell in todo:
                 started = time.time()
                 heartbeat = Heartbeat(
-                    f"{cell.label()}: running", log_path(run_dir, cell), progress.line, self.every_s
+                    f"{cell.label()}: running",
+                    log_path(run_dir, cell),
+                    progress.line,
+                    self.every_s,
+                    counts_requests=cell.kind == "bench",
                 )
                 try:
                     error, summary = _run_cell(

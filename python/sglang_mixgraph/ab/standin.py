@@ -7,8 +7,9 @@ with `--backend sglang`) and `/v1/completions` (sglang.test.run_eval's GSM8K). L
 model, not a measurement: the first token after `--ttft-ms`, each further one after
 `--tpot-ms` plus `--tpot-per-running-ms` per request in flight. GSM8K answers are right for every question of `--gsm8k-data` whose line index is
 not a multiple of `--wrong-every`, so the expected accuracy is known. `--startup-s` delays
-the start (after logging a line), like a server loading weights. The model path must be a
-directory with a tokenizer (bench_serving loads it; `write_model_dir` makes one).
+the start (after logging a line), like a server loading weights; `--spec-accept-length`
+reports an MTP accept length in `/server_info` as a speculative-decoding server does. The model
+path must be a directory with a tokenizer (bench_serving loads it; `write_model_dir` makes one).
 Test hooks come from the environment
 (inherited, not part of an arm): STANDIN_DIE_AFTER=N exits hard at the N-th `/generate`,
 STANDIN_PID_FILE receives the pids of the server and of a child it starts in its process group,
@@ -94,7 +95,13 @@ def make_handler(standin: Standin):
                         "tp_size": a.tp_size,
                         "pp_size": 1,
                         "version": "0.0.0+standin",  # SGLang's /server_info has its __version__
-                        "internal_states": [{}],
+                        # SGLang adds avg_spec_accept_length with speculative decoding only
+                        # (scheduler_components.internal_state); bench_serving records it.
+                        "internal_states": [
+                            {}
+                            if a.spec_accept_length is None
+                            else {"avg_spec_accept_length": a.spec_accept_length}
+                        ],
                         "standin": {
                             "ttft_ms": a.ttft_ms,
                             "tpot_ms": a.tpot_ms,
@@ -191,6 +198,7 @@ def main() -> None:
     parser.add_argument("--gsm8k-data")
     parser.add_argument("--wrong-every", type=int, default=4)
     parser.add_argument("--startup-s", type=float, default=0.0)
+    parser.add_argument("--spec-accept-length", type=float)
     args, _ = parser.parse_known_args()  # SGLang server arguments of the config are ignored
     trap = os.environ.get("STANDIN_TRAP_SIGTERM") == "1"
     if trap:

@@ -2,8 +2,10 @@
 
 Load: `python -m sglang.benchmark.serving` (the module `sglang.bench_serving` now forwards
 to) with `--max-concurrency` (or `--request-rate`) per cell, `--goodput` when the
-configuration has SLOs, and `--output-file`: it appends one JSON line with its metrics
-(`benchmark`, the `result` dict, goodput included) that is kept as the cell's raw output.
+configuration has SLOs, the `--gsp-*` flags of the shared-prefix workload, and
+`--output-file`: it appends one JSON line with its metrics (`benchmark`, the `result` dict,
+goodput included) that is kept as the cell's raw output. Its progress bar stays on: the log
+it writes is where progress.py reads the requests done during a long cell.
 
 Accuracy: the GSM8K eval SGLang's CI runs for DeepSeek-V4 and GLM-5 (`sglang.test.run_eval`
 with `eval_name="gsm8k"`, `api="completion"`, `max_tokens=512`, few-shot): its `__main__`
@@ -86,15 +88,19 @@ def bench_argv(config: Config, url: str, point: Point, output_file: Path) -> lis
         url,
         "--dataset-name",
         sw.dataset,
-        "--random-input-len",
-        str(shape.input_len),
-        "--random-output-len",
-        str(shape.output_len),
-        "--random-range-ratio",
-        str(shape.range_ratio),
-        "--num-prompts",
-        str(sw.prompts(point)),
     ]
+    if sw.shared_prefix is not None:
+        argv += sw.shared_prefix.flags()
+    else:
+        argv += [
+            "--random-input-len",
+            str(shape.input_len),
+            "--random-output-len",
+            str(shape.output_len),
+            "--random-range-ratio",
+            str(shape.range_ratio),
+        ]
+    argv += ["--num-prompts", str(sw.prompts(point))]
     if point.kind == CONCURRENCY:
         argv += ["--max-concurrency", str(int(point.value))]
     else:  # Poisson arrivals at this rate, no cap on how many are in flight
@@ -106,7 +112,6 @@ def bench_argv(config: Config, url: str, point: Point, output_file: Path) -> lis
         str(sw.seed),
         "--output-file",
         str(output_file),
-        "--disable-tqdm",
     ]
     if sw.flush_cache:
         argv.append("--flush-cache")
