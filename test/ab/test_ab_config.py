@@ -320,6 +320,8 @@ def test_cli_rejects_unknown_flags_before_launching(tmp_path, capsys):
         (["--request-rates", "2,x"], "--request-rates '2,x': numbers, comma-separated"),
         (["--request-rates", "0"], "request_rates[0]: must be a finite number above 0"),
         (["--progress-every", "0"], "--progress-every 0: must be above 0 and at most 86400 s"),
+        (["--assume-tpot-ms", "0"], "--assume-tpot-ms 0: must be above 0 and at most 60000 ms"),
+        (["--assume-tpot-ms", "nan"], "--assume-tpot-ms nan: must be above 0"),
         (["--launch-prefix", "bash 'x"], "--launch-prefix: No closing quotation"),
         (
             ["--launch-prefix", "no-such-wrapper-xyz --kit k"],
@@ -336,6 +338,45 @@ def test_cli_overrides_are_checked(tmp_path, capsys, argv, message):
     assert ab_cli.main(["run", str(EXAMPLE), "--dry-run", *model, *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def _hours(estimate: str) -> float:
+    """The time of an estimate line ("estimate: about 13h08m for ..." or "about 43m30s")."""
+    h, m = re.search(r"about (\d+)h(\d+)m ", estimate).groups()
+    return int(h) + int(m) / 60
+
+
+def test_the_estimate_takes_tpot_from_the_option_or_slo_and_says_where_from(tmp_path, capsys):
+    slo = tmp_path / "slo.toml"
+    slo.write_text(_toml(raw_with(slo={"tpot_ms": 190.0})))
+
+    def estimate(config: Path, *flags: str) -> str:
+        argv = ["run", str(config), "--dry-run", "--run-dir", str(tmp_path / "r")]
+        assert ab_cli.main([*argv, "--model-path", local_model(tmp_path), *flags]) == 0
+        (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("estimate: ")]
+        return line
+
+    assumed = estimate(EXAMPLE)
+    assert "TTFT 1000 ms assumed without [slo] ttft_ms" in assumed
+    assert "TPOT 50 ms assumed without [slo] tpot_ms or --assume-tpot-ms" in assumed
+    option = estimate(EXAMPLE, "--assume-tpot-ms", "190")
+    assert "TPOT 190 ms from --assume-tpot-ms)" in option
+    from_slo = estimate(slo)
+    assert "TPOT 190 ms from [slo] tpot_ms)" in from_slo
+    assert "TPOT 100 ms from --assume-tpot-ms)" in estimate(slo, "--assume-tpot-ms", "100")
+    # Every modelled cell is TTFT + tokens x TPOT: 190 ms instead of 50 makes it about 3.7x.
+    assert _hours(option) == _hours(from_slo)
+    assert 3.6 < _hours(option) / _hours(assumed) < 3.8
+
+
+def test_assume_tpot_ms_is_only_for_a_dry_run(tmp_path, capsys):
+    argv = ["run", str(EXAMPLE), "--model-path", local_model(tmp_path), "--assume-tpot-ms", "190"]
+    err = _one_line_exit_2([*argv, "--run-dir", str(tmp_path / "run")], capsys)
+    assert (
+        err
+        == "sglang-mixgraph ab: --assume-tpot-ms: only with --dry-run (it sets the estimate's TPOT)\n"
+    )
+    assert not (tmp_path / "run").exists()
 
 
 def test_dry_run_prints_the_plan_with_attached_arms(tmp_path, capsys):

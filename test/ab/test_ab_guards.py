@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -586,3 +587,101 @@ def test_which_download_failed_is_read_from_the_log(tmp_path, kind, log, avoid):
     raw["server"]["model_path"] = "org/model"
     fetch = failed_fetch(parse_config(raw), kind, log)
     assert (fetch and fetch.avoid) == avoid
+
+
+# ---------------------------------------------------------------- the tools' own parsers
+
+
+def _sglang_launch(tmp_path: Path, arm_args: str, *, server_args: str = "[]", **kwargs) -> Path:
+    """A configuration whose arms launch SGLang's launch_server (no [server] command)."""
+    kwargs.setdefault(
+        "arms", f'[[arm]]\nname = "base"\n\n[[arm]]\nname = "split"\nargs = {arm_args}'
+    )
+    text = _config(tmp_path, **kwargs).read_text()
+    text = text.replace(f'command = ["{sys.executable}", "{STANDIN}"]\n', "")
+    text, count = re.subn(r'^args = \["--gsm8k-data".*$', f"args = {server_args}", text, flags=re.M)
+    assert count == 1
+    path = tmp_path / "ab.toml"
+    path.write_text(text)
+    return path
+
+
+PARSER_CASES = {
+    "unknown server argument": (
+        {"arm_args": '["--tpp", "8"]'},
+        "arm 'split' server argument --tpp: SGLang's parser does not know it (did you mean "
+        "--tp-size or --pp-size?)",
+    ),
+    "server argument value": (
+        {"arm_args": '["--chunked-prefill-size", "abc"]'},
+        "arm 'split' server argument --chunked-prefill-size: invalid int value: 'abc' "
+        "(SGLang's parser)",
+    ),
+    "shared server argument": (
+        {"arm_args": "[]", "server_args": '["--enable-mixed-chunks"]'},
+        "[server] args --enable-mixed-chunks: SGLang's parser does not know it (did you mean "
+        "--enable-mixed-chunk?)",
+    ),
+    "command ending in launch_server": (
+        {
+            "arm_args": '["--tpp", "8"]',
+            "server": f'command = ["{sys.executable}", "-m", "sglang.launch_server"]',
+        },
+        "arm 'split' server argument --tpp: SGLang's parser does not know it",
+    ),
+    "misspelt dataset": (
+        {"arm_args": "[]", "sweep": small_sweep("[1]").replace('"random-ids"', '"randon-ids"')},
+        "[sweep] dataset 'randon-ids': bench_serving's parser does not know it (did you mean "
+        "'random-ids'?)",
+    ),
+    "unknown load-generator flag": (
+        {"arm_args": "[]", "sweep": small_sweep("[1]") + '\nextra_args = ["--num-promts", "3"]'},
+        "[sweep] extra_args --num-promts: bench_serving's parser does not know it (did you mean "
+        "--num-prompts?)",
+    ),
+    "load-generator flag without its value": (
+        {"arm_args": "[]", "sweep": small_sweep("[1]") + '\nextra_args = ["--tokenizer"]'},
+        "[sweep] extra_args --tokenizer: expected one argument (bench_serving's parser)",
+    ),
+}
+
+
+@pytest.mark.parametrize("dry_run", [False, True], ids=["run", "dry-run"])
+@pytest.mark.parametrize("case", list(PARSER_CASES))
+def test_what_the_tools_parsers_refuse_is_one_line_naming_it(
+    tmp_path, capsys, monkeypatch, case, dry_run
+):
+    from sglang_mixgraph.ab import server
+
+    launched = []
+    monkeypatch.setattr(server, "launch", lambda *a, **k: launched.append(a))
+    changes, expected = PARSER_CASES[case]
+    config = _sglang_launch(tmp_path, **changes)
+    line = _refused(tmp_path, config, *(["--dry-run"] if dry_run else []), capsys=capsys)
+    assert line.startswith(f"sglang-mixgraph ab: {expected}"), line
+    assert launched == [] and not (tmp_path / "run").exists()
+
+
+def test_what_the_tools_parsers_take_passes_and_another_commands_args_are_its_own(tmp_path, capsys):
+    ok = {"arm_args": '["--tp-size", "1", "--chunked-prefill-size=4096"]'}
+    flags = '\nextra_args = ["--tokenizer", "x", "--disable-stream"]'
+    config = _sglang_launch(tmp_path, **ok, sweep=small_sweep("[1]") + flags)
+    assert _run(tmp_path, config, "--dry-run") == 0, capsys.readouterr().err
+    assert "--chunked-prefill-size=4096" in capsys.readouterr().out
+    # The stand-in's arguments (--tpot-ms) are not SGLang's: its command is not launch_server.
+    assert _run(tmp_path, _config(tmp_path), "--dry-run") == 0, capsys.readouterr().err
+
+
+def test_bench_serving_still_builds_its_parser_in_cli_main():
+    """What `bench_parser` relies on in sglang.benchmark.serving: `cli_main` builds the parser
+    and parses first; the parser it hands back knows the flags every cell passes."""
+    from sglang.benchmark import serving
+
+    from sglang_mixgraph.ab.tool_parsers import bench_parser
+
+    before = serving.ArgumentParser
+    parser = bench_parser()
+    assert serving.ArgumentParser is before  # put back
+    options = {o for action in parser._actions for o in action.option_strings}
+    assert {"--dataset-name", "--max-concurrency", "--request-rate", "--goodput"} <= options
+    assert "random-ids" in next(a.choices for a in parser._actions if a.dest == "dataset_name")

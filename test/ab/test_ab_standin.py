@@ -738,8 +738,9 @@ def test_an_interrupted_run_is_incomplete_not_failed(tmp_path, capsys):
     assert "  arm=base concurrency=1 repeat=1 (done): " in out
     assert "  arm=split concurrency=1 repeat=1: " in out
     assert (
-        "for 3 cells (1 as measured in this run directory; 2 modelled with an assumed TTFT "
-        "1000 ms and TPOT 50 ms) and 2 server starts, 1 of them not measured yet and not counted"
+        "for 3 cells (1 as measured in this run directory; 2 modelled with TTFT 1000 ms assumed "
+        "without [slo] ttft_ms and TPOT 50 ms assumed without [slo] tpot_ms or --assume-tpot-ms) "
+        "and 2 server starts, 1 of them not measured yet and not counted"
     ) in out
     assert _run(config, run_dir, Recorder()) == 0  # resumed: the rest is measured
     assert json.loads((run_dir / "results.json").read_text())["status"] == "PASS"

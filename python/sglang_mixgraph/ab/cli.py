@@ -5,8 +5,9 @@
 overrides (attach URLs, GSM8K data, repeats, concurrencies, lengths; this machine's id and
 how many blocks to measure here), checks the run
 directory, the configuration's paths and, with `--offline`, what it would download
-(checks.py), that every launch prefix can run and every arm's environment against SGLang's
-and the plugin's flags (one line each, exit 2), then locks the run directory, refuses one that
+(checks.py), that every launch prefix can run, every arm's environment against SGLang's
+and the plugin's flags, its server arguments with SGLang's parser and the load generator's
+flags with bench_serving's (tool_parsers.py; one line each, exit 2), then locks the run directory, refuses one that
 holds finished cells this configuration leaves out unless `--force-new` (rundir.py), runs or
 resumes the sweep in it and writes the report. A write that fails (a full disk) is one line
 naming the run directory and the file; every file is written whole or not at all (files.py).
@@ -16,7 +17,8 @@ accuracy. `report` rebuilds report.md, results.json and the plots from a run dir
 write that fails is one line naming the file, saying so when the directory is read-only.
 
 `--dry-run` prints every visit's server and every cell's exact command, what the run would
-download ("needs network: ..."), and an estimate of the time left (dryrun.py).
+download ("needs network: ..."), and an estimate of the time left (dryrun.py; its TPOT from
+`--assume-tpot-ms`, else `[slo] tpot_ms`, else an assumption it names).
 
 Exit status: 0 everything measured and every threshold and gate passed (PASS); 1 a cell
 failed, an arm is below its GSM8K threshold, or a gate failed (FAIL), or cells are not
@@ -44,6 +46,7 @@ from sglang_mixgraph.ab.config import (
     url_problem,
     with_counts,
 )
+from sglang_mixgraph.ab.dryrun import ASSUMED_TPOT_MS
 from sglang_mixgraph.ab.progress import DEFAULT_EVERY_S
 
 EXIT_FAILED = 1
@@ -176,8 +179,16 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--dry-run",
         action="store_true",
-        help="check the configuration and the arms' flags, print every server's and cell's "
-        "command and an estimate of the time left, run nothing",
+        help="check the configuration, the arms' flags, their server arguments (SGLang's "
+        "parser) and the load generator's flags (bench_serving's parser), print every "
+        "server's and cell's command and an estimate of the time left, run nothing",
+    )
+    run.add_argument(
+        "--assume-tpot-ms",
+        type=float,
+        metavar="MS",
+        help="with --dry-run: the TPOT the estimate models cells with (over [slo] tpot_ms; "
+        f"without either it assumes {ASSUMED_TPOT_MS:g} ms)",
     )
     report = sub.add_parser(
         "report", help="rebuild report.md, results.json and plots from a run directory"
@@ -292,6 +303,13 @@ def _apply_overrides(raw: dict[str, Any], args: argparse.Namespace) -> dict[str,
         raise ConfigError(f"--max-blocks {args.max_blocks}: must be 1 or more")
     if args.machine is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", args.machine):
         raise ConfigError(f"--machine {args.machine!r}: letters, digits, '.', '_' and '-' only")
+    if args.assume_tpot_ms is not None:
+        if not args.dry_run:
+            raise ConfigError("--assume-tpot-ms: only with --dry-run (it sets the estimate's TPOT)")
+        if not (0 < args.assume_tpot_ms <= 60_000):
+            raise ConfigError(
+                f"--assume-tpot-ms {args.assume_tpot_ms:g}: must be above 0 and at most 60000 ms"
+            )
     if not (0 < args.progress_every <= 86400):
         raise ConfigError(
             f"--progress-every {args.progress_every:g}: must be above 0 and at most 86400 s"
@@ -304,7 +322,7 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
 
 
 def cmd_run(args: argparse.Namespace, invoker: Any = None) -> int:
-    from sglang_mixgraph.ab import arms, checks, network, rundir, runner, server
+    from sglang_mixgraph.ab import arms, checks, network, rundir, runner, server, tool_parsers
 
     path = Path(args.config) if args.config else None
     try:
@@ -325,6 +343,8 @@ def cmd_run(args: argparse.Namespace, invoker: Any = None) -> int:
         *checks.offline_problems(config, accuracy_only=args.accuracy_only),
         *server.launch_problems(config),
         *arms.env_problems(config),
+        *tool_parsers.server_arg_problems(config),
+        *tool_parsers.bench_arg_problems(config, accuracy_only=args.accuracy_only),
     ]
     visits = runner.plan(config, accuracy_only=args.accuracy_only)
     recorded = raw if args.accuracy_only else with_counts(raw, config.sweep)
@@ -397,7 +417,8 @@ def _dry_run(
         print(line)
     for fetch in fetches:
         print(fetch.line())
-    print(dryrun.estimate_line(config, run_dir, visits, current, fresh=fresh))
+    latency = dryrun.latency_model(config, args.assume_tpot_ms)
+    print(dryrun.estimate_line(config, run_dir, visits, current, latency, fresh=fresh))
     print(f"versions: {versions.describe(env)}")
     if current is not None and not fresh:
         changed = runner.stale(run_dir, [c for v in visits for c in v.cells], env)

@@ -12,10 +12,11 @@ repeat (their records hold `wall_s`); a server start costs what this arm's start
 requests in waves of `concurrency` (warm-up, then prompts), each wave as long as one request,
 TTFT + (output_len - 1) x TPOT; a request-rate cell lasts prompts / rate plus two requests
 (the warm-up burst, the last arrival's request);
-GSM8K sends `num_examples` in waves of `parallel`, each up to `max_tokens` long. TTFT and TPOT
-are the `[slo]` limits when there are some (the server is expected to meet them), else
-ASSUMED_TTFT_MS and ASSUMED_TPOT_MS; the line says which. A server start never measured is
-not guessed: the line gives how many there are and their bound, `health_timeout_s` each.
+GSM8K sends `num_examples` in waves of `parallel`, each up to `max_tokens` long. TPOT is
+`--assume-tpot-ms`, else `[slo] tpot_ms` (the server is expected to meet it), else
+ASSUMED_TPOT_MS; TTFT is `[slo] ttft_ms`, else ASSUMED_TTFT_MS; the line says where each came
+from. A server start never measured is not guessed: the line gives how many there are and
+their bound, `health_timeout_s` each.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import math
 import shlex
 import statistics
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +33,8 @@ from sglang_mixgraph.ab import runner, server
 from sglang_mixgraph.ab.config import CONCURRENCY, Config
 from sglang_mixgraph.ab.progress import duration
 
-# Without [slo]: a loaded large-model server's order of magnitude, stated in the output.
+# Without [slo] (or --assume-tpot-ms): a loaded large-model server's order of magnitude, stated
+# in the output; DeepSeek-V4 at concurrency 2048 decodes at about 190 ms.
 ASSUMED_TTFT_MS = 1000.0
 ASSUMED_TPOT_MS = 50.0
 
@@ -71,21 +74,33 @@ def plan_lines(
     return lines
 
 
-def _tpot_ttft(config: Config) -> tuple[float, float, str]:
+@dataclass(frozen=True)
+class Latency:
+    """One request's model: TTFT and TPOT in ms, each with where it came from."""
+
+    ttft_ms: float
+    tpot_ms: float
+    text: str  # "TTFT 1000 ms assumed without ... and TPOT 190 ms from --assume-tpot-ms"
+
+
+def latency_model(config: Config, assume_tpot_ms: float | None = None) -> Latency:
+    """TPOT from --assume-tpot-ms, else [slo] tpot_ms, else assumed; TTFT from [slo] or assumed."""
     limits = config.slo.limits
-    if "tpot_ms" in limits or "ttft_ms" in limits:
-        tpot = limits.get("tpot_ms", ASSUMED_TPOT_MS)
-        ttft = limits.get("ttft_ms", ASSUMED_TTFT_MS)
-        return ttft, tpot, f"TTFT {ttft:g} ms and TPOT {tpot:g} ms ([slo], else assumed)"
-    return (
-        ASSUMED_TTFT_MS,
-        ASSUMED_TPOT_MS,
-        f"an assumed TTFT {ASSUMED_TTFT_MS:g} ms and TPOT {ASSUMED_TPOT_MS:g} ms",
-    )
+    if assume_tpot_ms is not None:
+        tpot, tpot_from = assume_tpot_ms, "from --assume-tpot-ms"
+    elif "tpot_ms" in limits:
+        tpot, tpot_from = limits["tpot_ms"], "from [slo] tpot_ms"
+    else:
+        tpot, tpot_from = ASSUMED_TPOT_MS, "assumed without [slo] tpot_ms or --assume-tpot-ms"
+    if "ttft_ms" in limits:
+        ttft, ttft_from = limits["ttft_ms"], "from [slo] ttft_ms"
+    else:
+        ttft, ttft_from = ASSUMED_TTFT_MS, "assumed without [slo] ttft_ms"
+    return Latency(ttft, tpot, f"TTFT {ttft:g} ms {ttft_from} and TPOT {tpot:g} ms {tpot_from}")
 
 
-def modelled_cell_s(config: Config, cell: runner.Cell) -> float:
-    ttft, tpot, _ = _tpot_ttft(config)
+def modelled_cell_s(config: Config, cell: runner.Cell, latency: Latency) -> float:
+    ttft, tpot = latency.ttft_ms, latency.tpot_ms
     if cell.kind == "gsm8k":
         g = config.gsm8k
         return math.ceil(g.num_examples / g.parallel) * (ttft + g.max_tokens * tpot) / 1000
@@ -104,6 +119,7 @@ def estimate_line(
     run_dir: Path,
     visits: list[runner.Visit],
     current: dict[str, Any] | None,
+    latency: Latency,
     *,
     fresh: bool = False,
 ) -> str:
@@ -137,7 +153,7 @@ def estimate_line(
                 total += statistics.fmean(measured[cell.point])
                 from_runs += 1
             else:
-                total += modelled_cell_s(config, cell)
+                total += modelled_cell_s(config, cell, latency)
                 modelled += 1
     cells = from_runs + modelled
     if not cells:
@@ -146,7 +162,7 @@ def estimate_line(
     if from_runs:
         parts.append(f"{from_runs} as measured in this run directory")
     if modelled:
-        parts.append(f"{modelled} modelled with {_tpot_ttft(config)[2]}")
+        parts.append(f"{modelled} modelled with {latency.text}")
     text = (
         f"estimate: about {duration(total)} for {cells} cells ({'; '.join(parts)}) and "
         f"{start_count} server starts"

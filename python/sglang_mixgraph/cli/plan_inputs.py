@@ -113,7 +113,9 @@ class _RaisingParser(argparse.ArgumentParser):
         raise ServerArgumentError(" ".join(message.split()))
 
 
-def _sglang_parser() -> argparse.ArgumentParser:
+def sglang_parser() -> argparse.ArgumentParser:
+    """SGLang's server argument parser (`ServerArgs.add_cli_args`), raising
+    ServerArgumentError; `--model-path` optional (`plan` and `ab` supply it)."""
     from sglang.srt.server_args import ServerArgs
 
     parser = _RaisingParser(prog="sglang serve")  # as sglang.srt.server_args prepare_server_args
@@ -146,7 +148,7 @@ def prepare_argv(user_argv: list[str], reference_argv: list[str] | None = None) 
     the reference's value.
     """
     with quiet_import_warnings():
-        parser = _sglang_parser()
+        parser = sglang_parser()
     argv = list(user_argv)
     if "--config" in argv:
         from sglang.srt.utils.server_args_config_parser import ConfigArgumentMerger
