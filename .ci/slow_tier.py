@@ -46,6 +46,7 @@ PLANNER = (
     PKG + "core/*",
     PKG + "data/*",
     PKG + "kits/model_configs.py",
+    PKG + "kits/fake_nvidia_smi.py",
 )
 AB = (PKG + "ab/*", PKG + "cli/ab.py", "test/ab/*")
 

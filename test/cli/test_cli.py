@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ import pytest
 from sglang_mixgraph.cli.presets import DSV4_MODEL_DIR, MEGA_MOE_CAP_ENV
 from sglang_mixgraph.flags import FLAGS
 from sglang_mixgraph.kits.broken_import import broken_import_env
+from sglang_mixgraph.kits.fake_nvidia_smi import NO_DRIVER, fake_nvidia_smi
 from sglang_mixgraph.kits.model_configs import write_model
 from sglang_mixgraph.patches import all_patches
 
@@ -26,9 +28,19 @@ SCRIPT = shutil.which("sglang-mixgraph", path=os.path.dirname(sys.executable)) o
 )
 
 
-def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+# Made-up nvidia-smi answers, so that plan's default target does not depend on this machine.
+_FAKE_BIN = tempfile.TemporaryDirectory(prefix="fake-nvidia-smi-")
+
+
+def cli(
+    *args: str, env: dict[str, str] | None = None, local_gpu: str | None = None
+) -> subprocess.CompletedProcess:
+    """Run the console script without SGLANG_* variables, on a machine whose nvidia-smi
+    answers `local_gpu` ("NAME, MiB"), or fails as without a driver (None)."""
     assert SCRIPT, "the sglang-mixgraph console script is not installed"
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_")}
+    fake = Path(_FAKE_BIN.name) / (local_gpu or "none").replace(" ", "_").replace(",", "")
+    full_env["PATH"] = fake_nvidia_smi(fake, local_gpu)
     full_env.update(env or {})
     return subprocess.run(
         [SCRIPT, *args], env=full_env, capture_output=True, text=True, timeout=300
@@ -98,13 +110,23 @@ def test_doctor_exits_1_on_an_invalid_flag():
     assert report["ok"] is False
 
 
-def test_doctor_says_an_empty_flag_is_unset():
+def test_doctor_fits_one_screen_and_says_an_empty_flag_is_unset():
     result = cli("doctor", env={"SGLANG_MIXGRAPH_PREFILL_BUCKETS": ""})
     assert result.returncode == 0
+    lines = result.stdout.splitlines()
+    assert len(lines) <= 50, len(lines)
+    # the flag set (empty) is listed, the others counted
+    assert f"Flags set ({len(FLAGS) - 1} others at their defaults; --verbose lists all):" in lines
     assert (
-        "SGLANG_MIXGRAPH_PREFILL_BUCKETS = 'upstream' (set empty: unset, the default applies)"
-        in result.stdout
+        "  SGLANG_MIXGRAPH_PREFILL_BUCKETS = 'upstream' (set empty: unset, the default applies)"
+        in lines
     )
+    # one line per patch: its state, its switches and its targets checked; no signatures
+    for patch in all_patches():
+        (line,) = [x for x in lines if x.startswith(f"  {patch.id}: ")]
+        assert all(f.name in line for f in patch.switches), line
+        assert line.endswith("targets ok"), line
+    assert not any(x.lstrip().startswith(("[ok ] sglang.srt", "why:")) for x in lines)
 
 
 def test_doctor_exits_1_when_an_enabled_patch_cannot_apply():
@@ -234,6 +256,9 @@ def test_plan_default_is_the_reference_deployment(reference_plan):
     p = reference_plan
     assert p["default_deployment"] is True
     assert p["assumed_gpu"]["name"] == "B300" and p["assumed_gpu"]["sm"] == 103
+    # no GPU on the (made-up) machine: the default, and why
+    assert p["assumed_gpu"]["source"] == "default"
+    assert p["assumed_gpu"]["why"] == f"the default: no GPU here, nvidia-smi failed: {NO_DRIVER}"
     assert p["model_path"] == str(DSV4_MODEL_DIR)
     assert p["graph"]["deployment"]["tp_size"] == 8
     assert (
@@ -276,7 +301,7 @@ def test_plan_json_fields_each_once(reference_plan):
         "graph",
         "dsa_surface",
     }
-    assert set(p["assumed_gpu"]) == {"name", "sm", "memory_bytes"}
+    assert set(p["assumed_gpu"]) == {"name", "sm", "memory_bytes", "source", "why"}
     assert set(p["graph"]) == {
         "gpu",
         "model",
@@ -326,6 +351,7 @@ def test_plan_target_gpu_reaches_sglang_resolution(tmp_path):
     b300 = cli_json("plan", "--model-path", str(model))
     h200 = cli_json("plan", "--target-gpu", "h200", "--model-path", str(model))
     assert (b300["assumed_gpu"]["sm"], h200["assumed_gpu"]["sm"]) == (103, 90)
+    assert h200["assumed_gpu"]["source"] == "given"
     # SGLang picks the attention backend from the SM version (model_override_base.py).
     assert b300["attention_backend"] == "trtllm_mha"
     assert h200["attention_backend"] == "fa3"
@@ -367,11 +393,16 @@ def test_plan_small_dense_model(tmp_path):
     assert max(p["graph"]["prefill_graph"]["buckets"]) <= 4096
 
 
-def test_plan_text_output_states_the_assumed_gpu():
-    result = cli("plan")
+def test_plan_targets_this_machines_gpu_and_keeps_provenance_for_verbose():
+    result = cli("plan", local_gpu="NVIDIA H100 80GB HBM3, 81559")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "assumed GPU: B300 (SM103)" in result.stdout
+    lines = result.stdout.splitlines()
+    assert lines[0] == "target GPU: H100 (SM90), 81559 MiB (this machine's GPU)"
     assert "chunked prefill per rank 2816" in result.stdout
+    # the split cost model's calibration in one line, no repository paths (--verbose has them)
+    (split,) = [x for x in lines if x.startswith("Split cost model")]
+    assert "calibrated on the NVIDIA H200 (sm90)" in split and split.endswith("--verbose)")
+    assert not any(w in result.stdout for w in ("benchmark/", "docs/results/", "split_cost_"))
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,7 @@
 """`plan` and `doctor` say where the mixed_split patch's cost-model coefficients come from: the
 calibration file and its architecture, the per-layer, eager and step terms' sources, in the
-text (a line or a few per source) and as typed fields in `--json`. In this process (`cli.main`).
+text with --verbose (a line or a few per source; plan's default text has one line naming the
+GPU measured, no paths) and as typed fields in `--json`. In this process (`cli.main`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ HEADING = "Split cost model (mixed_split, adaptive policy) on the "
 
 
 def _run(capsys, *args: str) -> tuple[str, dict]:
-    assert cli.main([*args]) in (0, 1)  # doctor exits 1 on problems unrelated to this
+    """The verbose text and the JSON of one command."""
+    assert cli.main([*args, "--verbose"]) in (0, 1)  # doctor exits 1 on problems unrelated
     text = capsys.readouterr().out
     cli.main([args[0], "--json", *args[1:]])
     return text, json.loads(capsys.readouterr().out)
@@ -74,6 +76,15 @@ def test_plan_on_a_gpu_without_a_file_names_the_fallback_and_its_margin(plan_env
     block = _source_lines(text, "  calibration ")
     assert "calibration sm103 (fallback: sm90): " + info["file"] in block
     assert "split only for a predicted gain of at least 10%" in block
+    # without --verbose: one line, the GPU measured and the borrowing, no paths
+    assert cli.main(["plan"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    (line,) = [x for x in lines if x.startswith(HEADING)]
+    assert line == HEADING + (
+        "B300: calibrated on the NVIDIA H200 (sm90), borrowed: sm103 has no calibration of its "
+        "own; splits only for a predicted gain of at least 10% (sources: --verbose)"
+    )
+    assert not any(x.startswith("  calibration ") for x in lines)
 
 
 def test_plan_of_a_model_the_split_does_not_touch_has_no_calibration(plan_env, capsys):
@@ -92,3 +103,6 @@ def test_doctor_shows_the_split_patchs_calibration(plan_env, capsys):
     assert entry["calibration"]["arch"] in block
     for key in ("per_layer", "step"):
         assert " ".join(_words(entry["calibration"][key]["source"])) in block, key
+    # --verbose also shows every target's signature
+    for target in entry["targets"]:
+        assert f"      [ok ] {target['target']}: {target['found']}" in text.splitlines()

@@ -570,3 +570,12 @@ def test_calibration_info_names_each_coefficients_source():
     assert bare["step"]["source"] == m.DEFAULT_STEP_SOURCE and not bare["step"]["fitted"]
     text = "\n".join(m.calibration_lines(bare))
     assert "NOT fitted" in text and "no calibration file" in text
+    # one line for plan's default text: the GPU the sources name, the borrowing, no paths
+    assert m.calibration_summary(info) == "calibrated on the NVIDIA H200 (sm90)"
+    assert m.calibration_summary(other) == (
+        "calibrated on the NVIDIA H200 (sm90), borrowed: sm100 has no calibration of its own; "
+        "splits only for a predicted gain of at least 10%"
+    )
+    builtin = m.calibration_info(m.builtin_coefficients())
+    assert m.calibration_summary(builtin).startswith("not calibrated (a built-in estimate)")
+    assert "step terms not fitted" in m.calibration_summary(builtin)

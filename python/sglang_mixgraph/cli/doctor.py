@@ -1,9 +1,10 @@
 """`sglang-mixgraph doctor`: what is installed, what the plugin would do, and why each patch exists.
 
-It prints the installed versions, the GPU, whether SGLang loads the plugin, every flag with its
-value, every patch with its state, its catalogue entry (why, how, the upstream PR it mirrors,
-what retires it; for mixed_split also where its cost model's coefficients come from) and the
-read-only check of each upstream target, then the upstream guards.
+By default one screen: the installed versions, the GPU, whether SGLang loads the plugin, the
+flags set, a line per patch (its state, its switches, how many upstream targets check out; a
+failing target named) and a line per upstream guard. `--verbose` adds every flag, each patch's
+catalogue entry (why, how, the upstream PR it mirrors, what retires it; for mixed_split where
+its cost model's coefficients come from) and every target's signature; `--json` has it all.
 Exit status 1 when an enabled patch cannot apply, a patch the user switched on defers to
 upstream, a flag is invalid or a guard fails. sglang is imported inside the functions only.
 """
@@ -100,6 +101,7 @@ def doctor_report() -> dict[str, Any]:
             "retired_by": patch.retired_by,
             "docs_page": patch.docs_page,
             "flags": _patch_flags(patch, status),
+            "switches": [flag.name for flag in patch.switches],
             # Whatever the flags say, nothing applies when SGLang does not load the plugin.
             "status": status.state if plugin.loaded else NOT_LOADED,
             "status_if_loaded": status.state,
@@ -173,7 +175,9 @@ def _sglang_requirement() -> str:
     return found[0] if found else f"sglang=={PINNED_SGLANG} (the plugin's metadata is missing)"
 
 
-def _print_doctor(report: dict[str, Any]) -> None:
+def _print_doctor(report: dict[str, Any], verbose: bool = False) -> None:
+    """One screen: versions, GPU, plugin, the flags set, a line per patch and per guard; with
+    `verbose` every flag, each patch's catalogue entry and every target's signature."""
     v = report["versions"]
     print(
         f"sglang {v['sglang']} (requires {v['sglang_requirement']}), "
@@ -194,22 +198,56 @@ def _print_doctor(report: dict[str, Any]) -> None:
         print(f"Plugin: loaded ({plugin['reason']})")
     else:
         print(f"Plugin: NOT LOADED: {plugin['reason']}; no patch applies and SGLang runs unpatched")
-    print("Flags:")
-    for f in report["flags"]:
-        shown = f"ERROR: {f['error']}" if "error" in f else repr(f["value"])
-        if f.get("owner") == "sglang":
-            shown += " (SGLang's own flag: the patch owning it defers to upstream)"
-        if f["set"] == "":  # as README's flag section says: empty means unset
-            shown += " (set empty: unset, the default applies)"
-        print(f"  {f['name']} = {shown}")
-    print("Patches:")
+    _print_flags(report["flags"], verbose)
+    print("Patches (state, switches, upstream targets checked):")
     if not report["patches"]:
         print("  (none)")
     for p in report["patches"]:
-        status = p["status"]
-        if status == NOT_LOADED:
-            status += f" (if loaded: {p['status_if_loaded']})"
-        print(f"  {p['id']}: {status}  ({p['summary']})")
+        _print_patch(p, verbose)
+    print("Upstream guards (what the plugin relies on under breakable graphs):")
+    for g in report["guards"]:
+        print(f"  [{'ok ' if g['ok'] else 'BAD'}] {g['name']}: {g['what']}")
+        for problem in g["problems"]:
+            print(f"      {problem}")
+    print(f"Break inputs of breakable CUDA graphs: {report['break_inputs']}")
+    print(
+        "OK"
+        if report["ok"]
+        else "PROBLEMS: an enabled patch cannot apply or is switched on but deferred to upstream, "
+        "a flag is invalid or an upstream guard fails"
+    )
+
+
+def _print_flags(flags: list[dict[str, Any]], verbose: bool) -> None:
+    """Every flag with `verbose`; else only those set in the environment or invalid."""
+    shown = [f for f in flags if verbose or f["set"] is not None or "error" in f]
+    if verbose:
+        print("Flags:")
+    elif shown:
+        print(
+            f"Flags set ({len(flags) - len(shown)} others at their defaults; --verbose lists all):"
+        )
+    else:
+        print(f"Flags: all {len(flags)} at their defaults (--verbose lists them)")
+    for f in shown:
+        value = f"ERROR: {f['error']}" if "error" in f else repr(f["value"])
+        if f.get("owner") == "sglang":
+            value += " (SGLang's own flag: the patch owning it defers to upstream)"
+        if f["set"] == "":  # as README's flag section says: empty means unset
+            value += " (set empty: unset, the default applies)"
+        print(f"  {f['name']} = {value}")
+
+
+def _print_patch(p: dict[str, Any], verbose: bool) -> None:
+    status = p["status"]
+    if status == NOT_LOADED:
+        status += f" (if loaded: {p['status_if_loaded']})"
+    switches = ", ".join(f"{name}={p['flags'].get(name)!r}" for name in p["switches"])
+    bad = [t for t in p["targets"] if not t["ok"]]
+    targets = f"{len(p['targets']) - len(bad)}/{len(p['targets'])} targets ok"
+    print(f"  {p['id']}: {status} ({switches}); {targets}")
+    if verbose:
+        print(f"      {p['summary']}")
         for label, key in CATALOGUE:
             if p[key]:
                 print(
@@ -226,24 +264,12 @@ def _print_doctor(report: dict[str, Any]) -> None:
 
             for line in calibration_lines(p["calibration"], indent="      "):
                 print(line)
-        if p["reason"]:
-            for line in p["reason"].splitlines():
-                print(f"      {line}")
-        for t in p["targets"]:
-            mark = "ok " if t["ok"] else "BAD"
-            print(f"      [{mark}] {t['target']}: {t['found']}")
-    print("Upstream guards (what the plugin relies on under breakable graphs):")
-    for g in report["guards"]:
-        print(f"  [{'ok ' if g['ok'] else 'BAD'}] {g['name']}: {g['what']}")
-        for problem in g["problems"]:
-            print(f"      {problem}")
-    print(f"Break inputs of breakable CUDA graphs: {report['break_inputs']}")
-    print(
-        "OK"
-        if report["ok"]
-        else "PROBLEMS: an enabled patch cannot apply or is switched on but deferred to upstream, "
-        "a flag is invalid or an upstream guard fails"
-    )
+    if p["reason"]:
+        for line in p["reason"].splitlines():
+            print(f"      {line}")
+    for t in p["targets"] if verbose else bad:
+        mark = "ok " if t["ok"] else "BAD"
+        print(f"      [{mark}] {t['target']}: {t['found']}")
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -262,10 +288,15 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=2, default=str))
     else:
-        _print_doctor(report)
+        _print_doctor(report, args.verbose)
     return 0 if report["ok"] else 1
 
 
 def add_parser(sub) -> None:
     parser = sub.add_parser(NAME, help=HELP, allow_abbrev=False)
-    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--json", action="store_true", help="print JSON (always complete)")
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="also list every flag, each patch's catalogue entry and every target's signature",
+    )

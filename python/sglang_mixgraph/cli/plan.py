@@ -2,11 +2,13 @@
 
 It runs SGLang's own argument parser and resolution (resolve.py) without starting anything, so
 it works on a machine without a GPU: the described-GPU platform is selected before anything
-imports `sglang.srt`, so this module imports sglang only inside the command. Without
---model-path it plans an embedded deployment (presets.py) with the user's arguments on top.
-The text is the inputs, then what SGLang will do, the capture estimate of the list it
-captures and the advice (plan_format.py), then each patch: an active one's note, and for one
-that is off what each of its switches would do here ("with FLAG=value: ...").
+imports `sglang.srt`, so this module imports sglang only inside the command. The target is
+--target-gpu, else this machine's GPU, else the default (local_gpu.py); text and JSON say which.
+Without --model-path it plans an embedded deployment (presets.py) with the user's arguments on
+top. The text is the inputs, then what SGLang will do, the capture estimate of the list it
+captures (the split cost model's sources with --verbose) and the advice (plan_format.py), then
+each patch: an active one's note, and for one that is off what each of its switches would do
+here ("with FLAG=value: ...").
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import sys
 from typing import Any
 
 from sglang_mixgraph.cli.doctor import NOT_LOADED
+from sglang_mixgraph.cli.local_gpu import TargetChoice, choose_target
 from sglang_mixgraph.cli.plan_format import (
     SCHEMA_VERSION,
     advice_lines,
@@ -52,6 +55,7 @@ def if_switched_on(patch, graph) -> dict[str, str]:
 def plan_report(
     resolution: Any,
     graph: Any,
+    target: TargetChoice,
     argv: list[str],
     default_deployment: bool,
     user_argv: list[str] | None = None,
@@ -87,6 +91,9 @@ def plan_report(
             "name": resolution.gpu.name,
             "sm": resolution.gpu.sm,
             "memory_bytes": resolution.gpu.memory_bytes,
+            # "given" (--target-gpu), "local" (this machine's) or "default", and that in words
+            "source": target.source,
+            "why": target.why,
         },
         "server_args": argv,
         "default_deployment": default_deployment,
@@ -103,8 +110,8 @@ def plan_report(
     }
 
 
-def _print_plan(p: dict[str, Any], graph: Any) -> None:
-    print(f"assumed GPU: {graph.gpu}")
+def _print_plan(p: dict[str, Any], graph: Any, verbose: bool = False) -> None:
+    print(f"target GPU: {graph.gpu} ({p['assumed_gpu']['why']})")
     if p["default_deployment"]:
         line = f"deployment: the embedded reference ({p['preset']})"
         if p["arguments_on_top"]:
@@ -122,7 +129,7 @@ def _print_plan(p: dict[str, Any], graph: Any) -> None:
         print(f"model: {p['model_class_note']}")
     print(f"attention backend: {p['attention_backend']}; MoE runner: {p['moe_runner_backend']}")
     # What SGLang will do, then the estimate of what it captures, then the advice.
-    for line in decision_lines(graph) + p["dsa_surface"] + estimate_lines(graph):
+    for line in decision_lines(graph) + p["dsa_surface"] + estimate_lines(graph, verbose):
         print(line)
     for line in advice_lines(graph):
         print(line)
@@ -160,7 +167,8 @@ def cmd_plan(args: argparse.Namespace, server_argv: list[str]) -> int:
         select_described_platform,
     )
 
-    select_described_platform(args.target_gpu)
+    target = choose_target(args.target_gpu)
+    select_described_platform(target.name)
     preset = PRESETS[args.preset or DEFAULT_PRESET]
     try:
         prepared = prepare_argv(server_argv, reference_argv=preset.argv)
@@ -174,7 +182,7 @@ def cmd_plan(args: argparse.Namespace, server_argv: list[str]) -> int:
             for problem in problems:
                 _plan_error(problem)
             return 1
-        resolution = resolve(prepared.argv, gpu=args.target_gpu)
+        resolution = resolve(prepared.argv, gpu=target.name)
         model_error, model_note = model_class_problem(resolution)
         if model_error is not None:
             raise PlanInputError(model_error)
@@ -193,6 +201,7 @@ def cmd_plan(args: argparse.Namespace, server_argv: list[str]) -> int:
     report = plan_report(
         resolution,
         graph,
+        target,
         prepared.argv,
         prepared.on_reference,
         prepared.user_argv,
@@ -202,7 +211,7 @@ def cmd_plan(args: argparse.Namespace, server_argv: list[str]) -> int:
     if args.json:
         print(json.dumps(report, indent=2, default=str))
     else:
-        _print_plan(report, graph)
+        _print_plan(report, graph, args.verbose)
     return 0
 
 
@@ -220,14 +229,21 @@ def add_parser(sub) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="also show where the split cost model's coefficients come from (JSON always has it)",
+    )
+    parser.add_argument(
         "--preset",
         choices=list(PRESETS),
         help=f"embedded deployment to plan when --model-path is not given (default {DEFAULT_PRESET})",
     )
     parser.add_argument(
         "--target-gpu",
-        default=DEFAULT_GPU,
         type=str.upper,
         choices=list(GPUS),
-        help=f"GPU to describe to SGLang (default {DEFAULT_GPU})",
+        help=(
+            "GPU to describe to SGLang (default: this machine's GPU as nvidia-smi names it, "
+            f"else {DEFAULT_GPU})"
+        ),
     )

@@ -4,7 +4,8 @@
 order: `decision_lines` (what SGLang will do: the graphs on or off, their buckets, the rule),
 `estimate_lines` (the capture estimate, only for a list SGLang captures, labelled with the
 model and GPU it was fitted on; elsewhere "uncalibrated" instead of a verdict; for a
-DeepSeek-V4 model then the split cost model's calibration and sources) and
+DeepSeek-V4 model then the split cost model's calibration in a line, its sources only when
+verbose) and
 `advice_lines`; `format_graph_plan` joins them. `graph_config_if_on` says what that patch's
 switches would do. All read only the typed result, never the server arguments, so the JSON
 and the text cannot tell different stories.
@@ -391,17 +392,20 @@ def split_cost_calibration(plan) -> dict | None:
     return scm.calibration_info(scm.load_coefficients(f"sm{spec.sm}" if spec else None))
 
 
-def estimate_lines(plan) -> list[str]:
+def estimate_lines(plan, verbose: bool = False) -> list[str]:
     """The capture estimate of the list SGLang will capture, labelled with its calibration
-    (nothing about a list it never captures), then, for a DeepSeek-V4 model, where the split
-    cost model's coefficients come from."""
+    (nothing about a list it never captures), then, for a DeepSeek-V4 model, the split cost
+    model's calibration: one line, or with `verbose` where each coefficient comes from."""
+    from sglang_mixgraph.core.split_cost_model import calibration_lines, calibration_summary
+
     lines = _capture_estimate_lines(plan)
     info = split_cost_calibration(plan)
     if info is not None:
-        from sglang_mixgraph.core.split_cost_model import calibration_lines
-
-        lines.append(f"Split cost model (mixed_split, adaptive policy) on the {_gpu_name(plan)}:")
-        lines += calibration_lines(info)
+        head = f"Split cost model (mixed_split, adaptive policy) on the {_gpu_name(plan)}"
+        if verbose:
+            lines += [f"{head}:", *calibration_lines(info)]
+        else:
+            lines.append(f"{head}: {calibration_summary(info)} (sources: --verbose)")
     return lines
 
 
@@ -514,7 +518,7 @@ def graph_config_if_on(plan) -> dict[str, str]:
     }
 
 
-def format_graph_plan(plan) -> str:
+def format_graph_plan(plan, verbose: bool = False) -> str:
     """The planner's typed result, for people: what SGLang will do, the capture estimate of
     the list it captures, then the advice."""
-    return "\n".join(decision_lines(plan) + estimate_lines(plan) + advice_lines(plan))
+    return "\n".join(decision_lines(plan) + estimate_lines(plan, verbose) + advice_lines(plan))

@@ -355,6 +355,31 @@ def calibration_lines(info: Mapping, indent: str = "  ", width: int = 100) -> li
     return lines
 
 
+def calibration_summary(info: Mapping) -> str:
+    """``calibration_info`` in one line without file paths (``plan``'s default text): the GPU
+    the coefficients were measured on (as their sources name it) and, for an architecture
+    without a file of its own, that it borrows another's with a margin."""
+    import re
+
+    own, _, borrowed = info["arch"].partition(" (fallback: ")
+    borrowed = borrowed.rstrip(")")
+    if info["file"] is None:
+        text = "not calibrated (a built-in estimate)"
+    else:
+        sources = [info["per_layer"]["source"]] + (
+            [info["eager"]["source"]] if info["eager"] else []
+        )
+        gpus = sorted({g.strip() for s in sources for g in re.findall(r" on (NVIDIA [^,;()]+)", s)})
+        text = f"calibrated on the {' and '.join(gpus) or 'GPU'} ({borrowed or own})"
+        if borrowed:
+            text += f", borrowed: {own} has no calibration of its own"
+    if info["margin"]:
+        text += f"; splits only for a predicted gain of at least {info['margin']:.0%}"
+    if not info["step"]["fitted"]:
+        text += "; step terms not fitted (built-in)"
+    return text
+
+
 # --------------------------------------------------------------------------------------------
 # prediction and policy
 # --------------------------------------------------------------------------------------------
