@@ -243,10 +243,14 @@ def test_faithful_ab_configuration_selects_the_probes_faithful_kernels():
     assert env.pop(drv.KIT_KERNELS_ENV) == "faithful"  # the Engine stand-ins' selection
     assert env == {**drv.KERNEL_ENV["faithful"], drv.RADIX_CORE_ENV: "python"}
     args = server["args"]
+    from sglang_mixgraph.cli.plan_inputs import sglang_parser
     from sglang_mixgraph.kits.gpu_machine import KERNEL_ENGINE
 
+    # the Engine's keyword is the field; the launch spells SGLang's option for it
+    # (fp8_gemm_runner_backend is --fp8-gemm-backend)
+    options = {a.dest: a.option_strings for a in sglang_parser()._actions}
     for key, value in KERNEL_ENGINE["faithful"].items():
-        flag = "--" + key.replace("_", "-")
+        flag = next(f for f in options[key] if f in args)
         assert args[args.index(flag) + 1] == value, flag
 
 
