@@ -19,6 +19,7 @@ import logging
 from sglang_mixgraph.core.decode_tail import run_tail
 from sglang_mixgraph.core.decode_tail_graphs import TailGraphs
 from sglang_mixgraph.core.mixed_boundary import assemble_rows, copy_in_join
+from sglang_mixgraph.patches.mixed_split import plan as split_plan
 from sglang_mixgraph.patches.mixed_split.state import (
     FALLBACK_REASONS,
     PATCH_ID,
@@ -158,16 +159,11 @@ def _tail_of(plan: SplitPlan, backend, core, compress_ratio: int):
     """The plan's decode-tail inputs for the ratio; rebuilt (and counted) only if the step's
     metadata tensors were replaced since the plan took its views of them."""
     tail = plan.tails[compress_ratio]
-    if compress_ratio:
-        extra_idx = core.sparse_page_indices(compress_ratio)
-        extra_len = core.sparse_topk_lengths(compress_ratio)
-    else:
-        extra_idx = extra_len = None
-    if tail.built_from(core.swa_page_indices, core.swa_topk_lengths, extra_idx, extra_len):
+    if tail.built_from(*split_plan.ratio_rows(core, compress_ratio)):
         return tail
-    from sglang_mixgraph.patches.mixed_split.plan import _tail_inputs
-
-    tail = plan.tails[compress_ratio] = _tail_inputs(backend, core, plan.boundary, compress_ratio)
+    tail = plan.tails[compress_ratio] = split_plan.step_tail_inputs(
+        backend, core, plan.boundary, compress_ratio
+    )
     plan.tail_builds[compress_ratio] = plan.tail_builds.get(compress_ratio, 0) + 1
     return tail
 
@@ -179,9 +175,7 @@ def _tail_graphs(backend, plan: SplitPlan) -> TailGraphs | None:
         return None
     graphs = getattr(backend, BACKEND_SPLIT_TAIL_GRAPHS, None)
     if graphs is None:
-        from sglang_mixgraph.patches.mixed_split.plan import _sched_meta_factory
-
-        graphs = TailGraphs(plan.kernel, _sched_meta_factory)
+        graphs = TailGraphs(plan.kernel, split_plan.new_sched_meta)
         setattr(backend, BACKEND_SPLIT_TAIL_GRAPHS, graphs)
     return graphs
 

@@ -254,7 +254,7 @@ def _plan(backend, metadata, live, target, num_rows: int, *, replay: bool) -> Sp
             return None
         logger.debug("mixed split: adaptive splits the step (%s)", boundary)
     try:
-        tails = {r: _tail_inputs(backend, core, boundary, r) for r in sorted(mix)}
+        tails = {r: step_tail_inputs(backend, core, boundary, r) for r in sorted(mix)}
     except (ValueError, TypeError, IndexError):
         _fallback("tail_layout")
         return None
@@ -281,24 +281,28 @@ def _plan(backend, metadata, live, target, num_rows: int, *, replay: bool) -> Sp
     return plan
 
 
-def _tail_inputs(backend, core, boundary: MixedBoundary, ratio: int):
-    """Ratio ``ratio``'s decode-tail inputs for the step: its rows of the step's metadata (the
-    SWA page indices and lengths; the c4 top-k or the c128 page indices and lengths, as
-    ``DeepseekV4AttnBackend._forward_attention`` hands them to the decode kernel) and one
-    scheduling-metadata object, bound to the tail's shape at its first layer."""
+def ratio_rows(core, ratio: int):
+    """The step metadata's tensors a ratio's decode tail reads, as ``built_from`` takes them:
+    the SWA page indices and lengths, then the c4 top-k or c128 page indices and lengths (None,
+    None for SWA-only), as ``DeepseekV4AttnBackend._forward_attention`` hands them to the kernel."""
     extra_idx = extra_len = None
     if ratio:
         extra_idx = core.sparse_page_indices(ratio)
         extra_len = core.sparse_topk_lengths(ratio)
+    return core.swa_page_indices, core.swa_topk_lengths, extra_idx, extra_len
+
+
+def step_tail_inputs(backend, core, boundary: MixedBoundary, ratio: int):
+    """Ratio ``ratio``'s decode-tail inputs for the step: views of its rows of the step's
+    metadata (:func:`ratio_rows`) and one scheduling-metadata object, bound to the tail's shape
+    at its first layer. Called through the module (``forward`` rebuilds with it, the host
+    timers wrap it)."""
     return tail_inputs(
         ratio,
         boundary.b0,
         boundary.num_decode_reqs,
-        core.swa_page_indices,
-        core.swa_topk_lengths,
-        extra_idx,
-        extra_len,
-        sched_meta=_sched_meta_factory(),
+        *ratio_rows(core, ratio),
+        sched_meta=new_sched_meta(),
         softmax_scale=backend.softmax_scale,
         use_legacy=not getattr(backend, "_swa_interleaved", False),
     )
@@ -323,9 +327,9 @@ def _read_done_may_publish(replay: bool) -> bool:
     return bool(replay_read_done.FLAG.get())
 
 
-def _sched_meta_factory():
-    # A fresh FlashMLASchedMeta as upstream creates them (deepseek_v4_backend._create_flashmla_metadata),
-    # looked up at call time.
+def new_sched_meta():
+    """A fresh FlashMLASchedMeta, made as upstream makes them
+    (``deepseek_v4_backend._create_flashmla_metadata``, looked up at call time)."""
     from sglang.srt.layers.attention import deepseek_v4_backend as dsv4
 
     return dsv4._create_flashmla_metadata()
