@@ -26,8 +26,8 @@ from sglang_mixgraph.patches.mixed_split.state import (
     TAIL_GRAPHS_FLAG,
     SplitPlan,
     SplitPlanError,
-    _count,
-    _fallback,
+    count_event,
+    fall_back,
     get_plan,
 )
 from sglang_mixgraph.upstream_attrs import (
@@ -149,7 +149,7 @@ def _mismatch(backend, plan: SplitPlan, reason_key: str) -> None:
             "bug of the patch against the installed SGLang: set "
             "SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN=0 and report it."
         )
-    _fallback(reason_key)
+    fall_back(reason_key)
     metadata = backend.forward_metadata
     setattr(metadata, METADATA_SPLIT_PLAN, None)
     metadata.sparse_prefill_cache = None
@@ -190,7 +190,7 @@ def _decode_tail(backend, plan: SplitPlan, layer_id: int, tail, q_tail, caches, 
         if why is None:
             out = graphs.run(layer_id, tail, q_tail, swa_cache, attn_sink, extra_cache)
             if out is not None:
-                _count("tail_graph_replays")
+                count_event("tail_graph_replays")
                 return out
             why = "capture_failed"  # once: every later call finds the graphs broken
             logger.warning(
@@ -199,7 +199,7 @@ def _decode_tail(backend, plan: SplitPlan, layer_id: int, tail, q_tail, caches, 
                 PATCH_ID,
                 graphs.broken,
             )
-        _count(f"tail_graph_eager.{why}")
+        count_event(f"tail_graph_eager.{why}")
     return run_tail(tail, q_tail, swa_cache, attn_sink, extra_cache, plan.kernel)
 
 
@@ -235,7 +235,7 @@ def _split_forward(original, backend, call: dict):
     q_tail = q4.narrow(0, b.b0, b.num_decode_reqs)
     o_dec = _decode_tail(backend, plan, layer_id, tail, q_tail, caches, attn_sink).squeeze(1)
     plan.decode_calls[compress_ratio] = plan.decode_calls.get(compress_ratio, 0) + 1
-    _count(_LAYERS_SPLIT[compress_ratio])
+    count_event(_LAYERS_SPLIT[compress_ratio])
     if o_all is None:
         return assemble_rows(b, None, o_dec, like=o_dec)
     if o_dec.shape[1] != o_all.shape[1]:
