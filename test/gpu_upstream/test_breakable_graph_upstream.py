@@ -118,6 +118,17 @@ class _ModelRunner:
         self.forward_pass_id = 0
 
 
+def read_done_env(split: bool, check: bool = True) -> dict[str, str]:
+    """The replay read-done patch on, the snapshot check on (unless ``check`` is False), the
+    split on with policy ``always`` or off."""
+    return {
+        "SGLANG_OPT_DSV4_REPLAY_READ_DONE": "1",
+        "SGLANG_DEBUG_WAR_SNAPSHOT": "1" if check else "0",
+        "SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN": "1" if split else "0",
+        "SGLANG_MIXGRAPH_SPLIT_POLICY": "always",
+    }
+
+
 @pytest.mark.parametrize("split", [False, True], ids=["unsplit", "split"])
 def test_replay_read_done_prebuilds_publishes_and_equals_upstream(bucket, split):
     """With the replay read-done patch and the snapshot check on, upstream's runner prepare of a
@@ -137,12 +148,7 @@ def test_replay_read_done_prebuilds_publishes_and_equals_upstream(bucket, split)
     for name in names:
         view, fb = _live(world, name)
         off[name] = b.replay(view, fb, view.q())
-    env = {
-        "SGLANG_OPT_DSV4_REPLAY_READ_DONE": "1",
-        "SGLANG_DEBUG_WAR_SNAPSHOT": "1",
-        "SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN": "1" if split else "0",
-        "SGLANG_MIXGRAPH_SPLIT_POLICY": "always",
-    }
+    env = read_done_env(split)
     runner = _ModelRunner(world.backend)
     on = {}
     wc.PUBLISHED.clear()

@@ -8,12 +8,13 @@ its slots' SWA mapping rotated), and the replay runs only after that stream has 
 replay that reads nothing of the tables after the event gives the same output as without the
 poison; the negative control, a deliberately late reader (the chunk cache dropped after the
 publish, so the first attention break rebuilds it from the tables), must be caught by the same
-comparison. The graph, the fixture and the runner stand-in are test_breakable_graph_upstream's.
+comparison. The graph, the fixture, the runner stand-in and the patches' environment are
+test_breakable_graph_upstream's.
 """
 
 import pytest
 import torch
-from test_breakable_graph_upstream import _live, _ModelRunner, capture_bucket
+from test_breakable_graph_upstream import _live, _ModelRunner, capture_bucket, read_done_env
 
 from sglang_mixgraph.kits import dsv4_gpu as G
 from sglang_mixgraph.kits.install import installed
@@ -65,15 +66,6 @@ class Poison:
         torch.cuda.synchronize()
 
 
-def _env(split: bool, check: bool = True):
-    return {
-        "SGLANG_OPT_DSV4_REPLAY_READ_DONE": "1",
-        "SGLANG_DEBUG_WAR_SNAPSHOT": "1" if check else "0",
-        "SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN": "1" if split else "0",
-        "SGLANG_MIXGRAPH_SPLIT_POLICY": "always",
-    }
-
-
 def _replays(b, world, env, *, poison: bool, late_reader=None):
     """Each live batch replayed with the patches of ``env``; ``poison``: the tables overwritten
     after its read-done; ``late_reader``: run right after the publish, before the poison."""
@@ -116,8 +108,8 @@ def test_tables_overwritten_after_read_done_leave_the_replay_unchanged(bucket, s
     them by order 1), and the snapshot check stays silent (it would raise inside the attention
     break)."""
     world, b = bucket
-    clean = _replays(b, world, _env(split), poison=False)
-    poisoned = _replays(b, world, _env(split), poison=True)
+    clean = _replays(b, world, read_done_env(split), poison=False)
+    poisoned = _replays(b, world, read_done_env(split), poison=True)
     for name in NAMES:
         view, _ = _live(world, name)
         b0, rows = view.step.b0, view.step.num_rows
@@ -141,7 +133,7 @@ def test_a_late_reader_is_caught_by_the_same_poison(bucket):
     equals the prebuilt cache; poisoned, the output changes, so the comparison above sees a
     late reader."""
     world, b = bucket
-    env = _env(False, check=False)
+    env = read_done_env(False, check=False)
     reference = _replays(b, world, env, poison=False)
 
     def drop_cache():

@@ -8,23 +8,16 @@ worker's protocol, including one that never answers (the deadline keeps what was
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "tools" / "glm5" / "glm5_step.py"
+from tool_scripts import load
 
 
 @pytest.fixture(scope="module")
 def step():
-    spec = importlib.util.spec_from_file_location("glm5_step", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load("glm5_step", "glm5")
 
 
 # ---- statistics ---------------------------------------------------------------------------
@@ -188,11 +181,7 @@ def test_a_worker_that_never_answers_stops_the_run_at_its_deadline(step, monkeyp
 def test_the_step_timer_logs_each_forward(monkeypatch, tmp_path):
     import torch
 
-    spec = importlib.util.spec_from_file_location(
-        "glm5_step_timer", ROOT / "tools" / "glm5" / "glm5_step_timer.py"
-    )
-    timer = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(timer)
+    timer = load("glm5_step_timer", "glm5")
 
     class ModelRunner:
         def forward(self, forward_batch):
@@ -225,11 +214,7 @@ def test_sglang_plans_the_bcg_arm_with_the_timed_lengths_as_its_buckets(
     for name in list(os.environ):
         if name.startswith("SGLANG_") and name != "SGLANG_PLATFORM":
             monkeypatch.delenv(name)
-    gen_spec = importlib.util.spec_from_file_location(
-        "make_tiny_glm5", ROOT / "tools" / "glm5" / "make_tiny_glm5.py"
-    )
-    gen = importlib.util.module_from_spec(gen_spec)
-    gen_spec.loader.exec_module(gen)
+    gen = load("make_tiny_glm5", "glm5")
     model = gen.write(tmp_path / "m", 78).parent
     kw = step.engine_kwargs("bcg", str(model), [1024, 8192])
     args = ["--tp", "1", "--target-gpu", "H200", "--disable-radix-cache"]

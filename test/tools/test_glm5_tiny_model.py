@@ -8,27 +8,19 @@ resolve the harness's Engine arguments for it.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from tool_scripts import load
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "tools" / "glm5" / "make_tiny_glm5.py"
 GLM5 = json.loads((ROOT / "python/sglang_mixgraph/data/glm5/config.json").read_text())
-
-
-def _generator():
-    spec = importlib.util.spec_from_file_location("make_tiny_glm5", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
 def gen():
-    return _generator()
+    return load("make_tiny_glm5", "glm5")
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ benchmark dataset and the GSM8K prompts work with.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import random
@@ -18,6 +17,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from tool_scripts import load
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tools" / "rank-slice" / "make_slice_model.py"
@@ -84,13 +84,6 @@ def _bare_run(*args: str) -> subprocess.CompletedProcess:
         text=True,
         timeout=300,
     )
-
-
-def _generator():
-    spec = importlib.util.spec_from_file_location("make_slice_model", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -186,7 +179,7 @@ def test_sglang_loads_the_config_with_every_field_its_model_reads(slice_dir):
 
 
 def test_layers_keeps_the_first_n_layers_and_ratios():
-    gen = _generator()
+    gen = load("make_slice_model")
     config = gen.build_config(gen.load_pro_config(), layers=5)
     assert config["num_hidden_layers"] == 5
     assert config["compress_ratios"] == PRO["compress_ratios"][:5] == [0, 0, 4, 128, 4]
@@ -202,7 +195,7 @@ def test_layers_outside_pro_s_are_refused(tmp_path, layers):
 
 
 def test_the_transformers_self_check_passes(tmp_path):
-    gen = _generator()
+    gen = load("make_slice_model")
     assert gen.main([str(tmp_path / "small"), "--layers", "4", "--check"]) == 0
     config = json.loads((tmp_path / "small" / "config.json").read_text())
     assert config["compress_ratios"] == [0, 0, 4, 128]

@@ -3,27 +3,21 @@ each stand-in) against the slice's config, the MIXED step's rows, and the clean 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+from tool_scripts import load
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tools" / "rank-slice" / "standin_costs.py"
 MAKE_MODEL = ROOT / "tools" / "rank-slice" / "make_slice_model.py"
 
 
-def _load(name, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-SC = _load("rank_slice_standin_costs", SCRIPT)
-MSM = _load("rank_slice_make_model", MAKE_MODEL)
+SC = load("standin_costs")
+MSM = load("make_slice_model")
 
 
 def _slice_config(layers=None):

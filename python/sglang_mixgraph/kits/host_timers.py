@@ -67,7 +67,7 @@ def split_plan_targets(backend) -> list[tuple[str, object, str]]:
     return [
         ("plan", plan, "_plan"),
         ("decision", plan, "_adaptive_splits"),
-        ("tail_inputs", plan, "_tail_inputs"),
+        ("tail_inputs", plan, "step_tail_inputs"),
         ("chunk_cache", backend, "_build_sparse_prefill_chunk_cache"),
     ]
 

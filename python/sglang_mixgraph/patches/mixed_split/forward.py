@@ -19,14 +19,15 @@ import logging
 from sglang_mixgraph.core.decode_tail import run_tail
 from sglang_mixgraph.core.decode_tail_graphs import TailGraphs
 from sglang_mixgraph.core.mixed_boundary import assemble_rows, copy_in_join
+from sglang_mixgraph.patches.mixed_split import plan as split_plan
 from sglang_mixgraph.patches.mixed_split.state import (
     FALLBACK_REASONS,
     PATCH_ID,
     TAIL_GRAPHS_FLAG,
     SplitPlan,
     SplitPlanError,
-    _count,
-    _fallback,
+    count_event,
+    fall_back,
     get_plan,
 )
 from sglang_mixgraph.upstream_attrs import (
@@ -148,7 +149,7 @@ def _mismatch(backend, plan: SplitPlan, reason_key: str) -> None:
             "bug of the patch against the installed SGLang: set "
             "SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN=0 and report it."
         )
-    _fallback(reason_key)
+    fall_back(reason_key)
     metadata = backend.forward_metadata
     setattr(metadata, METADATA_SPLIT_PLAN, None)
     metadata.sparse_prefill_cache = None
@@ -158,16 +159,11 @@ def _tail_of(plan: SplitPlan, backend, core, compress_ratio: int):
     """The plan's decode-tail inputs for the ratio; rebuilt (and counted) only if the step's
     metadata tensors were replaced since the plan took its views of them."""
     tail = plan.tails[compress_ratio]
-    if compress_ratio:
-        extra_idx = core.sparse_page_indices(compress_ratio)
-        extra_len = core.sparse_topk_lengths(compress_ratio)
-    else:
-        extra_idx = extra_len = None
-    if tail.built_from(core.swa_page_indices, core.swa_topk_lengths, extra_idx, extra_len):
+    if tail.built_from(*split_plan.ratio_rows(core, compress_ratio)):
         return tail
-    from sglang_mixgraph.patches.mixed_split.plan import _tail_inputs
-
-    tail = plan.tails[compress_ratio] = _tail_inputs(backend, core, plan.boundary, compress_ratio)
+    tail = plan.tails[compress_ratio] = split_plan.step_tail_inputs(
+        backend, core, plan.boundary, compress_ratio
+    )
     plan.tail_builds[compress_ratio] = plan.tail_builds.get(compress_ratio, 0) + 1
     return tail
 
@@ -179,9 +175,7 @@ def _tail_graphs(backend, plan: SplitPlan) -> TailGraphs | None:
         return None
     graphs = getattr(backend, BACKEND_SPLIT_TAIL_GRAPHS, None)
     if graphs is None:
-        from sglang_mixgraph.patches.mixed_split.plan import _sched_meta_factory
-
-        graphs = TailGraphs(plan.kernel, _sched_meta_factory)
+        graphs = TailGraphs(plan.kernel, split_plan.new_sched_meta)
         setattr(backend, BACKEND_SPLIT_TAIL_GRAPHS, graphs)
     return graphs
 
@@ -196,7 +190,7 @@ def _decode_tail(backend, plan: SplitPlan, layer_id: int, tail, q_tail, caches, 
         if why is None:
             out = graphs.run(layer_id, tail, q_tail, swa_cache, attn_sink, extra_cache)
             if out is not None:
-                _count("tail_graph_replays")
+                count_event("tail_graph_replays")
                 return out
             why = "capture_failed"  # once: every later call finds the graphs broken
             logger.warning(
@@ -205,7 +199,7 @@ def _decode_tail(backend, plan: SplitPlan, layer_id: int, tail, q_tail, caches, 
                 PATCH_ID,
                 graphs.broken,
             )
-        _count(f"tail_graph_eager.{why}")
+        count_event(f"tail_graph_eager.{why}")
     return run_tail(tail, q_tail, swa_cache, attn_sink, extra_cache, plan.kernel)
 
 
@@ -241,7 +235,7 @@ def _split_forward(original, backend, call: dict):
     q_tail = q4.narrow(0, b.b0, b.num_decode_reqs)
     o_dec = _decode_tail(backend, plan, layer_id, tail, q_tail, caches, attn_sink).squeeze(1)
     plan.decode_calls[compress_ratio] = plan.decode_calls.get(compress_ratio, 0) + 1
-    _count(_LAYERS_SPLIT[compress_ratio])
+    count_event(_LAYERS_SPLIT[compress_ratio])
     if o_all is None:
         return assemble_rows(b, None, o_dec, like=o_dec)
     if o_dec.shape[1] != o_all.shape[1]:

@@ -23,9 +23,9 @@ from sglang_mixgraph.patches.mixed_split.state import (
     POLICY_FLAG,
     SPLIT_SPEC_ALGORITHMS,
     SplitPlan,
-    _count,
-    _fallback,
-    _weak,
+    count_event,
+    fall_back,
+    ref_to,
 )
 from sglang_mixgraph.upstream_attrs import BACKEND_SPLIT_LAYERS, METADATA_SPLIT_PLAN
 
@@ -225,42 +225,42 @@ def _plan(backend, metadata, live, target, num_rows: int, *, replay: bool) -> Sp
     if not decode_tail or num_rows <= 0:
         return None
     num_decode, recognised_as = decode_tail
-    _count("replays_seen" if replay else f"steps_seen.{recognised_as}")
+    count_event("replays_seen" if replay else f"steps_seen.{recognised_as}")
     reason = _unsupported_reason(backend, live, metadata)
     if reason is not None:
-        _fallback(reason)
+        fall_back(reason)
         return None
     if not backend._use_sparse_prefill(target, num_qo_tokens=num_rows):
         # Dense extend (``DeepseekV4AttnBackend._use_sparse_prefill`` says no): upstream already
         # runs every row through the decode kernel; nothing to split.
-        _count("steps_upstream_dense")
+        count_event("steps_upstream_dense")
         return None
     exts = live.extend_seq_lens_cpu or []
     try:
         boundary = compute_mixed_boundary(exts, num_decode, num_rows=num_rows)
     except (ValueError, TypeError):
-        _fallback("boundary")
+        fall_back("boundary")
         return None
     core = metadata.core_attn_metadata
     if core.swa_page_indices.shape[0] < boundary.decode_end:
-        _fallback("rows")
+        fall_back("rows")
         return None
     mix = layer_mix(backend)
     policy = str(POLICY_FLAG.get())
     if policy == "adaptive":
         if not _adaptive_splits(backend, boundary, live, exts, mix, replay=replay):
             logger.debug("mixed split: adaptive policy keeps step unsplit (%s)", boundary)
-            _count("replays_unsplit_adaptive" if replay else "steps_unsplit_adaptive")
+            count_event("replays_unsplit_adaptive" if replay else "steps_unsplit_adaptive")
             return None
         logger.debug("mixed split: adaptive splits the step (%s)", boundary)
     try:
-        tails = {r: _tail_inputs(backend, core, boundary, r) for r in sorted(mix)}
+        tails = {r: step_tail_inputs(backend, core, boundary, r) for r in sorted(mix)}
     except (ValueError, TypeError, IndexError):
-        _fallback("tail_layout")
+        fall_back("tail_layout")
         return None
     plan = SplitPlan(
         boundary=boundary,
-        forward_batch_ref=_weak(target),
+        forward_batch_ref=ref_to(target),
         tails=tails,
         kernel=backend._flash_mla_with_kvcache,
         may_publish=_read_done_may_publish(replay),
@@ -276,29 +276,33 @@ def _plan(backend, metadata, live, target, num_rows: int, *, replay: bool) -> Sp
     metadata.sparse_prefill_cache = backend._build_sparse_prefill_chunk_cache(
         target, core, num_qo_tokens=num_rows
     )
-    _count("replays_split" if replay else "steps_split")
-    _count("decode_rows_split", boundary.num_decode_reqs)
+    count_event("replays_split" if replay else "steps_split")
+    count_event("decode_rows_split", boundary.num_decode_reqs)
     return plan
 
 
-def _tail_inputs(backend, core, boundary: MixedBoundary, ratio: int):
-    """Ratio ``ratio``'s decode-tail inputs for the step: its rows of the step's metadata (the
-    SWA page indices and lengths; the c4 top-k or the c128 page indices and lengths, as
-    ``DeepseekV4AttnBackend._forward_attention`` hands them to the decode kernel) and one
-    scheduling-metadata object, bound to the tail's shape at its first layer."""
+def ratio_rows(core, ratio: int):
+    """The step metadata's tensors a ratio's decode tail reads, as ``built_from`` takes them:
+    the SWA page indices and lengths, then the c4 top-k or c128 page indices and lengths (None,
+    None for SWA-only), as ``DeepseekV4AttnBackend._forward_attention`` hands them to the kernel."""
     extra_idx = extra_len = None
     if ratio:
         extra_idx = core.sparse_page_indices(ratio)
         extra_len = core.sparse_topk_lengths(ratio)
+    return core.swa_page_indices, core.swa_topk_lengths, extra_idx, extra_len
+
+
+def step_tail_inputs(backend, core, boundary: MixedBoundary, ratio: int):
+    """Ratio ``ratio``'s decode-tail inputs for the step: views of its rows of the step's
+    metadata (:func:`ratio_rows`) and one scheduling-metadata object, bound to the tail's shape
+    at its first layer. Called through the module (``forward`` rebuilds with it, the host
+    timers wrap it)."""
     return tail_inputs(
         ratio,
         boundary.b0,
         boundary.num_decode_reqs,
-        core.swa_page_indices,
-        core.swa_topk_lengths,
-        extra_idx,
-        extra_len,
-        sched_meta=_sched_meta_factory(),
+        *ratio_rows(core, ratio),
+        sched_meta=new_sched_meta(),
         softmax_scale=backend.softmax_scale,
         use_legacy=not getattr(backend, "_swa_interleaved", False),
     )
@@ -323,9 +327,9 @@ def _read_done_may_publish(replay: bool) -> bool:
     return bool(replay_read_done.FLAG.get())
 
 
-def _sched_meta_factory():
-    # A fresh FlashMLASchedMeta as upstream creates them (deepseek_v4_backend._create_flashmla_metadata),
-    # looked up at call time.
+def new_sched_meta():
+    """A fresh FlashMLASchedMeta, made as upstream makes them
+    (``deepseek_v4_backend._create_flashmla_metadata``, looked up at call time)."""
     from sglang.srt.layers.attention import deepseek_v4_backend as dsv4
 
     return dsv4._create_flashmla_metadata()

@@ -146,11 +146,13 @@ FALLBACKS = (
 FALLBACK_REASONS = {f.key: f.text for f in FALLBACKS}
 
 
-def _fallback(reason_key: str) -> None:
+def fall_back(reason_key: str) -> None:
+    """Count a fallback of the patch for ``reason_key`` (a ``FALLBACKS`` key), said once."""
     fallback_once(PATCH_ID, FALLBACK_REASONS[reason_key], key=reason_key)
 
 
-def _count(event: str, n: int = 1) -> None:
+def count_event(event: str, n: int = 1) -> None:
+    """Add ``n`` to the patch's counter ``event``."""
     counters.count(PATCH_ID, event, n)
 
 
@@ -204,7 +206,9 @@ def get_plan(backend) -> SplitPlan | None:
     return getattr(metadata, METADATA_SPLIT_PLAN, None)
 
 
-def _weak(obj):
+def ref_to(obj):
+    """A weak reference to ``obj``, or ``obj`` itself where it takes none (``SplitPlan.matches``
+    reads either)."""
     try:
         return weakref.ref(obj)
     except TypeError:
