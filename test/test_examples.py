@@ -8,7 +8,6 @@ in a `# method:` comment, so an example cannot drift from the documented method 
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import tomllib
 from pathlib import Path
@@ -42,7 +41,7 @@ def test_readme_docs_and_config_defaults_agree():
     per_prompt, per_warmup = _readme_method()
     doc_prompts, _, doc_warmup = _documented_defaults()
     assert (per_prompt, per_warmup) == (doc_prompts, doc_warmup)
-    sweep = {f.name: f.default for f in dataclasses.fields(Sweep)}
+    sweep = {name: f.default for name, f in Sweep.model_fields.items()}
     assert (sweep["prompts_per_concurrency"], sweep["warmup_per_concurrency"]) == (
         doc_prompts,
         doc_warmup,

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from ab_kit import sharegpt_text
+from pydantic import ValidationError
 
 from sglang_mixgraph.ab import arms, config_schema, runner
 from sglang_mixgraph.ab import cli as ab_cli
@@ -231,6 +232,19 @@ def test_the_schemas_refusals_are_one_exact_line(tmp_path, capsys, section, chan
     argv = ["run", str(config), "--dry-run", "--run-dir", str(tmp_path / "run")]
     assert _one_line_exit_2(argv, capsys) == f"sglang-mixgraph ab: {message}\n"
     assert not (tmp_path / "run").exists()
+
+
+def test_the_configuration_the_run_uses_is_frozen_and_derived_values_are_no_keys():
+    config = parse_config(read_toml(EXAMPLE))
+    for part, key in [(config, "note"), (config.sweep, "repeats"), (config.arms[0], "url"),
+                      (config.gates[0], "min_ratio"), (config.sweep.shapes[0], "input_len")]:  # fmt: skip
+        with pytest.raises(ValidationError, match="frozen"):
+            setattr(part, key, None)
+    # The shapes and a gate's point are derived, not written in the file.
+    with pytest.raises(ConfigError, match=r"^\[sweep\]: unknown key 'shapes'"):
+        parse_config(raw_with(sweep={**RAW["sweep"], "shapes": []}))
+    with pytest.raises(ConfigError, match=r"^\[\[gate\]\] #1: unknown key 'point'"):
+        parse_config(raw_with(gate=[{**RAW["gate"][0], "point": 1}]))
 
 
 def test_accuracy_only_takes_one_arm_and_needs_a_threshold():

@@ -161,7 +161,7 @@ def _sharegpt_turns(entry: object) -> list[str] | None:
 
 def offline_problems(config: Config, *, accuracy_only: bool = False) -> list[str]:
     """With `offline`, one line per fetch the run would make."""
-    if not config.offline:
+    if not config.run.offline:
         return []
     return [
         f"offline run (--offline, [run] offline) needs network: {f.what}; set {f.avoid}"

@@ -33,7 +33,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -265,7 +265,7 @@ def collect(run_dir: Path) -> Results:
 
     for arm in config.arms[1:]:
         fill(arm.name, results.baseline, results.ratios.setdefault(arm.name, {}))
-    for candidate, baseline in config.pairs:
+    for candidate, baseline in config.ratio_pairs:
         fill(candidate, baseline, results.pair_ratios.setdefault(f"{candidate}/{baseline}", {}))
     if config.slo.limits:
         _within_slo(results)
@@ -557,7 +557,7 @@ def results_json(results: Results) -> dict[str, Any]:
             for a in results.config.arms
         ],
         "dataset": sw.dataset,
-        "shared_prefix": None if sw.shared_prefix is None else asdict(sw.shared_prefix),
+        "shared_prefix": None if sw.shared_prefix is None else sw.shared_prefix.model_dump(),
         "concurrencies": list(sw.concurrencies),
         "request_rates": list(sw.request_rates),
         "shapes": [
