@@ -54,6 +54,7 @@ AB = (PKG + "ab/*", PKG + "cli/ab.py", "test/ab/*")
 SLOW_FILES: dict[str, tuple[str, ...]] = {
     "test/test_plugin.py": PLANNER,
     "test/cli/test_cli.py": PLANNER,
+    "test/cli/test_plan_inputs.py": PLANNER,
     "test/patches/test_graph_config.py": PLANNER,
     "test/patches/mixed_split/test_mixed_split.py": (
         PKG + "core/*",
