@@ -18,3 +18,23 @@ def plan_env(monkeypatch, tmp_path):
             monkeypatch.delenv(name)
     monkeypatch.delenv(MEGA_MOE_CAP_ENV, raising=False)
     return monkeypatch
+
+
+@pytest.fixture
+def doctor_here(monkeypatch, capsys):
+    """`sglang-mixgraph doctor ARGS` in this process (`cli.main`, as the console script calls
+    it), without SGLANG_* variables but `env`; returns (exit code, captured output). Doctor
+    reads the flags and the plugin allowlist when it runs, so it needs no process of its own
+    (a fresh one costs seconds of imports)."""
+    from sglang_mixgraph.cli import main
+
+    def run(*args: str, env: dict[str, str] | None = None):
+        for key in [k for k in os.environ if k.startswith("SGLANG_")]:
+            monkeypatch.delenv(key)
+        for key, value in (env or {}).items():
+            monkeypatch.setenv(key, value)
+        capsys.readouterr()
+        code = main(["doctor", *args])
+        return code, capsys.readouterr()
+
+    return run

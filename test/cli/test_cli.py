@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from sglang_mixgraph.cli import main as cli_main
 from sglang_mixgraph.cli.presets import DSV4_MODEL_DIR, MEGA_MOE_CAP_ENV
 from sglang_mixgraph.flags import FLAGS
 from sglang_mixgraph.kits.broken_import import broken_import_env
@@ -48,19 +47,6 @@ def cli(
     )
 
 
-def doctor_here(monkeypatch, capsys, *args: str, env: dict[str, str] | None = None):
-    """`sglang-mixgraph doctor ARGS` in this process (cli.main, as the console script calls it),
-    without SGLANG_* variables but `env`: doctor reads the flags and the plugin allowlist when
-    it runs, so it needs no process of its own (a fresh one costs seconds of imports)."""
-    for key in [k for k in os.environ if k.startswith("SGLANG_")]:
-        monkeypatch.delenv(key)
-    for key, value in (env or {}).items():
-        monkeypatch.setenv(key, value)
-    capsys.readouterr()
-    code = cli_main(["doctor", *args])
-    return code, capsys.readouterr()
-
-
 def cli_json(*args: str, env: dict[str, str] | None = None) -> dict:
     result = cli(*args, "--json", env=env)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -70,14 +56,14 @@ def cli_json(*args: str, env: dict[str, str] | None = None) -> dict:
 # ---------------------------------------------------------------- doctor
 
 
-def test_doctor_json_reports_versions_gpu_flags_and_every_patch(monkeypatch, capsys):
+def test_doctor_json_reports_versions_gpu_flags_and_every_patch(monkeypatch, doctor_here):
     from sglang_mixgraph.registry import evaluate
 
     for name in FLAGS:  # doctor runs with no SGLANG_* variable (see cli())
         monkeypatch.delenv(name, raising=False)
     # every patch is in the state its flag defaults give it
     default_state = {p.id: evaluate(p).state for p in all_patches()}
-    code, out = doctor_here(monkeypatch, capsys, "--json")
+    code, out = doctor_here("--json")
     assert code == 0, out.err[-3000:]
     report = json.loads(out.out)
     assert report["versions"]["sglang"] == "0.5.23"
@@ -114,11 +100,11 @@ def test_every_patch_has_its_catalogue_entry():
         assert patch.upstream_pr is None or patch.upstream_pr, patch.id
 
 
-def test_doctor_exits_1_on_an_invalid_flag(monkeypatch, capsys):
+def test_doctor_exits_1_on_an_invalid_flag(doctor_here):
     if not FLAGS:
         pytest.skip("no flag defined")
     name = sorted(FLAGS)[0]
-    code, out = doctor_here(monkeypatch, capsys, "--json", env={name: "maybe"})
+    code, out = doctor_here("--json", env={name: "maybe"})
     assert code == 1
     report = json.loads(out.out)
     entry = next(f for f in report["flags"] if f["name"] == name)
@@ -126,8 +112,8 @@ def test_doctor_exits_1_on_an_invalid_flag(monkeypatch, capsys):
     assert report["ok"] is False
 
 
-def test_doctor_fits_one_screen_and_says_an_empty_flag_is_unset(monkeypatch, capsys):
-    code, out = doctor_here(monkeypatch, capsys, env={"SGLANG_MIXGRAPH_PREFILL_BUCKETS": ""})
+def test_doctor_fits_one_screen_and_says_an_empty_flag_is_unset(doctor_here):
+    code, out = doctor_here(env={"SGLANG_MIXGRAPH_PREFILL_BUCKETS": ""})
     assert code == 0, out.err[-3000:]
     lines = out.out.splitlines()
     assert len(lines) <= 50, len(lines)

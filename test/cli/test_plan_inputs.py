@@ -469,7 +469,7 @@ def test_a_reader_that_closes_the_pipe_ends_the_report_quietly(command):
 # ---------------------------------------------------------------- the SGLANG_PLUGINS allowlist
 
 
-def test_plan_and_doctor_say_when_sglang_will_not_load_the_plugin(monkeypatch, capsys):
+def test_plan_and_doctor_say_when_sglang_will_not_load_the_plugin(doctor_here):
     env = {"SGLANG_PLUGINS": "someone_else"}
     result = _cli("plan", "--json", env=env)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -494,12 +494,8 @@ def test_plan_and_doctor_say_when_sglang_will_not_load_the_plugin(monkeypatch, c
 
     # doctor reads the allowlist, not this process's plugins: it runs here (plan, above, needs a
     # process of its own, as SGLang's platform and plugins load once per process)
-    for key in [k for k in os.environ if k.startswith("SGLANG_")]:
-        monkeypatch.delenv(key)
-    monkeypatch.setenv("SGLANG_PLUGINS", "someone_else")
-    capsys.readouterr()
-    assert cli.main(["doctor", "--json"]) == 0
-    doctor = capsys.readouterr()
+    code, doctor = doctor_here("--json", env=env)
+    assert code == 0, doctor.err[-3000:]
     d = json.loads(doctor.out)
     assert d["plugin"]["loaded"] is False and "does not name 'mixgraph'" in d["plugin"]["reason"]
     assert {x["status"] for x in d["patches"]} == {"not loaded"}
