@@ -267,6 +267,18 @@ def test_driver_compares_tokens_with_upstream_or_the_first_arm():
     assert drv.token_equality({"upstream": a}) == []
 
 
+def test_driver_keeps_every_visit_of_a_repeated_arm_apart():
+    """An A/B block names arms again; each visit gets its own key (directory, log, report entry),
+    and a repeated upstream is compared with the first upstream like any other arm."""
+    drv = load("run_slice_probe")
+    keys = drv.visit_keys(["upstream", "bcg-auto", "bcg-auto", "upstream", "bcg-auto"])
+    assert keys == ["upstream", "bcg-auto", "bcg-auto#2", "upstream#2", "bcg-auto#3"]
+    a, b = {"outputs": [[1], [2]]}, {"outputs": [[1], [3]]}
+    assert drv.token_equality({"upstream": a, "upstream#2": b}) == [
+        "tokens equal to upstream: upstream#2: 1/2 requests"
+    ]
+
+
 def test_host_table_sums_self_cpu_time_and_counts_launches():
     ev = types.SimpleNamespace
     events = [

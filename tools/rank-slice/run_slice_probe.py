@@ -197,9 +197,22 @@ def token_equality(arms: dict) -> list[str]:
     return lines
 
 
+def visit_keys(names: list[str]) -> list[str]:
+    """One key per arm visit: an arm's name, then ``name#2``, ``name#3`` for its repeats, so an
+    A/B block (``upstream bcg-auto bcg-auto upstream``) keeps every visit apart."""
+    seen: dict[str, int] = {}
+    keys = []
+    for n in names:
+        seen[n] = seen.get(n, 0) + 1
+        keys.append(n if seen[n] == 1 else f"{n}#{seen[n]}")
+    return keys
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("arms", nargs="+", help=f"of {sorted(A.ARMS)}")
+    ap.add_argument(
+        "arms", nargs="+", help=f"of {sorted(A.ARMS)}; an arm named again is visited again"
+    )
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--input-len", type=int, default=2048)
     ap.add_argument("--output-len", type=int, default=32)
@@ -296,8 +309,8 @@ def main() -> int:
         "fp8_gemm": args.fp8_gemm,
         "layers": args.layers,
     }
-    for arm in arms:
-        d = os.path.join(args.work, arm.name)
+    for key, arm in zip(visit_keys([a.name for a in arms]), arms, strict=True):
+        d = os.path.join(args.work, key)
         kwargs = A.engine_kwargs(
             model,
             arm,
@@ -318,8 +331,8 @@ def main() -> int:
             args.kernels,
             args.fp8_gemm,
         )
-        log(f"== {arm.name}: {arm.what}; env {json.dumps(arm.env)}; engine {json.dumps(kwargs)}")
-        log_path = os.path.join(args.work, "logs", f"{arm.name}.log")
+        log(f"== {key}: {arm.what}; env {json.dumps(arm.env)}; engine {json.dumps(kwargs)}")
+        log_path = os.path.join(args.work, "logs", f"{key}.log")
         res = run_arm(arm, d, kwargs, workload, env, deadline, log_path)
         with open(log_path, errors="replace") as f:
             text = f.read()
@@ -351,7 +364,7 @@ def main() -> int:
             "outputs": res.get("outputs", []),
             "log_tail": "" if res.get("ok") else text[-4000:],
         }
-        report["arms"][arm.name] = entry
+        report["arms"][key] = entry
         log(
             f"   ok {entry['ok']} start {entry['engine_start_s']}s burst {entry['burst_s']}s "
             f"{entry['error'][:300]}"

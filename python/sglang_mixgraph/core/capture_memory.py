@@ -156,6 +156,17 @@ class ModelShape:
     sparse: SparseIndexerShape | None = None  # DeepSeek-V4 only
 
 
+# The estimate's terms in words (the keys of `_terms`), for the lines a user reads.
+TERM_WORDS = {
+    "graph_objects": "graph objects",
+    "static_buffers": "static inputs and output",
+    "graph_pool_activations": "the largest bucket's activations in the graph pool",
+    "dsv4_captured_metadata": "captured attention metadata",
+    "dsv4_indexer_logits": "c4 indexer logits",
+    "dsv4_decode_tail_graphs": "the split's decode-tail graphs",
+}
+
+
 @dataclass(frozen=True)
 class CaptureEstimate:
     buckets: tuple[int, ...]
@@ -164,6 +175,12 @@ class CaptureEstimate:
     @property
     def total(self) -> int:
         return sum(self.terms.values())
+
+    def largest_terms(self, count: int = 2) -> str:
+        """The largest terms in words, e.g. "4.1 GiB the largest bucket's activations in the
+        graph pool, 154 MiB static inputs and output": what a user would cut first."""
+        top = sorted(self.terms.items(), key=lambda kv: -kv[1])[:count]
+        return ", ".join(f"{fmt_bytes(v)} {TERM_WORDS[k]}" for k, v in top)
 
 
 def _terms(count: int, largest: int, total_tokens: int, model: ModelShape) -> dict[str, int]:

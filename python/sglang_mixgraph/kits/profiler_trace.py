@@ -122,9 +122,11 @@ class TraceBuilder:
         kernels: list[tuple[str, float, float]],
         call: str = "cudaLaunchKernel",
         dur: float = 4.0,
+        nbytes: int | None = None,
     ) -> int:
         """A launch call at ``ts`` and the GPU work it queued: ``kernels`` as (name, start,
-        duration); several for a ``cudaGraphLaunch``. Returns the correlation id."""
+        duration); several for a ``cudaGraphLaunch``; a copy's size in ``nbytes``. Returns the
+        correlation id."""
         self._correlation += 1
         corr = self._correlation
         external = self._next_external()
@@ -144,6 +146,8 @@ class TraceBuilder:
             memcpy = call == "cudaMemcpyAsync"
             args = {"External id": external, "device": self.device, "context": 1}
             args |= {"stream": self.stream, "correlation": corr}
+            if memcpy and nbytes is not None:
+                args |= {"bytes": nbytes, "memory bandwidth (GB/s)": nbytes / length / 1e3}
             if not memcpy:
                 args |= {"registers per thread": 32, "shared memory": 0, "grid": [132, 1, 1]}
                 args |= {"block": [128, 1, 1], "est. achieved occupancy %": 25}

@@ -226,10 +226,24 @@ def _kernel_heads(heads: int, attn_tp_size: int) -> int:
     return 64 if local <= 64 else heads
 
 
+def _indexer_logits_in_torch(cfg) -> bool:
+    """Whether DeepSeek-V4's c4 indexer computes its paged logits in torch, per head (the
+    estimate's large torch-logits peak). `C4IndexerBackendMixin.forward_c4_indexer`
+    (layers.attention.dsv4.indexer) picks the first of: DeepGEMM's FP4 kernel (the FP4 indexer),
+    TileLang, AITER, torch; SGLang sets both TileLang and torch on SM120
+    (`arg_groups.model_hook`), where TileLang is the one that runs."""
+    from sglang.srt.environ import envs
+
+    if bool(getattr(cfg, "enable_deepseek_v4_fp4_indexer", False)):
+        return False
+    if envs.SGLANG_OPT_USE_TILELANG_INDEXER.get() or envs.SGLANG_OPT_USE_AITER_INDEXER.get():
+        return False
+    return bool(envs.SGLANG_FP8_PAGED_MQA_LOGITS_TORCH.get())
+
+
 def _model_shape(cfg, mc, effects: frozenset[CaptureEffect]) -> ModelShape:
     """The capture-memory model's view of the model (core.capture_memory.ModelShape)."""
     from sglang.srt.configs.model_config import is_deepseek_v4
-    from sglang.srt.environ import envs
 
     from sglang_mixgraph.core.capture_memory import SparseIndexerShape
 
@@ -252,7 +266,7 @@ def _model_shape(cfg, mc, effects: frozenset[CaptureEffect]) -> ModelShape:
             page_size=page,
             swa_window=int(getattr(text, "sliding_window", 128) or 128),
             index_heads=int(getattr(text, "index_n_heads", 64) or 64),
-            torch_logits=bool(envs.SGLANG_FP8_PAGED_MQA_LOGITS_TORCH.get()),
+            torch_logits=_indexer_logits_in_torch(cfg),
             logits_eager=CaptureEffect.INDEXER_LOGITS_EAGER in effects,
             decode_tail_heads=_kernel_heads(
                 int(getattr(text, "num_attention_heads", 0) or 0),

@@ -136,6 +136,7 @@ def _estimate_settles(backend, facts: Deployment, buckets: list[int]) -> RuleSet
             f"--mem-fraction-static {report.advice_mem_fraction_static} or lower "
             f"(now {facts.mem_fraction_static})"
         )
+    hints.append("or capture anyway with SGLANG_EXPERIMENTAL_FORCE_BCG=1")
     return RuleSettlement(
         Source.ESTIMATE,
         "replaced by the capture-memory estimate: does not fit, disabled",
@@ -143,9 +144,9 @@ def _estimate_settles(backend, facts: Deployment, buckets: list[int]) -> RuleSet
         said=Said(
             logging.WARNING,
             f"sglang-mixgraph: breakable prefill CUDA graph disabled for DeepSeek-V4: {sizes} "
-            f"does not fit in {fmt_bytes(verdict.available)} available after weights, KV pool "
-            f"and the static reserve (with a {margin}% margin). To keep it on, try: "
-            f"{'; '.join(hints)}.",
+            f"(of which {report.estimate.largest_terms()}) does not fit in "
+            f"{fmt_bytes(verdict.available)} available after weights, KV pool and the static "
+            f"reserve (with a {margin}% margin). To keep it on, try: {'; '.join(hints)}.",
         ),
     )
 
