@@ -41,8 +41,8 @@ def test_prints_the_difference_and_its_parts(tmp_path, capsys, monkeypatch):
     assert S.main() == 0
     text = capsys.readouterr().out
     assert "kernels: eager 1.0 ms, replayed 1.3 ms, difference +0.3 ms" in text
-    assert "{'after': 1}, 1.00 GB  Memcpy DtoD" in text
-    assert json.loads(out.read_text())["matched_by_class"]["gemm"]["delta_ms"] == 0.1
+    assert "-> x1       0.240 1.00 GB {'after': 1}  [elementwise] Memcpy DtoD" in text
+    assert json.loads(out.read_text())["by_class"]["gemm"]["delta_ms"] == 0.1
 
 
 def test_a_missing_arm_is_one_line(tmp_path, capsys, monkeypatch):

@@ -31,32 +31,30 @@ def trace_of(tar: tarfile.TarFile, arm: str, step: str) -> list:
     return doc["traceEvents"] if isinstance(doc, dict) else doc
 
 
+def _size(n: int | None) -> str:
+    return f" {n / 1e9:.2f} GB" if n else ""
+
+
 def lines(a: dict) -> list[str]:
     out = [
         f"kernels: eager {a['eager_ms']:.1f} ms, replayed {a['replay_ms']:.1f} ms, "
-        f"difference {a['delta_ms']:+.1f} ms ({a['ops']['matched']} ops paired of "
-        f"{a['ops']['eager']} eager / {a['ops']['replay']} replayed)",
+        f"difference {a['delta_ms']:+.1f} ms ({a['ops']['eager']} eager ops, "
+        f"{a['ops']['replay']} replayed, {a['kinds']} kinds)",
         "replayed ops by place: "
         + ", ".join(f"{p} {ms:.1f} ms" for p, ms in a["replay_by_place"].items()),
-        "paired work by class (eager -> replayed ms): "
+        "by class (eager -> replayed ms): "
         + ", ".join(
             f"{c} {r['eager_ms']:.1f}->{r['replay_ms']:.1f} ({r['delta_ms']:+.2f})"
-            for c, r in a["matched_by_class"].items()
+            for c, r in a["by_class"].items()
         ),
-        f"replay only: {a['replay_only_ms']:.2f} ms",
+        "largest differences by kind (eager count ms -> replayed count ms, where it ran):",
     ]
-    for r in a["replay_only"]:
-        size = f", {r['bytes'] / 1e9:.2f} GB" if r["bytes"] else ""
-        out.append(f"  {r['ms']:8.3f} ms x{r['count']:<4} {r['places']}{size}  {r['kind'][:90]}")
-    out.append(f"eager only: {a['eager_only_ms']:.2f} ms")
-    for r in a["eager_only"]:
-        size = f", {r['bytes'] / 1e9:.2f} GB" if r["bytes"] else ""
-        out.append(f"  {r['ms']:8.3f} ms x{r['count']:<4}{size}  {r['kind'][:90]}")
-    out.append("largest changes of paired work (eager -> replayed ms):")
-    for r in a["matched_changes"]:
+    for r in a["by_kind"]:
+        e, p = r["eager"], r["replay"]
         out.append(
-            f"  {r['delta_ms']:+8.3f} ms x{r['count']:<4} {r['eager_ms']:.2f}->{r['replay_ms']:.2f}"
-            f"  {r['kind'][:90]}"
+            f"  {r['delta_ms']:+8.3f}  x{e['count']:<4} {e['ms']:8.3f}{_size(e['bytes'])} -> "
+            f"x{p['count']:<4} {p['ms']:8.3f}{_size(p['bytes'])} {p['places']}  "
+            f"[{r['class']}] {r['kind'][:80]}"
         )
     return out
 

@@ -2,33 +2,31 @@
 profiler traces (chrome JSON) of one forward each. Reads nothing but the traces.
 
 A breakable-graph replay launches its segments with ``cudaGraphLaunch`` and runs eager breaks
-between them; an eager step launches every kernel itself, so the two traces' classes by launch
-frame do not compare (``core.kernel_classes`` classes a graph's kernels by name only). Here the
-two runs' kernels are paired in execution order by what they are (their name; GEMMs as one kind,
-since cuBLAS picks other tiles at another M): a matched pair is the same work, and takes the
-eager kernel's class; what stays unmatched is what only one run does (the replay's copies into
-the buffers its segments read, work on padded rows, the eager step's own fills). Every GPU op
-of the replay is placed: before the first segment (the replay's prepare), in segment i, or in
-the break after segment i. Used by ``tools/rank-slice/step_attribution.py``.
+between them; an eager step launches every kernel itself, so classes by launch frame do not
+compare across the two (``core.kernel_classes`` can class a graph's kernels by name only), and a
+replay runs a graph's parallel branches on streams of their own, so the two runs' op orders
+differ too. The two runs are therefore compared by what each op is (its name; vendor GEMMs as
+one kind, since cuBLAS picks other tiles and layouts at another M), summed per kind: the same
+kind on both sides is the same work at another cost, a kind on one side only is work the other
+run does not do (the replay's copies into the buffers its segments read, the eager step's own
+fills). A kind's class is the eager run's (by launch frame). Every GPU op of the replay is
+placed: before the first segment (the replay's prepare), in segment i, or in the break after
+segment i. Used by ``tools/rank-slice/step_attribution.py``.
 """
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections import defaultdict
 from dataclasses import dataclass
 
-from sglang_mixgraph.core.kernel_classes import (
-    FLASHMLA,
-    GEMM_NAME,
-    LAUNCH_CATS,
-    gpu_events,
-    launch_frames,
-)
+from sglang_mixgraph.core.kernel_classes import LAUNCH_CATS, gpu_events, launch_frames
 
 GRAPH_LAUNCH = "cudaGraphLaunch"
 _COPY = re.compile(r"^(Memcpy \w+|Memset)")
+# Vendor GEMM kernels, named by tile and layout (which change with M); SGLang's own kernels that
+# say "gemm" in their names (TileLang's mHC, Triton's MoE) keep their names.
+VENDOR_GEMM = re.compile(r"^(nvjet|void cutlass|cutlass|sm90_xmma|void cublasLt::|cublas)", re.I)
 
 
 @dataclass(frozen=True)
@@ -45,13 +43,13 @@ class GpuOp:
 
 
 def kind_of(name: str) -> str:
-    """What an op is, for pairing: copies and memsets by direction, GEMMs as one kind, other
-    kernels by their full name up to the argument list."""
+    """What an op is, for comparing: copies and memsets by direction, vendor GEMMs as one kind,
+    other kernels by their full name up to the argument list."""
     m = _COPY.match(name)
     if m:
         return m.group(1)
-    if GEMM_NAME.search(name) and not FLASHMLA.search(name):
-        return "gemm"
+    if VENDOR_GEMM.match(name):
+        return "vendor GEMMs (cuBLAS)"
     return name.split("(", 1)[0][:200]
 
 
@@ -105,77 +103,67 @@ def _place_kind(place: str) -> str:
     return place.split(" ", 1)[0]
 
 
-def _group(ops: list[GpuOp]) -> list[dict]:
-    """Ops of one kind summed: count, ms, bytes, class, where they ran; the largest first."""
-    by = defaultdict(list)
-    for op in ops:
-        by[op.kind].append(op)
+def _side(ops: list[GpuOp]) -> dict:
+    sizes = [op.nbytes for op in ops if op.nbytes is not None]
+    return {
+        "count": len(ops),
+        "ms": round(sum(op.ms for op in ops), 3),
+        "bytes": sum(sizes) if sizes else None,
+    }
+
+
+def attribute(eager_events: list, replay_events: list, top: int = 16) -> dict:
+    """The replay's GPU time against the eager step's, per kind of op (``by_kind``, the largest
+    differences first; ``top`` of them) and per class (a kind takes the class the eager run gave
+    most of its time), and the replay's time by place. The kinds' differences add up to
+    ``delta_ms``."""
+    eager, replay = gpu_ops(eager_events), gpu_ops(replay_events)
+    kinds: dict[str, dict[str, list[GpuOp]]] = defaultdict(lambda: {"eager": [], "replay": []})
+    for side, ops in (("eager", eager), ("replay", replay)):
+        for op in ops:
+            kinds[op.kind][side].append(op)
     rows = []
-    for kind, group in by.items():
+    for kind, sides in kinds.items():
+        by_cls = defaultdict(float)
+        for op in sides["eager"] or sides["replay"]:
+            by_cls[op.cls] += op.ms
         places = defaultdict(int)
-        for op in group:
+        for op in sides["replay"]:
             places[_place_kind(op.place)] += 1
-        sizes = [op.nbytes for op in group if op.nbytes is not None]
+        e, r = _side(sides["eager"]), _side(sides["replay"])
         rows.append(
             {
                 "kind": kind,
-                "class": group[0].cls,
-                "count": len(group),
-                "ms": round(sum(op.ms for op in group), 3),
-                "bytes": sum(sizes) if sizes else None,
-                "places": dict(places),
+                "class": max(by_cls, key=by_cls.get),
+                "eager": e,
+                "replay": {**r, "places": dict(places)},
+                "delta_ms": round(r["ms"] - e["ms"], 3),
             }
         )
-    return sorted(rows, key=lambda r: -r["ms"])
-
-
-def attribute(eager_events: list, replay_events: list, top: int = 12) -> dict:
-    """The replay's GPU time against the eager step's: matched work by the eager kernel's class,
-    the ops only one run has, and the replay's time by place. ``delta_ms`` equals the matched
-    delta plus the replay-only ms minus the eager-only ms."""
-    eager, replay = gpu_ops(eager_events), gpu_ops(replay_events)
-    matcher = difflib.SequenceMatcher(
-        None, [op.kind for op in eager], [op.kind for op in replay], autojunk=False
-    )
-    pairs, eager_only, replay_only = [], [], []
-    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
-        if tag == "equal":
-            pairs += zip(eager[i1:i2], replay[j1:j2], strict=True)
-        else:
-            eager_only += eager[i1:i2]
-            replay_only += replay[j1:j2]
-    by_class = defaultdict(lambda: {"count": 0, "eager_ms": 0.0, "replay_ms": 0.0})
-    by_kind = defaultdict(lambda: {"count": 0, "eager_ms": 0.0, "replay_ms": 0.0})
-    for e, r in pairs:
-        for row in (by_class[e.cls], by_kind[e.kind]):
-            row["count"] += 1
-            row["eager_ms"] += e.ms
-            row["replay_ms"] += r.ms
+    rows.sort(key=lambda row: -abs(row["delta_ms"]))
+    by_class = defaultdict(lambda: {"eager_ms": 0.0, "replay_ms": 0.0})
+    for row in rows:
+        by_class[row["class"]]["eager_ms"] += row["eager"]["ms"]
+        by_class[row["class"]]["replay_ms"] += row["replay"]["ms"]
     places = defaultdict(float)
     for op in replay:
         places[_place_kind(op.place)] += op.ms
-
-    def rounded(row: dict) -> dict:
-        return {
-            "count": row["count"],
-            "eager_ms": round(row["eager_ms"], 3),
-            "replay_ms": round(row["replay_ms"], 3),
-            "delta_ms": round(row["replay_ms"] - row["eager_ms"], 3),
-        }
-
-    changes = sorted(by_kind.items(), key=lambda kv: -abs(kv[1]["replay_ms"] - kv[1]["eager_ms"]))
     eager_ms, replay_ms = sum(op.ms for op in eager), sum(op.ms for op in replay)
     return {
         "eager_ms": round(eager_ms, 3),
         "replay_ms": round(replay_ms, 3),
         "delta_ms": round(replay_ms - eager_ms, 3),
-        "ops": {"eager": len(eager), "replay": len(replay), "matched": len(pairs)},
-        "matched_by_class": {c: rounded(row) for c, row in sorted(by_class.items())},
-        "matched_changes": [{"kind": k, **rounded(row)} for k, row in changes[:top]],
-        "replay_only": _group(replay_only)[:top],
-        "replay_only_ms": round(sum(op.ms for op in replay_only), 3),
-        "eager_only": _group(eager_only)[:top],
-        "eager_only_ms": round(sum(op.ms for op in eager_only), 3),
+        "ops": {"eager": len(eager), "replay": len(replay)},
+        "by_class": {
+            c: {
+                "eager_ms": round(v["eager_ms"], 3),
+                "replay_ms": round(v["replay_ms"], 3),
+                "delta_ms": round(v["replay_ms"] - v["eager_ms"], 3),
+            }
+            for c, v in sorted(by_class.items())
+        },
+        "by_kind": rows[:top],
+        "kinds": len(rows),
         "replay_by_place": {p: round(ms, 3) for p, ms in sorted(places.items())},
         "segments": len({op.place for op in replay if op.place.startswith("segment")}),
     }
