@@ -1037,6 +1037,61 @@ def test_versions_of_this_environment():
     assert versions.differences(None, env) == ["versions not recorded"]
 
 
+def _fake_pynvml(init_error: str | None = None):
+    """A stand-in pynvml: two H200s on driver 570.124.06 (names as bytes, as older releases
+    return them), or nvmlInit raising `init_error` (one of pynvml's error class names)."""
+    import types
+
+    mod = types.ModuleType("pynvml")
+
+    class NVMLError(Exception):
+        pass
+
+    mod.NVMLError = NVMLError
+    mod.NVMLError_LibraryNotFound = type("NVMLError_LibraryNotFound", (NVMLError,), {})
+    mod.NVMLError_DriverNotLoaded = type("NVMLError_DriverNotLoaded", (NVMLError,), {})
+
+    def init():
+        if init_error:
+            raise getattr(mod, init_error)("Driver Not Loaded")
+
+    mod.nvmlInit, mod.nvmlShutdown = init, lambda: None
+    mod.nvmlDeviceGetCount = lambda: 2
+    mod.nvmlDeviceGetHandleByIndex = lambda i: i
+    mod.nvmlDeviceGetName = lambda handle: b"NVIDIA H200"
+    mod.nvmlSystemGetDriverVersion = lambda: "570.124.06"
+    return mod
+
+
+def test_gpus_from_nvml_with_the_driver_and_unknown_when_it_fails(tmp_path, monkeypatch):
+    """NVML (pynvml) names the GPUs and the driver; without the NVML library nvidia-smi is
+    asked; a driver NVML cannot reach is unknown, which never differs from a known inventory."""
+    import sys
+
+    from sglang_mixgraph.ab import versions
+    from sglang_mixgraph.kits.fake_nvidia_smi import fake_nvidia_smi
+
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml())
+    two = versions._gpus()
+    assert two == {"count": 2, "names": ["NVIDIA H200"] * 2, "driver": "570.124.06"}
+    assert versions.describe_field("gpus", two) == "2 x NVIDIA H200, driver 570.124.06"
+
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml("NVMLError_DriverNotLoaded"))
+    unknown = versions._gpus()
+    assert unknown["count"] is None and unknown["error"] == "NVML: Driver Not Loaded"
+    assert versions.describe_field("gpus", unknown) == "unknown (NVML: Driver Not Loaded)"
+    env = {"sglang": "0.5.23", "source_digest": "d" * 64}
+    assert versions.same({**env, "gpus": two}, {**env, "gpus": unknown})
+    assert versions.same({**env, "gpus": unknown}, {**env, "gpus": two})
+    assert not versions.same({**env, "gpus": two}, {**env, "gpus": {"count": 0, "names": []}})
+    # The driver is noted, not compared: a driver update keeps the cells.
+    assert versions.same({**env, "gpus": two}, {**env, "gpus": {**two, "driver": "580.1"}})
+
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml("NVMLError_LibraryNotFound"))
+    monkeypatch.setenv("PATH", fake_nvidia_smi(tmp_path / "bin", b"NVIDIA H\xe9100, 550.1\n"))
+    assert versions._gpus() == {"count": 1, "names": ["NVIDIA H\ufffd100"], "driver": "550.1"}
+
+
 def test_the_code_that_ran_keys_the_cells(tmp_path, monkeypatch):
     """Cells are keyed by a digest of the package's files, with or without git (the GPU
     machine's copy has none, or a stale one): a changed source file is a different version;

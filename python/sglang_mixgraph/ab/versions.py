@@ -82,9 +82,11 @@ def _nvml_gpus() -> dict[str, Any]:
             _text(pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i)))
             for i in range(pynvml.nvmlDeviceGetCount())
         ]
-        return {"count": len(names), "names": names, "driver": _text(
-            pynvml.nvmlSystemGetDriverVersion()
-        )}
+        return {
+            "count": len(names),
+            "names": names,
+            "driver": _text(pynvml.nvmlSystemGetDriverVersion()),
+        }
     except pynvml.NVMLError as e:
         return {"count": None, "names": [], "error": f"NVML: {e}"}
     finally:
