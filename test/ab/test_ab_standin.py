@@ -197,6 +197,29 @@ repeats = 1""",
     assert [argv[argv.index("--max-concurrency") + 1] for _, argv in resumed.calls] == ["2", "2"]
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_or_sighup_mid_run_stops_the_server(tmp_path, capsys, sig):
+    """A cancelled job or a closed terminal (the demo's stand-in included): the server's whole
+    group is stopped, exit 130 in one line and no traceback, finished cells kept."""
+    config = standin_config(tmp_path, arms=TWO_ARMS, sweep=small_sweep("[1, 2]"))
+    run_dir = tmp_path / "run"
+
+    class Signalled(Recorder):
+        def __call__(self, module, argv, log_path, timeout_s, watch):
+            if len(self.calls) == 1:  # during the second cell, as a real signal arrives
+                self.calls.append((module, argv))
+                os.kill(os.getpid(), sig)
+                time.sleep(5)  # the handler raises here
+            return super().__call__(module, argv, log_path, timeout_s, watch)
+
+    assert _run(config, run_dir, Signalled()) == ab_cli.EXIT_INTERRUPTED
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "run the same command to resume" in err
+    results = json.loads((run_dir / "results.json").read_text())
+    assert [c["status"] for c in results["cells"]] == ["ok", "missing", "missing", "missing"]
+    # the autouse fixture checks that the server and its child are gone
+
+
 def test_ctrl_c_stops_the_server_and_keeps_finished_cells(tmp_path, capsys):
     config = standin_config(tmp_path, arms=TWO_ARMS, sweep=small_sweep("[1, 2]"))
     run_dir = tmp_path / "run"
@@ -392,7 +415,7 @@ def sigterm_raises():
     signal.signal(signal.SIGTERM, previous)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_a_signal_during_stop_still_kills_the_whole_group(
     tmp_path, monkeypatch, sigterm_raises, sig
 ):
