@@ -68,10 +68,10 @@ class Server:
     within `timeout_s` whatever the other end does (a port that is not HTTP, headers and then
     nothing): a timer shuts the socket down at the deadline."""
 
-    def __init__(self, url: str, api_key: str | None = None, timeout_s: float = TIMEOUT_S):
+    def __init__(self, url: str, api_key: str | None = None, timeout_s: float | None = None):
         self.url = url.rstrip("/")
         self.api_key = api_key
-        self.timeout_s = timeout_s
+        self.timeout_s = TIMEOUT_S if timeout_s is None else timeout_s
 
     def call(self, method: str, path: str, body: dict | None = None) -> Reply:
         """One request; any HTTP status comes back as a Reply, a network failure, a reply that
@@ -93,6 +93,8 @@ class Server:
             conn.request(method, parts.path + path, body=data, headers=headers)
             reply = conn.getresponse()
             text = reply.read(MAX_REPLY_BYTES + 1)
+            if late.is_set():  # the shut-down socket ended the read short, not the server
+                raise TimeoutError
         except (OSError, http.client.HTTPException, ValueError) as e:
             raise AdviseError(self._failure(path, e, late.is_set())) from None
         finally:
