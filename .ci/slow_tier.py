@@ -65,6 +65,12 @@ SLOW_FILES: dict[str, tuple[str, ...]] = {
     "test/ab/test_ab_standin.py": AB,
     "test/ab/test_ab_demo.py": (*AB, PKG + "cli/demo.py"),
     "test/ab/test_rank_slice_device_ab.py": (*AB, "tools/rank-slice/*"),
+    "test/advise/test_advise_hostile.py": (
+        PKG + "advise/*",
+        PKG + "cli/advise.py",
+        PKG + "cli/__init__.py",
+        "test/advise/*",
+    ),
     "test/tools/test_rank_slice_model.py": (*PLANNER, "tools/rank-slice/*"),
 }
 

@@ -67,11 +67,32 @@ def test_log_line_round_trips_through_any_log_prefix():
     assert counters.parse_line(counters.LOG_PREFIX + "{not json") is None
 
 
-@pytest.mark.parametrize("value", ["abc", "-1", "nan", "inf", "1s", "1e10", "86400.5"])
+@pytest.mark.parametrize(
+    "value", ["abc", "-1", "nan", "inf", "1s", "1e10", "86400.5", "1e-9", "0.09", "-0.5"]
+)
 def test_interval_flag_is_strict(value, monkeypatch):
     monkeypatch.setenv(INTERVAL, value)
-    with pytest.raises(FlagValueError, match=f"{INTERVAL}=.*<seconds>, a number from 0 to 86400"):
+    with pytest.raises(
+        FlagValueError, match=f"{INTERVAL}=.*<seconds>, 0, or a number from 0.1 to 86400"
+    ):
         counters.INTERVAL_FLAG.get()
+
+
+def test_interval_below_the_floor_is_one_line_at_startup(monkeypatch):
+    """1e-9 s used to be accepted and the reporter thread then spun (a quarter of a core in each
+    SGLang process); now startup stops on it in one line, and 0 and the floor still pass."""
+    from sglang_mixgraph import plugin
+
+    for ok in ("0", "0.1", "0.5"):
+        monkeypatch.setenv(INTERVAL, ok)
+        assert counters.INTERVAL_FLAG.get() == float(ok)
+    monkeypatch.setenv(INTERVAL, "1e-9")
+    with pytest.raises(SystemExit) as stopped:
+        plugin.register()
+    assert str(stopped.value).splitlines()[1] == (
+        f"{INTERVAL}='1e-9' is not a valid value; accepted values: <seconds>, 0, or a number "
+        "from 0.1 to 86400 (one day) (unset means 60)"
+    )
 
 
 def test_interval_above_one_day_stops_startup_and_fails_doctor(monkeypatch):
@@ -111,14 +132,14 @@ def test_bad_interval_stops_startup(monkeypatch):
 
 
 def test_reporter_logs_changes_at_the_interval_only(monkeypatch, caplog):
-    monkeypatch.setenv(INTERVAL, "0.05")
+    monkeypatch.setenv(INTERVAL, "0.1")
     with caplog.at_level(logging.INFO, logger="sglang_mixgraph.counters"):
         counters.count("p", "steps")  # the first count starts the reporter
         deadline = time.monotonic() + 5
         while not _lines(caplog) and time.monotonic() < deadline:
             time.sleep(0.02)
         assert [line["events"] for line in _lines(caplog)] == [{"p": {"steps": 1}}]
-        time.sleep(0.3)  # nothing changed: no new line
+        time.sleep(0.35)  # nothing changed: no new line
         assert len(_lines(caplog)) == 1
         counters.count("p", "steps")
         deadline = time.monotonic() + 5

@@ -25,11 +25,15 @@ logger = logging.getLogger("sglang_mixgraph.counters")
 
 LOG_PREFIX = "sglang-mixgraph counters "
 
+# The shortest interval: below it the reporter thread would spin (1e-9 s took a quarter core).
+MIN_INTERVAL_S = 0.1
+
 INTERVAL_FLAG = seconds_flag(
     "SGLANG_MIXGRAPH_COUNTERS_LOG_INTERVAL",
     60,
     "Seconds between the per-process INFO lines with the patches' activity counters (only when "
-    "a count changed); 0 logs only at exit.",
+    f"a count changed), at least {MIN_INTERVAL_S:g}; 0 logs only at exit.",
+    minimum=MIN_INTERVAL_S,
 )
 
 _events: dict[tuple[str, str], int] = {}

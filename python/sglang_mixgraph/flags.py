@@ -84,14 +84,19 @@ MAX_SECONDS = 86400
 
 
 class StrictEnvSeconds(_StrictField):
-    """A duration in seconds: a number from 0 to MAX_SECONDS (``60``, ``0.5``)."""
+    """A duration in seconds: 0 (off), or a number from `minimum` to MAX_SECONDS (``60``,
+    ``0.5``). The floor keeps a timer from waking so often that its thread spins."""
 
     accepted = ("<seconds>",)
-    accepted_help = f"a number from 0 to {MAX_SECONDS} (one day)"
+
+    def __init__(self, default: int, minimum: float):
+        super().__init__(default)
+        self.minimum = minimum
+        self.accepted_help = f"0, or a number from {minimum:g} to {MAX_SECONDS} (one day)"
 
     def parse(self, value: str) -> float:
         seconds = float(value.strip())  # ValueError for anything that is not a number
-        if not math.isfinite(seconds) or not 0 <= seconds <= MAX_SECONDS:
+        if seconds != 0 and not (math.isfinite(seconds) and self.minimum <= seconds <= MAX_SECONDS):
             raise ValueError(value)
         return seconds
 
@@ -170,6 +175,6 @@ def choice_flag(
     return _register(name, StrictEnvChoice(default, choices), doc, off_value=off_value)
 
 
-def seconds_flag(name: str, default: int, doc: str) -> Flag:
-    """A duration flag; ``0`` is its off value."""
-    return _register(name, StrictEnvSeconds(default), doc, off_value="0")
+def seconds_flag(name: str, default: int, doc: str, *, minimum: float) -> Flag:
+    """A duration flag; ``0`` is its off value, any other value at least ``minimum``."""
+    return _register(name, StrictEnvSeconds(default, minimum), doc, off_value="0")

@@ -79,6 +79,15 @@ def raw_with(**changes) -> dict:
     return raw
 
 
+SHARED_PREFIX = {"num_groups": 4, "prompts_per_group": 8, "system_prompt_len": 1000}
+
+
+def _shared_prefix_sweep(**keys) -> dict:
+    sweep = {k: v for k, v in RAW["sweep"].items() if k not in ("input_len", "output_len")}
+    sweep = {k: v for k, v in sweep.items() if k not in ("range_ratio", "prompts_per_concurrency")}
+    return {**sweep, "dataset": "generated-shared-prefix", **keys}
+
+
 def test_example_config_is_the_dsv4_split_experiment():
     config = parse_config(read_toml(EXAMPLE))
     assert [a.name for a in config.arms] == ["baseline", "split"]
@@ -192,6 +201,10 @@ def test_example_config_is_the_dsv4_split_experiment():
             },
             "give min_ratio, max_ratio or both",
         ),
+        (
+            {"sweep": _shared_prefix_sweep(extra_args=["--gsp-num-g", "2"])},
+            "[sweep] extra_args: --gsp-num-groups is set by [sweep] shared_prefix num_groups",
+        ),
     ],
 )
 def test_bad_configs_are_one_line_errors(change, message):
@@ -218,8 +231,34 @@ def test_bad_configs_are_one_line_errors(change, message):
         ("server", {"gpus": True}, "[server] gpus: expected an integer, got True"),
         ("sweep", {"range_ratio": 1.5}, "[sweep] range_ratio: must be at most 1, got 1.5"),
         ("server", {"args": ["--tp", 8]}, "[server] args[1]: expected a string, got 8"),
+        (
+            "sweep",
+            {"extra_args": ["--max-conc", "1"]},
+            "[sweep] extra_args: --max-conc (--max-concurrency) is set by the tool ([slo], "
+            "request_rates, concurrencies)",
+        ),
+        (
+            "sweep",
+            {"extra_args": ["--disable-tqdm", "--request-r=5"]},
+            "[sweep] extra_args: --request-r=5 (--request-rate) is set by the tool ([slo], "
+            "request_rates, concurrencies)",
+        ),
+        (
+            "sweep",
+            {"extra_args": ["--goodput=ttft:5"]},
+            "[sweep] extra_args: --goodput is set by the tool ([slo], request_rates, "
+            "concurrencies)",
+        ),
     ],
-    ids=["unknown key", "bool for an int", "float out of range", "list item type"],
+    ids=[
+        "unknown key",
+        "bool for an int",
+        "float out of range",
+        "list item type",
+        "abbreviated --max-concurrency",
+        "abbreviated --request-rate=",
+        "--goodput=",
+    ],
 )
 def test_the_schemas_refusals_are_one_exact_line(tmp_path, capsys, section, change, message):
     """pydantic's errors come out as the tool's own line, from the file and on the CLI."""
@@ -1037,6 +1076,61 @@ def test_versions_of_this_environment():
     assert versions.differences(None, env) == ["versions not recorded"]
 
 
+def _fake_pynvml(init_error: str | None = None):
+    """A stand-in pynvml: two H200s on driver 570.124.06 (names as bytes, as older releases
+    return them), or nvmlInit raising `init_error` (one of pynvml's error class names)."""
+    import types
+
+    mod = types.ModuleType("pynvml")
+
+    class NVMLError(Exception):
+        pass
+
+    mod.NVMLError = NVMLError
+    mod.NVMLError_LibraryNotFound = type("NVMLError_LibraryNotFound", (NVMLError,), {})
+    mod.NVMLError_DriverNotLoaded = type("NVMLError_DriverNotLoaded", (NVMLError,), {})
+
+    def init():
+        if init_error:
+            raise getattr(mod, init_error)("Driver Not Loaded")
+
+    mod.nvmlInit, mod.nvmlShutdown = init, lambda: None
+    mod.nvmlDeviceGetCount = lambda: 2
+    mod.nvmlDeviceGetHandleByIndex = lambda i: i
+    mod.nvmlDeviceGetName = lambda handle: b"NVIDIA H200"
+    mod.nvmlSystemGetDriverVersion = lambda: "570.124.06"
+    return mod
+
+
+def test_gpus_from_nvml_with_the_driver_and_unknown_when_it_fails(tmp_path, monkeypatch):
+    """NVML (pynvml) names the GPUs and the driver; without the NVML library nvidia-smi is
+    asked; a driver NVML cannot reach is unknown, which never differs from a known inventory."""
+    import sys
+
+    from sglang_mixgraph.ab import versions
+    from sglang_mixgraph.kits.fake_nvidia_smi import fake_nvidia_smi
+
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml())
+    two = versions._gpus()
+    assert two == {"count": 2, "names": ["NVIDIA H200"] * 2, "driver": "570.124.06"}
+    assert versions.describe_field("gpus", two) == "2 x NVIDIA H200, driver 570.124.06"
+
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml("NVMLError_DriverNotLoaded"))
+    unknown = versions._gpus()
+    assert unknown["count"] is None and unknown["error"] == "NVML: Driver Not Loaded"
+    assert versions.describe_field("gpus", unknown) == "unknown (NVML: Driver Not Loaded)"
+    env = {"sglang": "0.5.23", "source_digest": "d" * 64}
+    assert versions.same({**env, "gpus": two}, {**env, "gpus": unknown})
+    assert versions.same({**env, "gpus": unknown}, {**env, "gpus": two})
+    assert not versions.same({**env, "gpus": two}, {**env, "gpus": {"count": 0, "names": []}})
+    # The driver is noted, not compared: a driver update keeps the cells.
+    assert versions.same({**env, "gpus": two}, {**env, "gpus": {**two, "driver": "580.1"}})
+
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml("NVMLError_LibraryNotFound"))
+    monkeypatch.setenv("PATH", fake_nvidia_smi(tmp_path / "bin", b"NVIDIA H\xe9100, 550.1\n"))
+    assert versions._gpus() == {"count": 1, "names": ["NVIDIA H\ufffd100"], "driver": "550.1"}
+
+
 def test_the_code_that_ran_keys_the_cells(tmp_path, monkeypatch):
     """Cells are keyed by a digest of the package's files, with or without git (the GPU
     machine's copy has none, or a stale one): a changed source file is a different version;
@@ -1173,15 +1267,6 @@ def test_a_confirmed_gate_passes_only_on_an_interval_that_excludes_its_bound():
         parse_config(raw_with(gate=[gate], sweep={**RAW["sweep"], "repeats": 1}))
 
 
-SHARED_PREFIX = {"num_groups": 4, "prompts_per_group": 8, "system_prompt_len": 1000}
-
-
-def _shared_prefix_sweep(**keys) -> dict:
-    sweep = {k: v for k, v in RAW["sweep"].items() if k not in ("input_len", "output_len")}
-    sweep = {k: v for k, v in sweep.items() if k not in ("range_ratio", "prompts_per_concurrency")}
-    return {**sweep, "dataset": "generated-shared-prefix", **keys}
-
-
 def test_shared_prefix_workload_is_bench_servings_flags_and_counts(tmp_path):
     config = parse_config(raw_with(sweep=_shared_prefix_sweep(shared_prefix=SHARED_PREFIX)))
     sw = config.sweep
@@ -1240,3 +1325,20 @@ def test_shared_prefix_refuses_what_would_send_another_workload(keys, message):
     sweep = _shared_prefix_sweep(shared_prefix=SHARED_PREFIX)
     with pytest.raises(ConfigError, match=message):
         parse_config(raw_with(sweep={**sweep, **keys}))
+
+
+def test_a_hundred_thousand_server_arguments_are_refused_at_once(tmp_path, capsys):
+    """argparse parses n options in time n^2: 100,000 server arguments took 204 s to refuse.
+    A list of more words than any real one is refused before any parser sees it."""
+    import time
+
+    raw = raw_with(server={**RAW["server"], "args": ["--disable-radix-cache"] * 100_000})
+    config = tmp_path / "ab.toml"
+    config.write_text(_toml(raw))
+    started = time.monotonic()
+    argv = ["run", str(config), "--dry-run", "--run-dir", str(tmp_path / "run")]
+    line = _one_line_exit_2(argv, capsys)
+    assert time.monotonic() - started < 10
+    assert line == "sglang-mixgraph ab: [server] args: at most 1,000 words, got 100,000\n"
+    # The bound is far above any real launch: 1,000 words still pass the schema.
+    parse_config(raw_with(server={**RAW["server"], "args": ["--disable-radix-cache"] * 1000}))

@@ -91,3 +91,32 @@ def test_an_unwritable_dir_is_refused(tmp_path):
 
 def test_an_argument_of_its_own_is_refused():
     assert "unrecognized arguments: extra" in _refused(_demo("extra"))
+
+
+@pytest.mark.parametrize("given", [True, False], ids=["empty --dir", "new --dir"])
+def test_a_full_disk_while_writing_the_inputs_leaves_the_dir_as_it_was(
+    tmp_path, monkeypatch, capsys, given
+):
+    """The tokenizer half written when the disk fills: one line naming the directory, exit 2,
+    and the directory as it was (empty, or gone when demo made it), so the retry runs."""
+    import errno
+
+    from sglang_mixgraph.ab import standin
+    from sglang_mixgraph.cli import main
+
+    def full_disk(path):
+        path.mkdir(parents=True)
+        (path / "tokenizer.json").write_text('{"half": ')
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(standin, "write_model_dir", full_disk)
+    where = tmp_path / "demo"
+    if given:
+        where.mkdir()
+    assert main(["demo", "--dir", str(where)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == (
+        f"sglang-mixgraph demo: --dir {where}: cannot write there (No space left on device); "
+        "nothing is left there, free space and run the same command again\n"
+    )
+    assert (list(where.iterdir()) == []) if given else not where.exists()

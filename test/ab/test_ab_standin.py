@@ -197,6 +197,29 @@ repeats = 1""",
     assert [argv[argv.index("--max-concurrency") + 1] for _, argv in resumed.calls] == ["2", "2"]
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_or_sighup_mid_run_stops_the_server(tmp_path, capsys, sig):
+    """A cancelled job or a closed terminal (the demo's stand-in included): the server's whole
+    group is stopped, exit 130 in one line and no traceback, finished cells kept."""
+    config = standin_config(tmp_path, arms=TWO_ARMS, sweep=small_sweep("[1, 2]"))
+    run_dir = tmp_path / "run"
+
+    class Signalled(Recorder):
+        def __call__(self, module, argv, log_path, timeout_s, watch):
+            if len(self.calls) == 1:  # during the second cell, as a real signal arrives
+                self.calls.append((module, argv))
+                os.kill(os.getpid(), sig)
+                time.sleep(5)  # the handler raises here
+            return super().__call__(module, argv, log_path, timeout_s, watch)
+
+    assert _run(config, run_dir, Signalled()) == ab_cli.EXIT_INTERRUPTED
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "run the same command to resume" in err
+    results = json.loads((run_dir / "results.json").read_text())
+    assert [c["status"] for c in results["cells"]] == ["ok", "missing", "missing", "missing"]
+    # the autouse fixture checks that the server and its child are gone
+
+
 def test_ctrl_c_stops_the_server_and_keeps_finished_cells(tmp_path, capsys):
     config = standin_config(tmp_path, arms=TWO_ARMS, sweep=small_sweep("[1, 2]"))
     run_dir = tmp_path / "run"
@@ -392,7 +415,7 @@ def sigterm_raises():
     signal.signal(signal.SIGTERM, previous)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_a_signal_during_stop_still_kills_the_whole_group(
     tmp_path, monkeypatch, sigterm_raises, sig
 ):
@@ -510,6 +533,70 @@ def test_a_changed_version_measures_finished_cells_again(tmp_path, monkeypatch, 
     assert _run(config, run_dir, old) == 0
     assert len(old.calls) == 1
     assert "(versions not recorded)" in capsys.readouterr().err
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+def test_an_unreadable_gpu_inventory_keeps_finished_cells(tmp_path, monkeypatch, capsys):
+    """Measured while nvidia-smi named one H100, resumed while it fails: unknown is not
+    another machine, so nothing is measured again and every cell and raw output is byte for
+    byte what it was. GPUs that do differ (a name with a non-UTF-8 byte, no traceback) are
+    measured again, the earlier raw output kept as `.superseded`."""
+    from sglang_mixgraph.kits.fake_nvidia_smi import fake_nvidia_smi
+
+    config = standin_config(tmp_path, arms=TWO_ARMS, sweep=small_sweep("[1]"))
+    run_dir = tmp_path / "run"
+
+    def nvidia_smi(answer) -> None:  # NVML is not here: versions asks nvidia-smi
+        monkeypatch.setenv("PATH", fake_nvidia_smi(tmp_path / "bin", answer))
+        ab_versions.environment.cache_clear()
+
+    def no_nvml():
+        raise ab_versions._NoNvml
+
+    monkeypatch.setattr(ab_versions, "_nvml_gpus", no_nvml)
+    try:
+        nvidia_smi("NVIDIA H100 80GB HBM3, 570.124.06")
+        _run_passes(config, run_dir, capsys)
+        capsys.readouterr()
+        before = _files(run_dir / "cells")
+        (record,) = (run_dir / "cells" / "base").glob("*.cell.json")
+        assert json.loads(record.read_text())["versions"]["gpus"] == {
+            "count": 1,
+            "names": ["NVIDIA H100 80GB HBM3"],
+            "driver": "570.124.06",
+        }
+
+        nvidia_smi(None)  # exits 9: the driver cannot be reached
+        unknown = Recorder()
+        assert _run(config, run_dir, unknown) == 0 and unknown.calls == []
+        err = capsys.readouterr().err
+        assert (
+            "this machine's GPUs are unknown (nvidia-smi exited 9): finished cells are kept "
+            "(an unreadable GPU inventory is not another machine)"
+        ) in err
+        assert "other versions" not in err and "Traceback" not in err
+        assert _files(run_dir / "cells") == before
+
+        nvidia_smi(b"NVIDIA H\xff100, 570.124.06\n")
+        other = Recorder()
+        assert _run(config, run_dir, other) == 0 and len(other.calls) == 2
+        err = capsys.readouterr().err
+        assert "Traceback" not in err
+        assert (
+            "2 finished cells were measured with other versions (gpus 1 x NVIDIA H100 80GB "
+            "HBM3, driver 570.124.06 -> 1 x NVIDIA H\ufffd100, driver 570.124.06): measuring "
+            "them again, their raw outputs kept as *.superseded"
+        ) in err
+        for name, data in before.items():
+            if name.endswith(".jsonl"):
+                assert (run_dir / "cells" / f"{name}.superseded").read_bytes() == data
+    finally:
+        ab_versions.environment.cache_clear()
 
 
 # ---------------------------------------------------------------- goodput, rates, shapes, counts

@@ -81,3 +81,23 @@ def test_a_given_gpu_wins_and_nothing_is_probed():
         raise AssertionError("probed although --target-gpu was given")
 
     assert choose_target("H200", find).source == "given"
+
+
+def test_a_name_that_is_not_utf8_is_no_traceback(monkeypatch, tmp_path):
+    """A driver that prints a non-UTF-8 byte used to stop plan with a UnicodeDecodeError."""
+    _smi(monkeypatch, tmp_path, b"NVIDIA H\xff100 80GB HBM3, 81559\n")
+    assert probe() == LocalGpu("NVIDIA H\ufffd100 80GB HBM3", 81559)
+    choice = choose_target(None)
+    assert choice.source == "default" and "NVIDIA H\ufffd100 80GB HBM3 is not one" in choice.why
+
+
+def test_plan_on_a_machine_whose_nvidia_smi_prints_bytes(plan_env, tmp_path, capsys):
+    """Through the command (in this process): plan plans for the default and says why."""
+    from sglang_mixgraph import cli
+
+    plan_env.setenv("PATH", fake_nvidia_smi(tmp_path / "bytes", b"\xfe\xff garbage, 12\n"))
+    code = cli.main(["plan"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "Traceback" not in err and "UnicodeDecodeError" not in err
+    assert f"target GPU: {DEFAULT_GPU} " in out and "\ufffd\ufffd garbage is not one" in out

@@ -23,7 +23,7 @@ download ("needs network: ..."), and an estimate of the time left (dryrun.py; it
 Exit status: 0 everything measured and every threshold and gate passed (PASS); 1 a cell
 failed, an arm is below its GSM8K threshold, or a gate failed (FAIL), or cells are not
 measured yet (INCOMPLETE, from `report`); 2 the configuration or the command line is wrong;
-130 interrupted (Ctrl-C or SIGTERM; INCOMPLETE, run the same command to resume).
+130 interrupted (Ctrl-C, SIGTERM or SIGHUP; INCOMPLETE, run the same command to resume).
 """
 
 from __future__ import annotations
@@ -318,7 +318,11 @@ def _apply_overrides(raw: dict[str, Any], args: argparse.Namespace) -> dict[str,
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt  # SIGTERM (a cancelled CI job) cleans up like Ctrl-C
+    # SIGTERM (a cancelled CI job) and SIGHUP (a closed terminal) clean up like Ctrl-C.
+    raise KeyboardInterrupt
+
+
+INTERRUPTS = (signal.SIGTERM, signal.SIGHUP)
 
 
 def cmd_run(args: argparse.Namespace, invoker: Any = None) -> int:
@@ -443,7 +447,7 @@ def _run_locked(
     except OSError as e:  # checked above; a race or a full disk
         _error(f"run directory {run_dir}: cannot write {results.RUN_FILE} ({e.strerror or e})")
         return EXIT_USAGE
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    previous = {sig: signal.signal(sig, _raise_interrupt) for sig in INTERRUPTS}
     try:
         kwargs: dict[str, Any] = {
             "reuse_cells": args.reuse_cells,
@@ -454,7 +458,7 @@ def _run_locked(
         if invoker is not None:
             kwargs["invoker"] = invoker
         outcome = runner.run(config, run_dir, visits, **kwargs)
-        signal.signal(signal.SIGTERM, previous)
+        _restore(previous)
         built, plots = report.build(run_dir)
     except OSError as e:
         # A full disk mid-run: the servers are stopped, every record written is kept.
@@ -468,7 +472,7 @@ def _run_locked(
         _error(str(e))
         return EXIT_USAGE
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        _restore(previous)
     for line in plots:
         if line == report.PLOTS_SKIPPED:
             print(f"sglang-mixgraph ab: {line}", file=sys.stderr)
@@ -480,6 +484,11 @@ def _run_locked(
         print(built.status)
         return EXIT_INTERRUPTED
     return _verdict(built)
+
+
+def _restore(previous: dict[int, Any]) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
 
 
 def _verdict(built: Any) -> int:
@@ -529,6 +538,11 @@ def _report_write_problem(run_dir: Path, e: OSError) -> str:
 def main(argv: list[str], *, invoker: Any = None) -> int:
     """`invoker` replaces the child-process runner of SGLang's tools (tests only)."""
     args = _parser().parse_args(argv)
-    if args.action == "report":
-        return cmd_report(args)
-    return cmd_run(args, invoker)
+    try:
+        if args.action == "report":
+            return cmd_report(args)
+        return cmd_run(args, invoker)
+    except KeyboardInterrupt:
+        # Before or after the sweep (the checks' imports, the report): no server is running.
+        _error("interrupted; nothing it started is left running")
+        return EXIT_INTERRUPTED

@@ -36,6 +36,7 @@ from sglang_mixgraph.ab.config_schema import (
     Shape,
     SharedPrefix,
     Sweep,
+    sets_flag,
     validated,
 )
 from sglang_mixgraph.ab.config_schema import RATE as RATE  # a load point's kind, as CONCURRENCY
@@ -178,7 +179,7 @@ def _shared_prefix(sweep: Sweep) -> Sweep:
             )
     workload = sweep.shared_prefix or SharedPrefix()
     for flag in workload.flags()[::2]:
-        if any(arg == flag or arg.startswith(f"{flag}=") for arg in sweep.extra_args):
+        if any(sets_flag(arg, flag) for arg in sweep.extra_args):
             key = flag.removeprefix("--gsp-").replace("-", "_")
             raise ConfigError(f"{where} extra_args: {flag} is set by [sweep] shared_prefix {key}")
     if workload.num_turns > 1 and sweep.backend not in MULTI_TURN_BACKENDS:

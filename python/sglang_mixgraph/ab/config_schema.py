@@ -38,6 +38,9 @@ MAX_COUNT = 10_000_000
 MAX_REPEATS = 1000
 MAX_TIMEOUT_S = 7 * 86400.0
 MAX_SEED = 2**32 - 1  # bench_serving seeds numpy with it
+# Words of one list (server arguments, extra_args, a command): real ones are tens. argparse
+# parses n options in time n^2 (100,000 took minutes); refused at once above this.
+MAX_WORDS = 1000
 # Metrics a gate may compare; the report shows the same names.
 GATE_METRICS = (
     "output_throughput_per_gpu",
@@ -83,6 +86,13 @@ def url_problem(url: str) -> str | None:
     if not parts.hostname:
         return "no host in it"
     return None
+
+
+def sets_flag(arg: str, flag: str) -> bool:
+    """Whether bench_serving would read `arg` as `flag`: the flag itself, `flag=value`, or an
+    abbreviation of it (argparse takes any unambiguous prefix: `--max-conc 1`)."""
+    option = arg.split("=", 1)[0]
+    return option.startswith("--") and len(option) > 2 and flag.startswith(option)
 
 
 # ---------------------------------------------------------------- value types
@@ -148,7 +158,7 @@ def _shell_words(value: Any) -> Any:
 # A TOML array is a list; the tuple is lax only about that, its items stay strict.
 T = TypeVar("T")
 Values = Annotated[tuple[T, ...], Field(strict=False)]
-Words = Values[str]
+Words = Annotated[Values[str], Field(max_length=MAX_WORDS)]
 Count = Annotated[int, Field(ge=1, le=MAX_COUNT)]
 CountOrZero = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 Repeats = Annotated[int, Field(ge=1, le=MAX_REPEATS)]
@@ -306,10 +316,12 @@ class Sweep(_Table):
     @classmethod
     def _not_the_tools_flags(cls, args: tuple[str, ...]) -> tuple[str, ...]:
         for flag in ("--goodput", "--request-rate", "--max-concurrency"):
-            if flag in args:
-                raise PydanticCustomError(
-                    _RULE, f"{flag} is set by the tool ([slo], request_rates, concurrencies)"
-                )
+            for arg in args:
+                if sets_flag(arg, flag):
+                    said = flag if arg.split("=", 1)[0] == flag else f"{arg} ({flag})"
+                    raise PydanticCustomError(
+                        _RULE, f"{said} is set by the tool ([slo], request_rates, concurrencies)"
+                    )
         return args
 
     @property
@@ -537,6 +549,8 @@ def _allowed(error: ErrorDetails) -> str:
         return f"must be a finite number, got {value}"
     if kind in ("too_short", "string_too_short"):
         return "must not be empty"
+    if kind == "too_long":
+        return f"at most {ctx['max_length']:,} words, got {ctx['actual_length']:,}"
     return error["msg"]  # this module's rules word their own
 
 

@@ -20,7 +20,9 @@ A finished cell whose raw output no longer reads back (truncated, emptied, remov
 damaged: a resume names it and measures it again, keeping the damaged file as `.damaged`.
 Every record also holds the versions it was measured with (versions.py: SGLang,
 sglang-mixgraph, torch, the git commit, the GPUs); a finished cell whose versions differ from
-this environment's is measured again, unless the run reuses cells (`--reuse-cells`).
+this environment's is measured again, its raw output kept as `.superseded`, unless the run
+reuses cells (`--reuse-cells`). GPUs that cannot be read now (or could not then) are unknown,
+which keeps the cells and says so: a finished raw output is never overwritten.
 While a cell runs and while a server starts, a line every `--progress-every` seconds says how
 long it has taken, for a load cell how many requests are done, and what its log last said
 (progress.py).
@@ -67,6 +69,8 @@ from sglang_mixgraph.ab.tools import (
 
 OK = "ok"
 FAILED = "failed"
+# What a finished cell's raw output is renamed to when the cell is measured again.
+DAMAGED, SUPERSEDED = ".damaged", ".superseded"
 # What the report and the summary read from a bench_serving result line.
 BENCH_KEYS = ("completed", "output_throughput", "median_tpot_ms", "median_ttft_ms")
 # A failed tool's log is read from its end for the marks of a failed download.
@@ -254,9 +258,7 @@ def is_done(run_dir: Path, cell: Cell, current: dict[str, Any] | None = None) ->
     record = read_record(run_dir, cell)
     if not record or record.get("status") != OK or raw_problem(run_dir, cell):
         return False
-    return current is None or versions.comparable(record.get("versions")) == versions.comparable(
-        current
-    )
+    return current is None or versions.same(record.get("versions"), current)
 
 
 def stale(run_dir: Path, cells: list[Cell], current: dict[str, Any]) -> list[str]:
@@ -269,6 +271,15 @@ def stale(run_dir: Path, cells: list[Cell], current: dict[str, Any]) -> list[str
                 if change not in found:
                     found.append(change)
     return found
+
+
+def _free_name(path: Path) -> Path:
+    """`path`, or `path.2`, `path.3`...: the first that does not exist (nothing kept is lost)."""
+    n, free = 1, path
+    while free.exists():
+        n += 1
+        free = path.with_name(f"{path.name}.{n}")
+    return free
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -356,9 +367,12 @@ def _run_cell(
 ) -> tuple[str | None, str]:
     raw = raw_path(run_dir, cell)
     raw.parent.mkdir(parents=True, exist_ok=True)
-    if damaged(run_dir, cell) and raw.exists():
-        # Kept for a look, not read; a deleted raw output leaves nothing to keep.
-        os.replace(raw, raw.with_name(raw.name + ".damaged"))
+    record = read_record(run_dir, cell)
+    if record and record.get("status") == OK and raw.exists():
+        # A finished cell measured again (damaged, or other versions): its raw output is kept
+        # aside, never overwritten; a deleted raw output leaves nothing to keep.
+        aside = SUPERSEDED if raw_problem(run_dir, cell) is None else DAMAGED
+        os.replace(raw, _free_name(raw.with_name(raw.name + aside)))
     raw.unlink(missing_ok=True)  # bench_serving appends; a failed try's line is no measurement
     module, argv = cell_command(config, run_dir, cell, srv.url)
     timeout = config.gsm8k.timeout_s if cell.kind == "gsm8k" else config.sweep.cell_timeout_s
@@ -489,7 +503,13 @@ def run(
         kept = sum(is_done(run_dir, c) for c in cells) - progress.done
         progress.line(
             f"{kept} finished cells were measured with other versions ({'; '.join(changed)}): "
-            "measuring them again (--reuse-cells keeps them)"
+            f"measuring them again, their raw outputs kept as *{SUPERSEDED} (--reuse-cells "
+            "keeps the cells)"
+        )
+    if not versions.gpus_known(env.get("gpus")) and any(is_done(run_dir, c) for c in cells):
+        progress.line(
+            f"this machine's GPUs are {versions.describe_field('gpus', env.get('gpus'))}: "
+            "finished cells are kept (an unreadable GPU inventory is not another machine)"
         )
     if progress.done:
         progress.line(f"resuming: {progress.done} finished cells are kept and skipped")

@@ -150,8 +150,8 @@ class Server:
     def stop(self) -> list[int]:
         """Stop the whole process group; returns the pids still running after SIGKILL.
 
-        Uninterruptible: while it runs, SIGINT and SIGTERM (a second Ctrl-C, a cancelled CI
-        job) only hurry it, SIGTERM's grace is cut short and the group is SIGKILLed at once,
+        Uninterruptible: while it runs, SIGINT, SIGTERM and SIGHUP (a second Ctrl-C, a
+        cancelled CI job, a closed terminal) only hurry it, SIGTERM's grace is cut short and the group is SIGKILLed at once,
         and the interrupt is raised (KeyboardInterrupt) once the group is gone. Pids that
         outlive SIGKILL are printed on stderr.
         """
@@ -219,7 +219,7 @@ class _Hurry:
 
     def __enter__(self) -> _Hurry:
         if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 self._previous[sig] = signal.signal(sig, self._handler)
         return self
 

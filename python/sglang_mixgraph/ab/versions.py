@@ -3,12 +3,14 @@
 `environment()` is this tool's side of the run: the installed SGLang, sglang-mixgraph and
 torch versions (package metadata, nothing imported), the git commit of the sglang-mixgraph
 checkout when it is installed from one (with `dirty` when it has uncommitted changes), a digest
-of the package's own files, and this machine's GPUs (name and count, from `nvidia-smi`; none
-when it is missing). The code that ran is keyed by the digest, not the commit: a copy without
-git (a checkout sent to a GPU machine) or with uncommitted edits is still told apart, editing
-the plugin's code always voids its cells and a docs-only commit voids nothing. A finished cell is reused on resume only when its record holds the same versions
-(`comparable`): after an upgrade, a rebuilt kit or a new commit, the cells are measured again
-unless `--reuse-cells` says otherwise. Records written before versions existed have none and
+of the package's own files, and this machine's GPUs (names, count and driver, from NVML through
+pynvml, else `nvidia-smi`; none when neither is here). The code that ran is keyed by the
+digest, not the commit: a copy without git (a checkout sent to a GPU machine) or with
+uncommitted edits is still told apart, editing the plugin's code always voids its cells and a
+docs-only commit voids nothing. A finished cell is reused on resume only when its record holds
+the same versions (`same`): after an upgrade, a rebuilt kit or a new commit, the cells are
+measured again unless `--reuse-cells` says otherwise. A GPU inventory that could not be read
+(nvidia-smi failing) is unknown, not different: it never voids a cell. Records written before versions existed have none and
 are measured again too. The server's own SGLang version, which a launch prefix or an attached
 server can make differ from this environment's, is what bench_serving recorded from
 `/server_info` (`server_version`). `machine_id()` names the machine's run (host and boot), which
@@ -52,21 +54,74 @@ def _git(*args: str) -> str | None:
 
 
 def _gpus() -> dict[str, Any]:
+    """This machine's GPUs: names and the driver from NVML (pynvml, which SGLang requires),
+    else from `nvidia-smi`; `count` None with an `error` when neither could say (unknown)."""
+    try:
+        return _nvml_gpus()
+    except _NoNvml:
+        return _smi_gpus()
+
+
+class _NoNvml(Exception):
+    """pynvml or the NVML library is missing here: nvidia-smi is asked instead."""
+
+
+def _nvml_gpus() -> dict[str, Any]:
+    try:
+        import pynvml
+    except ImportError:
+        raise _NoNvml from None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError_LibraryNotFound:
+        raise _NoNvml from None
+    except pynvml.NVMLError as e:
+        return {"count": None, "names": [], "error": f"NVML: {e}"}
+    try:
+        names = [
+            _text(pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i)))
+            for i in range(pynvml.nvmlDeviceGetCount())
+        ]
+        return {
+            "count": len(names),
+            "names": names,
+            "driver": _text(pynvml.nvmlSystemGetDriverVersion()),
+        }
+    except pynvml.NVMLError as e:
+        return {"count": None, "names": [], "error": f"NVML: {e}"}
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except pynvml.NVMLError:
+            pass
+
+
+def _text(value: str | bytes) -> str:
+    # Older pynvml returns bytes; a name is never trusted to be UTF-8.
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _smi_gpus() -> dict[str, Any]:
     if shutil.which("nvidia-smi") is None:
         return {"count": 0, "names": []}
     try:
+        # Bytes, decoded leniently: a driver's stray non-UTF-8 byte is no reason to stop.
         out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
             capture_output=True,
-            text=True,
             timeout=30,
         )
     except (OSError, subprocess.TimeoutExpired):
         return {"count": None, "names": [], "error": "nvidia-smi did not answer"}
     if out.returncode != 0:
         return {"count": None, "names": [], "error": f"nvidia-smi exited {out.returncode}"}
-    names = [line.strip() for line in out.stdout.splitlines() if line.strip()]
-    return {"count": len(names), "names": names}
+    rows = [line.strip() for line in _text(out.stdout).splitlines() if line.strip()]
+    names = [row.rpartition(",")[0].strip() or row for row in rows]
+    drivers = sorted({row.rpartition(",")[2].strip() for row in rows if "," in row})
+    gpus: dict[str, Any] = {"count": len(names), "names": names}
+    if drivers:
+        gpus["driver"] = ", ".join(drivers)
+    return gpus
 
 
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
@@ -110,10 +165,32 @@ def code_identity(versions: dict[str, Any]) -> str | None:
     return None if commit is None else f"commit {str(commit)[:12]}"
 
 
+def gpus_known(value: Any) -> bool:
+    """Whether a GPU inventory was read (no GPU is known too); a failed one is unknown."""
+    return isinstance(value, dict) and value.get("count") is not None
+
+
+def _gpu_identity(value: Any) -> Any:
+    """What is compared of a GPU inventory: the count and the names (the driver is noted)."""
+    if not gpus_known(value):
+        return None
+    return {"count": value["count"], "names": sorted(value.get("names") or [])}
+
+
 def comparable(versions: dict[str, Any] | None) -> dict[str, Any] | None:
     if not isinstance(versions, dict):
         return None
-    return {**{key: versions.get(key) for key in COMPARED}, "code": code_identity(versions)}
+    return {
+        **{key: versions.get(key) for key in COMPARED},
+        "code": code_identity(versions),
+        "gpus": _gpu_identity(versions.get("gpus")),
+    }
+
+
+def same(old: dict[str, Any] | None, new: dict[str, Any]) -> bool:
+    """Measured with the same versions: every compared field equal, except that an unknown
+    GPU inventory (nvidia-smi failed, then or now) is no difference: unknown is not other."""
+    return comparable(old) is not None and not differences(old, new)
 
 
 def differences(old: dict[str, Any] | None, new: dict[str, Any]) -> list[str]:
@@ -121,19 +198,24 @@ def differences(old: dict[str, Any] | None, new: dict[str, Any]) -> list[str]:
     if comparable(old) is None:
         return ["versions not recorded"]
     a, b = comparable(old), comparable(new)
+    shown = {**a, "gpus": old.get("gpus")}, {**b, "gpus": new.get("gpus")}
     return [
-        f"{k} {describe_field(k, a[k])} -> {describe_field(k, b[k])}"
+        f"{k} {describe_field(k, shown[0][k])} -> {describe_field(k, shown[1][k])}"
         for k in COMPARED
-        if a[k] != b[k]
+        if a[k] != b[k] and not (k == "gpus" and None in (a[k], b[k]))
     ]
 
 
 def describe_field(key: str, value: Any) -> str:
     if key == "gpus":
-        if not isinstance(value, dict) or not value.get("count"):
+        if not gpus_known(value):
+            error = value.get("error") if isinstance(value, dict) else None
+            return f"unknown ({error})" if error else "unknown"
+        if not value["count"]:
             return "no GPU"
         names = sorted(set(value.get("names") or []))
-        return f"{value['count']} x {', '.join(names) or '?'}"
+        driver = f", driver {value['driver']}" if value.get("driver") else ""
+        return f"{value['count']} x {', '.join(names) or '?'}{driver}"
     if key == "code":
         return "not recorded" if value is None else str(value)
     return "?" if value is None else str(value)

@@ -13,9 +13,12 @@ for a short burst meanwhile; a trace counts once its size has stopped changing.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,6 +127,8 @@ def collect(
     timeout_s: float,
     load: subprocess.Popen | None = None,
     load_log: Path | None = None,
+    *,
+    keep_log: bool = True,
 ) -> Capture:
     """Wait for the ranks' traces of `profile_id`: all `expected` of them, or those written
     within RANK_GRACE_S of the first; after `timeout_s` stop the profile and wait STOP_GRACE_S
@@ -153,9 +158,11 @@ def collect(
                 return Capture(ready, stopped)
         if load is not None and not sizes and load.poll() not in (None, 0):
             server.call("POST", "/stop_profile")
+            # A temporary trace directory goes with the failure: its last line is all that stays.
+            where = f"its output: {load_log}" if keep_log else f"it said: {_last_line(load_log)}"
             raise AdviseError(
                 f"the load client ({BENCH_MODULE}) exited with {load.returncode} before any "
-                f"step was profiled; its output: {load_log}"
+                f"step was profiled; {where}"
             )
         if now >= deadline:
             if not stopped:
@@ -169,21 +176,55 @@ def collect(
         time.sleep(POLL_S)
 
 
+def _last_line(log: Path | None) -> str:
+    try:
+        lines = log.read_bytes()[-4096:].decode(errors="replace").strip().splitlines()
+    except (OSError, AttributeError):
+        return "no output"
+    return lines[-1][:200] if lines else "no output"
+
+
 def start_load(url: str, load: Load, trace_dir: Path) -> tuple[subprocess.Popen, Path]:
+    """The client in its own process group: a terminal's Ctrl-C reaches advise alone, which
+    then stops the whole group (the client and anything it started)."""
     log = trace_dir / LOAD_LOG
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            load.argv(url), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
+            load.argv(url),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     return proc, log
 
 
 def stop_load(proc: subprocess.Popen) -> None:
-    """The burst's job ends with the profile: stop the client if it still runs."""
-    if proc.poll() is None:
-        proc.terminate()
+    """The burst's job ends with the profile: stop the client's process group if it runs.
+    Signals that arrive meanwhile wait: the stop is finished before they are raised."""
+    with _signals_held():
+        _signal_group(proc, signal.SIGTERM)
         try:
             proc.wait(timeout=LOAD_STOP_S)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            pass
+        _signal_group(proc, signal.SIGKILL)  # what outlived the TERM: the client's own children
+        proc.wait()
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)  # start_new_session: the client's pid is the group id
+
+
+@contextlib.contextmanager
+def _signals_held():
+    held = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, held)

@@ -11,12 +11,16 @@ are checked against a real resolution in the tests.
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import json
-import urllib.error
-import urllib.request
+import socket
+import threading
+import urllib.parse
 from dataclasses import dataclass
 
-TIMEOUT_S = 10.0
+TIMEOUT_S = 10.0  # every call's whole time: connect, request, headers and body
+MAX_REPLY_BYTES = 64 << 20  # no SGLang answer advise reads comes near it
 # The `/server_info` fields read: resolved server arguments (`ServerArgs.resolved_dict`), and
 # what the endpoint adds to them.
 RESOLVED_KEYS = (
@@ -36,6 +40,8 @@ RESOLVED_KEYS = (
     "cuda_graph_config",
 )
 ENDPOINT_KEYS = ("version", "launch_command")
+# What every SGLang /server_info holds: without them the server is something else.
+REQUIRED_KEYS = ("version", "model_path", "tp_size")
 
 
 class AdviseError(Exception):
@@ -58,33 +64,62 @@ class Reply:
 
 
 class Server:
-    """HTTP calls to one SGLang server; `api_key` is sent as a bearer token."""
+    """HTTP calls to one SGLang server; `api_key` is sent as a bearer token. Every call is over
+    within `timeout_s` whatever the other end does (a port that is not HTTP, headers and then
+    nothing): a timer shuts the socket down at the deadline."""
 
-    def __init__(self, url: str, api_key: str | None = None, timeout_s: float = TIMEOUT_S):
+    def __init__(self, url: str, api_key: str | None = None, timeout_s: float | None = None):
         self.url = url.rstrip("/")
         self.api_key = api_key
-        self.timeout_s = timeout_s
+        self.timeout_s = TIMEOUT_S if timeout_s is None else timeout_s
 
     def call(self, method: str, path: str, body: dict | None = None) -> Reply:
-        """One request; any HTTP status comes back as a Reply, a network failure as an
-        AdviseError."""
+        """One request; any HTTP status comes back as a Reply, a network failure, a reply that
+        is not HTTP or no reply in time as an AdviseError."""
         data = None if body is None else json.dumps(body).encode()
         headers = {"Content-Type": "application/json"} if data is not None else {}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
-        req = urllib.request.Request(self.url + path, data=data, headers=headers, method=method)
+        parts = urllib.parse.urlsplit(self.url)
+        kind = (
+            http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        )
+        conn = kind(parts.hostname, parts.port, timeout=self.timeout_s)
+        late = threading.Event()
+        timer = threading.Timer(self.timeout_s, _shut_down, (conn, late))
+        timer.daemon = True
+        timer.start()
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as r:
-                return Reply(r.status, r.read().decode(errors="replace"))
-        except urllib.error.HTTPError as e:
-            return Reply(e.code, e.read().decode(errors="replace"))
-        except (urllib.error.URLError, OSError) as e:
-            reason = getattr(e, "reason", e)
-            if isinstance(reason, TimeoutError):
-                message = f"{self.url} did not answer {path} within {self.timeout_s:g} s"
-            else:
-                message = f"cannot reach {self.url}: {reason} (is an SGLang server there?)"
-            raise AdviseError(message) from None
+            conn.request(method, parts.path + path, body=data, headers=headers)
+            reply = conn.getresponse()
+            text = reply.read(MAX_REPLY_BYTES + 1)
+            if late.is_set():  # the shut-down socket ended the read short, not the server
+                raise TimeoutError
+        except (OSError, http.client.HTTPException, ValueError) as e:
+            raise AdviseError(self._failure(path, e, late.is_set())) from None
+        finally:
+            timer.cancel()
+            conn.close()
+        if len(text) > MAX_REPLY_BYTES:
+            raise AdviseError(
+                f"{self.url} answered {path} with more than {MAX_REPLY_BYTES >> 20} MiB: is an "
+                "SGLang server there?"
+            )
+        return Reply(reply.status, text.decode(errors="replace"))
+
+    def _failure(self, path: str, e: Exception, late: bool) -> str:
+        if late or isinstance(e, TimeoutError):
+            return f"{self.url} did not answer {path} within {self.timeout_s:g} s"
+        if isinstance(e, http.client.BadStatusLine):
+            said = str(e.args[0] if e.args else "").strip()[:80]
+            return (
+                f"{self.url} does not speak HTTP (it answered {said!r}): is an SGLang server "
+                "there? (check the port)"
+            )
+        if isinstance(e, (http.client.HTTPException, ValueError)):
+            return f"{self.url} sent no valid HTTP reply to {path} ({type(e).__name__}): is an SGLang server there?"
+        reason = getattr(e, "strerror", None) or e
+        return f"cannot reach {self.url}: {reason} (is an SGLang server there?)"
 
     def get_json(self, path: str) -> dict:
         reply = self.call("GET", path)
@@ -106,6 +141,15 @@ class Server:
         return data
 
 
+def _shut_down(conn: http.client.HTTPConnection, late: threading.Event) -> None:
+    """At the deadline: whatever the call waits on (connect, headers, body) returns at once."""
+    late.set()
+    sock = conn.sock
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
 @dataclass(frozen=True)
 class PhaseGraph:
     """One phase's CUDA graph as the server resolved it: backend ("full", "breakable",
@@ -116,8 +160,9 @@ class PhaseGraph:
 
     @classmethod
     def read(cls, config: dict, phase: str) -> PhaseGraph:
-        settings = config.get(phase) or {}
-        return cls(str(settings.get("backend", "disabled")), tuple(settings.get("bs") or ()))
+        settings = _Fields(config, "cuda_graph_config").table(phase)
+        where = _Fields(settings, f"cuda_graph_config.{phase}")
+        return cls(where.text("backend") or "disabled", where.counts("bs"))
 
 
 @dataclass(frozen=True)
@@ -165,30 +210,103 @@ class ServerFacts:
 
     @classmethod
     def read(cls, url: str, server_info: dict, model_info: dict) -> ServerFacts:
-        s = server_info
-        graphs = s.get("cuda_graph_config") or {}
+        """The facts, or one line (AdviseError) naming a field of the wrong type or a
+        `/server_info` without SGLang's fields (a server answering `{}` to everything)."""
+        missing = [key for key in REQUIRED_KEYS if key not in server_info]
+        if missing:
+            raise AdviseError(
+                f"{url} is not an SGLang 0.5.23 server: its /server_info has no "
+                f"{', '.join(missing)}"
+            )
+        s, m = _Fields(server_info, "/server_info"), _Fields(model_info, "/model_info")
+        graphs = s.table("cuda_graph_config")
         return cls(
             url=url,
-            sglang_version=str(s.get("version", "unknown")),
-            model_path=str(model_info.get("model_path") or s.get("model_path") or ""),
-            architectures=tuple(model_info.get("architectures") or ()),
-            model_type=model_info.get("model_type"),
-            tp_size=int(s.get("tp_size") or 1),
-            pp_size=int(s.get("pp_size") or 1),
-            dp_size=int(s.get("dp_size") or 1),
-            attn_dp_size=int(s.get("attn_dp_size") or 1),
-            mixed_chunk=bool(s.get("enable_mixed_chunk")),
-            chunked_prefill_size=s.get("chunked_prefill_size"),
-            dsv4_attn_backend=s.get("dsv4_attn_backend"),
-            speculative_algorithm=s.get("speculative_algorithm"),
-            context_parallel=int(s.get("attn_cp_size") or 1) > 1
-            or bool(s.get("enable_prefill_cp")),
-            hisparse=bool(s.get("enable_hisparse")),
-            disable_cuda_graph=bool(s.get("disable_cuda_graph")),
+            sglang_version=s.text("version") or "unknown",
+            model_path=m.text("model_path") or s.text("model_path") or "",
+            architectures=m.words("architectures"),
+            model_type=m.text("model_type"),
+            tp_size=s.size("tp_size"),
+            pp_size=s.size("pp_size"),
+            dp_size=s.size("dp_size"),
+            attn_dp_size=s.size("attn_dp_size"),
+            mixed_chunk=s.flag("enable_mixed_chunk"),
+            chunked_prefill_size=s.count("chunked_prefill_size"),
+            dsv4_attn_backend=s.text("dsv4_attn_backend"),
+            speculative_algorithm=s.text("speculative_algorithm"),
+            context_parallel=s.size("attn_cp_size") > 1 or s.flag("enable_prefill_cp"),
+            hisparse=s.flag("enable_hisparse"),
+            disable_cuda_graph=s.flag("disable_cuda_graph"),
             prefill_graph=PhaseGraph.read(graphs, "prefill"),
             decode_graph=PhaseGraph.read(graphs, "decode"),
-            launch_command=s.get("launch_command"),
+            launch_command=s.text("launch_command"),
         )
 
     def model_name(self) -> str:
         return ", ".join(self.architectures) or self.model_type or "unknown model"
+
+
+class _Fields:
+    """Typed reads of one JSON object the server sent: a field of another type than SGLang
+    writes (`tp_size: "two"`) is one line naming it, never a traceback or a silent guess."""
+
+    def __init__(self, data: object, where: str):
+        self.data = data if isinstance(data, dict) else {}
+        self.where = where
+
+    def _wrong(self, key: str, what: str) -> AdviseError:
+        return AdviseError(
+            f"{self.where} field {key} is {self.data[key]!r}, not {what}: is this an SGLang "
+            "0.5.23 server?"
+        )
+
+    def count(self, key: str) -> int | None:
+        """A whole number, or None when absent or null."""
+        value = self.data.get(key)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self._wrong(key, "an integer")
+        return value
+
+    def size(self, key: str) -> int:
+        """A parallel size: 1 when absent, null or 0 (as SGLang's own defaults)."""
+        return max(1, self.count(key) or 1)
+
+    def flag(self, key: str) -> bool:
+        value = self.data.get(key)
+        if value is not None and not isinstance(value, bool):
+            raise self._wrong(key, "true or false")
+        return bool(value)
+
+    def text(self, key: str) -> str | None:
+        value = self.data.get(key)
+        if value is not None and not isinstance(value, str):
+            raise self._wrong(key, "a string")
+        return value
+
+    def words(self, key: str) -> tuple[str, ...]:
+        value = self.data.get(key)
+        if value is None:
+            return ()
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise self._wrong(key, "a list of strings")
+        return tuple(value)
+
+    def counts(self, key: str) -> tuple[int, ...]:
+        value = self.data.get(key)
+        if value is None:
+            return ()
+        if not isinstance(value, list) or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value
+        ):
+            raise self._wrong(key, "a list of integers")
+        return tuple(value)
+
+    def table(self, key: str) -> dict:
+        value = self.data.get(key)
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise self._wrong(key, "an object")
+        return value

@@ -14,6 +14,7 @@ a CUDA graph. The label is taken at the forward's entry: an eager MIXED step is 
 from __future__ import annotations
 
 import bisect
+import math
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -193,7 +194,7 @@ def read_steps(doc: dict, rank: str) -> RankTrace:
             label = StepLabel.parse(name)
             if label is None:
                 continue
-            ts, dur = float(ev["ts"]), float(ev["dur"])
+            ts, dur = _time(ev, "ts"), _time(ev, "dur")
             step = Step(rank=rank, label=label, start_us=ts, host_ms=dur / 1e3)
             by_tid[ev.get("tid")].append((ts, ts + dur, step))
     spans = {tid: _Spans(steps) for tid, steps in by_tid.items()}
@@ -230,7 +231,7 @@ def read_steps(doc: dict, rank: str) -> RankTrace:
             counted.add(corr)
             step.launches += 1
             step.graph_launches += corr in graph_calls
-        start, dur = float(ev["ts"]), float(ev["dur"])
+        start, dur = _time(ev, "ts"), _time(ev, "dur")
         ms = dur / 1e3
         step.kernels += 1
         step.kernel_ms += ms
@@ -244,6 +245,14 @@ def read_steps(doc: dict, rank: str) -> RankTrace:
     for cur, nxt in zip(timed, timed[1:], strict=False):
         cur.gpu_idle_after_ms = max(0.0, (nxt.gpu_start_us - cur.gpu_end_us) / 1e3)
     return RankTrace(rank, _gpu_of(doc), bool(doc.get("with_stack")), steps)
+
+
+def _time(ev: dict, key: str) -> float:
+    """A span's start or duration; NaN or infinity is a malformed trace, never a figure."""
+    value = float(ev[key])
+    if not math.isfinite(value):
+        raise ValueError(f"{ev.get('name', 'an event')!r} has {key} {value}")
+    return value
 
 
 def med(values) -> float | None:

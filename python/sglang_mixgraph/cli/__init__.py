@@ -9,7 +9,8 @@ runs; this module only dispatches. `plan` selects the described-GPU platform bef
 anything imports `sglang.srt`, so no module here imports sglang at import time. The entry point
 is `main` (the `sglang-mixgraph` script, and `python -m sglang_mixgraph.cli`); `--version`
 names the plugin's version and the installed SGLang's, read from package metadata. A report
-whose reader closed the pipe (`doctor | head`) ends quietly with status 141, as Unix tools do.
+whose reader closed the pipe (`doctor | head`, `advise ... | head -1`) ends quietly with
+status 141, as Unix tools do.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         if rest:
             print(f"{advise.PROG}: unrecognized arguments: {' '.join(rest)}", file=sys.stderr)
             return 2
-        return advise.cmd_advise(args)
+        return _until_the_reader_leaves(lambda: advise.cmd_advise(args))
     if args.command == demo.NAME:
         if rest:
             print(f"{demo.PROG}: unrecognized arguments: {' '.join(rest)}", file=sys.stderr)

@@ -15,6 +15,8 @@ import json
 import lzma
 import math
 import shlex
+import shutil
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -24,6 +26,7 @@ HELP = "profile a running SGLang server and say which of the plugin's patches pa
 PROG = f"sglang-mixgraph {NAME}"
 MAX_STEPS = 1000
 MAX_TIMEOUT_S = 86400.0
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command Ctrl-C stopped
 
 
 def _one_line_error(message: str) -> None:
@@ -156,26 +159,49 @@ def _model_layers(path: str):
 
 
 def advise(args) -> int:
-    from sglang_mixgraph.advise import capture
-    from sglang_mixgraph.advise.report import report_json, report_text
-    from sglang_mixgraph.advise.server import AdviseError, Server, ServerFacts
-    from sglang_mixgraph.advise.summary import kind_rows
-    from sglang_mixgraph.advise.verdicts import Inputs, all_verdicts
+    from sglang_mixgraph.advise.server import Server, ServerFacts
 
     server = Server(args.url, args.api_key)
     info, model_info = server.get_json("/server_info"), server.get_json("/model_info")
     facts = ServerFacts.read(server.url, info, model_info)
+    temporary = not args.trace_dir
     trace_dir = _trace_dir(args.trace_dir)  # once the server answers: no temporary dir left
+    try:
+        report = _profile_and_judge(args, server, facts, trace_dir, keep_log=not temporary)
+    except BaseException:
+        # Ctrl-C or any one-line failure: a directory made for this run goes with it.
+        if temporary:
+            shutil.rmtree(trace_dir, ignore_errors=True)
+        raise
+    print(report)
+    return 0
+
+
+def _profile_and_judge(args, server, facts, trace_dir: Path, *, keep_log: bool) -> str:
+    """Profile, read every rank's trace and judge: the report's text (or strict JSON)."""
+    from sglang_mixgraph.advise import capture
+    from sglang_mixgraph.advise.report import report_json, report_text
+    from sglang_mixgraph.advise.server import AdviseError
+    from sglang_mixgraph.advise.summary import kind_rows
+    from sglang_mixgraph.advise.verdicts import Inputs, all_verdicts
+
     profile_id = capture.new_profile_id()
     body = capture.profile_request(trace_dir, args.steps, not args.no_stack, profile_id)
     capture.start_profile(server, body)
     load = log = None
-    if args.load:
-        burst = capture.Load(extra=tuple(shlex.split(args.load_args)))
-        load, log = capture.start_load(server.url, burst, trace_dir)
     try:
+        if args.load:
+            burst = capture.Load(extra=tuple(shlex.split(args.load_args)))
+            load, log = capture.start_load(server.url, burst, trace_dir)
         got = capture.collect(
-            server, trace_dir, profile_id, facts.expected_traces, args.timeout, load, log
+            server,
+            trace_dir,
+            profile_id,
+            facts.expected_traces,
+            args.timeout,
+            load,
+            log,
+            keep_log=keep_log,
         )
     finally:
         if load is not None:
@@ -206,8 +232,19 @@ def advise(args) -> int:
         "load_log": str(log) if log else None,
     }
     report = report_json(facts, gpu, profile, verdicts, rows)
-    print(json.dumps(report, indent=1) if args.json else report_text(report, verdicts, rows))
-    return 0
+    if not args.json:
+        return report_text(report, verdicts, rows)
+    try:
+        return json.dumps(report, indent=1, allow_nan=False)
+    except ValueError:  # a NaN or infinity the traces slipped past their reader
+        raise AdviseError(
+            "the traces give a figure that is not a number (NaN or infinity); no JSON is "
+            "printed rather than invalid JSON"
+        ) from None
+
+
+def _interrupted(signum: int, frame) -> None:
+    raise KeyboardInterrupt  # SIGTERM and SIGHUP clean up as Ctrl-C does
 
 
 def cmd_advise(args: argparse.Namespace) -> int:
@@ -216,8 +253,17 @@ def cmd_advise(args: argparse.Namespace) -> int:
     if problem := _argument_problem(args):
         print(f"{PROG}: {problem}", file=sys.stderr)
         return 2
+    handled = (signal.SIGTERM, signal.SIGHUP)
+    previous = {sig: signal.signal(sig, _interrupted) for sig in handled}
     try:
         return advise(args)
     except AdviseError as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return e.code
+    except KeyboardInterrupt:
+        # The load client and a temporary trace directory are gone by now (finally blocks).
+        print(f"{PROG}: interrupted; nothing it started is left running", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

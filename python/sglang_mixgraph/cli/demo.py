@@ -7,13 +7,20 @@ real `ab run` code path (launch, health wait, SGLang's own bench_serving, statis
 and prints the report, labelled as the stand-in's numbers. Its directory (`--dir`, by default a
 fresh temporary one) holds demo.toml, the stand-in's tokenizer (model/) and the run (run/), and
 is kept, so `ab report` and `ab run` can be tried on it afterwards. A `--dir` that exists and
-is not empty, or cannot be written, is one line and exit 2, before anything starts.
+is not empty, or cannot be written, is one line and exit 2, before anything starts; inputs it
+could not write whole (a full disk) or a signal while writing them (Ctrl-C, SIGTERM, SIGHUP)
+leave the directory as it was, said in one line naming it. A run that stops after that (a
+full disk, a signal: `ab` stops the stand-in) says how to resume it with `ab run`.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import shutil
+import signal
 import socket
 import sys
 import tempfile
@@ -25,6 +32,7 @@ PROG = f"sglang-mixgraph {NAME}"
 HELP = "run `ab` end to end against a CPU stand-in server (no GPU, no model), under a minute"
 
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as `ab` and a shell report it
 STANDIN_MODULE = "sglang_mixgraph.ab.standin"
 CONFIG_NAME = "demo.toml"
 # The stand-in's latency model: the arms differ only in TPOT, so the report's ratio is known.
@@ -106,11 +114,12 @@ enabled = false
 '''
 
 
-def _demo_dir(given: str | None) -> Path:
-    """The directory to write into: new or empty (created), or a fresh temporary one."""
+def _demo_dir(given: str | None) -> tuple[Path, bool]:
+    """The directory to write into: new or empty (created), or a fresh temporary one; and
+    whether this demo created it (then a failed start removes it again)."""
     if given is None:
         try:
-            return Path(tempfile.mkdtemp(prefix="sglang-mixgraph-demo-"))
+            return Path(tempfile.mkdtemp(prefix="sglang-mixgraph-demo-")), True
         except OSError as e:
             raise DemoDirError(f"cannot make a temporary directory ({e.strerror or e})") from None
     path = Path(given).resolve()
@@ -121,33 +130,67 @@ def _demo_dir(given: str | None) -> Path:
             raise DemoDirError(
                 f"--dir {path}: exists and is not empty; give a new or empty directory"
             )
+        created = not path.exists()
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise DemoDirError(f"--dir {path}: cannot create or read it ({e.strerror or e})") from None
-    return path
+    return path, created
 
 
 def _write_inputs(path: Path) -> Path:
-    """demo.toml and the stand-in's tokenizer in `path`; the configuration's path."""
+    """demo.toml and the stand-in's tokenizer in `path`; the configuration's path. Each is
+    written under a temporary name and renamed, so `path` holds whole inputs or none."""
+    from sglang_mixgraph.ab import files
     from sglang_mixgraph.ab.standin import write_model_dir
 
-    config = path / CONFIG_NAME
+    config, model = path / CONFIG_NAME, path / "model"
+    partial = path / "model.partial"
     try:
         # The configuration first: an unwritable directory fails before transformers loads.
-        config.write_text(demo_config(path / "model", _free_port()))
-        write_model_dir(path / "model")
+        files.write_text(config, demo_config(model, _free_port()))
+        write_model_dir(partial)
+        os.replace(partial, model)
     except OSError as e:
-        raise DemoDirError(f"--dir {path}: cannot write there ({e.strerror or e})") from None
+        raise DemoDirError(
+            f"--dir {path}: cannot write there ({e.strerror or e}); nothing is left there, "
+            "free space and run the same command again"
+        ) from None
     return config
+
+
+def _undo(path: Path, created: bool) -> None:
+    """Leave the directory as it was: empty again, or gone when this demo created it."""
+    for child in (path / CONFIG_NAME, path / "model", path / "model.partial"):
+        if child.is_dir():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
+    if created:
+        with contextlib.suppress(OSError):
+            path.rmdir()
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # SIGTERM and SIGHUP leave the directory as Ctrl-C does
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     try:
-        path = _demo_dir(args.dir)
-        config = _write_inputs(path)
+        path, created = _demo_dir(args.dir)
     except DemoDirError as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return EXIT_USAGE
+    previous = {sig: signal.signal(sig, _interrupted) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        config = _write_inputs(path)
+    except (DemoDirError, KeyboardInterrupt) as e:
+        _undo(path, created)
+        said = f"interrupted; {path} is left as it was" if isinstance(e, KeyboardInterrupt) else e
+        print(f"{PROG}: {said}", file=sys.stderr)
+        return EXIT_USAGE if isinstance(e, DemoDirError) else EXIT_INTERRUPTED
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     from sglang_mixgraph.ab import cli as ab_cli
 
     run_dir = path / "run"
@@ -155,12 +198,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"directory (kept): {path}")
     print(f"configuration: {config}", flush=True)
     code = ab_cli.main(["run", str(config), "--run-dir", str(run_dir), "--offline"])
+    again = f"sglang-mixgraph ab run {config} --run-dir {run_dir}"
     report = run_dir / "report.md"
     if report.is_file():
         print(f"\n==> {report} <==\n{report.read_text()}")
         print(
-            f"run it again (finished cells are skipped): sglang-mixgraph ab run {config} "
-            f"--run-dir {run_dir}\n"
+            f"run it again (finished cells are skipped): {again}\n"
             f"rebuild the report: sglang-mixgraph ab report {run_dir}"
         )
+    elif code != 0:
+        # `demo` itself refuses a directory that is not empty: the run resumes through `ab`.
+        print(f"{PROG}: to resume (finished cells are kept): {again}", file=sys.stderr)
     return code

@@ -44,24 +44,26 @@ def probe() -> LocalGpu:
     if smi is None:
         raise NoLocalGpu("nvidia-smi not found")
     try:
+        # Bytes, decoded leniently: a stray non-UTF-8 byte names no GPU plan knows, no more.
         out = subprocess.run(
-            [smi, *QUERY], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=False
+            [smi, *QUERY], capture_output=True, timeout=PROBE_TIMEOUT_S, check=False
         )
     except subprocess.TimeoutExpired:
         raise NoLocalGpu(f"nvidia-smi did not answer within {PROBE_TIMEOUT_S} s") from None
     except OSError as e:
         raise NoLocalGpu(f"nvidia-smi could not run: {e}") from None
-    lines = [line.strip() for line in out.stdout.splitlines() if line.strip()]
+    stdout, stderr = (out.stdout.decode(errors="replace"), out.stderr.decode(errors="replace"))
+    lines = [line.strip() for line in stdout.splitlines() if line.strip()]
     if out.returncode != 0:
         # nvidia-smi prints its own failures ("couldn't communicate with the driver") on stdout
-        said = (lines or out.stderr.strip().splitlines() or ["no message"])[0]
+        said = (lines or stderr.strip().splitlines() or ["no message"])[0]
         raise NoLocalGpu(f"nvidia-smi failed: {said}")
     if not lines:
         raise NoLocalGpu("nvidia-smi lists no GPU")
     name, _, memory = lines[0].rpartition(",")
     if not name:  # an answer without the memory column
         return LocalGpu(memory.strip(), None)
-    return LocalGpu(name.strip(), int(memory) if memory.strip().isdigit() else None)
+    return LocalGpu(name.strip(), int(memory) if memory.strip().isdecimal() else None)
 
 
 def described_as(device_name: str) -> str | None:
