@@ -115,7 +115,7 @@ def test_an_eager_mixed_step_of_eagle_splits_through_upstreams_eager_runner(
 
 def _draft_forward(world, algorithm="EAGLE"):
     """The draft model's extend over the same MIXED scheduler batch
-    (``EAGLEWorkerV2._draft_extend_for_prefill``: ``ForwardBatch.init_new`` of the batch, still
+    (``EagleDraftWorker._draft_extend_for_prefill``: ``ForwardBatch.init_new`` of the batch, still
     MIXED, for the draft runner, with an ``EagleDraftExtendInput``)."""
     from sglang.srt.speculative.eagle_info import EagleDraftExtendInput
 
