@@ -32,6 +32,25 @@ A2A_RULE = "unvalidated a2a backend"
 FORCEABLE_RULES = frozenset({DSV4_RULE, A2A_RULE})
 
 
+def speculative_warning(switch: str, algorithm: str | None = None) -> str:
+    """What `switch` (SGLANG_EXPERIMENTAL_FORCE_BCG=1, SGLANG_MIXGRAPH_PREFILL_BUCKETS=auto)
+    does to a speculative DeepSeek-V4 deployment, and why that is untested ground: said once in
+    the server log where it keeps the graph on, and by `plan` and `doctor` (``algorithm`` None:
+    the deployment is not known)."""
+    who = (
+        f"a DeepSeek-V4 deployment with speculative decoding ({algorithm})"
+        if algorithm
+        else "a DeepSeek-V4 deployment if it uses speculative decoding (--speculative-algorithm)"
+    )
+    return (
+        f"{switch} keeps the breakable prefill CUDA graph on for {who}, where SGLang keeps it "
+        f"off (rule {DSV4_RULE!r}), so upstream has never replayed it under speculative "
+        "decoding; SGLang issue #29985 reports that a breakable prefill replay under EAGLE "
+        "corrupted the hidden states fed to the draft model. Allowed, not validated: compare "
+        "tokens and accept length with --disable-prefill-cuda-graph."
+    )
+
+
 @dataclass(frozen=True)
 class Rule:
     name: str  # upstream's name; the silent CP rule has none upstream
@@ -146,6 +165,8 @@ class GraphDecisions:
     # Forced-mode lines already logged for this ServerArgs: once each, although the rule
     # function runs more than once in one resolution (`apply_prefill_cp_cuda_graph_default`).
     said: set[str] = field(default_factory=set)
+    # `speculative_warning`'s line where our switch kept the graph on under speculative decoding.
+    speculative_warning: str | None = None
     upstream_max_bs: int | None = None  # upstream's prefill max_bs before the derivation
 
 

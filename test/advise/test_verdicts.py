@@ -143,6 +143,7 @@ def test_another_model_gets_no_verdict_that_acts():
         ({"dsv4_attn_backend": "trtllm"}, "trtllm attention backend"),
         ({"dsv4_attn_backend": "flashmla_mega"}, "mega attention backend"),
         ({"speculative_algorithm": "NGRAM"}, "speculative decoding outside a mixed step"),
+        ({"speculative_algorithm": "EAGLE3"}, "SGLang refuses EAGLE3 for DeepSeek-V4"),
         ({"context_parallel": True}, "context parallelism"),
         ({"hisparse": True}, "hisparse"),
     ],
@@ -153,9 +154,14 @@ def test_deployments_whose_every_step_falls_back_are_named(changes, words):
     assert split.reason.startswith("every step falls back to upstream")
 
 
-def test_eagle_mixed_steps_are_still_priced():
-    split = by_id(inputs("dsv4_eager_h200", speculative_algorithm="EAGLE"))["mixed_split"]
-    assert split.outcome == V.NO_GAIN
+@pytest.mark.parametrize("algorithm", ["EAGLE", "NEXTN"])
+def test_eager_mixed_steps_of_eagle_are_priced_as_splittable(algorithm):
+    """The split takes an eager MIXED step of EAGLE/NEXTN (upstream's runner relabels it
+    EXTEND; test_mixed_split_speculative runs it), so advise prices it like any other."""
+    plain = by_id(inputs("dsv4_eager_h200"))["mixed_split"]
+    split = by_id(inputs("dsv4_eager_h200", speculative_algorithm=algorithm))["mixed_split"]
+    assert split.outcome == plain.outcome == V.NO_GAIN
+    assert split.detail["regimes"] == ["eager"] and split.delta_ms == plain.delta_ms
 
 
 def test_without_mixed_steps_nothing_acts_on_them_and_the_reason_says_why():

@@ -131,6 +131,37 @@ def test_doctor_fits_one_screen_and_says_an_empty_flag_is_unset(doctor_here):
     assert not any(x.lstrip().startswith(("[ok ] sglang.srt", "why:")) for x in lines)
 
 
+@pytest.mark.parametrize(
+    "env, switches",
+    [
+        ({"SGLANG_MIXGRAPH_PREFILL_BUCKETS": "auto"}, "SGLANG_MIXGRAPH_PREFILL_BUCKETS=auto"),
+        ({"SGLANG_EXPERIMENTAL_FORCE_BCG": "1"}, "SGLANG_EXPERIMENTAL_FORCE_BCG=1"),
+        (
+            {"SGLANG_EXPERIMENTAL_FORCE_BCG": "1", "SGLANG_MIXGRAPH_PREFILL_BUCKETS": "auto"},
+            "SGLANG_EXPERIMENTAL_FORCE_BCG=1 or SGLANG_MIXGRAPH_PREFILL_BUCKETS=auto",
+        ),
+        ({}, None),
+    ],
+)
+def test_doctor_warns_what_the_bcg_switches_do_under_speculative_decoding(
+    doctor_here, env, switches
+):
+    """Doctor knows no deployment: with a switch on it says, once, what it would do to a
+    speculative DeepSeek-V4 deployment (the upstream issue named); without one, nothing."""
+    code, out = doctor_here(env=env)
+    assert code == 0, out.err[-3000:]
+    said = [x for x in out.out.splitlines() if "#29985" in x]
+    code, js = doctor_here("--json", env=env)
+    entry = next(p for p in json.loads(js.out)["patches"] if p["id"] == "graph_config")
+    if switches is None:
+        assert said == [] and "speculative_warning" not in entry
+        return
+    warning = entry["speculative_warning"]
+    assert warning.startswith(f"{switches} keeps the breakable prefill CUDA graph on for a")
+    assert "if it uses speculative decoding" in warning and "SGLang issue #29985" in warning
+    assert said == [f"      WARNING: {warning}"]
+
+
 def test_doctor_exits_1_when_an_enabled_patch_cannot_apply():
     code = (
         "import sys\n"
@@ -336,7 +367,9 @@ def test_plan_json_fields_each_once(reference_plan):
         "rules",
         "max_bs",
         "buckets",
+        "speculative_warning",
     }
+    assert p["graph"]["prefill_graph"]["speculative_warning"] is None  # no speculative decoding
     assert set(p["graph"]["decode_graph"]) == {"backend", "decided_by", "max_bs", "buckets"}
 
 

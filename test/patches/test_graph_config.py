@@ -857,6 +857,73 @@ def test_bad_flag_values_fail_patch_evaluation(monkeypatch, env, value):
     assert f"{env}={value!r} is not a valid value" in status.error
 
 
+# ---------------------------------------------------------------- speculative decoding
+
+# The reference deployment with EAGLE (one next-n layer) and a memory fraction under which the
+# capture estimate keeps the graph on over upstream's list (no derived list under speculation).
+SPECULATIVE = reference(
+    extra=(
+        "--speculative-algorithm",
+        "EAGLE",
+        "--speculative-num-steps",
+        "2",
+        "--speculative-eagle-topk",
+        "1",
+        "--speculative-num-draft-tokens",
+        "3",
+        "--mem-fraction-static",
+        "0.75",
+    )
+)
+
+
+@pytest.mark.parametrize(
+    "switch, env",
+    [
+        ("SGLANG_MIXGRAPH_PREFILL_BUCKETS=auto", {}),
+        ("SGLANG_EXPERIMENTAL_FORCE_BCG=1", {FORCE_ENV: "1", BUCKETS_ENV: "upstream"}),
+    ],
+)
+def test_a_speculative_deployment_kept_on_is_warned_once_in_the_log_and_in_plan(flags, switch, env):
+    """Either switch keeps DeepSeek-V4's breakable prefill graph on under EAGLE, where SGLang
+    keeps it off: the server log says so once, by the switch's name and with the upstream
+    issue, `plan` prints the same line and `--json` has it; the graph stays on (allowed)."""
+    from sglang_mixgraph.cli.plan_format import format_graph_plan
+    from sglang_mixgraph.cli.resolve import graph_plan_of
+
+    flags(**env)
+    r, d = plan_of(SPECULATIVE)
+    pg = d["prefill_graph"]
+    assert pg["backend"] == "breakable"
+    warning = pg["speculative_warning"]
+    assert warning.startswith(f"{switch} keeps the breakable prefill CUDA graph on for")
+    assert "(EAGLE)" in warning and "SGLang issue #29985" in warning and DSV4_RULE in warning
+    assert "hidden states fed to the draft model" in warning
+    logged = [m for m in r.messages("sglang_mixgraph") if "#29985" in m]
+    assert logged == [f"sglang-mixgraph: {warning}"]
+    assert f"    WARNING: {warning}" in format_graph_plan(graph_plan_of(r)).splitlines()
+
+
+@pytest.mark.parametrize(
+    "argv, env",
+    [
+        (reference(), {}),  # no speculative decoding
+        (reference(), {FORCE_ENV: "1", BUCKETS_ENV: "upstream"}),
+        (SPECULATIVE, {BUCKETS_ENV: "upstream"}),  # both switches off: upstream keeps it off
+        # the estimate turns the graph off: nothing of ours runs under speculation
+        ([*SPECULATIVE[:-2], "--mem-fraction-static", "0.9"], {}),
+    ],
+    ids=["no_spec_auto", "no_spec_force", "spec_switches_off", "spec_estimate_off"],
+)
+def test_no_speculative_warning_where_no_switch_keeps_the_graph_on_under_speculation(
+    flags, argv, env
+):
+    flags(**env)
+    r, d = plan_of(argv)
+    assert d["prefill_graph"]["speculative_warning"] is None
+    assert not [m for m in r.messages("sglang_mixgraph") if "#29985" in m]
+
+
 # ---------------------------------------------------------------- rule table drift
 
 

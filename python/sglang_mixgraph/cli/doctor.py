@@ -80,7 +80,7 @@ def doctor_report() -> dict[str, Any]:
     from sglang_mixgraph.cli.resolve import plugin_load_status
     from sglang_mixgraph.cli.upstream_guards import guard_report
     from sglang_mixgraph.flags import FLAGS, FlagValueError
-    from sglang_mixgraph.patches import all_patches
+    from sglang_mixgraph.patches import all_patches, graph_config
     from sglang_mixgraph.patches.hold_break_inputs import exposure as break_inputs_exposure
     from sglang_mixgraph.patches.mixed_split.state import PATCH_ID as SPLIT_PATCH_ID
     from sglang_mixgraph.registry import PINNED_SGLANG, evaluate, target_checks
@@ -115,6 +115,8 @@ def doctor_report() -> dict[str, Any]:
         }
         if patch.id == SPLIT_PATCH_ID:
             entry["calibration"] = _split_cost_calibration()
+        if patch.id == graph_config.PATCH_ID and status.enabled:
+            entry["speculative_warning"] = graph_config.speculative_caveat()
         patches.append(entry)
     flags = []
     for flag in FLAGS.values():
@@ -267,6 +269,8 @@ def _print_patch(p: dict[str, Any], verbose: bool) -> None:
     if p["reason"]:
         for line in p["reason"].splitlines():
             print(f"      {line}")
+    if p.get("speculative_warning"):
+        print(f"      WARNING: {p['speculative_warning']}")
     for t in p["targets"] if verbose else bad:
         mark = "ok " if t["ok"] else "BAD"
         print(f"      [{mark}] {t['target']}: {t['found']}")

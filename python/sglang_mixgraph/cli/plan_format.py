@@ -205,6 +205,7 @@ def graph_plan_json(plan) -> dict[str, Any]:
             ],
             "max_bs": plan.prefill.max_bs,
             "buckets": list(plan.prefill.buckets),
+            "speculative_warning": plan.speculative_warning,
         },
         "decode_graph": {
             "backend": plan.decode.backend,
@@ -346,6 +347,8 @@ def decision_lines(plan) -> list[str]:
     )
     for r in pg.rules:
         lines.append(f"    rule {r.name!r}: {r.action}")
+    if plan.speculative_warning is not None:
+        lines.append(f"    WARNING: {plan.speculative_warning}")
     bl = plan.buckets
     policy = f" (policy {bl.policy})" if bl is not None else ""
     if on == "ON":

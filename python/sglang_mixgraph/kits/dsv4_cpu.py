@@ -655,3 +655,71 @@ class World:
                 nc = self.step.seq_lens[r] // ratio
                 comp |= set(self.compressed_slots(r, torch.arange(nc), ratio).tolist())
         return out, comp
+
+
+# --------------------------------------------------------------------------------------------
+# upstream's eager runner over the world's layers
+# --------------------------------------------------------------------------------------------
+
+
+class EagerModel:
+    """Stands in for the model under upstream's ``EagerRunner``: runs the world's attention
+    layers on the batch the runner hands it (the runner's copy, relabelled), keeping each."""
+
+    shared_experts_config = None
+
+    def __init__(self, world: World, heads: int = HEADS):
+        self.world, self.heads = world, heads
+        self.batches = []
+
+    def forward(self, input_ids, positions, forward_batch, **kwargs):
+        self.batches.append(forward_batch)
+        q = self.world.q(heads=self.heads)
+        return {
+            layer: self.world.run_layer(forward_batch, layer, q=q)
+            for layer in range(len(LAYER_RATIOS))
+        }
+
+
+def eager_runner(world: World, heads: int = HEADS, spec_algorithm: str | None = None):
+    """``(runner, model)``: upstream's ``EagerRunner`` (real ``execute`` / ``_execute_extend`` /
+    ``load_batch`` and CPU eager buffer registry) with the attributes its ``__init__`` sets that
+    ``execute`` reads, over an :class:`EagerModel` whose queries have ``heads`` heads. The model
+    runner's speculative algorithm is ``spec_algorithm`` (a ``--speculative-algorithm`` value)."""
+    from sglang.srt.model_executor.cuda_graph_buffer_registry import build_eager_registry
+    from sglang.srt.model_executor.runner.eager_runner import EagerRunner
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    runner = object.__new__(EagerRunner)
+    model = EagerModel(world, heads)
+    runner.model_runner = SimpleNamespace(
+        attn_backend=world.backend,
+        model=model,
+        device="cpu",
+        device_timer=None,
+        spec_algorithm=SpeculativeAlgorithm.from_string(spec_algorithm),
+        _extend_forward_kwargs=lambda fb, pp: {},
+    )
+    runner.device = "cpu"
+    runner.enable_pdmux = False
+    runner._eager_registry = build_eager_registry(
+        device=torch.device("cpu"),
+        max_bs=MAX_REQS,
+        max_num_token=2048,
+        cache_loc_dtype=torch.int64,
+    )
+    return runner, model
+
+
+def run_eager(runner, world: World, fb):
+    """``runner.execute(fb)`` inside the forward context, as ``ModelRunner._forward_raw``
+    enters it before calling the runner."""
+    from sglang.srt.environ import envs
+    from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+
+    with (
+        torch.no_grad(),
+        envs.SGLANG_OPT_FLASHMLA_SPARSE_PREFILL.override(True),
+        forward_context(ForwardContext(attn_backend=world.backend), forward_batch=fb),
+    ):
+        return runner.execute(fb)

@@ -33,6 +33,7 @@ from sglang_mixgraph.bcg_rules import (
     decisions_for,
     forced_actions,
     matching_rules,
+    speculative_warning,
 )
 from sglang_mixgraph.fallback import fallback_once
 from sglang_mixgraph.flags import bool_flag, choice_flag
@@ -70,6 +71,21 @@ def _auto() -> bool:
 
 def _on() -> bool:
     return _auto() or bool(FORCE_BCG.get())
+
+
+def speculative_caveat() -> str | None:
+    """For `doctor`, which knows no deployment: what the switches set here would do to a
+    speculative DeepSeek-V4 deployment (`bcg_rules.speculative_warning`), or None when both
+    are off."""
+    switches = [
+        name
+        for name, on in (
+            ("SGLANG_EXPERIMENTAL_FORCE_BCG=1", bool(FORCE_BCG.get())),
+            ("SGLANG_MIXGRAPH_PREFILL_BUCKETS=auto", _auto()),
+        )
+        if on
+    ]
+    return speculative_warning(" or ".join(switches)) if switches else None
 
 
 def estimate_applies(server_args) -> bool:
@@ -122,6 +138,18 @@ def _say_once(record: GraphDecisions, line: str) -> None:
         logger.warning("%s", line)
 
 
+def _speculative_algorithm(server_args) -> str | None:
+    from sglang.srt.arg_groups.overrides import resolving_view
+
+    return resolving_view(server_args).speculative_algorithm
+
+
+def _say_speculative(record: GraphDecisions, text: str) -> None:
+    """The speculative-decoding warning (`bcg_rules.speculative_warning`), once, kept for `plan`."""
+    record.speculative_warning = text
+    _say_once(record, f"sglang-mixgraph: {text}")
+
+
 def _forced(original, server_args, record: GraphDecisions, matches: list[Rule], kwargs):
     actions, kept = forced_actions(matches)
     for rule, m, action in zip(matches, record.rule_matches, actions, strict=True):
@@ -141,6 +169,11 @@ def _forced(original, server_args, record: GraphDecisions, matches: list[Rule], 
                 f"CUDA graph on although upstream rule {rule.name!r} would disable it "
                 f"({rule.reason}).",
             )
+            algorithm = _speculative_algorithm(server_args)
+            if rule.name == DSV4_RULE and algorithm is not None:
+                _say_speculative(
+                    record, speculative_warning("SGLANG_EXPERIMENTAL_FORCE_BCG=1", algorithm)
+                )
     if kept is None:
         record.prefill_backend_source = Source.FORCED if matches else None
         return None
@@ -205,6 +238,8 @@ def _settle_rule(server_args, record: GraphDecisions, rule) -> None:
     if rule.action is not None:
         record.rule_matches[0].action = rule.action
     _say(rule.said)
+    if rule.speculative_warning is not None:
+        _say_speculative(record, rule.speculative_warning)
     if rule.disable:
         _declare_prefill(server_args, backend=Backend.DISABLED)
 

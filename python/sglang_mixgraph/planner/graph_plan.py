@@ -412,6 +412,9 @@ class GraphPlan:
     buckets: BucketLists | None  # None: chunked prefill is off, nothing to derive from
     validations: tuple[Validation, ...]
     plugin_loaded: bool  # without the plugin the validations are reported, not enforced
+    # What the server logs where our switch keeps the graph on under speculative decoding
+    # (`bcg_rules.speculative_warning`), or None.
+    speculative_warning: str | None = None
 
     @property
     def prefill_off_but_estimated(self) -> bool:
@@ -558,4 +561,5 @@ def graph_plan(facts: Deployment, record, gpu, *, plugin_loaded: bool) -> GraphP
         buckets=_bucket_lists(facts, record, plugin_loaded) if facts.chunked else None,
         validations=tuple(validations(facts)),
         plugin_loaded=plugin_loaded,
+        speculative_warning=record.speculative_warning if record is not None else None,
     )

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from sglang_mixgraph.bcg_rules import GraphDecisions, Source
+from sglang_mixgraph.bcg_rules import GraphDecisions, Source, speculative_warning
 from sglang_mixgraph.planner.deployment_facts import Deployment
 from sglang_mixgraph.planner.graph_plan import Validation
 
@@ -38,6 +38,8 @@ class RuleSettlement:
     disable: bool  # the prefill graph goes off
     fallback: str | None = None  # why upstream's rule stands (counted and said once)
     said: Said | None = None
+    # The estimate keeps the graph on under speculative decoding (`bcg_rules.speculative_warning`).
+    speculative_warning: str | None = None
 
 
 @dataclass(frozen=True)
@@ -113,10 +115,14 @@ def _estimate_settles(backend, facts: Deployment, buckets: list[int]) -> RuleSet
     )
     margin = int(verdict.margin_fraction * 100)
     if verdict.fits:
+        spec = facts.speculative_algorithm
         return RuleSettlement(
             Source.ESTIMATE,
             "replaced by the capture-memory estimate: fits",
             disable=False,
+            speculative_warning=speculative_warning("SGLANG_MIXGRAPH_PREFILL_BUCKETS=auto", spec)
+            if spec
+            else None,
             said=Said(
                 logging.INFO,
                 f"sglang-mixgraph: breakable prefill CUDA graph kept on for DeepSeek-V4: {sizes} "

@@ -4,12 +4,11 @@ Upstream's ``EagerRunner.execute`` runs a MIXED batch as EXTEND and its ``load_b
 forward a ``dataclasses.replace`` copy of the batch; the split must still act there, because
 ``ForwardBatch.init_new`` saw the batch MIXED with its decode requests as the tail. The runner
 here is upstream's class with its real ``execute`` / ``_execute_extend`` / ``load_batch`` and
-eager buffer registry on CPU; only the model is ours (it runs the kit's three attention layers).
+eager buffer registry on CPU (the kit's ``eager_runner``); only the model is ours (it runs the
+kit's three attention layers).
 """
 
 from __future__ import annotations
-
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -115,65 +114,6 @@ def test_every_fallback_is_counted_under_its_reason():
 # ---- the eager runner's MIXED -> EXTEND relabel ----------------------------------------------
 
 
-class _Model:
-    """Stands in for the model: runs the kit's attention layers on the batch it is given."""
-
-    shared_experts_config = None
-
-    def __init__(self, world, heads=K.HEADS):
-        self.world, self.heads = world, heads
-        self.batches = []
-
-    def forward(self, input_ids, positions, forward_batch, **kwargs):
-        self.batches.append(forward_batch)
-        q = self.world.q(heads=self.heads)
-        return {
-            layer: self.world.run_layer(forward_batch, layer, q=q)
-            for layer in range(len(K.LAYER_RATIOS))
-        }
-
-
-def _eager_runner(world, heads=K.HEADS):
-    """Upstream's EagerRunner with the attributes its ``__init__`` sets that ``execute`` reads;
-    the model's queries have ``heads`` heads."""
-    from sglang.srt.model_executor.cuda_graph_buffer_registry import build_eager_registry
-    from sglang.srt.model_executor.runner.eager_runner import EagerRunner
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-    runner = object.__new__(EagerRunner)
-    model = _Model(world, heads)
-    runner.model_runner = SimpleNamespace(
-        attn_backend=world.backend,
-        model=model,
-        device="cpu",
-        device_timer=None,
-        spec_algorithm=SpeculativeAlgorithm.NONE,
-        _extend_forward_kwargs=lambda fb, pp: {},
-    )
-    runner.device = "cpu"
-    runner.enable_pdmux = False
-    runner._eager_registry = build_eager_registry(
-        device=torch.device("cpu"),
-        max_bs=K.MAX_REQS,
-        max_num_token=2048,
-        cache_loc_dtype=torch.int64,
-    )
-    return runner, model
-
-
-def _execute(runner, world, fb):
-    from sglang.srt.environ import envs
-    from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
-
-    # ModelRunner._forward_raw enters the forward context before calling the runner.
-    with (
-        torch.no_grad(),
-        envs.SGLANG_OPT_FLASHMLA_SPARSE_PREFILL.override(True),
-        forward_context(ForwardContext(attn_backend=world.backend), forward_batch=fb),
-    ):
-        return runner.execute(fb)
-
-
 @pytest.mark.parametrize("policy", ["always", "adaptive"])
 def test_eager_runner_mixed_step_run_as_extend_is_split(policy, monkeypatch):
     from sglang_mixgraph.core import split_cost_model as scm
@@ -183,12 +123,12 @@ def test_eager_runner_mixed_step_run_as_extend_is_split(policy, monkeypatch):
     step, d = MIXED, len(MIXED.decode)
     with K.reference_world():
         world = K.World(step)
-        runner, model = _eager_runner(world)
-        base = _execute(runner, world, world.forward_batch())
+        runner, model = K.eager_runner(world)
+        base = K.run_eager(runner, world, world.forward_batch())
         with K.patch_installed(policy=policy):
             K.CALLS.clear()
             fb = world.forward_batch()  # MIXED, decode tail recorded as by ForwardBatch.init_new
-            out = _execute(runner, world, fb)
+            out = K.run_eager(runner, world, fb)
             # Upstream relabelled the batch and ran a copy of it.
             assert fb.forward_mode == ForwardMode.EXTEND
             assert (
@@ -213,14 +153,14 @@ def test_eager_extend_not_built_mixed_with_a_decode_tail_is_not_split(recorded):
     step = MIXED
     with K.reference_world():
         world = K.World(step)
-        runner, _ = _eager_runner(world)
+        runner, _ = K.eager_runner(world)
         with K.patch_installed(policy="always"):
             K.CALLS.clear()
             if recorded == "decode_not_the_tail":
                 fb = world.forward_batch(num_decode_attr=None)  # init_new recorded nothing
             else:
                 fb = world.forward_batch(mode=ForwardMode.EXTEND, num_decode_attr=len(step.decode))
-            _execute(runner, world, fb)
+            K.run_eager(runner, world, fb)
             assert ms.get_plan(world.backend) is None
     assert not K.CALLS.decode and _events().get("steps_split", 0) == 0
 
@@ -244,8 +184,8 @@ def test_eager_mixed_step_publishes_read_done_and_reads_no_table_after_it(heads)
     with K.reference_world():
         world = K.World(MIXED)
         world.backend.model_runner.model_config.hf_text_config.num_attention_heads = heads
-        runner, _ = _eager_runner(world, heads)
-        base = _execute(runner, world, world.forward_batch())
+        runner, _ = K.eager_runner(world, heads)
+        base = K.run_eager(runner, world, world.forward_batch())
         runner.model_runner.shared_read_done_event = None
         runner.model_runner.forward_pass_id = 1
         builds = []
@@ -265,7 +205,7 @@ def test_eager_mixed_step_publishes_read_done_and_reads_no_table_after_it(heads)
             fb = world.forward_batch()
 
             try:
-                out = _execute(runner, world, fb)
+                out = K.run_eager(runner, world, fb)
                 assert runner.model_runner.shared_read_done_event is not None
                 assert wc.PUBLISHED.active() == "forward #1 (DeepseekV4AttnBackend)"
             finally:

@@ -37,8 +37,10 @@ from sglang_mixgraph.patches.mixed_split.state import (
     ALL_RATIOS,
     BACKEND,
     EAGER_RUNNER,
+    EAGLE3_REFUSED,
     FALLBACK_REASONS,
     FALLBACKS,
+    FALLBACKS_BY_KEY,
     FORWARD_BATCH,
     PATCH_ID,
     POLICY_FLAG,
@@ -144,6 +146,8 @@ def explain_for_deployment(plan) -> str:
     facts = plan.facts
     if not facts.deepseek_v4:
         return "not a DeepSeek-V4 model: nothing to split"
+    if FALLBACKS_BY_KEY["spec_eagle3"].deployment(plan):
+        return f"nothing to split: {EAGLE3_REFUSED}, so such a server does not start"
     for fallback in FALLBACKS:
         if fallback.deployment is not None and fallback.deployment(plan):
             return f"falls back to upstream: {fallback.text}"
@@ -157,8 +161,9 @@ def explain_for_deployment(plan) -> str:
         acts = "splits mixed steps at the prefill/decode boundary"
         if facts.speculative_algorithm:
             acts += (
-                f" ({facts.speculative_algorithm}: the running requests are 1-token decodes "
-                "there; verify and draft steps keep upstream's path)"
+                f" ({facts.speculative_algorithm}: the target model's mixed steps, whose running "
+                "requests are 1-token decodes there; verify steps and the draft model's forwards "
+                "keep upstream's path)"
             )
     elif dp_attention:
         acts = "no mixed steps (mixed chunk off); splits DP-attention decode batches relabelled to EXTEND"

@@ -20,6 +20,8 @@ from sglang_mixgraph.core.mixed_boundary import MixedBoundary, compute_mixed_bou
 from sglang_mixgraph.patches.mixed_split.boundary import decode_tail_of
 from sglang_mixgraph.patches.mixed_split.state import (
     ALL_RATIOS,
+    EAGLE3,
+    MIXED_STEP_WAYS,
     POLICY_FLAG,
     SPLIT_SPEC_ALGORITHMS,
     SplitPlan,
@@ -32,7 +34,7 @@ from sglang_mixgraph.upstream_attrs import BACKEND_SPLIT_LAYERS, METADATA_SPLIT_
 logger = logging.getLogger(__name__)
 
 
-def _unsupported_reason(backend, forward_batch, metadata) -> str | None:
+def _unsupported_reason(backend, forward_batch, metadata, recognised_as: str) -> str | None:
     from sglang.srt.layers.attention import deepseek_v4_backend as dsv4
     from sglang.srt.layers.cp.utils import is_cp_active
     from sglang.srt.runtime_context import get_platform
@@ -62,7 +64,7 @@ def _unsupported_reason(backend, forward_batch, metadata) -> str | None:
         return "heads"
     if getattr(backend, "is_dspark_draft", False):
         return "dspark"
-    reason = _speculative_reason(backend, forward_batch)
+    reason = _speculative_reason(backend, forward_batch, recognised_as)
     if reason is not None:
         return reason
     if (
@@ -93,10 +95,14 @@ def _spec_algorithm(backend, forward_batch):
     return algo
 
 
-def _speculative_reason(backend, forward_batch) -> str | None:
+def _speculative_reason(backend, forward_batch, recognised_as: str) -> str | None:
     """Why a step with speculative state stays upstream's, or None (no such state, or a MIXED
-    step of EAGLE/EAGLE3, whose running rows are plain 1-token decodes: docs/mixed-split.md,
-    "Speculative decoding")."""
+    step of EAGLE/NEXTN on the target model, whose running rows are plain 1-token decodes:
+    docs/mixed-split.md, "Speculative decoding").
+
+    A MIXED step is one ``decode_tail_of`` recognised as built MIXED (``recognised_as`` in
+    ``MIXED_STEP_WAYS``), not one labelled MIXED: ``EagerRunner.execute`` runs every eager
+    MIXED step as EXTEND before the metadata is built."""
     algo = _spec_algorithm(backend, forward_batch)
     spec_info = getattr(forward_batch, "spec_info", None)
     if not (
@@ -107,9 +113,10 @@ def _speculative_reason(backend, forward_batch) -> str | None:
         return None
     if getattr(backend, "is_draft_runner", False):
         return "spec_draft"
-    if not forward_batch.forward_mode.is_mixed() or getattr(algo, "name", None) not in (
-        SPLIT_SPEC_ALGORITHMS
-    ):
+    name = getattr(algo, "name", None)
+    if name == EAGLE3:
+        return "spec_eagle3"
+    if recognised_as not in MIXED_STEP_WAYS or name not in SPLIT_SPEC_ALGORITHMS:
         return "spec"
     if spec_info is not None and spec_info.is_verify_input():
         return "spec_verify"
@@ -225,8 +232,11 @@ def _plan(backend, metadata, live, target, num_rows: int, *, replay: bool) -> Sp
     if not decode_tail or num_rows <= 0:
         return None
     num_decode, recognised_as = decode_tail
-    count_event("replays_seen" if replay else f"steps_seen.{recognised_as}")
-    reason = _unsupported_reason(backend, live, metadata)
+    # The draft model's forwards of a MIXED step (EAGLE's draft extend runs over the same
+    # scheduler batch) are counted apart, so `steps_seen` counts each target step once.
+    seen = "draft_" if getattr(backend, "is_draft_runner", False) else ""
+    count_event(f"{seen}replays_seen" if replay else f"{seen}steps_seen.{recognised_as}")
+    reason = _unsupported_reason(backend, live, metadata, recognised_as)
     if reason is not None:
         fall_back(reason)
         return None

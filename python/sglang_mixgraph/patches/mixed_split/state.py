@@ -61,7 +61,19 @@ ALL_RATIOS = (0, 4, 128)
 
 # Speculative algorithms whose MIXED steps the split takes: the target forward runs the running
 # requests as 1-token decodes and the draft reads only its hidden states and tokens afterwards.
-SPLIT_SPEC_ALGORITHMS = ("EAGLE", "EAGLE3")
+# NEXTN/MTP is EAGLE. EAGLE3 is not here: SGLang refuses it for DeepSeek-V4 at model init
+# (`configure_aux_hidden_state_capture` needs `set_eagle3_layers_to_capture`, which
+# `DeepseekV4ForCausalLM` lacks), so its mixed steps were never run to verify.
+SPLIT_SPEC_ALGORITHMS = ("EAGLE",)
+EAGLE3 = "EAGLE3"
+EAGLE3_REFUSED = (
+    "SGLang refuses EAGLE3 for DeepSeek-V4 at model init "
+    "(model_runner_components.attention_backend_setup.configure_aux_hidden_state_capture: "
+    "DeepseekV4ForCausalLM has no set_eagle3_layers_to_capture)"
+)
+# How `boundary.decode_tail_of` recognises a MIXED step: still labelled MIXED (a breakable-graph
+# replay's live batch), or run as EXTEND by `EagerRunner.execute` (every eager MIXED step).
+MIXED_STEP_WAYS = ("mixed", "mixed_run_as_extend")
 
 
 def _spec_algorithm_name(name: str | None) -> str | None:
@@ -113,11 +125,17 @@ FALLBACKS = (
     ),
     Fallback("sm120", "SM120", lambda plan: plan.gpu_sm_major == 12),
     Fallback(
+        "spec_eagle3",
+        f"EAGLE3 (not verified: {EAGLE3_REFUSED})",
+        # By the flag's value: it names no alias (`SpeculativeAlgorithm.from_string`).
+        lambda plan: (plan.facts.speculative_algorithm or "").upper() == EAGLE3,
+    ),
+    Fallback(
         "spec",
-        "speculative decoding outside a mixed step of EAGLE or EAGLE3 (a verify or draft step, "
-        "or another algorithm)",
+        "speculative decoding outside a mixed step of EAGLE/NEXTN (a verify step, a relabelled "
+        "decode step, or another algorithm)",
         lambda plan: _spec_algorithm_name(plan.facts.speculative_algorithm)
-        not in (None, *SPLIT_SPEC_ALGORITHMS),
+        not in (None, EAGLE3, *SPLIT_SPEC_ALGORITHMS),
     ),
     Fallback(
         "spec_online_c128",
@@ -144,6 +162,7 @@ FALLBACKS = (
     Fallback("shape", "attention rows differ from the planned step"),
 )
 FALLBACK_REASONS = {f.key: f.text for f in FALLBACKS}
+FALLBACKS_BY_KEY = {f.key: f for f in FALLBACKS}
 
 
 def fall_back(reason_key: str) -> None:
