@@ -224,6 +224,7 @@ def graph_plan_of(resolution: Resolution):
     from sglang_mixgraph.bcg_rules import recorded
     from sglang_mixgraph.planner.deployment_facts import read_deployment
     from sglang_mixgraph.planner.graph_plan import graph_plan
+    from sglang_mixgraph.planner.memory_fit import memory_fit
     from sglang_mixgraph.target_gpu import described_gpu
 
     with described_gpu(resolution.gpu.name):
@@ -233,6 +234,7 @@ def graph_plan_of(resolution: Resolution):
             recorded(resolution.server_args),
             resolution.gpu,
             plugin_loaded=resolution.plugin.loaded,
+            memory=memory_fit(resolution.server_args, resolution.gpu.memory_bytes, facts),
         )
 
 

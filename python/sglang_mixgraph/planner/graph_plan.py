@@ -24,6 +24,7 @@ from sglang_mixgraph.core.capture_memory import (
 )
 from sglang_mixgraph.core.prefill_buckets import PaddingProfile
 from sglang_mixgraph.planner.deployment_facts import Deployment
+from sglang_mixgraph.planner.memory_fit import MemoryFit
 
 # Upstream's floor for the logits all-gather
 # (`sglang.srt.layers.logits_processor.LogitsProcessor.__init__`).
@@ -412,6 +413,7 @@ class GraphPlan:
     buckets: BucketLists | None  # None: chunked prefill is off, nothing to derive from
     validations: tuple[Validation, ...]
     plugin_loaded: bool  # without the plugin the validations are reported, not enforced
+    memory: MemoryFit | None = None  # do the weights fit; None: mem_fraction_static unknown
 
     @property
     def prefill_off_but_estimated(self) -> bool:
@@ -516,7 +518,9 @@ def _prefill_decision(facts: Deployment, record) -> Decision:
     )
 
 
-def graph_plan(facts: Deployment, record, gpu, *, plugin_loaded: bool) -> GraphPlan:
+def graph_plan(
+    facts: Deployment, record, gpu, *, plugin_loaded: bool, memory: MemoryFit | None = None
+) -> GraphPlan:
     """The prefill/decode graph configuration of a finished resolution, and why: from its
     facts (`deployment_facts.read_deployment`), the record of what our hooks decided
     (`bcg_rules.recorded`, None without one) and the target GPU (`target_gpu.GpuSpec`).
@@ -558,4 +562,5 @@ def graph_plan(facts: Deployment, record, gpu, *, plugin_loaded: bool) -> GraphP
         buckets=_bucket_lists(facts, record, plugin_loaded) if facts.chunked else None,
         validations=tuple(validations(facts)),
         plugin_loaded=plugin_loaded,
+        memory=memory,
     )
