@@ -270,13 +270,15 @@ def _registries_as_described() -> Iterator[None]:
     them by reference (`sglang.srt.configs.model_config` imports QUANTIZATION_METHODS); the
     originals are restored on exit.
     """
+    import importlib
     import importlib.util
 
     saved: list[tuple[dict, dict]] = []
     try:
         for module_name, names in IMPORT_TIME_REGISTRIES.items():
-            live = sys.modules.get(module_name) or __import__(module_name, fromlist=["_"])
-            spec = importlib.util.spec_from_file_location(f"_described_{id(saved)}", live.__file__)
+            live = importlib.import_module(module_name)
+            private = "_described_" + module_name.replace(".", "_")
+            spec = importlib.util.spec_from_file_location(private, live.__file__)
             described = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(described)
             for name in names:

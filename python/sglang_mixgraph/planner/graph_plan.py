@@ -4,7 +4,8 @@ It takes a deployment's typed facts (`deployment_facts.Deployment`), never the s
 arguments, and owns the one prefill bucket derivation (`derive_buckets`: the `graph_config`
 patch applies it during resolution, and `plan` shows it with the same inputs), the
 capture-memory estimate (`capture_estimate`), the startup validations (`validations`) and
-the whole report of a resolution (`graph_plan` -> `GraphPlan`). Results are typed;
+the whole report of a resolution (`graph_plan` -> `GraphPlan`, which carries the memory line
+`memory_fit.memory_fit` computed beside it). Results are typed;
 `sglang-mixgraph plan` turns them into text or JSON (cli/plan_format.py). Nothing here
 changes a resolution or logs: the patch's hooks decide, this module computes. sglang is imported inside the functions only, so the plugin
 stays cheap to load.

@@ -14,6 +14,7 @@ figures count the large matrices only (no norms, biases, routers, compressors): 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -224,29 +225,11 @@ def kv_cell_bytes(mc, kv_cache_dtype: str, attn_tp: int, layers: int) -> tuple[i
     return heads * (int(mc.head_dim) + int(mc.v_head_dim)) * layers * elem, ""
 
 
-def _chunk_before_dp_division(server_args) -> tuple[int, int] | None:
-    """(the chunk SGLang's memory settings saw, the per-rank chunk) when mem_fraction_static
-    was resolved by SGLang before the DP-attention division of the chunk, else None.
-
+def reserve_warning(chunks: tuple[int, int] | None, gpu_bytes: int, mfs: float) -> str | None:
+    """Why SGLang's mem_fraction_static holds back more than the per-rank chunk needs:
+    `chunks` is (the chunk its memory settings saw, the per-rank chunk), see `MemoryInputs`.
     `memory_hook.handle_gpu_memory_settings` reserves max(chunk, 2048) x 1.5 MiB for
-    activations; `parallel_hook.handle_data_parallelism` divides the chunk by the attention-DP
-    size afterwards. The order is upstream's record of its decisions (`declare_resolution`)."""
-    chunk = getattr(server_args, "chunked_prefill_size", None)
-    seen_memory = False
-    for source, fields in getattr(server_args, "_resolved_overrides", None) or ():
-        if source == "_handle_gpu_memory_settings" and "mem_fraction_static" in fields:
-            seen_memory = True
-        if "chunked_prefill_size" in fields:
-            if source == "_handle_data_parallelism" and seen_memory and chunk:
-                per_rank = fields["chunked_prefill_size"]
-                return (chunk, per_rank) if per_rank and per_rank < chunk else None
-            chunk = fields["chunked_prefill_size"]
-    return None
-
-
-def reserve_warning(server_args, gpu_bytes: int, mfs: float) -> str | None:
-    """Why SGLang's mem_fraction_static holds back more than the per-rank chunk needs."""
-    chunks = _chunk_before_dp_division(server_args)
+    activations."""
     if chunks is None:
         return None
     seen, per_rank = chunks
@@ -262,27 +245,31 @@ def reserve_warning(server_args, gpu_bytes: int, mfs: float) -> str | None:
     )
 
 
-def memory_fit(server_args, gpu_bytes: int, facts) -> MemoryFit | None:
+@dataclass(frozen=True)
+class MemoryInputs:
+    """What the memory line reads of a resolution besides its facts (`cli.memory_inputs`)."""
+
+    model_config: Any  # SGLang's ModelConfig of the deployment
+    quant: dict[str, Any]  # the checkpoint's quantization_config
+    method: str | None  # the quantization method SGLang resolved
+    fp4_experts: bool  # routed experts stored as MXFP4 (and kept so at load)
+    chunks_before_dp: tuple[int, int] | None  # `reserve_warning`'s (seen, per rank)
+
+
+def memory_fit(inputs: MemoryInputs, gpu_bytes: int, facts) -> MemoryFit | None:
     """The memory line of a resolved deployment (`facts`: its `deployment_facts.Deployment`)
     on a GPU of `gpu_bytes`; None when mem_fraction_static is not resolved."""
-    from sglang.srt.arg_groups.overrides import model_config_of, resolving_view
-    from sglang.srt.environ import envs
-
     mfs = facts.mem_fraction_static
     if mfs is None or not gpu_bytes:
         return None
-    cfg = resolving_view(server_args)
-    mc = model_config_of(server_args)
+    mc = inputs.model_config
     text = mc.hf_text_config
     static = int(gpu_bytes * float(mfs))
-    quant = dict(getattr(mc, "hf_quant_config", None) or {})
-    method = getattr(mc, "quantization", None) or quant.get("quant_method")
+    method = inputs.method
     dtype_b = _dtype_bytes(mc.dtype)
-    fp4_experts = bool(getattr(mc, "is_fp4_experts", False)) and not (
-        facts.deepseek_v4 and envs.SGLANG_DSV4_FP4_DEQUANT.get()
-    )
-    rates = bytes_per_param(quant, method, dtype_b, fp4_experts)
-    warning = reserve_warning(server_args, gpu_bytes, float(mfs))
+    fp4_experts = inputs.fp4_experts
+    rates = bytes_per_param(inputs.quant, method, dtype_b, fp4_experts)
+    warning = reserve_warning(inputs.chunks_before_dp, gpu_bytes, float(mfs))
     base = dict(
         gpu_bytes=gpu_bytes,
         mem_fraction_static=float(mfs),
@@ -294,7 +281,7 @@ def memory_fit(server_args, gpu_bytes: int, facts) -> MemoryFit | None:
             **base, weights_bytes=None, weights_note=f"quantization {method!r} is not modelled"
         )
     layers = int(text.num_hidden_layers)
-    pp = max(1, int(cfg.pp_size or 1))
+    pp = max(1, int(facts.memory.pp_size or 1))
     stage_layers = -(-layers // pp)
     shard = Sharding(
         tp=max(1, facts.tp_size),
