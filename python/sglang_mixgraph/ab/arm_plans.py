@@ -68,13 +68,9 @@ def _quiet_resolution() -> Iterator[None]:
 
 def _unreadable_model(model: str | None) -> str | None:
     """Why the model's config.json cannot be read here (a hub id, a path not on this machine)."""
-    if not model:
+    if not model or Path(model).expanduser().exists():
         return None
-    if not local_path(model):
-        return "a Hugging Face id"
-    if not Path(model).expanduser().exists():
-        return "not on this machine"
-    return None
+    return "not on this machine" if local_path(model) else "a Hugging Face id, not read here"
 
 
 def gpus_of(resolved: dict[str, Any]) -> int:
