@@ -59,6 +59,21 @@ def test_license_is_an_spdx_expression_with_a_backend_that_reads_it():
     assert setuptools.specifier.contains(Version("77.0"))
 
 
+def test_project_urls_name_the_sglang_it_patches():
+    urls = PYPROJECT["project"]["urls"]
+    assert urls["SGLang"] == "https://github.com/sgl-project/sglang"
+    assert all(url.startswith("https://") for url in urls.values())
+
+
+def test_doctor_help_says_what_it_checks_and_when_it_fails(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["doctor", "--help"])
+    assert exit_info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "Check this environment: the installed SGLang, torch and flash_mla, the GPU" in text
+    assert "Exits 1 when an enabled patch cannot apply" in text
+
+
 def test_version_names_the_plugin_and_the_installed_sglang(capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["--version"])

@@ -241,12 +241,56 @@ def described_gpu(name: str) -> Iterator[GpuSpec]:
 
         swapped.append((torch.cuda, "get_device_capability", torch.cuda.get_device_capability))
         torch.cuda.get_device_capability = lambda *a, **k: (spec.sm_major, spec.sm_minor)
-        with override_platform(**platform_facts(spec)):
+        with override_platform(**platform_facts(spec)), _registries_as_described():
             yield spec
     finally:
         for mod, attr, original in swapped:
             setattr(mod, attr, original)
         _active = previous
+
+
+# Registries SGLang fills at import time by probing the device: on this machine they hold what
+# its CPU registered. `sglang.srt.layers.quantization` adds `mxfp4` only when `is_cuda()` (or
+# the CPU, HIP gfx95, XPU) answers at import, and `gptq` per device.
+IMPORT_TIME_REGISTRIES = {
+    "sglang.srt.layers.quantization": (
+        "BASE_QUANTIZATION_METHODS",
+        "QUANTIZATION_METHODS",
+        "CPU_QUANTIZATION_METHODS",
+    ),
+}
+
+
+@contextlib.contextmanager
+def _registries_as_described() -> Iterator[None]:
+    """Each import-time registry filled as its module fills it on the described GPU.
+
+    The module's own code runs again (under a private name, with the probes answering for the
+    described GPU) and the live dictionaries take its result in place, since readers hold
+    them by reference (`sglang.srt.configs.model_config` imports QUANTIZATION_METHODS); the
+    originals are restored on exit.
+    """
+    import importlib
+    import importlib.util
+
+    saved: list[tuple[dict, dict]] = []
+    try:
+        for module_name, names in IMPORT_TIME_REGISTRIES.items():
+            live = importlib.import_module(module_name)
+            private = "_described_" + module_name.replace(".", "_")
+            spec = importlib.util.spec_from_file_location(private, live.__file__)
+            described = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(described)
+            for name in names:
+                table = getattr(live, name)
+                saved.append((table, dict(table)))
+                table.clear()
+                table.update(getattr(described, name))
+        yield
+    finally:
+        for table, original in saved:
+            table.clear()
+            table.update(original)
 
 
 _platform_class: type | None = None

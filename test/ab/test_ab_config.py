@@ -9,6 +9,7 @@ import os
 import random
 import re
 import shlex
+import shutil
 import statistics
 import sys
 import time
@@ -35,6 +36,7 @@ from sglang_mixgraph.ab.results import judge_bounds
 from sglang_mixgraph.ab.server import ServerError, launch_argv, launch_problems
 from sglang_mixgraph.ab.stats import estimate, paired_ratio, t975, t_quantile, wilson
 from sglang_mixgraph.ab.tools import TIMED_OUT, bench_argv, subprocess_invoker
+from sglang_mixgraph.cli.presets import DSV4_MODEL_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "ab_dsv4.toml"
@@ -46,10 +48,20 @@ OWN_ENV = "SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN"
 DEVICE = "bash tools/gpu-upstream/device.sh"
 
 
+# The lines of an arm's resolved preview under its server line (ab/arm_plans.py).
+PREVIEW = ("  resolved on ", "    ")
+
+
+def _without_previews(out: str) -> list[str]:
+    return [line for line in out.splitlines() if not line.startswith(PREVIEW)]
+
+
 def local_model(tmp_path: Path) -> str:
-    """A model directory that exists (the example's /models/... is checked before a run)."""
+    """A model directory that exists (the example's /models/... is checked before a run) with
+    the DeepSeek-V4-Pro-shaped config.json `plan` embeds, which --dry-run resolves each arm on."""
     model = tmp_path / "models" / "DeepSeek-V4-Pro"
     model.mkdir(parents=True, exist_ok=True)
+    shutil.copy(DSV4_MODEL_DIR / "config.json", model / "config.json")
     return str(model)
 
 
@@ -438,7 +450,9 @@ def test_dry_run_prints_the_plan_with_attached_arms(tmp_path, capsys):
     argv += ["--model-path", local_model(tmp_path)]
     assert ab_cli.main([*argv, "--url", "split=http://h:1", "--repeats", "2"]) == 0
     captured = capsys.readouterr()
-    lines = captured.out.splitlines()
+    lines = _without_previews(captured.out)
+    # the launched arm's preview only: an attached arm is not resolved here
+    assert captured.out.count("\n  resolved on ") == 1
     assert lines[1].startswith(f"server baseline: {SHARED_ENV} {OWN_ENV}=0 {sys.executable} -m ")
     assert lines[2] == "server split: attached at http://h:1"
     assert lines[3] == "arm baseline, repeat 1: 6 cells (0 done)"
@@ -882,7 +896,7 @@ def test_dry_run_prints_each_arms_command_through_the_prefix(tmp_path, capsys):
     model = local_model(tmp_path)
     argv = ["run", str(EXAMPLE), "--dry-run", "--run-dir", str(tmp_path / "r")]
     assert ab_cli.main([*argv, "--model-path", model, "--launch-prefix", DEVICE]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    lines = _without_previews(capsys.readouterr().out)
     args = " ".join(RAW["server"]["args"])
     launch = (
         f"{DEVICE} python3 -m sglang.launch_server --model-path {model} "
@@ -899,7 +913,7 @@ def test_dry_run_prints_each_arms_command_through_the_prefix(tmp_path, capsys):
     config.write_text(text)
     argv = ["run", str(config), "--dry-run", "--model-path", model, "--launch-prefix", DEVICE]
     assert ab_cli.main(argv) == 0
-    lines = capsys.readouterr().out.splitlines()
+    lines = _without_previews(capsys.readouterr().out)
     assert lines[1] == f"server baseline: {SHARED_ENV} {OWN_ENV}=0 {launch}"
     assert lines[2] == (
         f"server split: {SHARED_ENV} {OWN_ENV}=1 {sys.executable} "
@@ -977,11 +991,11 @@ def test_run_dir_is_checked_before_anything(tmp_path, capsys, dry_run):
 def test_configuration_paths_are_checked_before_anything(tmp_path, capsys):
     model = local_model(tmp_path)
 
-    def run(raw: dict, *extra: str) -> str:
+    def run(raw: dict, *extra: str, dry_run: bool = True) -> str:
         config = tmp_path / "ab.toml"
         config.write_text(_toml(raw))
-        argv = ["run", str(config), "--dry-run", "--run-dir", str(tmp_path / "r"), *extra]
-        return _one_line_exit_2(argv, capsys)
+        argv = ["run", str(config), "--run-dir", str(tmp_path / "r"), *extra]
+        return _one_line_exit_2(argv + ["--dry-run"] * dry_run, capsys)
 
     raw = raw_with()
     raw["server"]["model_path"] = model
@@ -992,7 +1006,8 @@ def test_configuration_paths_are_checked_before_anything(tmp_path, capsys):
     assert "[gsm8k] data_path 'missing/test.jsonl': no such file" in run(raw)
     del raw["gsm8k"]["data_path"]
     raw["server"]["model_path"] = "/no/such/model"
-    assert "[server] model_path '/no/such/model': no such directory" in run(raw)
+    # a run needs the model; --dry-run previews without it (test_ab_dry_run_arms)
+    assert "[server] model_path '/no/such/model': no such directory" in run(raw, dry_run=False)
     raw["server"]["model_path"] = model
     raw["server"]["command"] = [str(tmp_path / "no-such-launcher"), "--serve"]
     assert f"[server] command: '{tmp_path / 'no-such-launcher'}': no such file" in run(raw)

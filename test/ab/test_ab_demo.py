@@ -1,6 +1,6 @@
 """`sglang-mixgraph demo`, run as a user runs it: the installed console script.
 
-The whole demo (slow tier: two bench_serving children import SGLang, about 35 s on 2 cores)
+The whole demo (slow tier: six bench_serving children import SGLang, about 3 minutes on 2 busy cores)
 exits 0, writes its configuration, tokenizer and run into --dir, and prints the report, whose
 arms' TPOT is what the stand-in was told (the two arms differ there) and which says the numbers
 are the stand-in's; no server outlives it. A --dir it cannot use is one line on stderr and exit
@@ -30,7 +30,7 @@ def _demo(*args: str, env: dict[str, str] | None = None) -> subprocess.Completed
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_", "STANDIN_"))}
     full_env.update(env or {})
     return subprocess.run(
-        [SCRIPT, "demo", *args], env=full_env, capture_output=True, text=True, timeout=300
+        [SCRIPT, "demo", *args], env=full_env, capture_output=True, text=True, timeout=600
     )
 
 
@@ -52,7 +52,8 @@ def test_demo_runs_ab_against_the_standin_and_prints_the_report(tmp_path):
         # TPOT grows with each request in flight: 4 of them at concurrency 4.
         expected = tpot + 4 * demo.TPOT_PER_RUNNING_MS
         assert summary[arm]["4"]["median_tpot_ms"]["mean"] == pytest.approx(expected, rel=0.3)
-    assert len(pids.read_text().split()) == 4  # two servers, each with its child
+    assert "| pass |" in text  # the one gate: the candidate's TPOT confirmed below 0.9x
+    assert len(pids.read_text().split()) == 12  # a server per arm and repeat, each with its child
     assert pids_alive(pids) == []
 
 
@@ -120,3 +121,23 @@ def test_a_full_disk_while_writing_the_inputs_leaves_the_dir_as_it_was(
         "nothing is left there, free space and run the same command again\n"
     )
     assert (list(where.iterdir()) == []) if given else not where.exists()
+
+
+def test_demo_configuration_runs_three_repeats_under_one_gate(tmp_path):
+    import tomllib
+
+    from sglang_mixgraph.ab.config import parse_config
+
+    config = parse_config(tomllib.loads(demo.demo_config(tmp_path / "model", 12345)))
+    assert config.sweep.repeats == 3
+    (gate,) = config.gates
+    assert (gate.metric, gate.candidate, gate.baseline) == (
+        "median_tpot_ms",
+        "candidate",
+        "baseline",
+    )
+    # the stand-in's TPOT is 9 ms against 12 (+1 ms at concurrency 4): 10/13 = 0.77 < 0.9
+    expected = (demo.TPOT_MS["candidate"] + 4 * demo.TPOT_PER_RUNNING_MS) / (
+        demo.TPOT_MS["baseline"] + 4 * demo.TPOT_PER_RUNNING_MS
+    )
+    assert expected < gate.max_ratio and gate.judge == "confirmed"

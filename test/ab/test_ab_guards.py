@@ -36,6 +36,7 @@ from ab_kit import (
 
 from sglang_mixgraph.ab import cli as ab_cli
 from sglang_mixgraph.ab import rundir
+from sglang_mixgraph.kits.model_configs import DENSE_LLAMA
 
 ARMS = """
 [[arm]]
@@ -666,6 +667,8 @@ def test_what_the_tools_parsers_take_passes_and_another_commands_args_are_its_ow
     ok = {"arm_args": '["--tp-size", "1", "--chunked-prefill-size=4096"]'}
     flags = '\nextra_args = ["--tokenizer", "x", "--disable-stream"]'
     config = _sglang_launch(tmp_path, **ok, sweep=small_sweep("[1]") + flags)
+    # --dry-run resolves each arm as `plan` does: from the model's config.json
+    (tmp_path / "model" / "config.json").write_text(json.dumps(DENSE_LLAMA))
     assert _run(tmp_path, config, "--dry-run") == 0, capsys.readouterr().err
     assert "--chunked-prefill-size=4096" in capsys.readouterr().out
     # The stand-in's arguments (--tpot-ms) are not SGLang's: its command is not launch_server.

@@ -336,7 +336,9 @@ def test_committed_ratio_intervals_are_positive_and_hold_their_ratio():
     assert by_point["chat/8"]["output_throughput_per_gpu"]["low"] > 1
     text = (EXAMPLE_RUN / "report.md").read_text()
     # no negative bound anywhere in the report but a difference of GSM8K scores
-    negative = [line for line in text.splitlines() if "[-" in line]
+    # only the GSM8K difference reaches below 0 (its table row, and the headline's last part)
+    negative = [line for line in text.splitlines() if "[-" in line and line.startswith("|")]
+    assert "; GSM8K +0.0 points [-21.0, +21.0]." in text
     assert negative == ["| `split` - `baseline` | +0.000 [-0.210, +0.210] |"]
     gsm8k = results["gsm8k"]["split"]
     assert (gsm8k["n"], gsm8k["low"], gsm8k["high"]) == (
@@ -431,17 +433,44 @@ def test_committed_goodput_follows_the_slo(run_dir):
     assert "request_goodput" not in results["ratios_vs_baseline"]["split"]["chat/32"]
     text = (EXAMPLE_RUN / "report.md").read_text()
     assert "Highest concurrency with at least 99% of requests within the SLOs" in text
-    # A ratio that rests on fewer pairs than repeats (a pair with no goodput has no log
-    # ratio) says so in the table.
-    partial = [
-        e["n"]
-        for by_m in results["ratios_vs_baseline"]["split"].values()
-        for e in by_m.values()
-        if e["n"] < 3
-    ]
-    assert partial and text.count(" of 3 pairs)") == len(partial)
-    for n in partial:
-        assert f" ({n} of 3 pairs)" in text
+    # The baseline's goodput at concurrency 32 is 0 in two of three repeats: no ratio over
+    # zero, `-` in the table (not 30.427x [0.001, 874045.847] from the one pair left).
+    ratios = results["ratios_vs_baseline"]["split"]["chat/32"]
+    assert "request_goodput" not in ratios and "slo_attainment" not in ratios
+    row = next(
+        line
+        for line in text.splitlines()
+        if line.startswith("|  | `split` / ") and "0.850x [0.850, 0.850]" in line
+    )
+    assert row.endswith("| - | - | |")
+    assert " of 3 pairs)" not in text
+
+
+def test_intervals_are_bounded_and_each_candidate_has_a_headline():
+    text = (EXAMPLE_RUN / "report.md").read_text()
+    # the baseline's goodput at concurrency 32: 5.27 ± 17.5 reaches below 0, cut there
+    assert "| 5.27 [0, 22.7] | 3.3% [0.0, 14.3] |" in text and "± 17.5" not in text
+    assert "99.8% [99.1, 100.0]" in text  # an attainment interval stops at 100%
+    headline = text.split("## Setup")[0].strip().splitlines()[-1]
+    assert headline == (
+        "`split` against `baseline`: output tok/s per GPU 1.161x [1.148, 1.173] the "
+        "baseline's at c=32 of `chat`; 1.006x to 1.276x over its 8 load points; "
+        "GSM8K +0.0 points [-21.0, +21.0]."
+    )
+
+
+def test_a_ratio_interval_wider_than_a_hundredfold_is_not_printed_as_bounds():
+    from sglang_mixgraph.ab.stats import RatioEstimate
+
+    wide = RatioEstimate(log_mean=3.4, log_ci95=10.0, n=2, pairs=2, blocks=())
+    assert report._ratio(wide) == "29.964x [no bound: the 2 pairs disagree by over 100x]"
+    narrow = RatioEstimate(log_mean=0.0, log_ci95=0.1, n=3, pairs=3, blocks=())
+    assert report._ratio(narrow) == "1.000x [0.905, 1.105]"
+
+
+def test_ratio_plot_caption_says_what_is_drawn():
+    assert report.ratio_plot_caption(True) == "error bars: 95% interval"
+    assert "no error bars" in report.ratio_plot_caption(False)
 
 
 def test_readme_example_is_the_example_config():

@@ -342,6 +342,7 @@ def test_plan_json_fields_each_once(reference_plan):
         "deployment",
         "prefill_graph",
         "decode_graph",
+        "memory",
         "capture_memory",
         "capture_calibration",
         "split_cost_calibration",

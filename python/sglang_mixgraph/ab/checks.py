@@ -17,7 +17,8 @@ are relative to the directory the tool runs in):
 - `[server] model_path` must be an existing directory when it is written as a local path
   (absolute, or starting with `.` or `~`) and an arm launches without `[server] command`: a
   Hugging Face id (`org/name`) is not checked, and a command (a container, `srun`) may see
-  another filesystem;
+  another filesystem; under `--dry-run` a path that is not on this machine is previewed
+  (arm_plans.py warns);
 - `[server] command`'s first word, and `launch_python`, when an arm runs them without a launch
   prefix (after a prefix the wrapper decides what they mean); the prefixes themselves are
   checked by `server.launch_problems`.
@@ -169,7 +170,9 @@ def offline_problems(config: Config, *, accuracy_only: bool = False) -> list[str
     ]
 
 
-def config_path_problems(config: Config, *, accuracy_only: bool = False) -> list[str]:
+def config_path_problems(
+    config: Config, *, accuracy_only: bool = False, dry_run: bool = False
+) -> list[str]:
     problems = []
     sw, g, s = config.sweep, config.gsm8k, config.server
     if not accuracy_only and sw.dataset_path:
@@ -189,7 +192,9 @@ def config_path_problems(config: Config, *, accuracy_only: bool = False) -> list
         return problems
     model = s.model_path
     if model and not s.command and local_path(model):
-        if not Path(model).expanduser().is_dir():
+        path = Path(model).expanduser()
+        # --dry-run previews without the model here: arm_plans warns that it cannot resolve
+        if not path.is_dir() and not (dry_run and not path.exists()):
             problems.append(
                 f"[server] model_path {model!r}: no such directory (a Hugging Face id, "
                 "org/name, is not checked)"

@@ -317,6 +317,17 @@ def _apply_overrides(raw: dict[str, Any], args: argparse.Namespace) -> dict[str,
     return raw
 
 
+def _describe_gpu_for_dry_run() -> Any:
+    """`plan`'s choice of GPU (this machine's, else the default), described to SGLang in this
+    process so that --dry-run resolves each arm as `plan` would; before `sglang.srt` loads."""
+    from sglang_mixgraph.cli.local_gpu import choose_target
+    from sglang_mixgraph.cli.resolve import select_described_platform
+
+    target = choose_target(None)
+    select_described_platform(target.name)
+    return target
+
+
 def _raise_interrupt(signum: int, frame: Any) -> None:
     # SIGTERM (a cancelled CI job) and SIGHUP (a closed terminal) clean up like Ctrl-C.
     raise KeyboardInterrupt
@@ -326,6 +337,7 @@ INTERRUPTS = (signal.SIGTERM, signal.SIGHUP)
 
 
 def cmd_run(args: argparse.Namespace, invoker: Any = None) -> int:
+    target = _describe_gpu_for_dry_run() if args.dry_run else None
     from sglang_mixgraph.ab import arms, checks, network, rundir, runner, server, tool_parsers
 
     path = Path(args.config) if args.config else None
@@ -343,7 +355,9 @@ def cmd_run(args: argparse.Namespace, invoker: Any = None) -> int:
     run_dir = Path(args.run_dir or Path("ab_runs") / stem)
     problems = [
         *filter(None, [checks.run_dir_problem(run_dir)]),
-        *checks.config_path_problems(config, accuracy_only=args.accuracy_only),
+        *checks.config_path_problems(
+            config, accuracy_only=args.accuracy_only, dry_run=args.dry_run
+        ),
         *checks.offline_problems(config, accuracy_only=args.accuracy_only),
         *server.launch_problems(config),
         *arms.env_problems(config),
@@ -358,6 +372,12 @@ def cmd_run(args: argparse.Namespace, invoker: Any = None) -> int:
         problems += filter(None, [runner.record_problem(run_dir)])
     if not problems and not args.force_new and run_dir.is_dir():
         problems += filter(None, [rundir.conflict(run_dir, digest, planned)])
+    arm_plans = None
+    if not problems and target is not None:
+        from sglang_mixgraph.ab.arm_plans import plan_arms
+
+        arm_plans = plan_arms(config, target)
+        problems += arm_plans.problems
     if problems:
         for problem in problems:
             _error(problem)
@@ -372,7 +392,9 @@ def cmd_run(args: argparse.Namespace, invoker: Any = None) -> int:
     fetches = network.fetches(config, accuracy_only=args.accuracy_only)
     if args.dry_run:
         _notes(notes)
-        return _dry_run(config, run_dir, visits, args, digest, fetches)
+        for warning in arm_plans.warnings:
+            print(f"sglang-mixgraph ab: warning: {warning}", file=sys.stderr)
+        return _dry_run(config, run_dir, visits, args, digest, fetches, arm_plans.lines)
     try:
         # First: a run directory in use is refused at once, before anything else is said.
         lock, moved = rundir.take(run_dir, digest, planned, args.force_new)
@@ -403,6 +425,7 @@ def _dry_run(
     args: argparse.Namespace,
     digest: str,
     fetches: list[Any],
+    arm_lines: dict[str, list[str]],
 ) -> int:
     from sglang_mixgraph.ab import dryrun, rundir, runner, server, versions
 
@@ -415,6 +438,8 @@ def _dry_run(
     for arm in config.arms:
         if arm.url is None:
             print(f"server {arm.name}: {server.launch_line(config, arm)}")
+            for line in arm_lines.get(arm.name, []):
+                print(line)
         else:
             print(f"server {arm.name}: attached at {arm.url}")
     for line in dryrun.plan_lines(config, run_dir, visits, current, fresh=fresh):

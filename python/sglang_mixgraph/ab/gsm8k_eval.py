@@ -8,6 +8,10 @@ reference. That function returns its metrics but its command line writes them on
 /tmp name; this wrapper passes the same arguments and writes the returned dict (`score` is the
 accuracy) to `--out`, so each arm's result lands in its run directory. `--data-path` points
 it at a local GSM8K `test.jsonl` for clusters without internet access.
+0.5.23 marks `run_eval` deprecated in favour of `sglang.test.sgl_eval_utils.run_sgl_eval`, yet
+its own kit still gates GSM8K through `run_eval` (`GSM8KMixin.gsm8k_backend = "run_eval"`;
+`run_sgl_eval` serves only `SGL_EVAL_BENCHMARKS`): that one needs the `sgl-eval` package
+(SGLang's test extra), asks through the chat API and has no few-shot completion or local data.
 """
 
 from __future__ import annotations

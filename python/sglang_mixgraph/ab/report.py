@@ -60,14 +60,27 @@ def _num(value: float) -> str:
     return f"{value:.2f}"
 
 
+# A ratio interval spanning more than this factor says nothing; shown as such, not as numbers.
+RATIO_SPREAD_SHOWN = 100.0
+
+
 def _cell(est: Estimate | None, fraction: bool = False) -> str:
+    """The mean ± its interval's half-width; every metric here is at least 0 (a fraction at
+    most 1), so an interval that reaches past those bounds is shown cut to them, as [low, high]."""
     if est is None:
         return "-"
     if fraction:
         text = f"{100 * est.mean:.1f}%"
-        return text if est.ci95 is None else f"{text} ± {100 * est.ci95:.1f}"
+        if est.ci95 is None:
+            return text
+        if est.mean - est.ci95 < 0 or est.mean + est.ci95 > 1:
+            low, high = max(0.0, est.mean - est.ci95), min(1.0, est.mean + est.ci95)
+            return f"{text} [{100 * low:.1f}, {100 * high:.1f}]"
+        return f"{text} ± {100 * est.ci95:.1f}"
     if est.ci95 is None:
         return _num(est.mean)
+    if est.mean - est.ci95 < 0:
+        return f"{_num(est.mean)} [0, {_num(est.mean + est.ci95)}]"
     return f"{_num(est.mean)} ± {_num(est.ci95)}"
 
 
@@ -80,10 +93,50 @@ def _ratio(est: RatioEstimate | dict | None, pairs: int | None = None) -> str:
         mean, low, high, n = est["mean"], est["low"], est["high"], est.get("pairs", est["n"])
     else:
         mean, low, high, n = est.mean, est.low, est.high, est.pairs
-    text = f"{mean:.3f}x" if low is None else f"{mean:.3f}x [{low:.3f}, {high:.3f}]"
+    if low is None:
+        text = f"{mean:.3f}x"
+    elif high > low * RATIO_SPREAD_SHOWN:
+        text = f"{mean:.3f}x [no bound: the {n} pairs disagree by over {RATIO_SPREAD_SHOWN:g}x]"
+    else:
+        text = f"{mean:.3f}x [{low:.3f}, {high:.3f}]"
     if pairs is not None and n < pairs:
         text += f" ({n} of {pairs} pairs)"
     return text
+
+
+def _headlines(results: Results) -> list[str]:
+    """One sentence per candidate: its output tok/s per GPU against the baseline at the
+    highest load point measured (and the range over all of them), and its GSM8K difference."""
+    c = results.config
+    differences = {d["candidate"]: d for d in results.gsm8k_differences}
+    lines = []
+    for arm in c.arms[1:]:
+        parts = []
+        by_point = results.ratios.get(arm.name, {})
+        measured = [p for p in c.sweep.points() if PER_GPU in by_point.get(p, {})]
+        if measured and not results.accuracy_only:
+            # the highest concurrency (else request rate) measured, of the first shape with it
+            top = max(measured, key=lambda p: (p.kind == CONCURRENCY, p.value))
+            shape = f" of `{top.shape}`" if len(c.sweep.shapes) > 1 else ""
+            label = _point_label(top, bool(c.sweep.request_rates))
+            parts.append(
+                f"output tok/s per GPU {_ratio(by_point[top][PER_GPU])} the baseline's at "
+                f"{'' if c.sweep.request_rates else 'concurrency '}{label}{shape}"
+            )
+            means = [by_point[p][PER_GPU].mean for p in measured]
+            if len(means) > 1:
+                parts.append(
+                    f"{min(means):.3f}x to {max(means):.3f}x over its {len(means)} load points"
+                )
+        d = differences.get(arm.name)
+        if d is not None:
+            parts.append(
+                f"GSM8K {100 * d['difference']:+.1f} points [{100 * d['low']:+.1f}, "
+                f"{100 * d['high']:+.1f}]"
+            )
+        if parts:
+            lines.append(f"`{arm.name}` against `{results.baseline}`: " + "; ".join(parts) + ".")
+    return lines
 
 
 def _env_args(env: dict[str, str], args: tuple[str, ...]) -> str:
@@ -107,6 +160,9 @@ def render_markdown(results: Results) -> str:
     else:
         lines.append(f"**Result: FAIL** ({len(results.problems)} problems, listed below)")
     lines.append("")
+    headlines = _headlines(results)
+    if headlines:
+        lines += headlines + [""]
     lines += ["## Setup", ""]
     if any(a.url is None for a in c.arms):
         lines.append(f"- model: `{s.model_path}`")
@@ -148,9 +204,11 @@ def render_markdown(results: Results) -> str:
         for arm, seen in results.server_versions.items():
             lines.append(f"- SGLang of `{arm}`'s server (its /server_info): {', '.join(seen)}")
         lines.append(
-            "- values: mean ± half-width of the 95% t interval over repeats; ratios: "
+            "- values: mean ± half-width of the 95% t interval over repeats ([low, high] where "
+            "it reaches below 0, cut there); ratios: "
             f"candidate / `{results.baseline}` paired by repeat, the geometric mean of the "
-            "paired ratios [95% interval: exp of the t interval of their logarithms]"
+            "paired ratios [95% interval: exp of the t interval of their logarithms]; `-` "
+            "where the baseline measured 0 in a pair (no ratio over zero)"
         )
     for line, count in results.versions.items():
         lines.append(f"- measured with: {line} ({count} cells)")
@@ -600,6 +658,13 @@ RATIO_PLOT_METRICS = (
 )
 
 
+def ratio_plot_caption(intervals: bool) -> str:
+    """What the ratio plot's bars are, as drawn."""
+    if intervals:
+        return "error bars: 95% interval"
+    return "no error bars: one pair of repeats per point, no interval"
+
+
 def _ratio_plot(results: Results, path: Path, figure: type) -> None:
     """Each candidate's ratio to the baseline against concurrency (and request rate)."""
     sw = results.config.sweep
@@ -608,6 +673,7 @@ def _ratio_plot(results: Results, path: Path, figure: type) -> None:
     ]
     fig = figure(figsize=(6 * len(kinds), 3.2 * len(RATIO_PLOT_METRICS)))
     axes = fig.subplots(len(RATIO_PLOT_METRICS), len(kinds), squeeze=False)
+    intervals = False  # whether any point has an interval (one repeat: none to draw)
     for row, (metric, title) in enumerate(RATIO_PLOT_METRICS):
         for col, kind in enumerate(kinds):
             ax = axes[row][col]
@@ -621,6 +687,7 @@ def _ratio_plot(results: Results, path: Path, figure: type) -> None:
                     if not series:
                         continue
                     means = [e.mean for _, e in series]
+                    intervals |= any(e.low is not None for _, e in series)
                     # Asymmetric bars: the log-ratio interval mapped back with exp.
                     below = [e.mean - (e.low if e.low is not None else e.mean) for _, e in series]
                     above = [(e.high if e.high is not None else e.mean) - e.mean for _, e in series]
@@ -641,7 +708,7 @@ def _ratio_plot(results: Results, path: Path, figure: type) -> None:
             ax.grid(True, alpha=0.3)
             if ax.get_legend_handles_labels()[0]:
                 ax.legend(fontsize=8)
-    fig.suptitle(f"candidate / {results.baseline} (error bars: 95% interval)")
+    fig.suptitle(f"candidate / {results.baseline} ({ratio_plot_caption(intervals)})")
     fig.tight_layout()
     _save(fig, path)
 

@@ -136,7 +136,10 @@ def paired_ratio(
     """Ratio estimate over the repeats both arms finished (values keyed by repeat), pooled over
     the blocks `block_of` puts them in (by default each repeat its own block)."""
     by_block: dict[int, list[float]] = {}
-    for r in sorted(set(candidate) & set(baseline)):
+    both = sorted(set(candidate) & set(baseline))
+    if any(baseline[r] <= 0 < candidate[r] for r in both):
+        return None  # no ratio over a zero baseline (the report shows `-`)
+    for r in both:
         if candidate[r] > 0 and baseline[r] > 0:
             by_block.setdefault(block_of(r), []).append(math.log(candidate[r] / baseline[r]))
     means = {block: statistics.fmean(logs) for block, logs in sorted(by_block.items())}

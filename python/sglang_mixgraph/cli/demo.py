@@ -1,4 +1,4 @@
-"""`sglang-mixgraph demo`: the A/B tool end to end against a CPU stand-in server, in under a minute.
+"""`sglang-mixgraph demo`: the A/B tool end to end against a CPU stand-in server, in minutes.
 
 Without a GPU there is no SGLang server to compare arms on, so nothing shows what `ab` does.
 `demo` writes a two-arm configuration whose server is the package's stand-in (ab/standin.py:
@@ -29,7 +29,7 @@ from pathlib import Path
 
 NAME = "demo"
 PROG = f"sglang-mixgraph {NAME}"
-HELP = "run `ab` end to end against a CPU stand-in server (no GPU, no model), under a minute"
+HELP = "run `ab` end to end against a CPU stand-in server (no GPU, no model), a few minutes"
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as `ab` and a shell report it
@@ -80,7 +80,8 @@ def _free_port() -> int:
 
 
 def demo_config(model: Path, port: int) -> str:
-    """The demo's `ab` configuration: two arms of the stand-in, one small cell each."""
+    """The demo's `ab` configuration: two arms of the stand-in, one small cell each, three
+    repeats (so the ratios have intervals) and one gate on the TPOT ratio."""
     command = [sys.executable, "-m", STANDIN_MODULE]
     arms = "\n".join(
         f'[[arm]]\nname = "{name}"\nargs = ["--tpot-ms", "{tpot}"]\n'
@@ -106,7 +107,16 @@ input_len = 32
 output_len = 16
 num_prompts = 8
 warmup_requests = 2
-repeats = 1
+repeats = 3
+
+# The candidate's TPOT is 9 ms against 12: its median TPOT must be confirmed below 0.9x.
+[[gate]]
+metric = "median_tpot_ms"
+candidate = "candidate"
+baseline = "baseline"
+concurrency = 4
+max_ratio = 0.9
+judge = "confirmed"
 
 # SGLang's GSM8K eval would double the time; the stand-in answers it too (`--gsm8k-data`).
 [gsm8k]

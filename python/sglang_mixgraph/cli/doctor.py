@@ -297,7 +297,18 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub) -> None:
-    parser = sub.add_parser(NAME, help=HELP, allow_abbrev=False)
+    parser = sub.add_parser(
+        NAME,
+        help=HELP,
+        description=(
+            "Check this environment: the installed SGLang, torch and flash_mla, the GPU, whether "
+            "SGLang loads the plugin, the flags set, each patch's state with its upstream "
+            "targets, and the upstream behaviour the plugin relies on. Exits 1 when an enabled "
+            "patch cannot apply, a patch switched on is deferred to upstream, a flag is invalid "
+            "or a guard fails."
+        ),
+        allow_abbrev=False,
+    )
     parser.add_argument("--json", action="store_true", help="print JSON (always complete)")
     parser.add_argument(
         "--verbose",

@@ -87,7 +87,8 @@ def _capture_json(report, calibrated: bool) -> dict[str, Any]:
     return out
 
 
-def _bucket_list_json(side) -> dict[str, Any] | None:
+def _bucket_list_json(side, applies: bool) -> dict[str, Any] | None:
+    """One list as JSON; its capture figure and grade only where the estimate applies."""
     if side is None:
         return None
     pad = side.padding
@@ -96,8 +97,8 @@ def _bucket_list_json(side) -> dict[str, Any] | None:
         "count": len(side.buckets),
         "largest": max(side.buckets),
         "contains_chunk": side.contains_top,
-        "capture_bytes": side.capture.estimate.total,
-        "capture_fits": side.capture.fits,
+        "capture_bytes": side.capture.estimate.total if applies else None,
+        "capture_fits": side.capture.fits if applies else None,
         "padding": {
             "range": [pad.lo, pad.hi],
             "count": pad.count,
@@ -172,8 +173,8 @@ def graph_plan_json(plan) -> dict[str, Any]:
     else:
         bucket_lists = {
             "policy": lists.policy,
-            "upstream": _bucket_list_json(lists.upstream),
-            "ours": _bucket_list_json(lists.derived)
+            "upstream": _bucket_list_json(lists.upstream, estimate_applies(plan)),
+            "ours": _bucket_list_json(lists.derived, estimate_applies(plan))
             if lists.derived is not None
             else {"error": lists.derived_error},
             "final": list(lists.final),
@@ -213,6 +214,7 @@ def graph_plan_json(plan) -> dict[str, Any]:
             "max_bs": plan.decode.max_bs,
             "buckets": list(plan.decode.buckets),
         },
+        "memory": memory_json(plan.memory),
         "capture_memory": capture,
         "capture_calibration": {
             "model": CALIBRATION.model,
@@ -246,9 +248,21 @@ def _gpu_name(plan) -> str:
     return plan.gpu.split(" ", 1)[0]  # GraphPlan.gpu is target_gpu's describe(): name first
 
 
+# The hidden size of the DeepSeek-V4 the capture estimate was fitted on (DeepSeek-V4-Pro); the
+# Flash model shares its architecture name with a smaller shape (hidden 4096).
+CALIBRATED_HIDDEN = 7168
+FLASH_HIDDEN = 4096
+
+
 def calibration_gap(plan) -> str | None:
-    """The model and/or GPU of this plan the capture estimate was not fitted on, or None."""
-    return not_calibrated_for(plan.facts.architectures, _gpu_name(plan))
+    """The model and/or GPU of this plan the capture estimate was not fitted on, or None:
+    a DeepSeek-V4 of another size than the Pro (the Flash) counts as another model."""
+    gap = not_calibrated_for(plan.facts.architectures, _gpu_name(plan))
+    hidden = plan.facts.shape.hidden_size
+    if not plan.facts.deepseek_v4 or hidden == CALIBRATED_HIDDEN:
+        return gap
+    variant = "DeepSeek-V4-Flash" if hidden == FLASH_HIDDEN else f"a DeepSeek-V4 of hidden {hidden}"
+    return variant if gap is None else f"{variant} on {gap}"
 
 
 def calibration_label(plan) -> str:
@@ -319,24 +333,21 @@ def decision_lines(plan) -> list[str]:
     """What SGLang will do: the graphs, on or off, their buckets and what decided them."""
     facts, pg, dg = plan.facts, plan.prefill, plan.decode
     lines = [f"What SGLang will do on {plan.gpu} for {', '.join(facts.architectures) or 'model'}:"]
+    chunk = f"per rank {facts.chunk_per_rank}" if facts.chunked else "off"
+    running = (
+        "sized at startup from the KV pool"
+        if facts.max_running_requests is None
+        else f"per rank {facts.running_per_rank} (max_running_requests "
+        f"{facts.max_running_requests})"
+    )
     lines.append(
         f"  tp {facts.tp_size}, attention DP {facts.attn_dp_size} "
         f"({'on' if facts.dp_attention else 'off'}), "
-        f"mixed chunk {'on' if facts.mixed_chunk else 'off'}, chunked prefill per rank "
-        f"{facts.chunk_per_rank}, running requests per rank {facts.running_per_rank}"
-        f" (max_running_requests {facts.max_running_requests}), MoE a2a {facts.moe_a2a_backend}"
+        f"mixed chunk {'on' if facts.mixed_chunk else 'off'}, chunked prefill {chunk}, "
+        f"running requests {running}, MoE a2a {facts.moe_a2a_backend}"
         + (f", MegaMoE cap {facts.mega_moe_cap}" if facts.mega_moe_cap else "")
     )
-    mem = facts.memory
-    kv_tokens = (
-        f"{mem.max_total_tokens} (--max-total-tokens)"
-        if mem.max_total_tokens
-        else "sized at startup from what the weights leave"
-    )
-    lines.append(
-        f"  memory: mem_fraction_static {facts.mem_fraction_static}, page size "
-        f"{facts.page_size}, KV cache dtype {mem.kv_cache_dtype}, KV tokens per GPU {kv_tokens}"
-    )
+    lines += memory_lines(plan)
     flags = ", ".join(f"{k}={v}" for k, v in plan.flags.items())
     if not plan.plugin_loaded:
         flags += " (not read: the plugin is not loaded)"
@@ -366,10 +377,15 @@ def decision_lines(plan) -> list[str]:
         note = uncaptured_final_list(plan)
         if note is not None:
             lines.append(f"    note: {note}")
-    lines.append(
-        f"  Decode graph: {dg.backend} ({dg.decided_by.kind.value}), max_bs {dg.max_bs}, "
-        f"{dg.bucket_count} buckets"
-    )
+    if dg.max_bs is None or not dg.buckets:
+        lines.append(f"  Decode graph: {dg.backend} ({dg.decided_by.kind.value}), no buckets")
+    else:
+        lines.append(
+            f"  Decode graph: {dg.backend} ({dg.decided_by.kind.value}), max_bs {dg.max_bs}, "
+            f"{dg.bucket_count} buckets"
+        )
+    if not plan.validations:
+        return lines
     if plan.plugin_loaded:
         lines.append("Validations:")
     else:
@@ -380,6 +396,75 @@ def decision_lines(plan) -> list[str]:
         mark = "ok" if v.ok else ("WARN" if v.warning else "FAIL")
         lines.append(f"  [{mark}] {v.name}: {v.message}")
     return lines
+
+
+def _gib(n: float) -> str:
+    return f"{n / (1 << 30):.1f} GiB"
+
+
+def memory_lines(plan) -> list[str]:
+    """The memory settings, then whether the weights fit the static pool and the KV tokens
+    they leave (planner.memory_fit), then why the pool is smaller than it need be."""
+    facts, mem, fit = plan.facts, plan.facts.memory, plan.memory
+    head = f"  memory: mem_fraction_static {facts.mem_fraction_static}"
+    if fit is not None:
+        head += f" (static pool {_gib(fit.static_bytes)} of {_gib(fit.gpu_bytes)} a GPU)"
+    lines = [f"{head}, page size {facts.page_size}, KV cache dtype {mem.kv_cache_dtype}"]
+    if fit is None:
+        return lines
+    if fit.weights_bytes is None:
+        lines.append(f"  weights: not estimated ({fit.weights_note})")
+    else:
+        parts = ", ".join(
+            f"{name} {v / (1 << 30):.1f}"
+            for name, v in sorted(fit.weights_by_group.items(), key=lambda kv: -kv[1])
+        )
+        line = (
+            f"  weights: at least {_gib(fit.weights_bytes)} a GPU ({fit.weights_note}; {parts} GiB)"
+        )
+        if not fit.fits:
+            line += (
+                f": DOES NOT FIT: {_gib(fit.shortfall_bytes)} over the static pool "
+                f"({_gib(fit.static_bytes)}); SGLang would stop at startup with no memory left "
+                "for the KV cache"
+            )
+        lines.append(line)
+        lines.append("  KV cache: " + _kv_words(fit, mem.max_total_tokens))
+    if fit.reserve_warning:
+        lines.append(f"  WARNING: {fit.reserve_warning}")
+    return lines
+
+
+def _kv_words(fit, max_total_tokens: int | None) -> str:
+    if not fit.fits:
+        return "none left"
+    left = f"{_gib(fit.kv_budget_bytes)} left by the weights"
+    if max_total_tokens:
+        return f"{left}; {max_total_tokens} tokens a GPU (--max-total-tokens)"
+    if fit.kv_tokens is None:
+        return f"{left}; tokens not estimated: {fit.kv_note}"
+    return f"{left}: about {fit.kv_tokens} tokens a GPU at {fit.kv_cell_bytes} bytes a token"
+
+
+def memory_json(fit) -> dict[str, Any] | None:
+    """`plan --json`'s "memory": the figures of the memory line, in bytes."""
+    if fit is None:
+        return None
+    return {
+        "gpu_bytes": fit.gpu_bytes,
+        "mem_fraction_static": fit.mem_fraction_static,
+        "static_pool_bytes": fit.static_bytes,
+        "weights_bytes_per_gpu": fit.weights_bytes,
+        "weights_by_group": dict(fit.weights_by_group),
+        "weights_note": fit.weights_note,
+        "weights_fit": fit.fits,
+        "shortfall_bytes": fit.shortfall_bytes,
+        "kv_budget_bytes": fit.kv_budget_bytes if fit.fits else 0,
+        "kv_bytes_per_token": fit.kv_cell_bytes,
+        "kv_tokens_per_gpu": fit.kv_tokens if fit.fits else 0,
+        "kv_note": fit.kv_note or None,
+        "reserve_warning": fit.reserve_warning,
+    }
 
 
 def split_cost_calibration(plan) -> dict | None:
@@ -475,11 +560,32 @@ def advice_lines(plan) -> list[str]:
             "  " + line
             for line in _bucket_side_lines(plan, "derived ", bl.derived, bl.derived_error)
         ]
+        aside = auto_stands_aside(plan)
+        if aside is not None and bl.derived is not None:
+            lines.append(f"    (SGLANG_MIXGRAPH_PREFILL_BUCKETS=auto does not apply it: {aside})")
     return lines
 
 
 def _list_words(plan, side) -> str:
     return f"{len(side.buckets)} buckets up to {max(side.buckets)}, {_capture_words(plan, side)}"
+
+
+def auto_stands_aside(plan) -> str | None:
+    """Why SGLANG_MIXGRAPH_PREFILL_BUCKETS=auto would leave this deployment's prefill list as
+    upstream resolves it, by the rule its hook applies (`prefill_settlement.settle_prefill`:
+    out of scope, buckets the user set, or a configuration the derivation does not handle);
+    None where it acts."""
+    from sglang.srt.model_executor.cuda_graph_config import Backend
+
+    from sglang_mixgraph.planner.graph_plan import unhandled
+
+    facts = plan.facts
+    if facts.out_of_scope is not None:
+        return f"the patch acts on mixed chunked prefill of DeepSeek-V4 and GLM-5 only ({facts.out_of_scope})"
+    if facts.prefill_graph.user_set & {"bs", "max_bs"}:
+        return "the prefill buckets are set explicitly"
+    reason = unhandled(facts) if facts.prefill_graph.backend == Backend.BREAKABLE else None
+    return None if reason is None else f"the derivation does not handle {reason}"
 
 
 def graph_config_if_on(plan) -> dict[str, str]:
@@ -491,7 +597,10 @@ def graph_config_if_on(plan) -> dict[str, str]:
     pg, bl = plan.prefill, plan.buckets
     user = pg.decided_by.kind is DecidedBy.USER
     kept = next((r.name for r in pg.rules if r.name not in FORCEABLE_RULES), None)
-    if bl is None:
+    upstream_why = auto_stands_aside(plan)
+    if upstream_why is not None:
+        auto = f"resolves as upstream: {upstream_why}"
+    elif bl is None:
         auto = "nothing to derive: chunked prefill is disabled"
     elif bl.derived is None:
         auto = f"no derived list: {bl.derived_error}"

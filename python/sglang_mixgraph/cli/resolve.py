@@ -222,17 +222,21 @@ def graph_plan_of(resolution: Resolution):
     """The planner's report (`graph_plan.GraphPlan`) of a finished resolution: its facts read
     once, for the GPU it was resolved for."""
     from sglang_mixgraph.bcg_rules import recorded
+    from sglang_mixgraph.cli.memory_inputs import read_memory_inputs
     from sglang_mixgraph.planner.deployment_facts import read_deployment
     from sglang_mixgraph.planner.graph_plan import graph_plan
+    from sglang_mixgraph.planner.memory_fit import memory_fit
     from sglang_mixgraph.target_gpu import described_gpu
 
     with described_gpu(resolution.gpu.name):
         facts = read_deployment(resolution.server_args, capture_effects=resolution.capture_effects)
+        inputs = read_memory_inputs(resolution.server_args)
         return graph_plan(
             facts,
             recorded(resolution.server_args),
             resolution.gpu,
             plugin_loaded=resolution.plugin.loaded,
+            memory=memory_fit(inputs, resolution.gpu.memory_bytes, facts),
         )
 
 

@@ -4,7 +4,8 @@ It takes a deployment's typed facts (`deployment_facts.Deployment`), never the s
 arguments, and owns the one prefill bucket derivation (`derive_buckets`: the `graph_config`
 patch applies it during resolution, and `plan` shows it with the same inputs), the
 capture-memory estimate (`capture_estimate`), the startup validations (`validations`) and
-the whole report of a resolution (`graph_plan` -> `GraphPlan`). Results are typed;
+the whole report of a resolution (`graph_plan` -> `GraphPlan`, which carries the memory line
+`memory_fit.memory_fit` computed beside it). Results are typed;
 `sglang-mixgraph plan` turns them into text or JSON (cli/plan_format.py). Nothing here
 changes a resolution or logs: the patch's hooks decide, this module computes. sglang is imported inside the functions only, so the plugin
 stays cheap to load.
@@ -24,6 +25,7 @@ from sglang_mixgraph.core.capture_memory import (
 )
 from sglang_mixgraph.core.prefill_buckets import PaddingProfile
 from sglang_mixgraph.planner.deployment_facts import Deployment
+from sglang_mixgraph.planner.memory_fit import MemoryFit
 
 # Upstream's floor for the logits all-gather
 # (`sglang.srt.layers.logits_processor.LogitsProcessor.__init__`).
@@ -415,6 +417,7 @@ class GraphPlan:
     # What the server logs where our switch keeps the graph on under speculative decoding
     # (`bcg_rules.speculative_warning`), or None.
     speculative_warning: str | None = None
+    memory: MemoryFit | None = None  # do the weights fit; None: mem_fraction_static unknown
 
     @property
     def prefill_off_but_estimated(self) -> bool:
@@ -519,7 +522,9 @@ def _prefill_decision(facts: Deployment, record) -> Decision:
     )
 
 
-def graph_plan(facts: Deployment, record, gpu, *, plugin_loaded: bool) -> GraphPlan:
+def graph_plan(
+    facts: Deployment, record, gpu, *, plugin_loaded: bool, memory: MemoryFit | None = None
+) -> GraphPlan:
     """The prefill/decode graph configuration of a finished resolution, and why: from its
     facts (`deployment_facts.read_deployment`), the record of what our hooks decided
     (`bcg_rules.recorded`, None without one) and the target GPU (`target_gpu.GpuSpec`).
@@ -562,4 +567,5 @@ def graph_plan(facts: Deployment, record, gpu, *, plugin_loaded: bool) -> GraphP
         validations=tuple(validations(facts)),
         plugin_loaded=plugin_loaded,
         speculative_warning=record.speculative_warning if record is not None else None,
+        memory=memory,
     )
