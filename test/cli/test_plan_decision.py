@@ -52,8 +52,12 @@ def _on_values(names: list[str]) -> dict[str, str]:
 
 
 def test_calibration_names_the_model_and_gpu_it_was_not_fitted_on():
-    assert (CALIBRATION.gpu, CALIBRATION.architectures) == ("H200", ("DeepseekV4ForCausalLM",))
+    assert (CALIBRATION.gpus, CALIBRATION.architectures) == (
+        ("H200", "H100"),
+        ("DeepseekV4ForCausalLM",),
+    )
     assert not_calibrated_for(["DeepseekV4ForCausalLM"], "H200") is None
+    assert not_calibrated_for(["DeepseekV4ForCausalLM"], "H100") is None
     assert not_calibrated_for(["DeepseekV4ForCausalLM"], "B300") == "the B300"
     assert not_calibrated_for(["GlmMoeDsaForCausalLM"], "H200") == "GlmMoeDsaForCausalLM"
     assert (
@@ -112,7 +116,7 @@ def test_a_model_the_estimate_was_not_fitted_on_gets_sglangs_budget_and_no_verdi
     assert any(line.startswith("  Prefill graph: ON (breakable)") for line in lines[: starts[1]])
     assert lines[starts[1]] == (
         f"Capture estimate: none: the capture estimate does not apply to {arch} (fitted on "
-        "DeepSeek-V4-Pro on the H200 only): no fit verdict, no memory advice"
+        "DeepSeek-V4-Pro on the H200 and the H100 only): no fit verdict, no memory advice"
     )
     assert lines[starts[1] + 1].startswith("  SGLang's own budget: mem_fraction_static ")
     for word in ("does not fit", "over the available", "within the available", "to fit the"):
@@ -131,7 +135,7 @@ def test_a_calibrated_verdict_on_the_h200_is_a_plain_fit(plan_env, capsys):
     text, report = _plan(capsys, "--target-gpu", "H200")
     lines = text.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("Capture estimate"))
-    assert lines[start] == "Capture estimate (fitted on DeepSeek-V4-Pro on the H200):"
+    assert lines[start] == "Capture estimate (fitted on DeepSeek-V4-Pro on the H200 and the H100):"
     verdict = report["graph"]["capture_memory"]["verdict"]
     assert verdict["calibrated"] is True
     assert f"-> {'fits' if verdict['fits'] else 'does not fit'} (needs" in lines[start + 1]

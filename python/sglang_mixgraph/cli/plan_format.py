@@ -219,7 +219,7 @@ def graph_plan_json(plan) -> dict[str, Any]:
         "capture_calibration": {
             "model": CALIBRATION.model,
             "architectures": list(CALIBRATION.architectures),
-            "gpu": CALIBRATION.gpu,
+            "gpus": list(CALIBRATION.gpus),
             "not_calibrated_for": calibration_gap(plan),
         },
         "bucket_lists": bucket_lists,
@@ -267,7 +267,7 @@ def calibration_gap(plan) -> str | None:
 
 def calibration_label(plan) -> str:
     gap = calibration_gap(plan)
-    label = f"fitted on {CALIBRATION.model} on the {CALIBRATION.gpu}"
+    label = f"fitted on {CALIBRATION.model} on the {CALIBRATION.gpu_words}"
     return label if gap is None else f"{label}; no measurement of {gap}"
 
 
@@ -280,7 +280,7 @@ def not_applicable(plan) -> str:
     arch = ", ".join(plan.facts.architectures) or "this model"
     return (
         f"the capture estimate does not apply to {arch} (fitted on {CALIBRATION.model} on the "
-        f"{CALIBRATION.gpu} only): no fit verdict, no memory advice"
+        f"{CALIBRATION.gpu_words} only): no fit verdict, no memory advice"
     )
 
 
