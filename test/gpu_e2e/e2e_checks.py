@@ -33,6 +33,8 @@ a pass:
   fallback, and layers split only as many times as the target has layers. Where the split-off
   breakable arm already differs from the reference, its check says that is upstream's replay
   under EAGLE (SGLang issue 29985), and the split arms are also compared with it;
+* the boundary workload: the decode rows of the target's MIXED steps had every context length of
+  ``e2e_workload.boundary_lens`` (the SWA window, the page, the c4 top-k threshold, each crossed);
 * the pressure workload (small pool, client aborts): the requests the client aborts are left out
   of the token comparison and of the length check, and must have stopped mid-generation with an
   abort; the pool log must show retractions and radix-cache evictions in every phase.
@@ -117,6 +119,7 @@ class PhaseRecord:
     probe: dict = field(default_factory=dict)  # GLM-5 phases: e2e_glm5.read_probe of the phase
     spec: bool = False  # a speculative phase (EAGLE over the next-n layer)
     spec_counts: dict = field(default_factory=dict)  # rid -> e2e_phase.spec_counts
+    boundary_lens: tuple[int, ...] = ()  # the boundary workload: context lengths rows must cross
 
     @property
     def is_baseline(self) -> bool:
@@ -336,6 +339,8 @@ def check_phase(
         checks.append(_aborted_mid_generation(rec))
     if rec.pool_pressure:
         checks.append(_pool_pressure(rec))
+    if rec.boundary_lens:
+        checks.append(_boundary_crossed(rec))
     if rec.spec:
         checks.extend(_speculative(rec, baseline, upstream_arm, mixed_eager + mixed_graph, policy))
     elif not rec.is_baseline:
@@ -507,6 +512,28 @@ def _aborted_mid_generation(rec: PhaseRecord) -> Check:
         "aborted requests stopped mid-generation",
         not bad,
         "; ".join(bad) or f"{len(rec.abort_targets)} aborted",
+    )
+
+
+def mixed_decode_lens(steps: Iterable[Mapping]) -> set[int]:
+    """The context lengths (``seq_lens``, the new token included) of the decode rows of the
+    target's MIXED steps: the requests with one new token, as the step log recorded them."""
+    lens = set()
+    for s in steps:
+        if s["mode"] != "MIXED" or s.get("draft"):
+            continue
+        exts = s.get("extend_seq_lens") or ()
+        lens.update(n for n, e in zip(s.get("seq_lens") or (), exts, strict=False) if e == 1)
+    return lens
+
+
+def _boundary_crossed(rec: PhaseRecord) -> Check:
+    missing = sorted(set(rec.boundary_lens) - mixed_decode_lens(rec.steps))
+    return Check(
+        rec.name,
+        "decode rows of MIXED steps crossed the SWA window, the page and the c4 top-k threshold",
+        not missing,
+        f"no decode row at context {missing}" if missing else "",
     )
 
 

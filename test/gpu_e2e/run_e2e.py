@@ -15,7 +15,8 @@ in e2e_checks.py; ``adaptive`` is checked against the cost model (sm90 coefficie
 model's top-k and compress ratios) at the shapes the step log recorded. The exit status is 1
 when a check fails. ``--workload pressure`` runs the phases against a small KV pool with client
 aborts (e2e_workload.py); the pool log (e2e_pool_log.py) then has to show retractions and
-evictions. ``--model glm5`` runs the tiny GLM-5 instead, with the phases and checks of
+evictions. ``--workload boundary`` puts decode rows of MIXED steps across the SWA window, the page and
+the c4 top-k threshold, and checks from the step log that they crossed. ``--model glm5`` runs the tiny GLM-5 instead, with the phases and checks of
 e2e_glm5.py (graph mode x ``drop_empty_segments``, the probe e2e_glm5_probe.py in every process;
 ``glm5-eager`` is the baseline) and writes ``e2e_tiny_glm5.log``. ``--dp N --workload dp`` runs every phase with attention data parallelism over N GPUs
 and adds per-rank checks (e2e_checks.py). ``spec`` (or ``spec-<graph>-<split>`` by name) runs the
@@ -304,6 +305,7 @@ def collect(phase, work, logs, seconds, timed_out, workload="full", dp=1) -> dic
         finish_reasons=out.get("finish_reasons", {}),
         pool=PL.summarize(pool_events),
         pool_pressure=workload == W.PRESSURE,
+        boundary_lens=W.boundary_lens() if workload == W.BOUNDARY else (),
         probe=G.read_probe(os.path.join(d, "steps")),
         spec=getattr(phase, "spec", False),
         spec_counts=out.get("spec", {}),
@@ -383,7 +385,8 @@ def main() -> int:
         "--workload",
         choices=W.WORKLOADS,
         default="full",
-        help="short: no long segment; pressure: a small pool, retractions, evictions and aborts",
+        help="short: no long segment; pressure: a small pool, retractions, evictions and aborts; "
+        "boundary: decode rows across the SWA window, the page and the c4 top-k threshold",
     )
     ap.add_argument(
         "--kernels",
