@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import e2e_checks as C
 import e2e_phases as P
@@ -397,3 +398,27 @@ def test_driver_names_upstreams_breakable_arm_when_it_differs(tmp_path, monkeypa
         "FAILED spec-bcg-off: tokens equal spec-eager-off: upstream's breakable prefill replay under EAGLE (SGLang issue 29985)"
         in log
     )
+
+
+def test_step_log_marks_the_draft_runners_forwards(tmp_path, monkeypatch):
+    import e2e_step_log as L
+    import torch
+    from test_e2e_harness import _batch
+
+    monkeypatch.setenv("MIXGRAPH_E2E_STEP_LOG", str(tmp_path))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+
+    class ModelRunner:
+        def __init__(self, is_draft_worker):
+            self.is_draft_worker = is_draft_worker
+
+        def forward(self, forward_batch):
+            return SimpleNamespace(can_run_graph=False)
+
+    L._wrap_forward(SimpleNamespace(ModelRunner=ModelRunner))
+    ModelRunner(False).forward(_batch("MIXED"))
+    ModelRunner(True).forward(_batch("MIXED"))
+    (log,) = tmp_path.glob("steps_*.jsonl")
+    target, draft = [json.loads(line) for line in log.read_text().splitlines()]
+    assert "draft" not in target and draft["draft"] is True
+    assert C.steps_by_mode([target, draft]) == {"MIXED/eager": 1, "draft MIXED/eager": 1}
