@@ -422,3 +422,61 @@ def test_step_log_marks_the_draft_runners_forwards(tmp_path, monkeypatch):
     target, draft = [json.loads(line) for line in log.read_text().splitlines()]
     assert "draft" not in target and draft["draft"] is True
     assert C.steps_by_mode([target, draft]) == {"MIXED/eager": 1, "draft MIXED/eager": 1}
+
+
+class _SpecEngine:
+    """What e2e_phase asks of ``sglang.Engine`` under speculation: every finished output
+    carries upstream's speculative counts in ``meta_info`` (one verify step per two tokens
+    here), streamed chunks only at the finish, as ``TokenizerManager`` sets them."""
+
+    def __init__(self, **kwargs):
+        import asyncio
+
+        self.loop = asyncio.new_event_loop()
+
+    @staticmethod
+    def _out(n, finished=True):
+        meta = {
+            "completion_tokens": n,
+            "spec_verify_ct": -(-n // 2),
+            "spec_num_correct_drafts": n // 2,
+        }
+        return {"output_ids": [3] * n, "meta_info": meta if finished else {}}
+
+    def generate(self, input_ids, sampling_params):
+        return [self._out(p["max_new_tokens"]) for p in sampling_params]
+
+    async def async_generate(self, input_ids, sampling_params, stream=False):
+        n = sampling_params["max_new_tokens"]
+        if not stream:
+            return self._out(n)
+
+        async def chunks():
+            for i in range(1, n + 1):
+                yield self._out(i, finished=i == n)
+
+        return chunks()
+
+    def shutdown(self):
+        self.loop.close()
+
+
+def test_phase_records_each_requests_speculative_counts(monkeypatch):
+    import e2e_phase
+    import e2e_workload as W
+
+    monkeypatch.setitem(sys.modules, "sglang", SimpleNamespace(Engine=_SpecEngine))
+    monkeypatch.setenv("MIXGRAPH_E2E_WORKLOAD", "short")
+    monkeypatch.setenv("SGLANG_MIXGRAPH_COUNTERS_LOG_INTERVAL", "0")
+    res = e2e_phase.run({"chunked_prefill_size": P.CHUNK})
+    reqs = W.all_requests(W.build(chunk=P.CHUNK, workload="short"))
+    assert res["ok"] and set(res["spec"]) == {r.rid for r in reqs}
+    # Streamed requests (the staggered segment's first) report at their last chunk.
+    for r in reqs:
+        n = r.max_new
+        assert res["spec"][r.rid] == {
+            "verify_ct": -(-n // 2),
+            "correct_drafts": n // 2,
+            "tokens": n,
+        }
+    assert e2e_phase.spec_counts({"output_ids": [1], "meta_info": {}}) is None
