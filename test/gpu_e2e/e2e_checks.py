@@ -24,6 +24,17 @@ a pass:
   with read-done on, every rank that replayed MIXED steps published; every DP logits
   gather (upstream's ``SGLANG_TRACE_LOGITS_E2E`` lines) held at most the running requests,
   not a padded bucket of tokens;
+* speculative decoding (``spec-`` phases, EAGLE over the next-n layer): each is compared with
+  eager upstream (``spec-eager-off``); every request verified drafts, the accept length (tokens
+  per verify step, upstream's ``spec_accept_length``) equals the reference's within
+  ``ACCEPT_LENGTH_TOLERANCE``; the step log's MIXED steps are the target's (the draft's lines are
+  counted apart), and with the split on its draft forwards fell back (``spec_draft``) once per
+  MIXED step and were counted apart (``draft_steps_seen.*``, ``draft_replays_seen``), no other
+  fallback, and layers split only as many times as the target has layers. Where the split-off
+  breakable arm already differs from the reference, its check says that is upstream's replay
+  under EAGLE (SGLang issue 29985), and the split arms are also compared with it;
+* the boundary workload: the decode rows of the target's MIXED steps had every context length of
+  ``e2e_workload.boundary_lens`` (the SWA window, the page, the c4 top-k threshold, each crossed);
 * the pressure workload (small pool, client aborts): the requests the client aborts are left out
   of the token comparison and of the length check, and must have stopped mid-generation with an
   abort; the pool log must show retractions and radix-cache evictions in every phase.
@@ -46,6 +57,22 @@ RATIOS = (0, 4, 128)
 # Upstream's trace of the DP logits gather (logits_processor._trace_e2e_logits), printed per step.
 LOGITS_TRACE_ENV = "SGLANG_TRACE_LOGITS_E2E"
 LOGITS_GATHER_STAGE = "stage=dp_metadata_returned"
+# The accept length of a speculative arm may move this much (relative) from the reference's:
+# greedy verification keeps the tokens, but the draft reads the target's hidden states, whose
+# bf16 rounding the split changes (summation order), so a near-tie among the draft's top
+# tokens may flip and one verify step accept a token more or less.
+ACCEPT_LENGTH_TOLERANCE = 0.01
+SPEC_REFERENCE = "spec-eager-off"  # e2e_phases.SPEC_REFERENCE (no sglang import there either)
+UPSTREAM_29985 = (
+    "upstream's breakable prefill replay under EAGLE (SGLang issue 29985), not the split's"
+)
+
+
+def _upstream(graph: str) -> str:
+    """What a difference of a split-off speculative arm from the eager reference is."""
+    return (
+        UPSTREAM_29985 if graph == "bcg" else f"upstream's {graph} arm under EAGLE, not the split's"
+    )
 
 
 @dataclass(frozen=True)
@@ -90,12 +117,17 @@ class PhaseRecord:
     logits_gather_rows: list[int] = field(default_factory=list)  # DP logits gather buffer rows
     max_running: int = 0  # the Engine's max_running_requests (all ranks)
     probe: dict = field(default_factory=dict)  # GLM-5 phases: e2e_glm5.read_probe of the phase
+    spec: bool = False  # a speculative phase (EAGLE over the next-n layer)
+    spec_counts: dict = field(default_factory=dict)  # rid -> e2e_phase.spec_counts
+    boundary_lens: tuple[int, ...] = ()  # the boundary workload: context lengths rows must cross
 
     @property
     def is_baseline(self) -> bool:
-        """A ``<graph>-off`` phase: the tokens every other phase of its graph mode must equal."""
+        """A ``<graph>-off`` phase: the tokens every other phase of its graph mode must equal;
+        under speculation only the eager one (``spec-eager-off``)."""
         return (
             self.split == "off"
+            and (not self.spec or self.graph == "eager")
             and not self.read_done
             and not self.drop_empty
             and not self.live_width
@@ -211,13 +243,22 @@ def logits_gather_rows(line: str) -> int | None:
 
 
 def steps_by_mode(steps: Iterable[Mapping]) -> dict[str, int]:
-    """``{"MIXED/eager": n, "DECODE/graph": n, ...}`` (mode at entry to the forward)."""
-    c = Counter(f"{s['mode']}/{'graph' if s.get('graph') else 'eager'}" for s in steps)
+    """``{"MIXED/eager": n, "DECODE/graph": n, "draft MIXED/eager": n, ...}`` (mode at entry to
+    the forward; the speculative draft model's forwards apart)."""
+    c = Counter(
+        f"{'draft ' if s.get('draft') else ''}{s['mode']}/{'graph' if s.get('graph') else 'eager'}"
+        for s in steps
+    )
     return dict(sorted(c.items()))
 
 
 def _of_mode(steps: Iterable[Mapping], mode: str, graph: bool) -> list[Mapping]:
-    return [s for s in steps if s["mode"] == mode and bool(s.get("graph")) == graph]
+    """The target model's steps of ``mode`` (a speculative draft's forwards are not steps)."""
+    return [
+        s
+        for s in steps
+        if s["mode"] == mode and bool(s.get("graph")) == graph and not s.get("draft")
+    ]
 
 
 def _mixed(steps: Iterable[Mapping], graph: bool) -> int:
@@ -233,10 +274,15 @@ def _fallbacks(rec: PhaseRecord, patch: str = PATCH) -> dict[str, int]:
 
 
 def check_phase(
-    rec: PhaseRecord, baseline: PhaseRecord | None, policy: AdaptivePolicy
+    rec: PhaseRecord,
+    baseline: PhaseRecord | None,
+    policy: AdaptivePolicy,
+    upstream_arm: PhaseRecord | None = None,
 ) -> list[Check]:
-    """Every check of one phase; ``baseline`` is its ``<graph>-off`` phase (None for a baseline),
-    ``policy`` what the adaptive split decides with."""
+    """Every check of one phase; ``baseline`` is its ``<graph>-off`` phase (``spec-eager-off``
+    for a speculative one; None for a baseline), ``policy`` what the adaptive split decides
+    with, ``upstream_arm`` a speculative split arm's split-off arm of its graph mode (for a
+    breakable one: ``spec-bcg-off``)."""
     checks = [Check(rec.name, "ran to the end", rec.ran, rec.error)]
     if rec.read_done:
         # Also when the phase died: the violation raises in the scheduler, which may be what
@@ -293,7 +339,11 @@ def check_phase(
         checks.append(_aborted_mid_generation(rec))
     if rec.pool_pressure:
         checks.append(_pool_pressure(rec))
-    if not rec.is_baseline:
+    if rec.boundary_lens:
+        checks.append(_boundary_crossed(rec))
+    if rec.spec:
+        checks.extend(_speculative(rec, baseline, upstream_arm, mixed_eager + mixed_graph, policy))
+    elif not rec.is_baseline:
         checks.append(_tokens_equal(rec, baseline))
     if rec.split != "off":
         checks.extend(_acted(rec, mixed_eager, mixed_graph, ev, fb, policy))
@@ -465,6 +515,28 @@ def _aborted_mid_generation(rec: PhaseRecord) -> Check:
     )
 
 
+def mixed_decode_lens(steps: Iterable[Mapping]) -> set[int]:
+    """The context lengths (``seq_lens``, the new token included) of the decode rows of the
+    target's MIXED steps: the requests with one new token, as the step log recorded them."""
+    lens = set()
+    for s in steps:
+        if s["mode"] != "MIXED" or s.get("draft"):
+            continue
+        exts = s.get("extend_seq_lens") or ()
+        lens.update(n for n, e in zip(s.get("seq_lens") or (), exts, strict=False) if e == 1)
+    return lens
+
+
+def _boundary_crossed(rec: PhaseRecord) -> Check:
+    missing = sorted(set(rec.boundary_lens) - mixed_decode_lens(rec.steps))
+    return Check(
+        rec.name,
+        "decode rows of MIXED steps crossed the SWA window, the page and the c4 top-k threshold",
+        not missing,
+        f"no decode row at context {missing}" if missing else "",
+    )
+
+
 def _pool_pressure(rec: PhaseRecord) -> Check:
     """The pressure workload did what it is for: the scheduler retracted decoding requests and
     the radix cache evicted (the pool log, e2e_pool_log.py)."""
@@ -480,7 +552,8 @@ def _pool_pressure(rec: PhaseRecord) -> Check:
     )
 
 
-def _tokens_equal(rec: PhaseRecord, baseline: PhaseRecord | None) -> Check:
+def _tokens_equal(rec: PhaseRecord, baseline: PhaseRecord | None, why: str = "") -> Check:
+    """``why``: what a difference would mean, added to a failed check's detail."""
     if baseline is None or not baseline.ran:
         return Check(rec.name, "tokens equal the off phase", False, "the off phase did not run")
     # Where the client aborted a request its tokens depend on when the abort landed.
@@ -490,16 +563,122 @@ def _tokens_equal(rec: PhaseRecord, baseline: PhaseRecord | None) -> Check:
     retracted = set(rec.pool.get("retracted_rids", ())) | set(
         baseline.pool.get("retracted_rids", ())
     )
+    detail = "; ".join(
+        f"{m.rid}: first differs at {m.first_diff} ({m.baseline_len} vs {m.phase_len} tokens)"
+        + (" (retracted)" if m.rid in retracted else "")
+        for m in mism
+    )
     return Check(
         rec.name,
         f"tokens equal {baseline.name}" + (" (surviving requests)" if aborted else ""),
         not mism,
-        "; ".join(
-            f"{m.rid}: first differs at {m.first_diff} ({m.baseline_len} vs {m.phase_len} tokens)"
-            + (" (retracted)" if m.rid in retracted else "")
-            for m in mism
-        ),
+        f"{why}: {detail}" if mism and why else detail,
     )
+
+
+def accept_length(rec: PhaseRecord) -> float | None:
+    """Tokens per verify step over every request (upstream's ``spec_accept_length``, pooled),
+    None without verify steps."""
+    verify = sum(c["verify_ct"] for c in rec.spec_counts.values())
+    return sum(c["tokens"] for c in rec.spec_counts.values()) / verify if verify else None
+
+
+def _speculative(
+    rec: PhaseRecord,
+    reference: PhaseRecord | None,
+    upstream_arm: PhaseRecord | None,
+    mixed: int,
+    policy: AdaptivePolicy,
+) -> list[Check]:
+    """A speculative phase: drafts verified, and against the eager reference its tokens and
+    accept length; with the split on, how its counters saw the draft's forwards."""
+    unverified = sorted(
+        r
+        for r in rec.expected_lens
+        if r not in rec.abort_targets and rec.spec_counts.get(r, {}).get("verify_ct", 0) <= 0
+    )
+    out = [
+        Check(
+            rec.name,
+            "speculative decoding verified drafts for every request",
+            not unverified,
+            f"no verify step reported for {unverified[:8]}" if unverified else "",
+        )
+    ]
+    if rec.is_baseline:
+        return out
+    # A split-off arm runs no split: a difference there is upstream's.
+    why = f"{_upstream(rec.graph)} (the split is off in this phase)" if rec.split == "off" else ""
+    upstream_differs = (
+        upstream_arm is not None
+        and upstream_arm.ran
+        and reference is not None
+        and reference.ran
+        and bool(compare_tokens(reference.outputs, upstream_arm.outputs))
+    )
+    if upstream_differs:
+        why = f"{upstream_arm.name} differs from {reference.name} as well: {_upstream(rec.graph)}"
+    out.append(_tokens_equal(rec, reference, why))
+    out.append(_accept_length_equal(rec, reference, why))
+    if upstream_differs:
+        # Upstream's difference held fixed: what the split alone changes.
+        out.append(_tokens_equal(rec, upstream_arm))
+    if rec.split != "off":
+        out.extend(_draft_counted_apart(rec, mixed, policy))
+    return out
+
+
+def _accept_length_equal(rec: PhaseRecord, reference: PhaseRecord | None, why: str) -> Check:
+    name = f"accept length equals {SPEC_REFERENCE}'s (within {ACCEPT_LENGTH_TOLERANCE:.0%})"
+    if reference is None or not reference.ran:
+        return Check(rec.name, name, False, "the reference did not run")
+    mine, ref = accept_length(rec), accept_length(reference)
+    if mine is None or ref is None:
+        return Check(rec.name, name, False, f"no verify steps: {mine} vs {ref}")
+    ok = abs(mine - ref) <= ACCEPT_LENGTH_TOLERANCE * ref
+    moved = sorted(
+        r
+        for r, c in rec.spec_counts.items()
+        if reference.spec_counts.get(r, {}).get("verify_ct") != c["verify_ct"]
+    )
+    detail = f"{mine:.4f} vs {ref:.4f}; verify steps differ for {len(moved)} requests"
+    if moved:
+        detail += f" ({moved[:8]})"
+    return Check(rec.name, name, ok, f"{why}: {detail}" if why and not ok else detail)
+
+
+def _draft_counted_apart(rec: PhaseRecord, mixed: int, policy: AdaptivePolicy) -> list[Check]:
+    """The split's counters under speculation: the draft's forward of each MIXED step fell back
+    once and was counted apart, nothing else fell back, and no draft layer split."""
+    ev, fb = _events(rec), _fallbacks(rec)
+    draft_seen = ev.get("draft_replays_seen", 0) + sum(
+        n for k, n in ev.items() if k.startswith("draft_steps_seen.")
+    )
+    split = ev.get("steps_split", 0) + ev.get("replays_split", 0)
+    layers = {r: ev.get(f"layers_split.c{r}", 0) for r in RATIOS}
+    expected = {r: policy.layers.get(r, 0) * split for r in RATIOS}
+    others = {k: n for k, n in fb.items() if k != "spec_draft"}
+    return [
+        Check(
+            rec.name,
+            "the draft's forward of every MIXED step kept upstream's path (spec_draft)",
+            fb.get("spec_draft", 0) == mixed > 0,
+            f"spec_draft {fb.get('spec_draft', 0)} of {mixed} MIXED steps",
+        ),
+        Check(
+            rec.name,
+            "the draft's steps counted apart (draft_steps_seen, draft_replays_seen)",
+            draft_seen == mixed,
+            f"{draft_seen} draft steps seen, {mixed} MIXED steps",
+        ),
+        Check(rec.name, "no unexpected fallback", not others, f"{others}" if others else ""),
+        Check(
+            rec.name,
+            "layers split are the target's only (its layers per ratio x split steps)",
+            layers == expected,
+            f"layers_split {layers}, expected {expected} ({split} split steps)",
+        ),
+    ]
 
 
 def _read_done(rec: PhaseRecord) -> list[Check]:
@@ -677,6 +856,13 @@ def summarize(rec: PhaseRecord) -> list[str]:
     """Lines for the log: steps by mode and graph, the counters of the split and the read-done
     patches, and every patch's fallbacks."""
     lines = [f"steps: {steps_by_mode(rec.steps)}"]
+    if rec.spec:
+        length = accept_length(rec)
+        verify = sum(c["verify_ct"] for c in rec.spec_counts.values())
+        lines.append(
+            f"speculative: accept length {'none' if length is None else f'{length:.4f}'} over "
+            f"{verify} verify steps of {len(rec.spec_counts)} requests"
+        )
     lines += [f"{p} counters: {_events(rec, p) or '{}'}" for p in (PATCH, RD_PATCH, WAR_PATCH)]
     lines.append(f"fallbacks (every patch): {rec.counters.get('fallbacks') or 'none'}")
     if rec.pool_pressure or rec.abort_targets:

@@ -2,8 +2,9 @@
 
 Usage (run_e2e.py starts it with the phase's environment): ``e2e_phase.py <kwargs.json> <out.json>``.
 Writes ``{"ok", "error", "outputs": {rid: token ids}, "expected_lens", "abort_targets",
-"finish_reasons", "timings"}`` to ``out.json``; ``finish_reasons`` holds the finish type of each
-request the client aborts (``Engine.tokenizer_manager.abort_request`` once it has streamed its
+"finish_reasons", "spec", "timings"}`` to ``out.json``; ``spec`` holds, under speculative decoding,
+each request's verify steps, accepted drafts and tokens (upstream's ``meta_info``);
+``finish_reasons`` holds the finish type of each request the client aborts (``Engine.tokenizer_manager.abort_request`` once it has streamed its
 ``abort_after`` tokens). Greedy sampling, EOS ignored, token ids in and out (no tokenizer). After the last
 request it waits three counter intervals so the scheduler logs its final counters (SGLang's
 ``Engine.shutdown`` may end the scheduler without its exit handlers).
@@ -43,7 +44,8 @@ async def _stream_to_end(gen, first):
 
 
 async def _staggered(engine, seg: W.Segment) -> dict:
-    """``first`` streamed; ``then`` sent once every ``first`` request has produced a token."""
+    """``first`` streamed; ``then`` sent once every ``first`` request has produced a token.
+    The last output of each request, by rid."""
     streams = [
         await engine.async_generate(
             input_ids=list(r.prompt), sampling_params=_params(r.max_new), stream=True, **_route(r)
@@ -63,9 +65,26 @@ async def _staggered(engine, seg: W.Segment) -> dict:
         *[_stream_to_end(s, f) for s, f in zip(streams, firsts, strict=False)]
     )
     done_late = await asyncio.gather(*late)
+    return dict(
+        zip(
+            (r.rid for r in seg.first + seg.then),
+            list(done_first) + list(done_late),
+            strict=False,
+        )
+    )
+
+
+def spec_counts(output: dict) -> dict | None:
+    """A finished request's speculative counts, as upstream reports them in ``meta_info``
+    (``TokenizerManager._calculate_spec_decoding_metrics``: set at the finish, with at least
+    one verify step), or None: verify steps, accepted draft tokens, tokens generated."""
+    meta = output.get("meta_info") or {}
+    if "spec_verify_ct" not in meta:
+        return None
     return {
-        r.rid: list(o["output_ids"])
-        for r, o in zip(seg.first + seg.then, list(done_first) + list(done_late), strict=False)
+        "verify_ct": int(meta["spec_verify_ct"]),
+        "correct_drafts": int(meta.get("spec_num_correct_drafts", 0)),
+        "tokens": int(meta.get("completion_tokens", len(output.get("output_ids") or ()))),
     }
 
 
@@ -134,7 +153,7 @@ def run(engine_kwargs: dict) -> dict:
     )
     res["expected_lens"] = {r.rid: r.max_new for r in W.all_requests(segments)}
     res["abort_targets"] = W.abort_targets(segments)
-    finish_reasons = {}
+    finish_reasons, spec = {}, {}
     t0 = time.time()
     engine = sgl.Engine(**engine_kwargs)
     res["timings"]["engine_start_s"] = round(time.time() - t0, 1)
@@ -145,20 +164,22 @@ def run(engine_kwargs: dict) -> dict:
             outs, finishes = engine.loop.run_until_complete(_with_aborts(engine, seg))
             outputs.update(outs)
             finish_reasons.update(finishes)
-        elif seg.then:
-            outputs.update(engine.loop.run_until_complete(_staggered(engine, seg)))
         else:
-            outs = engine.generate(
-                input_ids=[list(r.prompt) for r in seg.first],
-                sampling_params=[_params(r.max_new) for r in seg.first],
-                **_route(*seg.first),
-            )
-            outputs.update(
-                {r.rid: list(o["output_ids"]) for r, o in zip(seg.first, outs, strict=False)}
-            )
+            if seg.then:
+                last = engine.loop.run_until_complete(_staggered(engine, seg))
+            else:
+                outs = engine.generate(
+                    input_ids=[list(r.prompt) for r in seg.first],
+                    sampling_params=[_params(r.max_new) for r in seg.first],
+                    **_route(*seg.first),
+                )
+                last = {r.rid: o for r, o in zip(seg.first, outs, strict=False)}
+            outputs.update({rid: list(o["output_ids"]) for rid, o in last.items()})
+            spec.update({rid: c for rid, o in last.items() if (c := spec_counts(o)) is not None})
         res["timings"][f"{seg.name}_s"] = round(time.time() - t0, 2)
     res["outputs"] = outputs
     res["finish_reasons"] = finish_reasons
+    res["spec"] = spec
     interval = float(os.environ.get("SGLANG_MIXGRAPH_COUNTERS_LOG_INTERVAL") or 0)
     time.sleep(3 * interval)
     res["ok"] = True

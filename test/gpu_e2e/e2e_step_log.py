@@ -5,7 +5,10 @@ tools/gpu-upstream/engine/sitecustomize.py); only the scheduler process runs for
 line records the forward mode *at entry* (``EagerRunner.execute`` relabels a MIXED batch to
 EXTEND inside the forward, so the mode read afterwards would hide it), the batch size, the
 rows, whether a CUDA graph ran (``ModelRunnerOutput.can_run_graph``) and the CUDA-synchronized
-wall time. Lines go to ``$MIXGRAPH_E2E_STEP_LOG/steps_<pid>.jsonl``.
+wall time. Lines go to ``$MIXGRAPH_E2E_STEP_LOG/steps_<pid>.jsonl``. Under speculative decoding
+the draft model's runner forwards in the same process (EAGLE's draft extend over a MIXED batch
+enters labelled MIXED too): its lines carry ``"draft": true`` (``ModelRunner.is_draft_worker``), so
+the checks count each target step once.
 
 A MIXED step's line also carries the shape the adaptive split decides on (plan.py
 ``_adaptive_splits``), so the checks can run the cost model on it: ``seq_lens`` and
@@ -79,6 +82,7 @@ def _wrap_forward(model_runner_module) -> None:
                 "rows": int(rows),
                 "graph": bool(getattr(out, "can_run_graph", False)),
                 "ms": round(ms, 3),
+                **({"draft": True} if getattr(self, "is_draft_worker", False) else {}),
                 **shape,
             }
             with open(path, "a") as f:

@@ -30,6 +30,15 @@ requests to ranks (``routed_dp_rank``):
   runs MIXED steps while the others have only decode rows, which SGLang relabels to EXTEND under
   the breakable prefill graph (``convert_decode_to_extend``) to run one prefill graph on all ranks.
 
+The ``boundary`` workload (``BOUNDARY``) puts decode rows of MIXED steps at the context lengths
+where the decode tail's inputs change shape: the SWA window (127/128/129), the KV page
+(255/256/257) and the c4 indexer's top-k threshold (2047/2048/2049, where the compressed keys
+outgrow the top-k); multiples of 4 and 128 fall on the way. For each boundary two requests end
+their prompt ``BOUNDARY_OFFSETS`` tokens below it and decode; once each has produced a token, a
+late prompt of ``BOUNDARY_CHUNKS`` chunks arrives, whose chunks run as MIXED steps with those
+rows, each step one token further. The offsets leave room for the tokens a row decodes before
+the late prompt's first chunk (speculative steps may accept several at once).
+
 Pure Python, no sglang: the CPU tests check the properties above.
 """
 
@@ -91,7 +100,25 @@ def _prompt(rng: random.Random, n: int) -> tuple[int, ...]:
 
 PRESSURE = "pressure"
 DP = "dp"
-WORKLOADS = ("full", "short", PRESSURE, DP)  # short: without the long segment (a quick run)
+BOUNDARY = "boundary"
+# short: without the long segment (a quick run)
+WORKLOADS = ("full", "short", PRESSURE, DP, BOUNDARY)
+
+# The tiny model's boundaries (tiny_dsv4_config.json: window 128, index top-k 512 over c4 keys,
+# so 2048 tokens; DeepSeek-V4's page of 256): the decode rows' context lengths each must cross.
+BOUNDARY_CROSSINGS = {
+    "swa": (127, 128, 129),
+    "page": (255, 256, 257),
+    "c4_topk": (2047, 2048, 2049),
+}
+BOUNDARY_OFFSETS = (4, 20)  # a row's prompt ends this far below its boundary
+BOUNDARY_CHUNKS = 32  # the late prompt's chunks: MIXED steps that carry the rows
+BOUNDARY_MARGIN = 48  # tokens each row still decodes after the late prompt's chunks
+
+
+def boundary_lens() -> tuple[int, ...]:
+    """Every context length a decode row of a MIXED step must have had in the boundary workload."""
+    return tuple(sorted(n for lens in BOUNDARY_CROSSINGS.values() for n in lens))
 
 
 def engine_overrides(workload: str) -> dict[str, object]:
@@ -142,6 +169,18 @@ def _dp_segments(rng: random.Random, chunk: int, dp: int) -> list[Segment]:
     return [idle, Segment("dp_mixed", decoding, late)]
 
 
+def _boundary_segments(rng: random.Random, chunk: int) -> list[Segment]:
+    late_new = BOUNDARY_CHUNKS + max(BOUNDARY_OFFSETS) + BOUNDARY_MARGIN
+    rows = tuple(
+        Request(f"bnd_{name}_{off}", _prompt(rng, lens[1] - off), late_new)
+        for name, lens in BOUNDARY_CROSSINGS.items()
+        for off in BOUNDARY_OFFSETS
+    )
+    # One chunk's worth short of the last chunk, so the late prompt runs BOUNDARY_CHUNKS chunks.
+    late = (Request("bnd_late", _prompt(rng, BOUNDARY_CHUNKS * chunk - chunk // 2), 8),)
+    return [Segment("boundary", rows, late)]
+
+
 def build(seed: int = 0, chunk: int = 256, workload: str = "full", dp: int = 1) -> list[Segment]:
     """``chunk`` is the chunked prefill per rank; ``dp`` the attention-DP ranks (``dp`` workload)."""
     if workload not in WORKLOADS:
@@ -151,6 +190,8 @@ def build(seed: int = 0, chunk: int = 256, workload: str = "full", dp: int = 1) 
     rng = random.Random(seed)
     if workload == PRESSURE:
         return _pressure_segments(rng)
+    if workload == BOUNDARY:
+        return _boundary_segments(rng, chunk)
 
     def reqs(prefix: str, lens, max_new) -> tuple[Request, ...]:
         news = max_new if isinstance(max_new, (list, tuple)) else [max_new] * len(lens)

@@ -15,10 +15,13 @@ in e2e_checks.py; ``adaptive`` is checked against the cost model (sm90 coefficie
 model's top-k and compress ratios) at the shapes the step log recorded. The exit status is 1
 when a check fails. ``--workload pressure`` runs the phases against a small KV pool with client
 aborts (e2e_workload.py); the pool log (e2e_pool_log.py) then has to show retractions and
-evictions. ``--model glm5`` runs the tiny GLM-5 instead, with the phases and checks of
+evictions. ``--workload boundary`` puts decode rows of MIXED steps across the SWA window, the page and
+the c4 top-k threshold, and checks from the step log that they crossed. ``--model glm5`` runs the tiny GLM-5 instead, with the phases and checks of
 e2e_glm5.py (graph mode x ``drop_empty_segments``, the probe e2e_glm5_probe.py in every process;
 ``glm5-eager`` is the baseline) and writes ``e2e_tiny_glm5.log``. ``--dp N --workload dp`` runs every phase with attention data parallelism over N GPUs
-and adds per-rank checks (e2e_checks.py). Writes ``e2e_tiny_dsv4.log``, ``e2e_results.json`` and ``phase_logs.tgz`` to
+and adds per-rank checks (e2e_checks.py). ``spec`` (or ``spec-<graph>-<split>`` by name) runs the
+speculative phases: EAGLE over the tiny model's one next-n layer (``tiny_dsv4_mtp_config.json``),
+each compared with eager upstream (``spec-eager-off``) in tokens and accept length. Writes ``e2e_tiny_dsv4.log``, ``e2e_results.json`` and ``phase_logs.tgz`` to
 ``$OUT`` (or ``--out``).
 """
 
@@ -144,6 +147,12 @@ def _phase_env(
     return env
 
 
+def model_dir(phase) -> str:
+    """The phase's model folder under the work folder: speculative phases load the config with
+    the next-n layer (SGLang's draft is the same path, ``speculative_draft_model_path``)."""
+    return "model_mtp" if getattr(phase, "spec", False) else "model"
+
+
 def _kill_group(proc):
     # The phase started its own session; end what is left of it (Engine children) and no more.
     try:
@@ -179,7 +188,7 @@ def run_wave(
             shutil.rmtree(d, ignore_errors=True)
             os.makedirs(os.path.join(d, "steps"))
             kwargs = phase.engine_kwargs(
-                os.path.join(work, "model"), radix=radix, slot=slot, dp=dp, kernels=kernels
+                os.path.join(work, model_dir(phase)), radix=radix, slot=slot, dp=dp, kernels=kernels
             )
             kwargs.update(override)
             with open(os.path.join(d, "kwargs.json"), "w") as f:
@@ -296,7 +305,10 @@ def collect(phase, work, logs, seconds, timed_out, workload="full", dp=1) -> dic
         finish_reasons=out.get("finish_reasons", {}),
         pool=PL.summarize(pool_events),
         pool_pressure=workload == W.PRESSURE,
+        boundary_lens=W.boundary_lens() if workload == W.BOUNDARY else (),
         probe=G.read_probe(os.path.join(d, "steps")),
+        spec=getattr(phase, "spec", False),
+        spec_counts=out.get("spec", {}),
     )
     return {
         "record": record,
@@ -347,7 +359,8 @@ def main() -> int:
     ap.add_argument(
         "phases",
         nargs="*",
-        help="e.g. eager-off bcg-always-rd (default: the eleven); glm5-bcg-des with --model glm5",
+        help="e.g. eager-off bcg-always-rd (default: the eleven); spec (the five speculative "
+        "phases) or spec-bcg-always; glm5-bcg-des with --model glm5",
     )
     ap.add_argument(
         "--model",
@@ -372,7 +385,8 @@ def main() -> int:
         "--workload",
         choices=W.WORKLOADS,
         default="full",
-        help="short: no long segment; pressure: a small pool, retractions, evictions and aborts",
+        help="short: no long segment; pressure: a small pool, retractions, evictions and aborts; "
+        "boundary: decode rows across the SWA window, the page and the c4 top-k threshold",
     )
     ap.add_argument(
         "--kernels",
@@ -413,6 +427,11 @@ def main() -> int:
     glm5 = args.model == "glm5"
     config_path = str(G.TINY_CONFIG) if glm5 else os.path.join(HERE, "tiny_dsv4_config.json")
     shutil.copy(config_path, os.path.join(args.work, "model", "config.json"))
+    if not glm5:
+        os.makedirs(os.path.join(args.work, "model_mtp"))
+        shutil.copy(
+            os.path.join(HERE, P.MTP_CONFIG), os.path.join(args.work, "model_mtp", "config.json")
+        )
     log = Log(os.path.join(args.out, f"e2e_tiny_{args.model}.log"))
     log(f"e2e tiny {MODELS[args.model]}, {time.strftime('%Y-%m-%d %H:%M:%S %Z')} {args.label}")
     import sglang_mixgraph
@@ -460,6 +479,12 @@ def main() -> int:
         log(
             f"adaptive checked against the cost model {policy.coeffs.arch} (margin "
             f"{policy.coeffs.margin}), top-k {policy.topk}, ratios {sorted(policy.ratios)}"
+        )
+    if any(getattr(p, "spec", False) for p in phases):
+        log(
+            f"speculative phases: {json.dumps(P.SPEC_KWARGS)} over {P.MTP_CONFIG} (one next-n "
+            f"layer), each compared with {P.SPEC_REFERENCE} (accept length within "
+            f"{C.ACCEPT_LENGTH_TOLERANCE:.0%})"
         )
     example = dict(
         phases[0].engine_kwargs(
@@ -530,7 +555,13 @@ def main() -> int:
             phase_checks = G.check_phase(rec, phase, records, G.indexer_layers(config))
         else:
             base = None if phase.is_baseline else results.get(phase.baseline, {}).get("record")
-            phase_checks = C.check_phase(rec, base, policy)
+            # A speculative split arm is also read against the split-off arm of its graph mode.
+            upstream = (
+                results.get(f"{P.SPEC_PREFIX}{phase.graph}-off", {}).get("record")
+                if getattr(phase, "spec", False) and phase.split != "off"
+                else None
+            )
+            phase_checks = C.check_phase(rec, base, policy, upstream)
         checks += phase_checks
         log(f"\n--- {phase.name} ({r['wall_s']}s; {r['timings']})")
         for line in C.summarize(rec):
@@ -564,6 +595,8 @@ def main() -> int:
             "expected_lens": rec.expected_lens,
             "steps": rec.steps,
             "probe": rec.probe,
+            "accept_length": C.accept_length(rec),
+            "spec_counts": rec.spec_counts,
         }
     distinct = {
         n: len({tuple(v) for v in r["record"].outputs.values()}) for n, r in results.items()

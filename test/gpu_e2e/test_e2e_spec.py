@@ -1,0 +1,482 @@
+"""The end-to-end harness's speculative phases on CPU: the model, the phase table, the checks.
+
+The GPU run is ``run_e2e.py spec`` (EAGLE over the tiny model's one next-n layer). Here: the
+config with the next-n layer and SGLang's resolution of the phases' arguments with it; the
+phases' names, baselines, Engine arguments and environments; the checks fed synthetic records
+(tokens, accept lengths, step logs with the draft's lines, the split's counters) on which they
+must fail as well as pass; and the driver with a stand-in phase process.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import e2e_checks as C
+import e2e_phases as P
+import pytest
+from test_e2e_harness import POLICY, SHORT_SHAPE, _detail, _failed
+
+from sglang_mixgraph.core import split_cost_model as scm
+
+E2E = Path(__file__).resolve().parent
+TINY = json.loads((E2E / P.CONFIG).read_text())
+MTP = json.loads((E2E / P.MTP_CONFIG).read_text())
+SPEC = P.parse(["spec"])
+
+
+# ---- the model with one next-n layer ------------------------------------------------------------
+
+
+def test_mtp_config_is_the_tiny_model_with_one_next_n_layer():
+    assert {k for k in TINY.keys() | MTP.keys() if TINY.get(k) != MTP.get(k)} == {
+        "num_nextn_predict_layers"
+    }
+    # Exactly one: DeepseekV4ForCausalLM.load_weights(is_nextn=True) asserts it, and
+    # layer_setup._compute_model_num_layers sizes the draft's pool from it.
+    assert MTP["num_nextn_predict_layers"] == 1 and TINY["num_nextn_predict_layers"] == 0
+    # ModelConfig._config_draft_model turns this architecture into DeepseekV4ForCausalLMNextN,
+    # unless the config bundles a DSpark head (dspark_config.checkpoint_bundles_dspark_draft).
+    assert MTP["architectures"] == ["DeepseekV4ForCausalLM"]
+    assert not [k for k in MTP if k.startswith("dspark_")]
+    # One compress ratio past the target's layers, 0 as upstream's next-n layer has it
+    # (deepseek_v4_nextn.COMPRESS_RATIO_NEXTN_LAYER); the split's cost model reads the target's.
+    assert len(MTP["compress_ratios"]) == MTP["num_hidden_layers"] + 1
+    assert MTP["compress_ratios"][-1] == 0
+    assert C.AdaptivePolicy.for_model(MTP).layers == C.AdaptivePolicy.for_model(TINY).layers
+
+
+def _argv(kwargs: dict) -> list[str]:
+    """``sglang.Engine`` keyword arguments as ``launch_server`` flags (the same fields)."""
+    argv = []
+    for key, value in kwargs.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            argv.append(flag)
+        elif value is not False:
+            argv += [flag, str(value)]
+    return argv
+
+
+@pytest.mark.parametrize("name", ["spec-eager-always", "spec-bcg-always"])
+def test_sglang_resolves_the_speculative_phase_with_the_next_n_model(tmp_path, name):
+    from sglang_mixgraph.cli.resolve import resolve
+
+    (phase,) = P.parse([name])
+    model = tmp_path / "model_mtp"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(MTP))
+    kwargs = phase.engine_kwargs(str(model), radix=True, slot=0)
+    got = resolve(_argv(kwargs), gpu="H200").resolved
+    assert {k: got[k] for k in P.SPEC_KWARGS} == P.SPEC_KWARGS
+    # SGLang loads the draft (the next-n layer) from the target's path, keeps mixed chunked
+    # prefill under EAGLE and the phase's graphs, and runs the draft on the kit's kernels.
+    assert got["speculative_draft_model_path"] == str(model)
+    assert got["enable_mixed_chunk"] is True and got["chunked_prefill_size"] == P.CHUNK
+    assert got["speculative_moe_runner_backend"] == "triton"
+    assert got["speculative_dsa_topk_backend"] == got["dsa_topk_backend"] == "torch"
+    if phase.graph == "bcg":
+        assert got["cuda_graph_backend_prefill"] == "breakable"
+    else:
+        assert got["disable_cuda_graph"] is True
+
+
+# ---- the phase table ---------------------------------------------------------------------------
+
+
+def test_spec_names_the_five_phases_with_the_eager_reference_first():
+    assert [p.name for p in SPEC] == [
+        "spec-eager-off",
+        "spec-bcg-off",
+        "spec-eager-always",
+        "spec-bcg-always",
+        "spec-bcg-adaptive",
+    ]
+    assert all(p.spec and p.baseline == P.SPEC_REFERENCE for p in SPEC)
+    # The breakable split-off arm is under test, never a reference.
+    assert [p.name for p in SPEC if p.is_baseline] == [P.SPEC_REFERENCE]
+    assert all(P.parse([p.name]) == [p] for p in SPEC)
+    # Beside the non-speculative phases: their baselines first, then the speculative ones.
+    mixed = P.parse(["spec-bcg-always", "bcg-always", "bcg-off", "spec-eager-off"])
+    assert [p.name for p in mixed] == [
+        "bcg-off",
+        "spec-eager-off",
+        "bcg-always",
+        "spec-bcg-always",
+    ]
+    for bad in ("spec-bcg-off-rd", "spec-eager-always-des", "spec-fast-off", "spec-"):
+        with pytest.raises(ValueError, match="unknown phase"):
+            P.parse([bad])
+
+
+@pytest.mark.parametrize("kernels", ["standin", "faithful"])
+def test_a_spec_phase_is_its_phase_plus_eagle_and_the_next_n_model(kernels):
+    import run_e2e
+
+    for p in SPEC:
+        plain = P.Phase(p.graph, p.split)
+        kw = p.engine_kwargs("/m", radix=True, slot=2, kernels=kernels)
+        base = plain.engine_kwargs("/m", radix=True, slot=2, kernels=kernels)
+        extra = {k: v for k, v in kw.items() if k not in base}
+        assert {k: kw[k] for k in base} == base
+        assert extra == dict(P.SPEC_KWARGS, speculative_dsa_topk_backend=base["dsa_topk_backend"])
+        # The environment (the split's flags, the kernels) is the plain phase's.
+        assert p.env({}, radix=True, kernels=kernels) == plain.env({}, radix=True, kernels=kernels)
+        assert (p.config, plain.config) == (P.MTP_CONFIG, P.CONFIG)
+        assert (run_e2e.model_dir(p), run_e2e.model_dir(plain)) == ("model_mtp", "model")
+
+
+# ---- the checks --------------------------------------------------------------------------------
+
+TOKENS = {"r0": [1, 2, 3], "r1": [4, 5]}
+COUNTS = {
+    "r0": {"verify_ct": 2, "correct_drafts": 2, "tokens": 3},
+    "r1": {"verify_ct": 1, "correct_drafts": 1, "tokens": 2},
+}
+# Eager MIXED steps, each followed by the draft's extend over the same batch.
+STEPS = [
+    line
+    for _ in range(4)
+    for line in (
+        dict(SHORT_SHAPE, mode="MIXED", graph=False),
+        dict(SHORT_SHAPE, mode="MIXED", graph=False, draft=True),
+    )
+] + [{"mode": "TARGET_VERIFY", "graph": False}] * 3
+SPLIT = {
+    "steps_seen.mixed_run_as_extend": 4,
+    "steps_split": 4,
+    "layers_split.c0": 4,
+    "layers_split.c4": 8,
+    "layers_split.c128": 4,
+    "draft_steps_seen.mixed_run_as_extend": 4,
+}
+DRAFT_FALLBACKS = {"spec_draft": 4}
+
+
+def _spec(name, *, outputs=TOKENS, counts=COUNTS, events=None, fallbacks=None, steps=STEPS):
+    graph, split = name.removeprefix(P.SPEC_PREFIX).split("-")
+    return C.PhaseRecord(
+        name=name,
+        split=split,
+        graph=graph,
+        spec=True,
+        ran=True,
+        outputs=outputs,
+        expected_lens={"r0": 3, "r1": 2},
+        steps=steps,
+        spec_counts=counts,
+        counters={
+            "events": {"mixed_split": events} if events else {},
+            "fallbacks": {"mixed_split": fallbacks} if fallbacks else {},
+        },
+    )
+
+
+REF = _spec("spec-eager-off")
+
+
+def _check(rec, upstream=None):
+    return C.check_phase(rec, None if rec.is_baseline else REF, POLICY, upstream)
+
+
+def test_the_reference_must_verify_drafts_and_count_only_target_mixed_steps():
+    assert _failed(_check(REF)) == []
+    assert "4 eager" in _detail(_check(REF), "the workload made MIXED steps")
+    no_spec = _spec("spec-eager-off", counts={"r0": COUNTS["r0"]})
+    assert _failed(_check(no_spec)) == ["speculative decoding verified drafts for every request"]
+    assert "['r1']" in _detail(
+        _check(no_spec), "speculative decoding verified drafts for every request"
+    )
+    assert C.steps_by_mode(STEPS) == {
+        "MIXED/eager": 4,
+        "TARGET_VERIFY/eager": 3,
+        "draft MIXED/eager": 4,
+    }
+
+
+def test_an_eager_split_arm_passes_only_with_the_draft_counted_apart():
+    good = _spec("spec-eager-always", events=SPLIT, fallbacks=DRAFT_FALLBACKS)
+    checks = _check(good)
+    assert _failed(checks) == []
+    assert _detail(checks, "split acted in every eager MIXED step") == "split 4 of 4"
+    bad = {
+        "the draft's forward of every MIXED step kept upstream's path (spec_draft)": dict(
+            fallbacks={"spec_draft": 3}
+        ),
+        "the draft's steps counted apart (draft_steps_seen, draft_replays_seen)": dict(
+            events={k: v for k, v in SPLIT.items() if not k.startswith("draft_")}
+        ),
+        "no unexpected fallback": dict(fallbacks=dict(DRAFT_FALLBACKS, spec=1)),
+        # The draft's SWA-only next-n layer split as well: 8 c0 layers in 4 steps.
+        "layers split are the target's only (its layers per ratio x split steps)": dict(
+            events=dict(SPLIT, **{"layers_split.c0": 8})
+        ),
+    }
+    for name, change in bad.items():
+        kw = {"events": SPLIT, "fallbacks": DRAFT_FALLBACKS, **change}
+        assert _failed(_check(_spec("spec-eager-always", **kw))) == [name]
+
+
+def test_split_steps_count_the_target_steps_not_the_drafts():
+    # Counting the draft's lines as steps would ask for 8 splits; 8 counted is a failure.
+    doubled = dict(SPLIT, steps_split=8, **{"steps_seen.mixed_run_as_extend": 8})
+    failed = _failed(_check(_spec("spec-eager-always", events=doubled, fallbacks=DRAFT_FALLBACKS)))
+    assert "split acted in every eager MIXED step" in failed
+    assert "every eager MIXED step recognised (run as EXTEND)" in failed
+
+
+ACCEPT = "accept length equals spec-eager-off's (within 1%)"
+
+
+def test_accept_length_must_equal_the_references_within_the_tolerance():
+    assert C.accept_length(REF) == pytest.approx(5 / 3)
+    # One request's verify steps differ: the pooled accept length moves by more than 1%.
+    slower = dict(COUNTS, r1={"verify_ct": 2, "correct_drafts": 0, "tokens": 2})
+    checks = _check(
+        _spec("spec-eager-always", counts=slower, events=SPLIT, fallbacks=DRAFT_FALLBACKS)
+    )
+    assert _failed(checks) == [ACCEPT]
+    assert (
+        _detail(checks, ACCEPT) == "1.2500 vs 1.6667; verify steps differ for 1 requests (['r1'])"
+    )
+    # Within the tolerance: 300 tokens in 100 verify steps against 301 in 100.
+    ref = _spec(
+        "spec-eager-off", counts={"r0": {"verify_ct": 100, "correct_drafts": 0, "tokens": 301}}
+    )
+    close = _spec(
+        "spec-eager-always",
+        counts={"r0": {"verify_ct": 100, "correct_drafts": 0, "tokens": 300}},
+        events=SPLIT,
+        fallbacks=DRAFT_FALLBACKS,
+    )
+    assert C._accept_length_equal(close, ref, "").ok
+    assert not C._accept_length_equal(close, _spec("spec-eager-off", counts={}), "").ok
+
+
+DIFFERS = {"r0": [1, 2, 9], "r1": [4, 5]}
+
+
+def test_a_split_off_breakable_arm_that_differs_is_named_upstreams():
+    off = _spec("spec-bcg-off", outputs=DIFFERS)
+    checks = _check(off)
+    assert _failed(checks) == ["tokens equal spec-eager-off"]
+    detail = _detail(checks, "tokens equal spec-eager-off")
+    assert "SGLang issue 29985" in detail and "the split is off in this phase" in detail
+    assert detail.endswith("r0: first differs at 2 (3 vs 3 tokens)")
+    assert _failed(_check(_spec("spec-bcg-off"))) == []
+
+
+BCG_SPLIT = {
+    "replays_seen": 4,
+    "replays_split": 4,
+    "layers_split.c0": 4,
+    "layers_split.c4": 8,
+    "layers_split.c128": 4,
+    "draft_steps_seen.mixed_run_as_extend": 4,
+}
+BCG_STEPS = [
+    dict(s, graph=True) if not s.get("draft") and s["mode"] == "MIXED" else s for s in STEPS
+]
+
+
+def test_a_breakable_split_arm_is_also_compared_with_upstreams_breakable_arm():
+    upstream = _spec("spec-bcg-off", outputs=DIFFERS, steps=BCG_STEPS)
+    split = _spec(
+        "spec-bcg-always",
+        outputs=DIFFERS,
+        events=BCG_SPLIT,
+        fallbacks=DRAFT_FALLBACKS,
+        steps=BCG_STEPS,
+    )
+    checks = _check(split, upstream)
+    # Upstream's difference, held fixed, is the split arm's too: only the reference check fails,
+    # and it says whose the difference is; the split alone changed nothing.
+    assert _failed(checks) == ["tokens equal spec-eager-off"]
+    assert "spec-bcg-off differs from spec-eager-off as well" in _detail(
+        checks, "tokens equal spec-eager-off"
+    )
+    assert _detail(checks, "tokens equal spec-bcg-off") == ""
+    # A split that changes tokens of its own fails against both.
+    own = _spec(
+        "spec-bcg-always",
+        outputs={"r0": [1, 2, 9], "r1": [4, 6]},
+        events=BCG_SPLIT,
+        fallbacks=DRAFT_FALLBACKS,
+        steps=BCG_STEPS,
+    )
+    assert _failed(_check(own, upstream)) == [
+        "tokens equal spec-eager-off",
+        "tokens equal spec-bcg-off",
+    ]
+    # Where upstream's breakable arm equals the reference, there is one comparison.
+    same = _spec("spec-bcg-always", events=BCG_SPLIT, fallbacks=DRAFT_FALLBACKS, steps=BCG_STEPS)
+    names = [c.name for c in _check(same, _spec("spec-bcg-off", steps=BCG_STEPS))]
+    assert "tokens equal spec-eager-off" in names and "tokens equal spec-bcg-off" not in names
+    assert _failed(_check(same, _spec("spec-bcg-off", steps=BCG_STEPS))) == []
+
+
+def test_summary_shows_the_accept_length():
+    assert "speculative: accept length 1.6667 over 3 verify steps of 2 requests" in C.summarize(REF)
+
+
+# ---- the driver, with a stand-in phase process -------------------------------------------------
+
+FAKE_SPEC_PHASE = """
+import json, os, sys
+kwargs_path, out = sys.argv[1], sys.argv[2]
+kwargs = json.load(open(kwargs_path))
+config = json.load(open(os.path.join(kwargs["model_path"], "config.json")))
+assert kwargs["speculative_algorithm"] == "EAGLE" and config["num_nextn_predict_layers"] == 1
+split = os.environ["SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN"] == "1"
+adaptive = split and os.environ.get("SGLANG_MIXGRAPH_SPLIT_POLICY") == "adaptive"
+graph = kwargs.get("cuda_graph_backend_prefill") == "breakable"
+shape = {"seq_lens": [900, 41], "extend_seq_lens": [256, 1], "num_decode": 1 if split else None}
+steps = [dict(shape, mode="MIXED", bs=2, rows=257, graph=graph, ms=2.0)] * 2
+steps += [dict(shape, mode="MIXED", bs=2, rows=257, graph=False, ms=1.0, draft=True)] * 2
+steps += [{"mode": "TARGET_VERIFY", "bs": 2, "rows": 6, "graph": True, "ms": 1.0}]
+with open(os.path.join(os.environ["MIXGRAPH_E2E_STEP_LOG"], "steps_1.jsonl"), "w") as f:
+    f.writelines(json.dumps(s) + "\\n" for s in steps)
+layers = {"layers_split.c0": 2, "layers_split.c4": 4, "layers_split.c128": 2}
+if adaptive:
+    events = {"replays_seen": 2, "replays_unsplit_adaptive": 2} if graph else {
+        "steps_seen.mixed_run_as_extend": 2, "steps_unsplit_adaptive": 2}
+elif split:
+    events = dict({"replays_seen": 2, "replays_split": 2} if graph else {
+        "steps_seen.mixed_run_as_extend": 2, "steps_split": 2}, **layers)
+if split:
+    events["draft_steps_seen.mixed_run_as_extend"] = 2
+    snap = {"pid": 7, "events": {"mixed_split": events}, "fallbacks": {"mixed_split": {"spec_draft": 2}}}
+    print("[x] sglang-mixgraph counters " + json.dumps(snap))
+tokens = [1, 9] if graph and os.environ.get("FAKE_BCG_DIFFERS") == "1" else [1, 2]
+spec = {"r0": {"verify_ct": 1, "correct_drafts": 1, "tokens": 2}}
+json.dump({"ok": True, "outputs": {"r0": tokens}, "expected_lens": {"r0": 2}, "spec": spec,
+           "timings": {}}, open(out, "w"))
+"""
+
+
+def _run_spec_driver(tmp_path, monkeypatch, bcg_differs):
+    import run_e2e
+
+    fake = tmp_path / "fake_phase.py"
+    fake.write_text(FAKE_SPEC_PHASE)
+    monkeypatch.setattr(scm, "load_coefficients", lambda arch: POLICY.coeffs)
+    monkeypatch.setattr(run_e2e, "PHASE_SCRIPT", str(fake))
+    monkeypatch.setenv("FAKE_BCG_DIFFERS", "1" if bcg_differs else "0")
+    out = tmp_path / "out"
+    argv = ["run_e2e.py", "spec", "--out", str(out), "--work", str(tmp_path / "work")]
+    monkeypatch.setattr(sys, "argv", [*argv, "--budget-s", "120"])
+    rc = run_e2e.main()
+    return (
+        rc,
+        json.loads((out / "e2e_results.json").read_text()),
+        (out / "e2e_tiny_dsv4.log").read_text(),
+    )
+
+
+def test_driver_runs_the_spec_phases_on_the_next_n_model(tmp_path, monkeypatch):
+    rc, report, log = _run_spec_driver(tmp_path, monkeypatch, bcg_differs=False)
+    assert rc == 0 and report["checks_failed"] == 0
+    assert list(report["phases"]) == [p.name for p in SPEC]
+    assert all(r["accept_length"] == 2.0 for r in report["phases"].values())
+    assert "[ok] the draft's steps counted apart (draft_steps_seen, draft_replays_seen)" in log
+    assert "[ok] accept length equals spec-eager-off's (within 1%)" in log
+    assert '"speculative_algorithm": "EAGLE"' in log
+
+
+def test_driver_names_upstreams_breakable_arm_when_it_differs(tmp_path, monkeypatch):
+    rc, report, log = _run_spec_driver(tmp_path, monkeypatch, bcg_differs=True)
+    failed = {
+        n: [c["name"] for c in r["checks"] if not c["ok"]] for n, r in report["phases"].items()
+    }
+    assert rc == 1 and {n: f for n, f in failed.items() if f} == {
+        n: ["tokens equal spec-eager-off"]
+        for n in ("spec-bcg-off", "spec-bcg-always", "spec-bcg-adaptive")
+    }
+    assert (
+        "FAILED spec-bcg-off: tokens equal spec-eager-off: upstream's breakable prefill replay under EAGLE (SGLang issue 29985)"
+        in log
+    )
+
+
+def test_step_log_marks_the_draft_runners_forwards(tmp_path, monkeypatch):
+    import e2e_step_log as L
+    import torch
+    from test_e2e_harness import _batch
+
+    monkeypatch.setenv("MIXGRAPH_E2E_STEP_LOG", str(tmp_path))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+
+    class ModelRunner:
+        def __init__(self, is_draft_worker):
+            self.is_draft_worker = is_draft_worker
+
+        def forward(self, forward_batch):
+            return SimpleNamespace(can_run_graph=False)
+
+    L._wrap_forward(SimpleNamespace(ModelRunner=ModelRunner))
+    ModelRunner(False).forward(_batch("MIXED"))
+    ModelRunner(True).forward(_batch("MIXED"))
+    (log,) = tmp_path.glob("steps_*.jsonl")
+    target, draft = [json.loads(line) for line in log.read_text().splitlines()]
+    assert "draft" not in target and draft["draft"] is True
+    assert C.steps_by_mode([target, draft]) == {"MIXED/eager": 1, "draft MIXED/eager": 1}
+
+
+class _SpecEngine:
+    """What e2e_phase asks of ``sglang.Engine`` under speculation: every finished output
+    carries upstream's speculative counts in ``meta_info`` (one verify step per two tokens
+    here), streamed chunks only at the finish, as ``TokenizerManager`` sets them."""
+
+    def __init__(self, **kwargs):
+        import asyncio
+
+        self.loop = asyncio.new_event_loop()
+
+    @staticmethod
+    def _out(n, finished=True):
+        meta = {
+            "completion_tokens": n,
+            "spec_verify_ct": -(-n // 2),
+            "spec_num_correct_drafts": n // 2,
+        }
+        return {"output_ids": [3] * n, "meta_info": meta if finished else {}}
+
+    def generate(self, input_ids, sampling_params):
+        return [self._out(p["max_new_tokens"]) for p in sampling_params]
+
+    async def async_generate(self, input_ids, sampling_params, stream=False):
+        n = sampling_params["max_new_tokens"]
+        if not stream:
+            return self._out(n)
+
+        async def chunks():
+            for i in range(1, n + 1):
+                yield self._out(i, finished=i == n)
+
+        return chunks()
+
+    def shutdown(self):
+        self.loop.close()
+
+
+def test_phase_records_each_requests_speculative_counts(monkeypatch):
+    import e2e_phase
+    import e2e_workload as W
+
+    monkeypatch.setitem(sys.modules, "sglang", SimpleNamespace(Engine=_SpecEngine))
+    monkeypatch.setenv("MIXGRAPH_E2E_WORKLOAD", "short")
+    monkeypatch.setenv("SGLANG_MIXGRAPH_COUNTERS_LOG_INTERVAL", "0")
+    res = e2e_phase.run({"chunked_prefill_size": P.CHUNK})
+    reqs = W.all_requests(W.build(chunk=P.CHUNK, workload="short"))
+    assert res["ok"] and set(res["spec"]) == {r.rid for r in reqs}
+    # Streamed requests (the staggered segment's first) report at their last chunk.
+    for r in reqs:
+        n = r.max_new
+        assert res["spec"][r.rid] == {
+            "verify_ct": -(-n // 2),
+            "correct_drafts": n // 2,
+            "tokens": n,
+        }
+    assert e2e_phase.spec_counts({"output_ids": [1], "meta_info": {}}) is None
