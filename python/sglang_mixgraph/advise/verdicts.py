@@ -76,7 +76,7 @@ def _ranged(low: float, high: float) -> str:
 
 
 def _no_mixed_reason(x: Inputs) -> str:
-    if not x.facts.mixed_chunk:
+    if x.facts.mixed_chunk is False:
         return "mixed chunked prefill is off (--enable-mixed-chunk): there are no MIXED steps"
     return (
         f"no MIXED step among the {len(x.steps)} profiled steps: no prefill ran beside "
@@ -366,6 +366,17 @@ def read_done_verdict(x: Inputs) -> Verdict:
 
 
 def all_verdicts(x: Inputs) -> list[Verdict]:
+    if not x.facts.architectures:  # traces read without a server or a config.json
+        why = "the model is not known: give its config.json with --model-path"
+        return [
+            Verdict(id_, patch, title, UNKNOWN, why)
+            for id_, patch, title in (
+                ("mixed_split", "mixed_split", "mixed split"),
+                ("prefill_graph", "graph_config", "breakable prefill graph"),
+                ("split_tail_graphs", "mixed_split", "decode-tail graphs"),
+                ("replay_read_done", "replay_read_done", "replay read-done"),
+            )
+        ]
     split, priced = split_verdict(x)
     return [
         split,
