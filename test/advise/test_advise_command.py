@@ -14,6 +14,7 @@ import pytest
 from advise_standin import Standin, recorded_server_info
 
 from sglang_mixgraph.advise import capture
+from sglang_mixgraph.advise import server as server_mod
 from sglang_mixgraph.cli import main
 from sglang_mixgraph.cli.presets import DSV4_MODEL_DIR
 
@@ -120,6 +121,33 @@ def test_a_server_without_traffic_has_no_steps_to_profile(tmp_path, capsys):
     err = one_line(capsys.readouterr().err)
     assert "no steps to profile" in err and "--load" in err
     assert standin.paths("POST") == ["/start_profile", "/stop_profile"]
+
+
+def test_the_stop_has_its_own_longer_bound(tmp_path, capsys, monkeypatch):
+    # SGLang answers /stop_profile once the ranks wrote: 10 s on a real H100 without stacks,
+    # more than the bound of every other call.
+    monkeypatch.setattr(server_mod, "TIMEOUT_S", 0.3)
+    monkeypatch.setattr(capture, "STOP_TIMEOUT_S", 5.0)
+    with serve("on_stop", "dsv4_replay_h200", tp_size=1) as standin:
+        standin.stop_delay_s = 1.0
+        assert advise(standin, tmp_path, "--timeout", "0.3", "--json") == 0
+    assert json.loads(capsys.readouterr().out)["profile"]["stopped_early"] is True
+
+
+@pytest.mark.parametrize(
+    "stack, hint",
+    [([], "(profile fewer --steps)"), (["--stack"], "leave out --stack, or profile fewer")],
+)
+def test_a_stop_past_its_bound_is_one_line(tmp_path, capsys, monkeypatch, stack, hint):
+    monkeypatch.setattr(capture, "STOP_TIMEOUT_S", 0.4)
+    monkeypatch.setattr(capture, "STOP_TIMEOUT_STACK_S", 0.6)
+    with serve("on_stop", "dsv4_replay_h200", tp_size=1) as standin:
+        standin.stop_delay_s = 1.5
+        assert advise(standin, tmp_path, "--timeout", "0.2", *stack) == 1
+    err = one_line(capsys.readouterr().err)
+    bound = "0.6" if stack else "0.4"
+    assert f"did not answer /stop_profile within {bound} s: SGLang's profiler had not" in err
+    assert hint in err
 
 
 def test_traces_written_on_another_host_are_said_to_need_a_shared_directory(tmp_path, capsys):
