@@ -94,8 +94,13 @@ def test_json_has_a_schema_version_the_verdicts_and_the_evidence(tmp_path, capsy
     report = json.loads(capsys.readouterr().out)
     assert report["schema_version"] == 1
     assert report["gpu"] == {"name": "NVIDIA H200", "arch": "sm90"}
-    assert report["switch_on_first"] == ["mixed_split", "replay_read_done"]
+    assert report["switch_on_first"] == ["mixed_split"]
     verdicts = {v["id"]: v for v in report["verdicts"]}
+    # four replayed steps, three followed by another: too few for read-done's range
+    assert verdicts["replay_read_done"]["outcome"] == "unknown"
+    assert "only 3 replayed steps followed by another" in verdicts["replay_read_done"]["reason"]
+    split = verdicts["mixed_split"]
+    assert split["low_ms"] < split["delta_ms"] < split["high_ms"]  # a range, not a point
     assert verdicts["mixed_split"]["outcome"] == "pays" and verdicts["mixed_split"]["high_ms"] < 0
     assert verdicts["mixed_split"]["flags"] == ["SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN=1"]
     assert verdicts["prefill_graph"]["outcome"] == "already on"
