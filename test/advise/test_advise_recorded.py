@@ -46,9 +46,12 @@ def test_recorded_traces_are_read_without_a_server(tmp_path, capsys):
     verdicts = {v["id"]: v for v in report["verdicts"]}
     assert verdicts["mixed_split"]["outcome"] in ("pays", "may pay", "no gain")
     assert verdicts["prefill_graph"]["detail"]["eager_steps"] > 0
+    assert "eager kernels unpadded (no bucket list known" in verdicts["prefill_graph"]["basis"]
     assert main(args) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("sglang-mixgraph advise: traces recorded earlier (no server")
+    assert lines[0] == (
+        "sglang-mixgraph advise: traces recorded earlier (no server asked: its settings unknown)"
+    )
 
 
 def test_without_the_models_config_every_verdict_is_unknown(tmp_path, capsys):

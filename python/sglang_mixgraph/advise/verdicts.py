@@ -362,6 +362,9 @@ def prefill_graph_verdict(x: Inputs) -> Verdict:
         mids.append(max((h[0] + h[1]) / 2, gpu * (f_lo + f_hi) / 2) - step.wall_ms)
     low, high = _spread(lows, highs)
     gpu_src = factor.source if factor else "padding only (the capture width's cost is unmeasured)"
+    padded = "padded to the server's prefill buckets"
+    if not f.prefill_graph.buckets:
+        padded = "unpadded (no bucket list known without the server)"
     return verdict(
         _ranged(low, high),
         reason,
@@ -371,7 +374,7 @@ def prefill_graph_verdict(x: Inputs) -> Verdict:
         high_ms=high,
         wall_ms=wall,
         basis=f"eager MIXED steps measured here; replay host: {h[2] or 'at most the eager host'}; "
-        f"replay GPU: the eager kernels padded to the server's prefill buckets, times {gpu_src}. "
+        f"replay GPU: the eager kernels {padded}, times {gpu_src}. "
         "Run `sglang-mixgraph plan` with the server's launch arguments and these settings "
         "first: its capture estimate decides whether `auto` turns the graph on; the context "
         f"width is the longest the profile saw, set it to the longest you want replayed; "

@@ -66,7 +66,8 @@ def add_parser(sub) -> None:
         "--timeout",
         type=float,
         default=60.0,
-        help="seconds to wait for the steps before stopping the profile (default 60)",
+        help="seconds to wait for the steps before stopping the profile, and with --load first "
+        "for the client's warm-up to end (default 60 each)",
     )
     parser.add_argument(
         "--load",
