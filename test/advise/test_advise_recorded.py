@@ -8,7 +8,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from pathlib import Path
 
+import pytest
 from advise_standin import TRACES
 
 from sglang_mixgraph.cli import main
@@ -90,3 +92,55 @@ def test_an_unreadable_model_config_is_one_line(tmp_path, capsys):
     (bad / "config.json").write_text("[1, 2]")
     assert main(["advise", "--trace-dir", str(tmp_path), "--model-path", str(bad)]) == 1
     assert "is not a model config" in one_line(capsys.readouterr().err)
+
+
+def real_shaped_rank(row: dict, steps: int = 10):
+    """One rank of replayed MIXED steps shaped as the real H100 run's median MIXED step (host,
+    kernel ms, GPU span, 140 launches of which 5 graph launches), with the GPU idle measured
+    there (3.54 ms) before each next step."""
+    from make_traces import FORWARD, MS, mixed_label
+
+    from sglang_mixgraph.kits.profiler_trace import TraceBuilder
+
+    b = TraceBuilder(gpu="H100", pid=8000, tid=8000)
+    launches, graphs = int(row["launches"]), int(row["graph_launches"])
+    small = 0.05  # ms of each eager kernel; the graph launches carry the rest
+    big = (row["kernel_ms"] - small * (launches - graphs)) / graphs
+    gap = (row["wall_ms"] - row["kernel_ms"]) / (launches - 1) * MS
+    t = 1_000_000.0
+    for i in range(steps):
+        host = row["host_ms"] * MS
+        b.frame(FORWARD, t, host)
+        gpu = first = t + 0.5 * MS
+        for k in range(launches):
+            graph = k % (launches // graphs) == 0 and k // (launches // graphs) < graphs
+            ms = big if graph else small
+            at = t + (k + 0.5) * host / launches
+            call = "cudaGraphLaunch" if graph else "cudaLaunchKernel"
+            b.launch(at, [(f"kernel_{k}", gpu, ms * MS)], call=call)
+            gpu += ms * MS + (gap if k < launches - 1 else 0)
+        label = mixed_label(6, 1159, 1558, 0, 20 + i)
+        b.annotation(label, t, host, gpu_span=(first, gpu))
+        t = gpu + 3.5356 * MS - 0.5 * MS  # the next step's first kernel 3.54 ms after the last
+    return b
+
+
+def test_a_trace_shaped_as_the_real_h100_run_reads_as_advise_read_it_there(tmp_path, capsys):
+    """The real run (records-2026-12-06, one H100, tiny DeepSeek-V4, breakable prefill graph):
+    advise read its MIXED steps as host 14.07, kernels 23.41, wall 28.78 ms, 140 launches, 5
+    graph launches; a trace of that shape, recorded earlier, reads the same without a server."""
+    real = json.loads((Path(__file__).parent / "real_h100_tiny_dsv4.json").read_text())
+    row = real["advise_mixed_row"]
+    real_shaped_rank(row).write(tmp_path / "1796525228.75-TP-0.trace.json.gz")
+    args = ["advise", "--trace-dir", str(tmp_path), "--model-path", str(DSV4_MODEL_DIR), "--json"]
+    assert main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["gpu"] == {"name": "NVIDIA H100 80GB HBM3", "arch": "sm90"}
+    (mixed,) = [r for r in report["steps"] if r["mode"] == "MIXED"]
+    assert mixed["graph"] == "replay" and mixed["steps"] == 10
+    for key in ("host_ms", "kernel_ms", "wall_ms", "launches", "graph_launches", "decode_rows"):
+        assert mixed[key] == pytest.approx(row[key], abs=0.01), key
+    verdicts = {v["id"]: v for v in report["verdicts"]}
+    assert verdicts["prefill_graph"]["outcome"] == "already on"
+    rd = verdicts["replay_read_done"]  # nine steps followed by another, 3.54 ms idle each
+    assert rd["outcome"] == "may pay" and rd["low_ms"] == pytest.approx(-3.54, abs=0.01)
