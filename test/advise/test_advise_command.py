@@ -276,6 +276,15 @@ def test_a_load_client_that_fails_first_is_one_line(tmp_path, capsys, monkeypatc
     assert standin.paths("POST") == []  # no profile was started, none is left running
 
 
+def test_a_load_client_failing_after_its_warm_up_stops_the_profile(tmp_path, capsys, monkeypatch):
+    _fake_load(monkeypatch, f"{MAIN_RUN}; raise SystemExit(4)")
+    with serve("on_traffic") as standin:
+        assert advise(standin, tmp_path, "--load", "--timeout", "30") == 1
+    err = one_line(capsys.readouterr().err)
+    assert "exited with 4 before any step was profiled" in err
+    assert standin.paths("POST") == ["/start_profile", "/stop_profile"]  # not left running
+
+
 def test_a_load_client_stuck_in_its_warm_up_is_one_line(tmp_path, capsys, monkeypatch):
     _fake_load(monkeypatch, "import time; time.sleep(30)")
     with serve("on_traffic") as standin:

@@ -112,14 +112,10 @@ def start_profile(server: Server, body: dict) -> None:
     )
 
 
-def stop_timeout(with_stack: bool) -> float:
-    return STOP_TIMEOUT_STACK_S if with_stack else STOP_TIMEOUT_S
-
-
 def stop_profile(server: Server, with_stack: bool) -> None:
     """End a profile; the answer comes once the ranks wrote (an error status when it had
     stopped by itself already: the traces are written then too)."""
-    bound = stop_timeout(with_stack)
+    bound = STOP_TIMEOUT_STACK_S if with_stack else STOP_TIMEOUT_S
     try:
         server.call("POST", "/stop_profile", timeout_s=bound)
     except AdviseError as e:
@@ -222,7 +218,8 @@ def collect(
             if now - first_ready >= RANK_GRACE_S:
                 return Capture(ready, stopped)
         if load is not None and not sizes and load.poll() not in (None, 0):
-            stop_profile(server, with_stack)
+            with contextlib.suppress(AdviseError):  # the client's failure is the line to show
+                stop_profile(server, with_stack)
             # A temporary trace directory goes with the failure: its last line is all that stays.
             where = f"its output: {load_log}" if keep_log else f"it said: {_last_line(load_log)}"
             raise AdviseError(
