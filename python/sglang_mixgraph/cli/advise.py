@@ -43,7 +43,8 @@ def add_parser(sub) -> None:
         description=(
             "Attach to a running SGLang server (starts none), profile a few forward steps with "
             "its /start_profile endpoint, and say which of this plugin's patches would shorten "
-            "its MIXED steps, with the evidence. See docs/advise.md."
+            "its MIXED steps, with the evidence; without --url, read the traces SGLang's "
+            "profiler wrote earlier into --trace-dir. See docs/advise.md."
         ),
         allow_abbrev=False,
     )
