@@ -7,14 +7,17 @@ one scenario (test/advise/traces/<scenario>/). When they are written is the mode
 after the start (a server with traffic reaching `num_steps`), "on_stop" at `/stop_profile` (no
 traffic), "on_traffic" after the first POST `/generate` (the load's), "elsewhere" never (a
 server writing on another host), "broken" a truncated file. "missing" answers 404 for the
-profiling endpoints (a server without them), "refuse" 400, "busy" 500.
+profiling endpoints (a server without them), "refuse" 400, "busy" 500. `stop_delay_s` is how
+long `/stop_profile` takes to answer (SGLang answers once the ranks have written).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -32,6 +35,7 @@ class Standin:
         self.server_info, self.model_info = server_info, model_info
         self.requests: list[tuple[str, str, dict | None]] = []
         self.pending: dict | None = None  # the start request whose traces are not written yet
+        self.stop_delay_s = 0.0
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
@@ -69,10 +73,11 @@ class Standin:
 
             def _send(self, status: int, body) -> None:
                 data = (json.dumps(body) if not isinstance(body, str) else body).encode()
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # caller gave up
+                    self.send_response(status)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
 
             def do_GET(self):
                 standin.requests.append(("GET", self.path, None))
@@ -101,6 +106,7 @@ class Standin:
                         threading.Timer(0.1, standin.write_traces).start()
                     return self._send(200, "Start profiling.\n")
                 if self.path == "/stop_profile":
+                    time.sleep(standin.stop_delay_s)
                     if mode == "on_stop":
                         standin.write_traces()
                     return self._send(200, "Stop profiling. This will take some time.\n")

@@ -8,11 +8,13 @@ import json
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from advise_standin import Standin, recorded_server_info
 
 from sglang_mixgraph.advise import capture
+from sglang_mixgraph.advise import server as server_mod
 from sglang_mixgraph.cli import main
 from sglang_mixgraph.cli.presets import DSV4_MODEL_DIR
 
@@ -52,7 +54,8 @@ def test_it_profiles_reads_every_rank_and_says_what_to_switch_on_first(tmp_path,
     (start,) = [b for m, p, b in standin.requests if p == "/start_profile"]
     assert start["output_dir"] == str(tmp_path) and start["num_steps"] == 12
     assert start["activities"] == ["CPU", "GPU"] and start["detailed_annotations"] is True
-    assert start["with_stack"] is True and start["profile_id"].startswith("mixgraph-advise-")
+    # stacks are off by default: with them SGLang took minutes to write a real server's trace
+    assert start["with_stack"] is False and start["profile_id"].startswith("mixgraph-advise-")
     assert "/stop_profile" not in standin.paths()  # the profile stopped by itself
     # the raw traces stay where the user said, named as SGLang names them
     kept = sorted(p.name for p in tmp_path.iterdir())
@@ -91,8 +94,13 @@ def test_json_has_a_schema_version_the_verdicts_and_the_evidence(tmp_path, capsy
     report = json.loads(capsys.readouterr().out)
     assert report["schema_version"] == 1
     assert report["gpu"] == {"name": "NVIDIA H200", "arch": "sm90"}
-    assert report["switch_on_first"] == ["mixed_split", "replay_read_done"]
+    assert report["switch_on_first"] == ["mixed_split"]
     verdicts = {v["id"]: v for v in report["verdicts"]}
+    # four replayed steps, three followed by another: too few for read-done's range
+    assert verdicts["replay_read_done"]["outcome"] == "unknown"
+    assert "only 3 replayed steps followed by another" in verdicts["replay_read_done"]["reason"]
+    split = verdicts["mixed_split"]
+    assert split["low_ms"] < split["delta_ms"] < split["high_ms"]  # a range, not a point
     assert verdicts["mixed_split"]["outcome"] == "pays" and verdicts["mixed_split"]["high_ms"] < 0
     assert verdicts["mixed_split"]["flags"] == ["SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN=1"]
     assert verdicts["prefill_graph"]["outcome"] == "already on"
@@ -104,10 +112,10 @@ def test_json_has_a_schema_version_the_verdicts_and_the_evidence(tmp_path, capsy
 
 def test_without_a_trace_dir_a_fresh_one_holds_the_traces(capsys):
     with serve("auto", "dsv4_replay_h200", tp_size=1) as standin:
-        assert main(["advise", "--url", standin.url, "--json", "--no-stack"]) == 0
+        assert main(["advise", "--url", standin.url, "--json", "--stack"]) == 0
     (start,) = [b for m, p, b in standin.requests if p == "/start_profile"]
     report = json.loads(capsys.readouterr().out)
-    assert start["with_stack"] is False
+    assert start["with_stack"] is True
     assert report["profile"]["trace_dir"] == start["output_dir"]
     assert "mixgraph-advise-" in start["output_dir"]
 
@@ -118,6 +126,33 @@ def test_a_server_without_traffic_has_no_steps_to_profile(tmp_path, capsys):
     err = one_line(capsys.readouterr().err)
     assert "no steps to profile" in err and "--load" in err
     assert standin.paths("POST") == ["/start_profile", "/stop_profile"]
+
+
+def test_the_stop_has_its_own_longer_bound(tmp_path, capsys, monkeypatch):
+    # SGLang answers /stop_profile once the ranks wrote: 10 s on a real H100 without stacks,
+    # more than the bound of every other call.
+    monkeypatch.setattr(server_mod, "TIMEOUT_S", 0.3)
+    monkeypatch.setattr(capture, "STOP_TIMEOUT_S", 5.0)
+    with serve("on_stop", "dsv4_replay_h200", tp_size=1) as standin:
+        standin.stop_delay_s = 1.0
+        assert advise(standin, tmp_path, "--timeout", "0.3", "--json") == 0
+    assert json.loads(capsys.readouterr().out)["profile"]["stopped_early"] is True
+
+
+@pytest.mark.parametrize(
+    "stack, hint",
+    [([], "(profile fewer --steps)"), (["--stack"], "leave out --stack, or profile fewer")],
+)
+def test_a_stop_past_its_bound_is_one_line(tmp_path, capsys, monkeypatch, stack, hint):
+    monkeypatch.setattr(capture, "STOP_TIMEOUT_S", 0.4)
+    monkeypatch.setattr(capture, "STOP_TIMEOUT_STACK_S", 0.6)
+    with serve("on_stop", "dsv4_replay_h200", tp_size=1) as standin:
+        standin.stop_delay_s = 1.5
+        assert advise(standin, tmp_path, "--timeout", "0.2", *stack) == 1
+    err = one_line(capsys.readouterr().err)
+    bound = "0.6" if stack else "0.4"
+    assert f"did not answer /stop_profile within {bound} s: SGLang's profiler had not" in err
+    assert hint in err
 
 
 def test_traces_written_on_another_host_are_said_to_need_a_shared_directory(tmp_path, capsys):
@@ -177,7 +212,9 @@ def test_a_url_that_does_not_answer_is_one_line_from_the_installed_command(tmp_p
         (["--url", "http://h:1", "--load", "--load-args", "'open"], "--load-args: No closing"),
         (["--url", "http://h:1", "--model-path", "/no/such/model"], "no config.json there"),
         (["--url", "http://h:1", "--steps", "many"], "invalid int value: 'many'"),
-        (["--steps", "3"], "the following arguments are required: --url"),
+        (["--steps", "3"], "give --url (a server to profile) or --trace-dir (traces"),
+        (["--trace-dir", "/no/such/dir"], "--trace-dir /no/such/dir is not a directory"),
+        (["--trace-dir", "/tmp", "--load"], "--load needs --url"),
         (["--url", "http://h:1", "--frobnicate"], "unrecognized arguments: --frobnicate"),
     ],
 )
@@ -204,15 +241,30 @@ def _fake_load(monkeypatch, code: str) -> None:
     )
 
 
-def test_load_sends_a_burst_while_profiling_and_keeps_its_log(tmp_path, capsys, monkeypatch):
-    post = "import urllib.request as u; u.urlopen(u.Request('URL/generate', data=b'{}'))"
-    _fake_load(monkeypatch, post + "; print('sent')")
+POST = "import urllib.request as u; u.urlopen(u.Request('URL/generate', data=b'BODY'))"
+WARM_UP = POST.replace("BODY", '{"warmup": true}')
+MAIN_RUN = f"print({capture.MAIN_RUN_MARKER!r}, flush=True); import time; time.sleep(0.5)"
+
+
+def test_the_profile_starts_after_the_loads_warm_up(tmp_path, capsys, monkeypatch):
+    # As SGLang's client: a warm-up request, its line, a pause, then the burst.
+    burst = POST.replace("BODY", "{}")
+    _fake_load(monkeypatch, f"{WARM_UP}; {MAIN_RUN}; {burst}; print('sent')")
     with serve("on_traffic", "dsv4_replay_h200", tp_size=1) as standin:
         assert advise(standin, tmp_path, "--load", "--json") == 0
-    assert "/generate" in standin.paths("POST")
+    calls = [(p, b) for m, p, b in standin.requests if m == "POST"]
+    assert calls[:3] == [("/generate", {"warmup": True}), calls[1], ("/generate", {})]
+    assert calls[1][0] == "/start_profile"  # after the warm-up, before the burst
     report = json.loads(capsys.readouterr().out)
     assert report["profile"]["load_log"] == str(tmp_path / capture.LOAD_LOG)
-    assert (tmp_path / capture.LOAD_LOG).read_text().strip() == "sent"
+    assert (tmp_path / capture.LOAD_LOG).read_text().splitlines()[-1] == "sent"
+
+
+def test_the_warm_up_line_is_the_one_sglangs_client_prints():
+    import importlib.util
+
+    source = Path(importlib.util.find_spec(capture.BENCH_MODULE).origin).read_text()
+    assert "Starting warmup with" in source and capture.MAIN_RUN_MARKER in source
 
 
 def test_a_load_client_that_fails_first_is_one_line(tmp_path, capsys, monkeypatch):
@@ -220,8 +272,26 @@ def test_a_load_client_that_fails_first_is_one_line(tmp_path, capsys, monkeypatc
     with serve("on_traffic") as standin:
         assert advise(standin, tmp_path, "--load", "--timeout", "30") == 1
     err = one_line(capsys.readouterr().err)
-    assert "the load client (sglang.benchmark.serving) exited with 3" in err
-    assert "/stop_profile" in standin.paths("POST")  # the profile is not left running
+    assert "the load client (sglang.benchmark.serving) exited with 3 before its warm-up" in err
+    assert standin.paths("POST") == []  # no profile was started, none is left running
+
+
+def test_a_load_client_failing_after_its_warm_up_stops_the_profile(tmp_path, capsys, monkeypatch):
+    _fake_load(monkeypatch, f"{MAIN_RUN}; raise SystemExit(4)")
+    with serve("on_traffic") as standin:
+        assert advise(standin, tmp_path, "--load", "--timeout", "30") == 1
+    err = one_line(capsys.readouterr().err)
+    assert "exited with 4 before any step was profiled" in err
+    assert standin.paths("POST") == ["/start_profile", "/stop_profile"]  # not left running
+
+
+def test_a_load_client_stuck_in_its_warm_up_is_one_line(tmp_path, capsys, monkeypatch):
+    _fake_load(monkeypatch, "import time; time.sleep(30)")
+    with serve("on_traffic") as standin:
+        assert advise(standin, tmp_path, "--load", "--timeout", "0.5") == 1
+    err = one_line(capsys.readouterr().err)
+    assert "did not finish its warm-up within 0.5 s" in err and "--timeout" in err
+    assert standin.paths("POST") == []
 
 
 def test_the_load_is_sglangs_own_client_on_random_ids():

@@ -110,3 +110,24 @@ def test_a_bearer_key_is_sent_and_a_slow_server_times_out():
         release.set()
         httpd.shutdown()
         httpd.server_close()
+
+
+def test_a_real_servers_arguments_read_as_advise_read_them_there():
+    """The server arguments a real SGLang 0.5.23 server logged (one H100, a tiny DeepSeek-V4,
+    breakable prefill graph) give the facts advise printed from its /server_info then."""
+    import json
+    from pathlib import Path
+
+    real = json.loads((Path(__file__).parent / "real_h100_tiny_dsv4.json").read_text())
+    expected = real["advise_server"]
+    model_info = {
+        "architectures": expected["architectures"],
+        "model_path": "<device-tmp>/tiny_dsv4",
+    }
+    facts = ServerFacts.read(expected["url"], real["server_info"], model_info)
+    assert (facts.tp_size, facts.pp_size, facts.dp_size, facts.attn_dp_size) == (1, 1, 1, 1)
+    assert facts.mixed_chunk is True and facts.speculative_algorithm is None
+    assert facts.prefill_graph.backend == expected["prefill_graph"]["backend"] == "breakable"
+    assert list(facts.prefill_graph.buckets) == expected["prefill_graph"]["buckets"]
+    assert list(facts.decode_graph.buckets) == expected["decode_graph"]["buckets"]
+    assert facts.deepseek_v4 and facts.expected_traces == 1

@@ -5,6 +5,7 @@ what is not priced (no calibration for the GPU, no model config) instead of a gu
 from __future__ import annotations
 
 import dataclasses
+import statistics
 
 import pytest
 from advise_standin import recorded_server_info
@@ -86,11 +87,23 @@ def test_replayed_gpu_bound_steps_with_many_long_decode_rows_switch_the_split_on
     tail = v["split_tail_graphs"]
     assert tail.outcome == V.NO_GAIN
     assert (tail.low_ms, tail.high_ms) == pytest.approx((61 * 0.022, 61 * 0.073))
+    # the model's own error on a replay (4.4% of the unsplit attention) either way: identical
+    # steps add no spread of their own
+    width = 2 * ev.SPLIT_MODEL_CHANGE_ERROR["replay"] * split.detail["attention_ms_modelled"]
+    assert split.high_ms - split.low_ms == pytest.approx(width)
+    assert split.low_ms < split.delta_ms < split.high_ms
+    # four replays, three followed by a step: too few GPU idle times for read-done
     rd = v["replay_read_done"]
+    assert rd.outcome == V.UNKNOWN and rd.reason.startswith("only 3 replayed steps followed")
+    assert [w.id for w in V.switch_on_order(list(v.values()))] == ["mixed_split"]
+
+
+def test_read_done_is_bounded_by_the_gpus_idle_time_after_replays():
+    x = inputs("dsv4_replay_h200", prefill_graph=REPLAYED)
+    x = dataclasses.replace(x, steps=x.steps * 2)  # six replays followed by a step
+    rd = by_id(x)["replay_read_done"]
     assert rd.outcome == V.MAY_PAY and rd.low_ms == pytest.approx(-0.4) and rd.high_ms == 0
     assert rd.delta_ms is None  # a bound, not a prediction
-    order = [w.id for w in V.switch_on_order(list(v.values()))]
-    assert order == ["mixed_split", "replay_read_done"]
 
 
 def test_a_model_far_from_the_profile_is_said_to_be_off():
@@ -233,3 +246,78 @@ def test_on_host_bound_split_steps_the_tail_graphs_save_their_host_time():
 def test_a_speculative_algorithm_only_the_servers_plugins_know_is_not_split():
     split = by_id(inputs("dsv4_eager_h200", speculative_algorithm="MYSPEC"))["mixed_split"]
     assert split.outcome == V.CANNOT_ACT and "speculative decoding outside" in split.reason
+
+
+def _quantile(values, q):
+    return statistics.quantiles(values, n=10, method="inclusive")[0 if q == 0.1 else -1]
+
+
+def test_the_range_is_the_spread_of_the_profiled_steps():
+    x = inputs("dsv4_eager_h200")
+    mixed = [s for s in x.steps if s.mode == "MIXED"]
+    for i, s in enumerate(mixed):  # host-bound steps of 200 to 300 ms
+        s.host_ms = 200.0 + 20.0 * i
+    graph = by_id(x)["prefill_graph"]
+    # each step: its padded GPU work (above the replay's 30.6-54 ms of host) times the capture
+    # width's 1.00-1.25, less its own wall
+    gpu = 140 * 2816 / 2584
+    lows = [gpu - s.wall_ms for s in mixed]
+    highs = [gpu * ev.DSV4_REPLAY_GPU_FACTOR.high - s.wall_ms for s in mixed]
+    assert graph.low_ms == pytest.approx(_quantile(lows, 0.1))
+    assert graph.high_ms == pytest.approx(_quantile(highs, 0.9))
+    # wider than one step's own range (the capture width's factor alone)
+    assert graph.high_ms - graph.low_ms > gpu * (ev.DSV4_REPLAY_GPU_FACTOR.high - 1)
+    assert "10th percentile of the steps' lows to 90th of their highs" in graph.basis
+
+
+def test_steps_that_straddle_zero_may_pay_rather_than_pay():
+    x = inputs("dsv4_eager_h200")
+    mixed = [s for s in x.steps if s.mode == "MIXED"]
+    for s in mixed[:2]:  # two steps barely host-bound: a replay's padded GPU work is longer
+        s.host_ms = 145.0
+        s.gpu_end_us = s.gpu_start_us + 145.0e3
+    graph = by_id(x)["prefill_graph"]
+    assert graph.outcome == V.MAY_PAY and graph.low_ms < 0 < graph.high_ms
+
+
+def test_too_few_mixed_steps_are_unknown_not_a_number():
+    x = inputs("dsv4_eager_h200")
+    mixed = [s for s in x.steps if s.mode == "MIXED"][:3]
+    x = dataclasses.replace(x, steps=[s for s in x.steps if s.mode != "MIXED"] + mixed)
+    v = by_id(x)
+    for vid, words in (("mixed_split", "priced MIXED steps"), ("prefill_graph", "eager MIXED")):
+        assert v[vid].outcome == V.UNKNOWN, vid
+        assert v[vid].reason.startswith(f"only 3 {words}") and "--steps" in v[vid].reason
+        assert v[vid].low_ms is None and v[vid].delta_ms is None and not v[vid].flags
+
+
+@pytest.mark.parametrize(
+    "regime, results, key",
+    [
+        ("replay", "mixed_split_inserver_fit_h200.json", "_layer_ms"),
+        ("eager", "mixed_split_inserver_h200.json", "_layer_wall_ms"),
+    ],
+)
+def test_the_models_own_error_is_what_its_calibration_points_show(regime, results, key):
+    """The error the split's ranges carry, recomputed: the sm90 calibration's change of a layer
+    call against the measured change, over the measured unsplit time, 90th percentile."""
+    import json
+    from pathlib import Path
+
+    from sglang_mixgraph.core import split_cost_model as scm
+
+    root = Path(__file__).resolve().parents[2] / "docs" / "results"
+    coeffs = scm.load_coefficients("sm90")
+    ratio = {"csa_c4_top1024": 4, "hca_c128": 128}
+    errors = []
+    for p in json.loads((root / results).read_text())["points"]:
+        shape = scm.StepShape.uniform(
+            ratio[p["layer"]], p["context"], p["decode_rows"], p["prefill_rows"]
+        )
+        pair = (
+            scm.predict(shape, coeffs) if regime == "replay" else scm.predict_eager(shape, coeffs)
+        )
+        measured = p["always" + key] - p["off" + key]
+        errors.append(abs((pair[1] - pair[0]) - measured) / p["off" + key])
+    p90 = sorted(errors)[int(0.9 * len(errors))]
+    assert ev.SPLIT_MODEL_CHANGE_ERROR[regime] == pytest.approx(p90, abs=0.0005)

@@ -7,8 +7,11 @@ after that many forward steps, `SchedulerProfilerManager._profile_batch_predicat
 `detailed_annotations` (request counts in every step's span name). Each scheduler process
 writes `<profile_id>-TP-<rank>[-DP-..][-PP-..][-EP-..].trace.json.gz` into `output_dir` on its
 own host (`SchedulerProfilerManager._stop_profile`). Without traffic no step runs and nothing is
-written until `POST /stop_profile`. `--load` runs SGLang's client (`sglang.benchmark.serving`)
-for a short burst meanwhile; a trace counts once its size has stopped changing.
+written until `POST /stop_profile`, which SGLang answers only once the ranks have written
+(`_stop_profile` exports the trace inside the scheduler): it has a bound of its own, longer with
+Python stacks. `--load` runs SGLang's client (`sglang.benchmark.serving`) and the profile starts
+once the client says its warm-up is over, so the profiled steps are the burst's; a trace counts
+once its size has stopped changing.
 """
 
 from __future__ import annotations
@@ -29,9 +32,17 @@ from sglang_mixgraph.advise.server import AdviseError, Server
 POLL_S = 0.25
 SETTLE_S = 1.0  # a trace's size unchanged this long: its rank finished writing it
 RANK_GRACE_S = 15.0  # after the first trace, how long the other ranks' may take
-STOP_GRACE_S = 60.0  # after /stop_profile, how long the ranks may take to write
+STOP_GRACE_S = 60.0  # after /stop_profile answered, how long the traces may take to show here
+# How long SGLang may take to answer /stop_profile (it writes the traces first). Measured on one
+# H100 (16 steps of a 4-layer DeepSeek-V4, no stacks): 10 s for a 7 MB trace; with stacks it
+# had not finished after 87 s. A real model's trace is larger, hence the margins.
+STOP_TIMEOUT_S = 120.0
+STOP_TIMEOUT_STACK_S = 600.0
 LOAD_STOP_S = 10.0
 LOAD_LOG = "advise-load.log"
+# What `sglang.benchmark.serving` (`benchmark`) prints once its warm-up requests are done; the
+# main run starts a second later.
+MAIN_RUN_MARKER = "Starting main benchmark run"
 
 
 @dataclass(frozen=True)
@@ -101,8 +112,56 @@ def start_profile(server: Server, body: dict) -> None:
     )
 
 
+def stop_profile(server: Server, with_stack: bool) -> None:
+    """End a profile; the answer comes once the ranks wrote (an error status when it had
+    stopped by itself already: the traces are written then too)."""
+    bound = STOP_TIMEOUT_STACK_S if with_stack else STOP_TIMEOUT_S
+    try:
+        server.call("POST", "/stop_profile", timeout_s=bound)
+    except AdviseError as e:
+        hint = "profile fewer --steps"
+        if with_stack:
+            hint = "Python stacks make it slow: leave out --stack, or " + hint
+        raise AdviseError(f"{e}: SGLang's profiler had not written its traces ({hint})") from None
+
+
+def wait_for_main_run(load: subprocess.Popen, log: Path, timeout_s: float) -> None:
+    """Until the load client's warm-up is over (its log says so), so that the profile holds
+    the burst's own steps; one line when the client exits first or never gets there."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with contextlib.suppress(OSError):
+            if MAIN_RUN_MARKER.encode() in log.read_bytes():
+                return
+        if load.poll() is not None:
+            raise AdviseError(
+                f"the load client ({BENCH_MODULE}) exited with {load.returncode} before its "
+                f"warm-up was over; it said: {_last_line(log)}"
+            )
+        if time.monotonic() >= deadline:
+            raise AdviseError(
+                f"the load client ({BENCH_MODULE}) did not finish its warm-up within "
+                f"{timeout_s:g} s (no {MAIN_RUN_MARKER!r} in {log.name}); raise --timeout"
+            )
+        time.sleep(POLL_S)
+
+
 def trace_files(trace_dir: Path, profile_id: str) -> list[Path]:
     return sorted(trace_dir.glob(f"{profile_id}-*.trace.json*"))
+
+
+def recorded_profiles(trace_dir: Path) -> list[tuple[str, list[Path]]]:
+    """The profiles SGLang wrote into a directory earlier, newest first: (profile id, its
+    ranks' traces), the id being the names' part before `-TP-<rank>`."""
+    profiles: dict[str, list[Path]] = {}
+    for path in sorted(trace_dir.glob("*-TP-*.trace.json*")):
+        if path.is_file():
+            profiles.setdefault(path.name.split("-TP-")[0], []).append(path)
+
+    def newest(item: tuple[str, list[Path]]) -> float:
+        return max(p.stat().st_mtime for p in item[1])
+
+    return sorted(profiles.items(), key=newest, reverse=True)
 
 
 @dataclass
@@ -129,10 +188,12 @@ def collect(
     load_log: Path | None = None,
     *,
     keep_log: bool = True,
+    with_stack: bool = False,
 ) -> Capture:
     """Wait for the ranks' traces of `profile_id`: all `expected` of them, or those written
-    within RANK_GRACE_S of the first; after `timeout_s` stop the profile and wait STOP_GRACE_S
-    more. One line (AdviseError) when none comes or the load client failed first."""
+    within RANK_GRACE_S of the first; after `timeout_s` stop the profile (its answer waits for
+    the ranks' writing) and wait STOP_GRACE_S more. One line (AdviseError) when none comes or
+    the load client failed first."""
     began = time.monotonic()
     deadline, stopped = began + timeout_s, False
     sizes: dict[Path, tuple[int, float]] = {}
@@ -157,7 +218,8 @@ def collect(
             if now - first_ready >= RANK_GRACE_S:
                 return Capture(ready, stopped)
         if load is not None and not sizes and load.poll() not in (None, 0):
-            server.call("POST", "/stop_profile")
+            with contextlib.suppress(AdviseError):  # the client's failure is the line to show
+                stop_profile(server, with_stack)
             # A temporary trace directory goes with the failure: its last line is all that stays.
             where = f"its output: {load_log}" if keep_log else f"it said: {_last_line(load_log)}"
             raise AdviseError(
@@ -166,9 +228,10 @@ def collect(
             )
         if now >= deadline:
             if not stopped:
-                # Fewer steps than asked for ran (or none): end the profile so the ranks write.
-                server.call("POST", "/stop_profile")
-                stopped, deadline = True, now + STOP_GRACE_S
+                # Fewer steps than asked for ran (or none), or the ranks are still writing:
+                # the stop's answer comes once they have written.
+                stop_profile(server, with_stack)
+                stopped, deadline = True, time.monotonic() + STOP_GRACE_S
             elif ready or sizes:
                 return Capture(ready or sorted(sizes), stopped)
             else:
@@ -195,6 +258,7 @@ def start_load(url: str, load: Load, trace_dir: Path) -> tuple[subprocess.Popen,
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},  # its warm-up line, when printed
         )
     return proc, log
 

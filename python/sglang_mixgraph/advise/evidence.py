@@ -58,3 +58,14 @@ TAIL_GRAPHS_GPU_PER_LAYER_MS = Measured(
     0.073,
     "docs/results/split_tail_graphs_h200.md (run 2)",
 )
+
+# The split cost model's own error: its predicted change (split minus unsplit) of one layer call
+# against the measured change, as a share of the measured unsplit time, at the 90th percentile
+# of the in-server points the sm90 calibration was fitted on (replay: GPU time with the queue
+# ahead, 72 points; eager: the call's wall, 24 points). Recomputed by the tests.
+SPLIT_MODEL_CHANGE_ERROR = {"replay": 0.044, "eager": 0.140}
+SPLIT_MODEL_ERROR_SOURCE = (
+    "docs/results/mixed_split_inserver_fit_h200.json (replay), "
+    "docs/results/mixed_split_inserver_h200.json (eager): the sm90 calibration's change against "
+    "the measured one, 90th percentile"
+)

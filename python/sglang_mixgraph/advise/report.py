@@ -127,8 +127,11 @@ def report_text(report: dict, verdicts: list[Verdict], rows: list[KindRow]) -> s
     s, gpu, prof = report["server"], report["gpu"], report["profile"]
     on_gpu = f"{gpu['name']} ({gpu['arch']})" if gpu else "a GPU the traces do not name"
     stacks = " (Python stacks recorded: host times include the profiler's own)"
+    where = f"{s['url']} (sglang {s['sglang_version']})"
+    if s["url"] is None:
+        where = "traces recorded earlier (no server asked: its settings unknown)"
     lines = [
-        f"sglang-mixgraph advise: {s['url']} (sglang {s['sglang_version']})",
+        f"sglang-mixgraph advise: {where}",
         f"{', '.join(s['architectures']) or 'unknown model'} on {on_gpu}",
     ]
     lines += _wrap(

@@ -73,9 +73,13 @@ class Server:
         self.api_key = api_key
         self.timeout_s = TIMEOUT_S if timeout_s is None else timeout_s
 
-    def call(self, method: str, path: str, body: dict | None = None) -> Reply:
+    def call(
+        self, method: str, path: str, body: dict | None = None, timeout_s: float | None = None
+    ) -> Reply:
         """One request; any HTTP status comes back as a Reply, a network failure, a reply that
-        is not HTTP or no reply in time as an AdviseError."""
+        is not HTTP or no reply in time as an AdviseError. `timeout_s` replaces the server's
+        bound for this call (the profiler's stop answers only once the traces are written)."""
+        bound = self.timeout_s if timeout_s is None else timeout_s
         data = None if body is None else json.dumps(body).encode()
         headers = {"Content-Type": "application/json"} if data is not None else {}
         if self.api_key:
@@ -84,9 +88,9 @@ class Server:
         kind = (
             http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
         )
-        conn = kind(parts.hostname, parts.port, timeout=self.timeout_s)
+        conn = kind(parts.hostname, parts.port, timeout=bound)
         late = threading.Event()
-        timer = threading.Timer(self.timeout_s, _shut_down, (conn, late))
+        timer = threading.Timer(bound, _shut_down, (conn, late))
         timer.daemon = True
         timer.start()
         try:
@@ -96,7 +100,7 @@ class Server:
             if late.is_set():  # the shut-down socket ended the read short, not the server
                 raise TimeoutError
         except (OSError, http.client.HTTPException, ValueError) as e:
-            raise AdviseError(self._failure(path, e, late.is_set())) from None
+            raise AdviseError(self._failure(path, e, late.is_set(), bound)) from None
         finally:
             timer.cancel()
             conn.close()
@@ -107,9 +111,9 @@ class Server:
             )
         return Reply(reply.status, text.decode(errors="replace"))
 
-    def _failure(self, path: str, e: Exception, late: bool) -> str:
+    def _failure(self, path: str, e: Exception, late: bool, bound: float) -> str:
         if late or isinstance(e, TimeoutError):
-            return f"{self.url} did not answer {path} within {self.timeout_s:g} s"
+            return f"{self.url} did not answer {path} within {bound:g} s"
         if isinstance(e, http.client.BadStatusLine):
             said = str(e.args[0] if e.args else "").strip()[:80]
             return (
@@ -171,7 +175,7 @@ class ServerFacts:
     the mixed split's deployment-wide fallbacks read (`model_type`, `dsv4_attn_backend`,
     `speculative_algorithm`, `context_parallel`, `hisparse`) are those of the planner's facts."""
 
-    url: str
+    url: str | None  # None: traces recorded earlier, no server asked
     sglang_version: str
     model_path: str
     architectures: tuple[str, ...]
@@ -180,7 +184,7 @@ class ServerFacts:
     pp_size: int
     dp_size: int
     attn_dp_size: int
-    mixed_chunk: bool
+    mixed_chunk: bool | None  # None: not known (no server asked)
     chunked_prefill_size: int | None
     dsv4_attn_backend: str | None
     speculative_algorithm: str | None
@@ -240,6 +244,35 @@ class ServerFacts:
             prefill_graph=PhaseGraph.read(graphs, "prefill"),
             decode_graph=PhaseGraph.read(graphs, "decode"),
             launch_command=s.text("launch_command"),
+        )
+
+    @classmethod
+    def offline(cls, ranks: int, model_path: str | None, config: dict | None) -> ServerFacts:
+        """What traces recorded earlier leave known without a server: the ranks that wrote,
+        and the model's architectures when its config.json is given. The server arguments are
+        not known: no bucket list (no padding), no attention backend or speculative mode."""
+        c = _Fields(config or {}, "config.json")
+        unknown = PhaseGraph("unknown", ())
+        return cls(
+            url=None,
+            sglang_version="unknown",
+            model_path=model_path or "",
+            architectures=c.words("architectures"),
+            model_type=c.text("model_type"),
+            tp_size=ranks,
+            pp_size=1,
+            dp_size=1,
+            attn_dp_size=1,
+            mixed_chunk=None,
+            chunked_prefill_size=None,
+            dsv4_attn_backend=None,
+            speculative_algorithm=None,
+            context_parallel=False,
+            hisparse=False,
+            disable_cuda_graph=False,
+            prefill_graph=unknown,
+            decode_graph=unknown,
+            launch_command=None,
         )
 
     def model_name(self) -> str:

@@ -7,7 +7,8 @@ the model's layers per compress ratio from its config.json, and the calibration
 `load_coefficients` picks for the GPU the trace names (what `plan` and `doctor` report). An eager
 step is priced in the eager regime (host exposed, a wall model) and a replayed one in the replay
 regime (GPU time), as the patch decides them (`decide_step`). A replayed step's wall change adds
-the split's host per layer call (evidence) to its host and the model's change to its GPU time.
+the split's host per layer call (evidence) to its host and the model's change to its GPU time;
+the model's own error (evidence) widens that change into a (low, high) range.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from sglang_mixgraph.advise.evidence import SPLIT_HOST_PER_LAYER_MS
+from sglang_mixgraph.advise.evidence import SPLIT_HOST_PER_LAYER_MS, SPLIT_MODEL_CHANGE_ERROR
 from sglang_mixgraph.advise.steps import Step, StepLabel
 from sglang_mixgraph.core import split_cost_model as scm
 
@@ -84,6 +85,8 @@ class StepPrice:
     eval_ms: float
     splits: bool
     wall_delta_ms: float  # the step's wall with `adaptive` minus without the patch
+    wall_low_ms: float  # the same with the model's change at the low end of its error
+    wall_high_ms: float
 
 
 def price_step(step: Step, model: ModelLayers, coeffs: scm.Coefficients) -> StepPrice | None:
@@ -94,10 +97,22 @@ def price_step(step: Step, model: ModelLayers, coeffs: scm.Coefficients) -> Step
     p = scm.predict_step(counts, model.layers, coeffs, regime=regime)
     splits = scm.decide_step(counts, model.layers, coeffs, regime=regime)
     model_delta = p.adaptive_ms(splits) - p.unsplit_ms
-    if regime == scm.EAGER:
-        wall_delta = model_delta  # the eager model prices the layer calls' wall, host included
-    else:
+    error = SPLIT_MODEL_CHANGE_ERROR[regime] * p.unsplit_ms if splits else 0.0
+
+    def wall(change: float) -> float:
+        if regime == scm.EAGER:
+            return change  # the eager model prices the layer calls' wall, host included
         host_extra = SPLIT_HOST_PER_LAYER_MS.high * model.count if splits else 0.0
         before = max(step.host_ms, step.kernel_ms)
-        wall_delta = max(step.host_ms + host_extra, step.kernel_ms + model_delta) - before
-    return StepPrice(regime, p.unsplit_ms, p.split_ms, p.eval_ms, splits, wall_delta)
+        return max(step.host_ms + host_extra, step.kernel_ms + change) - before
+
+    return StepPrice(
+        regime,
+        p.unsplit_ms,
+        p.split_ms,
+        p.eval_ms,
+        splits,
+        wall(model_delta),
+        wall(model_delta - error),
+        wall(model_delta + error),
+    )

@@ -6,7 +6,10 @@ steps' host and GPU time against a replayed step's (measured in this profile whe
 replayed, else the evidence's); the decode-tail graphs by the split's steps and the measured
 per-layer host and GPU costs of the tails; read-done by the GPU's idle time after replayed
 steps, which bounds what the whole-forward barrier costs. A prediction is a (low, high) range of
-the MIXED step's wall change in ms; its outcome: pays (the whole range gains), may pay, no gain.
+the MIXED step's wall change in ms, priced step by step (each step's own low and high, from the
+cost model's error and the evidence's spread) and taken from the 10th percentile of the steps'
+lows to the 90th of their highs; fewer than MIN_STEPS steps give no range ("unknown"). Its
+outcome: pays (the whole range gains), may pay, no gain.
 A patch that cannot act here (model, backend, speculative mode, no such step) says why; where
 a number would need what neither the profile nor a record holds, the verdict is "unknown".
 """
@@ -27,6 +30,7 @@ ALREADY_ON, CANNOT_ACT, UNKNOWN = "already on", "cannot act", "unknown"
 # The GPU idle time after a replayed step below which read-done has nothing to win.
 IDLE_FLOOR_MS = 0.05
 PAGE = 256  # DeepSeek-V4's KV page: SGLang aligns the capture width to it
+MIN_STEPS = 4  # fewer steps than this have no spread to take a range from
 
 
 @dataclass(frozen=True)
@@ -75,8 +79,31 @@ def _ranged(low: float, high: float) -> str:
     return MAY_PAY if low < 0 else NO_GAIN
 
 
+def _quantile(values: list[float], q: float) -> float:
+    v = sorted(values)
+    pos = q * (len(v) - 1)
+    i = int(pos)
+    return v[i] + (v[min(i + 1, len(v) - 1)] - v[i]) * (pos - i)
+
+
+def _spread(lows: list[float], highs: list[float]) -> tuple[float, float]:
+    """A prediction's range from its steps: the 10th percentile of their lows, the 90th of
+    their highs (a step's own low and high carry the model's and the evidence's error)."""
+    return _quantile(lows, 0.1), _quantile(highs, 0.9)
+
+
+def _too_few(n: int, what: str) -> str:
+    return (
+        f"only {n} {what} in the profile: a range needs at least {MIN_STEPS} (profile more "
+        "--steps while the server runs mixed traffic)"
+    )
+
+
+RANGE_BASIS = "range: 10th percentile of the steps' lows to 90th of their highs"
+
+
 def _no_mixed_reason(x: Inputs) -> str:
-    if not x.facts.mixed_chunk:
+    if x.facts.mixed_chunk is False:
         return "mixed chunked prefill is off (--enable-mixed-chunk): there are no MIXED steps"
     return (
         f"no MIXED step among the {len(x.steps)} profiled steps: no prefill ran beside "
@@ -141,7 +168,10 @@ def split_verdict(x: Inputs) -> tuple[Verdict, list[tuple[Step, StepPrice]]]:
     if not priced:
         reason = "the MIXED steps' labels carry no request counts (detailed annotations)"
         return verdict(UNKNOWN, reason), []
+    if len(priced) < MIN_STEPS:
+        return verdict(UNKNOWN, _too_few(len(priced), "priced MIXED steps")), []
     deltas = [p.wall_delta_ms for _, p in priced]
+    low, high = _spread([p.wall_low_ms for _, p in priced], [p.wall_high_ms for _, p in priced])
     splitting = [(s, p) for s, p in priced if p.splits]
     labels = [s.label for s, _ in (splitting or priced)]
     shape = (
@@ -172,15 +202,18 @@ def split_verdict(x: Inputs) -> tuple[Verdict, list[tuple[Step, StepPrice]]]:
             f" (the model's {modelled:.1f} ms is {off:.1f}x that: its calibration may not fit)"
         )
     info = scm.calibration_info(coeffs)
+    errors = "/".join(f"{ev.SPLIT_MODEL_CHANGE_ERROR[r]:.1%} {r}" for r in regimes)
     return verdict(
-        _ranged(min(deltas), max(deltas)),
+        _ranged(low, high),
         reason,
         delta_ms=med(deltas),
-        low_ms=min(deltas),
-        high_ms=max(deltas),
+        low_ms=low,
+        high_ms=high,
         wall_ms=med(s.wall_ms for s in mixed),
         basis=f"the split's cost model, calibration {info['arch']} ({info['file']}); "
-        f"layers from {x.model.source}; range over the {len(priced)} priced MIXED steps",
+        f"layers from {x.model.source}; {RANGE_BASIS} over the {len(priced)} priced MIXED "
+        f"steps, each with the model's own error ({errors} of the unsplit attention; "
+        f"{ev.SPLIT_MODEL_ERROR_SOURCE})",
         detail={
             "steps_priced": len(priced),
             "steps_split": len(splitting),
@@ -205,30 +238,44 @@ def tail_graphs_verdict(x: Inputs, split: Verdict, priced: list) -> Verdict:
     splitting = [(s, p) for s, p in priced if p.splits]
     if not splitting:
         return verdict(CANNOT_ACT, "adaptive splits none of the MIXED steps: no decode tail runs")
+    if len(splitting) < MIN_STEPS:
+        return verdict(UNKNOWN, _too_few(len(splitting), "MIXED steps that adaptive splits"))
     layers = x.model.count
+    split_host = ev.SPLIT_HOST_PER_LAYER_MS.high * layers
     saved = (ev.SPLIT_HOST_PER_LAYER_MS.high - ev.TAIL_GRAPHS_HOST_PER_LAYER_MS.high) * layers
     gpu = ev.TAIL_GRAPHS_GPU_PER_LAYER_MS
+    lows, highs, mids = [], [], []
+    for s, p in splitting:
+        # The split step as priced (its host with the split's calls, its GPU with the model's
+        # change); the graphs take `saved` off the host and add their GPU time.
+        host, kernels = s.host_ms + split_host, s.kernel_ms + (p.split_ms - p.unsplit_ms)
+        before = max(host, kernels)
+        lows.append(max(host - saved, kernels + gpu.low * layers) - before)
+        highs.append(max(host - saved, kernels + gpu.high * layers) - before)
+        mids.append((lows[-1] + highs[-1]) / 2)
+    low, high = _spread(lows, highs)
     host_bound = sum(s.host_bound for s, _ in splitting) * 2 > len(splitting)
     if host_bound:
-        low, high = -saved, -saved
         reason = (
             f"the split steps are host-bound: the graphs save {saved:.1f} ms of host a step "
-            f"({layers} layers x {saved / layers:.3f} ms)"
+            f"({layers} layers x {saved / layers:.3f} ms), seen where the host stays longer "
+            "than the GPU work"
         )
     else:
-        low, high = gpu.low * layers, gpu.high * layers
         reason = (
-            f"the split steps are GPU-bound: the graphs add {low:.1f}-{high:.1f} ms of GPU a "
-            f"step ({layers} layers x {gpu.low}-{gpu.high} ms) and their host saving is hidden"
+            f"the split steps are GPU-bound: the graphs add {gpu.low * layers:.1f}-"
+            f"{gpu.high * layers:.1f} ms of GPU a step ({layers} layers x {gpu.low}-{gpu.high} "
+            "ms) and their host saving is hidden"
         )
     return verdict(
         _ranged(low, high),
         reason,
-        delta_ms=(low + high) / 2,
+        delta_ms=med(mids),
         low_ms=low,
         high_ms=high,
         wall_ms=split.wall_ms,
-        basis=f"per-layer costs measured on the H200: {gpu.source}",
+        basis=f"per-layer costs measured on the H200: {gpu.source}; the {len(splitting)} split "
+        f"steps' host and GPU time measured here; {RANGE_BASIS}",
     )
 
 
@@ -237,14 +284,21 @@ def tail_graphs_verdict(x: Inputs, split: Verdict, priced: list) -> Verdict:
 
 def _replay_host(x: Inputs, replayed: list[Step]) -> tuple[float, float, str] | None:
     """(low, high, where from) of a replayed MIXED step's host ms, or None."""
-    if replayed:
-        h = med(s.host_ms for s in replayed)
-        return h, h, f"measured here over {len(replayed)} replayed MIXED steps"
+    if len(replayed) >= MIN_STEPS:
+        hosts = [s.host_ms for s in replayed]
+        low, high = _quantile(hosts, 0.1), _quantile(hosts, 0.9)
+        return low, high, f"measured here over {len(replayed)} replayed MIXED steps (10th-90th)"
     if not x.facts.deepseek_v4:
         return None
     per = ev.DSV4_REPLAY_HOST_PER_LAYER
     layers = x.model.count if x.model else 61
     return per.low * layers, per.high * layers, f"{per.source}, {layers} layers"
+
+
+def _padding_share(step: Step, facts: ServerFacts) -> float | None:
+    """The rows a replay of this step would add in the server's bucket, over its rows."""
+    padding, rows = padding_of(step, facts)[1], step.label.rows
+    return padding / rows if padding is not None and rows else None
 
 
 def prefill_graph_verdict(x: Inputs) -> Verdict:
@@ -265,13 +319,14 @@ def prefill_graph_verdict(x: Inputs) -> Verdict:
     replayed = [s for s in mixed if s.replayed]
     if not eager:
         return verdict(ALREADY_ON, f"all {len(mixed)} MIXED steps replayed a prefill graph")
+    if len(eager) < MIN_STEPS:
+        return verdict(UNKNOWN, _too_few(len(eager), "eager MIXED steps"))
     host, kernel = med(s.host_ms for s in eager), med(s.kernel_ms for s in eager)
     wall = med(s.wall_ms for s in eager)
-    pads = [(padding_of(s, f)[1], s.label.rows) for s in eager]
-    pad = med(p / r for p, r in pads if p is not None and r) or 0.0
+    pads = [_padding_share(s, f) for s in eager]
+    pad = med(pads) or 0.0
     factor = ev.DSV4_REPLAY_GPU_FACTOR if f.deepseek_v4 else None
     f_lo, f_hi = (factor.low, factor.high) if factor else (1.0, 1.0)
-    gpu_lo, gpu_hi = kernel * (1 + pad) * f_lo, kernel * (1 + pad) * f_hi
     h = _replay_host(x, replayed)
     flags = ["SGLANG_MIXGRAPH_PREFILL_BUCKETS=auto"]
     longest = max((s.label.longest_context_at_least or 0) for s in mixed)
@@ -299,22 +354,31 @@ def prefill_graph_verdict(x: Inputs) -> Verdict:
         )
     if len(eager) < len(mixed):
         reason += f"; {len(eager)} of {len(mixed)} MIXED steps ran eagerly"
-    low = max(h[0], gpu_lo) - wall
-    high = max(h[1], gpu_hi) - wall
+    lows, highs, mids = [], [], []
+    for step, p in zip(eager, pads, strict=True):
+        gpu = step.kernel_ms * (1 + (p or 0.0))  # padded to its bucket (0 where unknown)
+        lows.append(max(h[0], gpu * f_lo) - step.wall_ms)
+        highs.append(max(h[1], gpu * f_hi) - step.wall_ms)
+        mids.append(max((h[0] + h[1]) / 2, gpu * (f_lo + f_hi) / 2) - step.wall_ms)
+    low, high = _spread(lows, highs)
     gpu_src = factor.source if factor else "padding only (the capture width's cost is unmeasured)"
+    padded = "padded to the server's prefill buckets"
+    if not f.prefill_graph.buckets:
+        padded = "unpadded (no bucket list known without the server)"
     return verdict(
         _ranged(low, high),
         reason,
         tuple(flags),
-        delta_ms=max((h[0] + h[1]) / 2, (gpu_lo + gpu_hi) / 2) - wall,
+        delta_ms=med(mids),
         low_ms=low,
         high_ms=high,
         wall_ms=wall,
         basis=f"eager MIXED steps measured here; replay host: {h[2] or 'at most the eager host'}; "
-        f"replay GPU: the eager kernels padded to the server's prefill buckets, times {gpu_src}. "
+        f"replay GPU: the eager kernels {padded}, times {gpu_src}. "
         "Run `sglang-mixgraph plan` with the server's launch arguments and these settings "
         "first: its capture estimate decides whether `auto` turns the graph on; the context "
-        "width is the longest the profile saw, set it to the longest you want replayed",
+        f"width is the longest the profile saw, set it to the longest you want replayed; "
+        f"{RANGE_BASIS}",
         detail={"eager_steps": len(eager), "replayed_steps": len(replayed), "padding": pad},
     )
 
@@ -343,6 +407,8 @@ def read_done_verdict(x: Inputs) -> Verdict:
     idle = [s.gpu_idle_after_ms for s in replayed if s.gpu_idle_after_ms is not None]
     if not idle:
         return verdict(UNKNOWN, "no step followed a replayed step in the profile")
+    if len(idle) < MIN_STEPS:
+        return verdict(UNKNOWN, _too_few(len(idle), "replayed steps followed by another"))
     gap = med(idle)
     wall = med(s.wall_ms for s in x.mixed) if x.mixed else None
     if gap < IDLE_FLOOR_MS:
@@ -366,6 +432,17 @@ def read_done_verdict(x: Inputs) -> Verdict:
 
 
 def all_verdicts(x: Inputs) -> list[Verdict]:
+    if not x.facts.architectures:  # traces read without a server or a config.json
+        why = "the model is not known: give its config.json with --model-path"
+        return [
+            Verdict(id_, patch, title, UNKNOWN, why)
+            for id_, patch, title in (
+                ("mixed_split", "mixed_split", "mixed split"),
+                ("prefill_graph", "graph_config", "breakable prefill graph"),
+                ("split_tail_graphs", "mixed_split", "decode-tail graphs"),
+                ("replay_read_done", "replay_read_done", "replay read-done"),
+            )
+        ]
     split, priced = split_verdict(x)
     return [
         split,

@@ -1,11 +1,13 @@
-"""`sglang-mixgraph advise --url URL`: which of this plugin's patches pays on a running server.
+"""`sglang-mixgraph advise`: which of this plugin's patches pays on a running server.
 
-It attaches to the server (starts none), profiles `--steps` forward steps through SGLang's own
-`/start_profile` (traces in `--trace-dir`, which the server writes on its own host), optionally
-sends a burst with SGLang's benchmark client (`--load`), reads every rank's trace and prints
-what to switch on first and the evidence (`--json`: the same with a `schema_version`). The
-parts live in `sglang_mixgraph.advise` (docs/advise.md). Every failure is one line on stderr:
-exit 2 for the command line, 1 when the server, its traces or its steps give no answer.
+With `--url` it attaches to the server (starts none), profiles `--steps` forward steps through
+SGLang's own `/start_profile` (traces in `--trace-dir`, which the server writes on its own
+host), optionally sends a burst with SGLang's benchmark client (`--load`, profiled once its
+warm-up is over), reads every rank's trace and prints what to switch on first and the evidence
+(`--json`: the same with a `schema_version`). Without `--url` it reads the traces SGLang's
+profiler wrote earlier into `--trace-dir`. The parts live in `sglang_mixgraph.advise`
+(docs/advise.md). Every failure is one line on stderr: exit 2 for the command line, 1 when the
+server, its traces or its steps give no answer.
 """
 
 from __future__ import annotations
@@ -41,16 +43,22 @@ def add_parser(sub) -> None:
         description=(
             "Attach to a running SGLang server (starts none), profile a few forward steps with "
             "its /start_profile endpoint, and say which of this plugin's patches would shorten "
-            "its MIXED steps, with the evidence. See docs/advise.md."
+            "its MIXED steps, with the evidence; without --url, read the traces SGLang's "
+            "profiler wrote earlier into --trace-dir. See docs/advise.md."
         ),
         allow_abbrev=False,
     )
     parser.error = _one_line_error  # one line, not argparse's usage block
-    parser.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:30000")
+    parser.add_argument(
+        "--url",
+        help="the server to profile, e.g. http://127.0.0.1:30000 (without it: read the traces "
+        "recorded earlier in --trace-dir)",
+    )
     parser.add_argument(
         "--trace-dir",
-        help="where the server writes its traces (kept there); it writes on its own host, so "
-        "this must be a directory both machines see (default: a fresh temporary directory)",
+        help="with --url: where the server writes its traces (kept there); it writes on its own "
+        "host, so this must be a directory both machines see (default: a fresh temporary "
+        "directory). Without --url: the directory of traces SGLang's profiler wrote earlier",
     )
     parser.add_argument(
         "--steps", type=int, default=16, help="forward steps to profile (default 16)"
@@ -59,7 +67,8 @@ def add_parser(sub) -> None:
         "--timeout",
         type=float,
         default=60.0,
-        help="seconds to wait for the steps before stopping the profile (default 60)",
+        help="seconds to wait for the steps before stopping the profile, and with --load first "
+        "for the client's warm-up to end (default 60 each)",
     )
     parser.add_argument(
         "--load",
@@ -78,10 +87,12 @@ def add_parser(sub) -> None:
         "server's model path is not readable here",
     )
     parser.add_argument(
-        "--no-stack",
-        action="store_true",
-        help="profile without Python stacks: less profiler overhead in the host times, kernels "
-        "classed by their names only",
+        "--stack",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="profile with Python stacks: kernels classed by their frames and the plugin's "
+        "patches seen, but SGLang takes much longer to write the traces, so its /stop_profile "
+        "is given a longer bound (docs/advise.md); default off",
     )
     parser.add_argument("--api-key", help="the server's admin or API key (sent as a bearer token)")
     parser.add_argument("--json", action="store_true", help="print JSON")
@@ -90,7 +101,14 @@ def add_parser(sub) -> None:
 def _argument_problem(args) -> str | None:
     from sglang_mixgraph.ab.config_schema import url_problem
 
-    if problem := url_problem(args.url):
+    if args.url is None:
+        if not args.trace_dir:
+            return "give --url (a server to profile) or --trace-dir (traces recorded earlier)"
+        if args.load:
+            return "--load needs --url (a server to send it to)"
+        if not Path(args.trace_dir).expanduser().is_dir():
+            return f"--trace-dir {args.trace_dir} is not a directory"
+    elif problem := url_problem(args.url):
         return f"--url {args.url}: {problem}"
     if not 1 <= args.steps <= MAX_STEPS:
         return f"--steps must be between 1 and {MAX_STEPS}, not {args.steps}"
@@ -147,7 +165,7 @@ def _model_layers(path: str):
     from sglang_mixgraph.advise.split_pricing import read_model_layers
 
     if not path:
-        return None, "the server names no model path: give its config.json with --model-path"
+        return None, "no model path is known: give the model's config.json with --model-path"
     try:
         return read_model_layers(path), None
     except (OSError, ValueError, TypeError, AttributeError) as e:
@@ -161,6 +179,9 @@ def _model_layers(path: str):
 def advise(args) -> int:
     from sglang_mixgraph.advise.server import Server, ServerFacts
 
+    if args.url is None:
+        print(_read_earlier(args))
+        return 0
     server = Server(args.url, args.api_key)
     info, model_info = server.get_json("/server_info"), server.get_json("/model_info")
     facts = ServerFacts.read(server.url, info, model_info)
@@ -177,22 +198,65 @@ def advise(args) -> int:
     return 0
 
 
-def _profile_and_judge(args, server, facts, trace_dir: Path, *, keep_log: bool) -> str:
-    """Profile, read every rank's trace and judge: the report's text (or strict JSON)."""
+def _read_earlier(args) -> str:
+    """The newest profile SGLang's profiler wrote into --trace-dir, judged without a server."""
     from sglang_mixgraph.advise import capture
-    from sglang_mixgraph.advise.report import report_json, report_text
+    from sglang_mixgraph.advise.server import AdviseError, ServerFacts
+
+    trace_dir = Path(args.trace_dir).expanduser().resolve()
+    profiles = capture.recorded_profiles(trace_dir)
+    if not profiles:
+        raise AdviseError(
+            f"no SGLang trace in {trace_dir}: its profiler writes "
+            "<profile_id>-TP-<rank>...trace.json.gz there"
+        )
+    profile_id, traces = profiles[0]
+    config = None
+    if args.model_path:
+        config = _model_config(args.model_path)
+    facts = ServerFacts.offline(len(traces), args.model_path, config)
+    profile = {
+        "source": "recorded",
+        "trace_dir": str(trace_dir),
+        "profile_id": profile_id,
+        "traces": [str(p) for p in traces],
+        "profiles_in_dir": len(profiles),
+        "ranks_expected": len(traces),
+        "steps_requested": None,
+        "stopped_early": None,
+        "load_log": None,
+    }
+    return _judge(args, facts, traces, profile)
+
+
+def _model_config(path: str) -> dict:
     from sglang_mixgraph.advise.server import AdviseError
-    from sglang_mixgraph.advise.summary import kind_rows
-    from sglang_mixgraph.advise.verdicts import Inputs, all_verdicts
+
+    p = Path(path).expanduser()
+    p = p if p.is_file() else p / "config.json"
+    try:
+        config = json.loads(p.read_text())
+    except (OSError, ValueError) as e:
+        raise AdviseError(f"cannot read {p}: {getattr(e, 'strerror', None) or e}") from None
+    if not isinstance(config, dict):
+        raise AdviseError(f"{p} is not a model config (a JSON object)")
+    return config
+
+
+def _profile_and_judge(args, server, facts, trace_dir: Path, *, keep_log: bool) -> str:
+    """Profile (after the load's warm-up), read every rank's trace and judge."""
+    from sglang_mixgraph.advise import capture
 
     profile_id = capture.new_profile_id()
-    body = capture.profile_request(trace_dir, args.steps, not args.no_stack, profile_id)
-    capture.start_profile(server, body)
+    body = capture.profile_request(trace_dir, args.steps, args.stack, profile_id)
     load = log = None
     try:
         if args.load:
             burst = capture.Load(extra=tuple(shlex.split(args.load_args)))
             load, log = capture.start_load(server.url, burst, trace_dir)
+            # The client's warm-up requests are not the burst: profile the main run only.
+            capture.wait_for_main_run(load, log, args.timeout)
+        capture.start_profile(server, body)
         got = capture.collect(
             server,
             trace_dir,
@@ -202,13 +266,36 @@ def _profile_and_judge(args, server, facts, trace_dir: Path, *, keep_log: bool) 
             load,
             log,
             keep_log=keep_log,
+            with_stack=args.stack,
         )
     finally:
         if load is not None:
             capture.stop_load(load)
-    ranks = [_read_rank(p, profile_id) for p in got.traces]
+    profile = {
+        "source": "live",
+        "trace_dir": str(trace_dir),
+        "profile_id": profile_id,
+        "traces": [str(p) for p in got.traces],
+        "ranks_expected": facts.expected_traces,
+        "steps_requested": args.steps,
+        "stopped_early": got.stopped,
+        "load_log": str(log) if log else None,
+    }
+    return _judge(args, facts, got.traces, profile)
+
+
+def _judge(args, facts, traces: list[Path], profile: dict) -> str:
+    """Read every rank's trace and judge: the report's text (or strict JSON)."""
+    from sglang_mixgraph.advise.report import report_json, report_text
+    from sglang_mixgraph.advise.server import AdviseError
+    from sglang_mixgraph.advise.summary import kind_rows
+    from sglang_mixgraph.advise.verdicts import Inputs, all_verdicts
+
+    ranks = [_read_rank(p, profile["profile_id"]) for p in traces]
     steps = [s for r in ranks for s in r.steps]
     if not steps:
+        if facts.url is None:
+            raise AdviseError(f"the traces in {profile['trace_dir']} hold no forward step")
         raise AdviseError(
             "the server ran no forward step while it was profiled: there were no steps to "
             "profile (send it traffic, or use --load)"
@@ -219,17 +306,10 @@ def _profile_and_judge(args, server, facts, trace_dir: Path, *, keep_log: bool) 
         model, problem = _model_layers(args.model_path or facts.model_path)
     verdicts = all_verdicts(Inputs(facts, gpu, steps, model, problem))
     rows = kind_rows(steps, facts)
-    profile = {
-        "trace_dir": str(trace_dir),
-        "profile_id": profile_id,
-        "traces": [str(p) for p in got.traces],
+    profile |= {
         "ranks_read": len(ranks),
-        "ranks_expected": facts.expected_traces,
-        "steps_requested": args.steps,
         "steps": len(steps),
-        "stopped_early": got.stopped,
         "with_stack": all(r.with_stack for r in ranks),
-        "load_log": str(log) if log else None,
     }
     report = report_json(facts, gpu, profile, verdicts, rows)
     if not args.json:
