@@ -126,7 +126,7 @@ def real_shaped_rank(row: dict, steps: int = 10):
 
 
 def test_a_trace_shaped_as_the_real_h100_run_reads_as_advise_read_it_there(tmp_path, capsys):
-    """The real run (records-2026-12-06, one H100, tiny DeepSeek-V4, breakable prefill graph):
+    """The real run (docs/results/advise_real_h100, one H100, tiny DeepSeek-V4, breakable prefill graph):
     advise read its MIXED steps as host 14.07, kernels 23.41, wall 28.78 ms, 140 launches, 5
     graph launches; a trace of that shape, recorded earlier, reads the same without a server."""
     real = json.loads((Path(__file__).parent / "real_h100_tiny_dsv4.json").read_text())
