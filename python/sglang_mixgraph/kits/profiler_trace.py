@@ -147,7 +147,10 @@ class TraceBuilder:
             args = {"External id": external, "device": self.device, "context": 1}
             args |= {"stream": self.stream, "correlation": corr}
             if memcpy and nbytes is not None:
-                args |= {"bytes": nbytes, "memory bandwidth (GB/s)": nbytes / length / 1e3}
+                args |= {
+                    "bytes": nbytes,
+                    "memory bandwidth (GB/s)": nbytes / length / 1e3 if length else 0.0,
+                }
             if not memcpy:
                 args |= {"registers per thread": 32, "shared memory": 0, "grid": [132, 1, 1]}
                 args |= {"block": [128, 1, 1], "est. achieved occupancy %": 25}
