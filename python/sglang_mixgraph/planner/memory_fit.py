@@ -206,6 +206,7 @@ def kv_cell_bytes(mc, kv_cache_dtype: str, attn_tp: int, layers: int) -> tuple[i
 
     hf = mc.hf_config
     if is_deepseek_v4(hf):
+        # no single cell: `MemoryInputs.kv_pool` runs SGLang's own V4 sizing instead
         return None, "SGLang's DeepSeek-V4 pool splits it over SWA, c4, c128 and indexer caches"
     if getattr(mc, "is_hybrid_swa", False):
         return None, "SGLang sizes a hybrid sliding-window pool (full and SWA caches)"
