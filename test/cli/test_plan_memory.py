@@ -1,5 +1,5 @@
 """`plan`'s memory line: the weights a GPU against the static pool SGLang resolves, the KV
-tokens they leave, a plain "DOES NOT FIT" with the shortfall, the warning when SGLang sized
+tokens they leave (DeepSeek-V4's as its own pool configurator sizes them), a plain "DOES NOT FIT" with the shortfall, the warning when SGLang sized
 the activation reserve from the chunk before the attention-DP division; and the models whose
 quantization SGLang registers only on a GPU (gpt-oss's MXFP4). Each plan runs in this process
 (`cli.main`), text and JSON.
@@ -8,6 +8,7 @@ quantization SGLang registers only on a GPU (gpt-oss's MXFP4). Each plan runs in
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -16,6 +17,30 @@ from sglang_mixgraph.cli.presets import GLM5_MODEL_DIR
 from sglang_mixgraph.kits.model_configs import DEEPSEEK_V3, GPT_OSS_120B, write_model
 
 GiB = 1 << 30
+
+# SGLang 0.5.23's DeepSeek-V4 pool for the reference (61 layers: 30 with a c4 cache, 29 with a
+# c128 one), from first principles, so that a change of upstream's formula fails here: the
+# FlashMLA paged layout (`select_dsv4_kv_layout`) at page size 256 takes 585 bytes a token of
+# an SWA or c4 page and 864 of a c128 page; the c4 indexer 132 (128 fp8 + a 4-byte scale);
+# each SWA page carries a ring of 8 c4 compress states of 2 x 2 x (512 + 128) fp32.
+SWA_TOKEN = 61 * 585 + 30 * 8 / 256 * (2 * 2 * (512 + 128) * 4)
+
+
+def _dsv4_full_token(swa_ratio: float) -> float:
+    """Bytes a full-attention token costs: its share of SWA, its c4 row and indexer row, its
+    c128 row (`DSV4PoolConfigurator._get_bytes_per_full_token`)."""
+    return swa_ratio * SWA_TOKEN + 30 * (585 + 132) / 4 + 29 * 864 / 128
+
+
+# The c128 compress state SGLang sets aside first: (257 request slots x a ring of 128, plus
+# 129 rows, padded to 128) x 2 x 512 fp32 on each of the 29 layers.
+C128_STATE = math.ceil((257 * 128 + 129) / 128) * 128 * 2 * 512 * 4 * 29
+
+
+def _dsv4_tokens(budget: int, swa_ratio: float) -> tuple[int, int]:
+    """(full-attention tokens, SWA tokens) of pages of 256 in a budget."""
+    full = int((budget - C128_STATE) / _dsv4_full_token(swa_ratio)) // 256 * 256
+    return full, int(full * swa_ratio) // 256 * 256
 
 
 def _plan(capsys, *args: str) -> tuple[int, str, str]:
@@ -56,6 +81,47 @@ def test_reference_on_h200_weights_do_not_fit_its_static_pool(plan_env, capsys):
         memory["shortfall_bytes"] == memory["weights_bytes_per_gpu"] - memory["static_pool_bytes"]
     )
     assert memory["static_pool_bytes"] == int(143771 * (1 << 20) * 0.619)
+
+
+@pytest.mark.parametrize(
+    "args, swa_ratio",
+    [
+        (("--target-gpu", "B300"), 0.1),  # upstream's DeepSeek-V4 default ratio
+        (("--target-gpu", "H200", "--mem-fraction-static", "0.909"), 0.1),
+        (("--target-gpu", "B300", "--swa-full-tokens-ratio", "0.2"), 0.2),
+    ],
+)
+def test_reference_kv_tokens_as_sglangs_deepseek_v4_pool_sizes_them(
+    plan_env, capsys, args, swa_ratio
+):
+    from sglang.srt.runtime_context import get_context
+
+    published = get_context().is_config_namespace_published("exec")
+    memory = _plan_json(capsys, *args)["graph"]["memory"]
+    # the plan published its arguments to SGLang's runtime context for the sizing only
+    assert get_context().is_config_namespace_published("exec") == published
+    assert memory["weights_fit"] is True and memory["kv_note"] is None
+    assert memory["kv_bytes_per_token"] == pytest.approx(_dsv4_full_token(swa_ratio))
+    full, swa = _dsv4_tokens(memory["kv_budget_bytes"], swa_ratio)
+    assert full > 900_000
+    assert (memory["kv_tokens_per_gpu"], memory["kv_swa_tokens_per_gpu"]) == (full, swa)
+
+    code, text, _ = _plan(capsys, *args)
+    assert code == 0
+    kv = _line(text, "KV cache:")
+    assert kv.endswith(
+        f"left by the weights: about {full} tokens a GPU (full-attention tokens; SWA tokens "
+        f"{swa}) at about {round(_dsv4_full_token(swa_ratio))} bytes a full-attention token"
+    )
+
+
+def test_reference_kv_budget_below_sglangs_fixed_pools_says_why_no_tokens(plan_env, capsys):
+    code, text, _ = _plan(capsys, "--target-gpu", "H200", "--mem-fraction-static", "0.83")
+    assert code == 0
+    kv = _line(text, "KV cache:")
+    # 1.4 GiB left: less than the c128 compress state SGLang sets aside before any token
+    assert kv.startswith("KV cache: 1.4 GiB left by the weights; tokens not estimated: ")
+    assert "SGLang would not size its DeepSeek-V4 pool: SWA pool (0 tokens) cannot hold" in kv
 
 
 def test_reference_on_h100_warns_about_the_global_chunk_reserve(plan_env, capsys):

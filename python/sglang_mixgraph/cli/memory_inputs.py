@@ -4,12 +4,16 @@ The planner takes no server arguments; this reads them once into `memory_fit.Mem
 SGLang's ModelConfig of the deployment, the checkpoint's quantization as SGLang resolved it,
 whether its routed experts stay MXFP4 (`ModelConfig.is_fp4_experts`, unless
 SGLANG_DSV4_FP4_DEQUANT makes them FP8 at load), and the chunk SGLang's memory settings sized
-the activation reserve from when it was before the attention-DP division. Call it where the
-target GPU is described (`resolve.graph_plan_of`).
+the activation reserve from when it was before the attention-DP division, and for DeepSeek-V4
+SGLang's own sizing of its pool (`dsv4_kv_pool`). Call it where the target GPU is described
+(`resolve.graph_plan_of`).
 """
 
 from __future__ import annotations
 
+from functools import partial
+
+from sglang_mixgraph.cli.dsv4_kv_pool import size_dsv4_pool
 from sglang_mixgraph.planner.memory_fit import MemoryInputs
 
 
@@ -47,4 +51,5 @@ def read_memory_inputs(server_args) -> MemoryInputs:
         method=getattr(mc, "quantization", None) or quant.get("quant_method"),
         fp4_experts=bool(getattr(mc, "is_fp4_experts", False)) and not dequantized,
         chunks_before_dp=chunk_before_dp_division(server_args),
+        kv_pool=partial(size_dsv4_pool, server_args, mc) if is_deepseek_v4(mc.hf_config) else None,
     )

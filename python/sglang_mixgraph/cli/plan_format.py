@@ -443,6 +443,11 @@ def _kv_words(fit, max_total_tokens: int | None) -> str:
         return f"{left}; {max_total_tokens} tokens a GPU (--max-total-tokens)"
     if fit.kv_tokens is None:
         return f"{left}; tokens not estimated: {fit.kv_note}"
+    if fit.kv_swa_tokens is not None:  # DeepSeek-V4, as SGLang's DSV4PoolConfigurator sizes it
+        return (
+            f"{left}: about {fit.kv_tokens} tokens a GPU (full-attention tokens; SWA tokens "
+            f"{fit.kv_swa_tokens}) at about {round(fit.kv_cell_bytes)} bytes a full-attention token"
+        )
     return f"{left}: about {fit.kv_tokens} tokens a GPU at {fit.kv_cell_bytes} bytes a token"
 
 
@@ -462,6 +467,7 @@ def memory_json(fit) -> dict[str, Any] | None:
         "kv_budget_bytes": fit.kv_budget_bytes if fit.fits else 0,
         "kv_bytes_per_token": fit.kv_cell_bytes,
         "kv_tokens_per_gpu": fit.kv_tokens if fit.fits else 0,
+        "kv_swa_tokens_per_gpu": fit.kv_swa_tokens if fit.fits else None,
         "kv_note": fit.kv_note or None,
         "reserve_warning": fit.reserve_warning,
     }

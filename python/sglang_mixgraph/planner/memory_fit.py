@@ -7,12 +7,14 @@ models shard it (routed experts over tp = ep x moe-tp, attention over the attent
 the embedding replicated under DP attention for DeepSeek-V4, layers over pp). Against that,
 the static pool SGLang resolves (`mem_fraction_static` of the GPU) and SGLang's KV budget
 (`KVCacheConfigurator._profile_available_bytes`: what the loaded weights leave of the static
-part) divided by its per-token cell (`DefaultPoolConfigurator._compute_cell_size`). The
+part) divided by its per-token cell (`DefaultPoolConfigurator._compute_cell_size`), or for
+DeepSeek-V4 sized by SGLang's own `DSV4PoolConfigurator` (`MemoryInputs.kv_pool`). The
 figures count the large matrices only (no norms, biases, routers, compressors): a lower bound.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,8 +63,11 @@ class MemoryFit:
     weights_by_group: dict[str, int] = field(default_factory=dict)  # bytes per GPU
     weights_note: str = ""  # the dtype/quantization the figure assumes
     kv_budget_bytes: int | None = None  # what the weights leave of the static pool
-    kv_cell_bytes: int | None = None  # SGLang's bytes per KV token per GPU; None: not modelled
+    # SGLang's bytes per KV token per GPU (DeepSeek-V4: a full token's, SWA share included,
+    # fractional as upstream's coefficient is); None: not modelled
+    kv_cell_bytes: float | None = None
     kv_tokens: int | None = None
+    kv_swa_tokens: int | None = None  # DeepSeek-V4: the SWA pool SGLang sizes beside them
     kv_note: str = ""
     reserve_warning: str | None = None  # the activation reserve sized from the global chunk
 
@@ -201,6 +206,7 @@ def kv_cell_bytes(mc, kv_cache_dtype: str, attn_tp: int, layers: int) -> tuple[i
 
     hf = mc.hf_config
     if is_deepseek_v4(hf):
+        # no single cell: `MemoryInputs.kv_pool` runs SGLang's own V4 sizing instead
         return None, "SGLang's DeepSeek-V4 pool splits it over SWA, c4, c128 and indexer caches"
     if getattr(mc, "is_hybrid_swa", False):
         return None, "SGLang sizes a hybrid sliding-window pool (full and SWA caches)"
@@ -254,6 +260,9 @@ class MemoryInputs:
     method: str | None  # the quantization method SGLang resolved
     fp4_experts: bool  # routed experts stored as MXFP4 (and kept so at load)
     chunks_before_dp: tuple[int, int] | None  # `reserve_warning`'s (seen, per rank)
+    # DeepSeek-V4: SGLang's own pool sizing of a budget (`cli.dsv4_kv_pool.size_dsv4_pool`),
+    # which answers full tokens, SWA tokens and bytes a full token; None for other models
+    kv_pool: Callable[[int], Any] | None = None
 
 
 def memory_fit(inputs: MemoryInputs, gpu_bytes: int, facts) -> MemoryFit | None:
@@ -300,10 +309,20 @@ def memory_fit(inputs: MemoryInputs, gpu_bytes: int, facts) -> MemoryFit | None:
         note += ", MXFP4 routed experts"
     cell, kv_note = kv_cell_bytes(mc, facts.memory.kv_cache_dtype, shard.attn_tp, stage_layers)
     budget = static - weights
-    tokens = None
+    tokens = swa_tokens = None
     if cell and budget > 0:
         page = max(1, facts.page_size)
         tokens = budget // cell // page * page
+    elif inputs.kv_pool is not None and budget > 0:
+        try:
+            pool = inputs.kv_pool(budget)
+        except (AssertionError, RuntimeError, ValueError) as e:  # SGLang refuses the pool
+            reason = (str(e) or type(e).__name__).splitlines()[0]
+            kv_note = f"SGLang would not size its DeepSeek-V4 pool: {reason}"
+        else:
+            tokens, swa_tokens = pool.full_tokens, pool.swa_tokens
+            cell = pool.bytes_per_full_token
+            kv_note = ""
     return MemoryFit(
         **base,
         weights_bytes=weights,
@@ -312,5 +331,6 @@ def memory_fit(inputs: MemoryInputs, gpu_bytes: int, facts) -> MemoryFit | None:
         kv_budget_bytes=budget,
         kv_cell_bytes=cell,
         kv_tokens=tokens,
+        kv_swa_tokens=swa_tokens,
         kv_note=kv_note,
     )
