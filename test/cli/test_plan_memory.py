@@ -124,6 +124,23 @@ def test_reference_kv_budget_below_sglangs_fixed_pools_says_why_no_tokens(plan_e
     assert "SGLang would not size its DeepSeek-V4 pool: SWA pool (0 tokens) cannot hold" in kv
 
 
+def test_an_upstream_sizing_that_breaks_is_a_note_not_a_traceback(plan_env, capsys, monkeypatch):
+    """The V4 sizing drives SGLang's pool configurator with the fields it reads today; a release
+    that reads another one fails there, and the memory line says so instead of plan crashing."""
+    from sglang.srt.model_executor import pool_configurator
+
+    def changed(self, *args, **kwargs):
+        raise AttributeError("'types.SimpleNamespace' object has no attribute 'new_field'")
+
+    monkeypatch.setattr(pool_configurator.DSV4PoolConfigurator, "calculate_pool_sizes", changed)
+    code, text, _ = _plan(capsys, "--target-gpu", "B300")
+    assert code == 0
+    assert _line(text, "KV cache:").endswith(
+        "tokens not estimated: SGLang's DeepSeek-V4 pool sizing failed (AttributeError: "
+        "'types.SimpleNamespace' object has no attribute 'new_field')"
+    )
+
+
 def test_reference_on_h100_warns_about_the_global_chunk_reserve(plan_env, capsys):
     code, text, _ = _plan(capsys, "--target-gpu", "H100")
     assert code == 0

@@ -319,6 +319,9 @@ def memory_fit(inputs: MemoryInputs, gpu_bytes: int, facts) -> MemoryFit | None:
         except (AssertionError, RuntimeError, ValueError) as e:  # SGLang refuses the pool
             reason = (str(e) or type(e).__name__).splitlines()[0]
             kv_note = f"SGLang would not size its DeepSeek-V4 pool: {reason}"
+        except Exception as e:  # noqa: BLE001 -- upstream's sizing changed: no count, no crash
+            first = str(e).splitlines()[0] if str(e) else ""
+            kv_note = f"SGLang's DeepSeek-V4 pool sizing failed ({type(e).__name__}: {first})"
         else:
             tokens, swa_tokens = pool.full_tokens, pool.swa_tokens
             cell = pool.bytes_per_full_token
