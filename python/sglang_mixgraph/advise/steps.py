@@ -23,6 +23,7 @@ from statistics import median
 from sglang_mixgraph.core.kernel_classes import (
     CLASSES,
     FRAME_CATS,
+    GRAPH_LAUNCH,
     LAUNCH_CATS,
     gpu_events,
     launch_frames,
@@ -33,7 +34,6 @@ _LABEL = re.compile(r"^step\[(?P<mode>[A-Z_0-9]+) bs=(?P<bs>\d+)(?P<rest>[^\]]*)
 _FIELD = re.compile(r"(\w+)=(-?\d+)")
 # This plugin's code in a step's frames: its patch modules, as the trace names their files.
 _PATCH_FRAME = re.compile(r"sglang_mixgraph/patches/(\w+)")
-GRAPH_LAUNCH = re.compile(r"GraphLaunch", re.I)
 
 
 @dataclass(frozen=True)

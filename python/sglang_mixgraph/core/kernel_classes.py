@@ -25,6 +25,8 @@ CLASSES = ("attention", "dequant", "indexer", "mhc", "norm", "gemm", "moe", "ele
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
 FRAME_CATS = ("python_function", "cpu_op", "user_annotation")
+# The host call that replays a captured graph (runtime `cudaGraphLaunch`, driver `cuGraphLaunch`).
+GRAPH_LAUNCH = re.compile(r"GraphLaunch", re.I)
 
 # Kernels whose name alone says their class, whoever launched them.
 FLASHMLA = re.compile(

@@ -20,9 +20,13 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 
-from sglang_mixgraph.core.kernel_classes import LAUNCH_CATS, gpu_events, launch_frames
+from sglang_mixgraph.core.kernel_classes import (
+    GRAPH_LAUNCH,
+    LAUNCH_CATS,
+    gpu_events,
+    launch_frames,
+)
 
-GRAPH_LAUNCH = "cudaGraphLaunch"
 _COPY = re.compile(r"^(Memcpy \w+|Memset)")
 # Vendor GEMM kernels, named by tile and layout (which change with M); SGLang's own kernels that
 # say "gemm" in their names (TileLang's mHC, Triton's MoE) keep their names.
@@ -59,11 +63,11 @@ def gpu_ops(events: list) -> list[GpuOp]:
     for ev in events:
         if ev.get("cat") in LAUNCH_CATS and "correlation" in ev.get("args", {}):
             launches[ev["args"]["correlation"]] = (ev["name"], float(ev["ts"]))
-    graph_ts = sorted(ts for name, ts in launches.values() if name.startswith(GRAPH_LAUNCH))
+    graph_ts = sorted(ts for name, ts in launches.values() if GRAPH_LAUNCH.search(name))
     segment_of = {
         corr: graph_ts.index(ts)
         for corr, (name, ts) in launches.items()
-        if name.startswith(GRAPH_LAUNCH)
+        if GRAPH_LAUNCH.search(name)
     }
     ops = []
     for ev, cls, _ in gpu_events(events, launch_frames(events)):
