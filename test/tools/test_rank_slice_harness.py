@@ -94,6 +94,24 @@ def test_pools_hold_every_request_and_the_swa_windows():
     assert 0.1 * 700_000 < 256 * 2 * 256
 
 
+def test_a_shared_prefix_is_pooled_once_and_every_request_still_fits():
+    alone = A.pool_sizes(272, 8192, 200)
+    shared = A.pool_sizes(272, 8192, 200, shared_prefix=6144)
+    # each request owns its unshared tokens (page-ceiled, plus a page); the prefix is held once
+    assert shared["max_total_tokens"] >= 272 * (8192 + 200 - 6144) + 6144
+    assert shared["max_total_tokens"] < alone["max_total_tokens"] / 3
+    # a prefix that ends inside a page shares only its whole pages
+    assert A.pool_sizes(64, 1024, 8, shared_prefix=300) == A.pool_sizes(64, 1024, 8, 256)
+    assert A.pool_sizes(64, 1024, 8, 256) != A.pool_sizes(64, 1024, 8, 512)
+    # the Engine's pool follows the prefix only where the radix cache can share it
+    arm = A.ARMS["upstream"]
+    kw = dict(requests=272, input_len=8192, output_len=200, context_length=8448)
+    on = A.engine_kwargs("/m", arm, radix=True, shared_prefix=6144, **kw)
+    off = A.engine_kwargs("/m", arm, radix=False, shared_prefix=6144, **kw)
+    assert on["max_total_tokens"] == shared["max_total_tokens"]
+    assert off["max_total_tokens"] == alone["max_total_tokens"]
+
+
 def test_unknown_arm_is_one_clear_error():
     with pytest.raises(ValueError, match="unknown arm"):
         A.parse(["upstream", "fast"])

@@ -321,6 +321,7 @@ def main() -> int:
             context_length=args.context_length,
             dp=args.dp,
             kernels=args.kernels,
+            shared_prefix=args.shared_prefix,
         )
         env = arm_env(
             arm,

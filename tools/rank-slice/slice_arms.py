@@ -128,12 +128,17 @@ def ceil_page(n: int) -> int:
     return -(-n // PAGE) * PAGE
 
 
-def pool_sizes(requests: int, input_len: int, output_len: int) -> dict[str, object]:
+def pool_sizes(
+    requests: int, input_len: int, output_len: int, shared_prefix: int = 0
+) -> dict[str, object]:
     """KV pool and SWA ratio so that every request of the burst fits and the SWA pool holds the
     running requests' windows (each up to two pages) plus two chunks in flight. Upstream's
-    DeepSeek-V4 default ratio (0.1) ran out at 173 decode rows of a 700k-token pool."""
+    DeepSeek-V4 default ratio (0.1) ran out at 173 decode rows of a 700k-token pool. A shared
+    prefix (whole pages of it, served from the radix cache) is held once, not per request."""
     running = min(requests, RUNNING)
-    full = max(ceil_page(requests * (ceil_page(input_len + output_len) + PAGE)), 4 * CHUNK)
+    shared = shared_prefix // PAGE * PAGE
+    own = ceil_page(input_len + output_len - shared) + PAGE
+    full = max(ceil_page(requests * own + shared), 4 * CHUNK)
     swa = running * 2 * PAGE + 2 * ceil_page(CHUNK)
     return {
         "max_total_tokens": full,
@@ -152,12 +157,14 @@ def engine_kwargs(
     context_length: int,
     dp: int = 1,
     kernels: str = "standin",
+    shared_prefix: int = 0,
 ) -> dict[str, object]:
     """``context_length`` is also the width breakable-graph metadata is built at (upstream's
     ``DeepseekV4AttnBackend._prefill_graph_context_width``) unless an arm cuts it. ``dp`` > 1
     serves that many ranks of the reference deployment on as many GPUs (attention DP, tp = dp):
     each rank with one rank's chunk, running requests and pool for its share of ``requests``.
-    ``kernels`` names the kit's kernel selection (``gpu_machine.KERNEL_ENGINE``)."""
+    ``kernels`` names the kit's kernel selection (``gpu_machine.KERNEL_ENGINE``);
+    ``shared_prefix``: the prompts' common first tokens, held once in the pool (radix on)."""
     per_rank = -(-requests // dp)
     kwargs: dict[str, object] = dict(
         model_path=model_dir,
@@ -177,7 +184,7 @@ def engine_kwargs(
         disable_radix_cache=not radix,
         random_seed=1,
         log_level="info",
-        **pool_sizes(per_rank, input_len, output_len),
+        **pool_sizes(per_rank, input_len, output_len, shared_prefix if radix else 0),
     )
     kwargs.update(KERNEL_ENGINE[kernels])
     kwargs.update(attention_dp_engine_kwargs(dp, CHUNK, RUNNING))
