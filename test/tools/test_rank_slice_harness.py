@@ -311,6 +311,22 @@ def test_host_table_sums_self_cpu_time_and_counts_launches():
     assert table["host_ops"][0] == {"name": "aten::copy_", "ms": 0.5, "count": 2}
     assert table["launches"]["cudaLaunchKernel"] == 1 and table["launches"]["cudaGraphLaunch"] == 1
     assert "gemm" not in [k["name"] for k in table["host_ops"]]
+    # no metadata-only op in the region: no pace to report
+    assert table["pace_us"] == {}
+
+
+def test_host_table_paces_the_cpu_by_the_median_of_metadata_only_ops():
+    ev = types.SimpleNamespace
+    events = [
+        ev(name="aten::view", device_type="DeviceType.CPU", self_cpu_time_total=t)
+        for t in (1.0, 2.0, 9.0)
+    ] + [
+        ev(name="aten::empty", device_type="DeviceType.CPU", self_cpu_time_total=4.0),
+        ev(name="aten::empty", device_type="DeviceType.CPU", self_cpu_time_total=6.0),
+        ev(name="aten::mm", device_type="DeviceType.CPU", self_cpu_time_total=80.0),
+    ]
+    table = probe.host_table(types.SimpleNamespace(events=lambda: events))
+    assert table["pace_us"] == {"aten::view": 2.0, "aten::empty": 5.0}
 
 
 def test_dp_serves_that_many_reference_ranks_each_with_one_ranks_shape():

@@ -392,6 +392,7 @@ def main() -> int:
                 log(
                     f"   host {p['host_self_ms_total']} ms self CPU; launches {json.dumps(p['launches'])}; {host}"
                 )
+                log(f"   CPU pace (median self us) {json.dumps(p.get('pace_us', {}))}")
         if entry["counters"]:
             log(f"   counters {json.dumps(entry['counters'])}")
         if not entry["ok"]:

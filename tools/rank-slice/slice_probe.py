@@ -87,10 +87,24 @@ def kernel_table(prof, limit: int = 60) -> dict:
 
 # CUDA runtime calls that put work on the GPU: how many the host issued in a profiled step.
 LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaGraphLaunch", "cudaMemcpyAsync")
+# The CPU's pace in a profiled step: the median self time of ops whose work no patch changes
+# (tensor metadata only), so visits whose host times differ can be told a slower CPU apart.
+PACE_OPS = ("aten::view", "aten::empty")
+
+
+def _pace_us(events) -> dict[str, float]:
+    import statistics
+
+    times = {op: [] for op in PACE_OPS}
+    for ev in events:
+        if ev.name in times and "CPU" in str(getattr(ev, "device_type", "")):
+            times[ev.name].append(ev.self_cpu_time_total)
+    return {op: round(statistics.median(t), 3) for op, t in times.items() if t}
 
 
 def host_table(prof, limit: int = 40) -> dict:
-    """Self CPU time by op over a profiled region (ms), the largest first, and launch counts."""
+    """Self CPU time by op over a profiled region (ms), the largest first, launch counts, and
+    the CPU's pace (``PACE_OPS``' median self time, us)."""
     events = list(prof.events())
     total, rows = _time_by_name(events, "CPU", lambda ev: ev.self_cpu_time_total, limit)
     launches = {
@@ -101,7 +115,12 @@ def host_table(prof, limit: int = 40) -> dict:
         )
         for call in LAUNCH_CALLS
     }
-    return {"host_self_ms_total": total, "host_ops": rows, "launches": launches}
+    return {
+        "host_self_ms_total": total,
+        "host_ops": rows,
+        "launches": launches,
+        "pace_us": _pace_us(events),
+    }
 
 
 def _class_table(prof, trace_path: str) -> dict:
