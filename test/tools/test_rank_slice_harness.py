@@ -192,6 +192,34 @@ def test_driver_summarizes_steps_by_kind():
     assert s["MIXED/graph"]["wall_ms"]["median"] == 950 and s["MIXED/graph"]["wall_ms"]["n"] == 2
     assert s["MIXED/graph"]["decode_rows"]["sum"] == 50
     assert "decode_rows" not in s["DECODE/graph"]
+    # records of a probe without the GC meter: no GC summary
+    assert "gc_ms" not in s["MIXED/graph"]
+    for i, r in enumerate(steps):
+        r.update(gc_ms=[4.0, 10.0, 0.0][i], gc_full=[0, 1, 0][i])
+    s = drv.step_summary(steps)
+    assert s["MIXED/graph"]["gc_ms"]["sum"] == 14.0 and s["MIXED/graph"]["gc_full"]["sum"] == 1
+
+
+def test_gc_pauses_sum_the_collectors_pauses_and_count_full_collections():
+    import gc
+
+    was_enabled = gc.isenabled()
+    gc.disable()  # only the two collections below
+    pauses = probe.GcPauses().install()
+    try:
+        junk = [[i] for i in range(50_000)]
+        gc.collect(0)
+        gc.collect(2)
+        del junk
+    finally:
+        gc.callbacks.remove(pauses)
+        if was_enabled:
+            gc.enable()
+    assert pauses.full == 1 and pauses.ms > 0
+    # a stop without its start (the meter installed mid-collection) adds nothing
+    before = pauses.ms
+    pauses("stop", {"generation": 2})
+    assert (pauses.ms, pauses.full) == (before, 1)
 
 
 def test_ab_configuration_selects_the_kits_kernels_like_the_probe():

@@ -147,6 +147,9 @@ def step_summary(steps) -> dict:
     for k, rows in sorted(by.items()):
         out[k] = {"host_ms": _stats([r["host_ms"] for r in rows])}
         out[k]["wall_ms"] = _stats([r["wall_ms"] for r in rows])
+        if all("gc_ms" in r for r in rows):
+            out[k]["gc_ms"] = _stats([r["gc_ms"] for r in rows])
+            out[k]["gc_full"] = _stats([r["gc_full"] for r in rows])
         if k.startswith("MIXED"):
             out[k]["decode_rows"] = _stats([r["n_dec"] or 0 for r in rows])
             out[k]["prefill_tokens"] = _stats([r["prefill_tokens"] or 0 for r in rows])

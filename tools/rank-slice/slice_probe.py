@@ -8,8 +8,10 @@ scheduler process runs forwards. Writes to ``$SLICE_PROBE_DIR``:
   relabels MIXED to EXTEND inside), rows, batch size, decode rows (trailing 1-token extends),
   prefill tokens, the longest context, whether a graph ran, host ms (entry to return: what the
   host spends preparing and launching) and wall ms (the GPU synchronized on both sides, so the
-  step's own time; this serializes steps, so it is a probe, not a serving number); under
-  attention DP also the rank and the synced per-rank tokens (``gpu_machine.dp_step_fields``);
+  step's own time; this serializes steps, so it is a probe, not a serving number), and the
+  Python garbage collector's pauses inside it (``gc_ms``, ``gc_full``: collections of the oldest
+  generation); under attention DP also the rank and the synced per-rank tokens
+  (``gpu_machine.dp_step_fields``);
 * ``capture_<pid>.jsonl``: one line per captured prefill shape, free device memory before/after
   (``PrefillCudaGraphRunner.capture_one_shape``) and, under attention DP, the rank;
 * ``profile_<pid>_<k>.json``: for the k-th MIXED step of ``$SLICE_PROFILE_MIXED`` (comma list;
@@ -141,6 +143,31 @@ def _class_table(prof, trace_path: str) -> dict:
         return {"error": repr(e)}
 
 
+class GcPauses:
+    """Milliseconds the garbage collector paused the process, and its full collections, summed
+    from ``gc.callbacks``: a host-time cost no profiler row shows (it lands inside whatever op
+    runs when a collection starts)."""
+
+    def __init__(self) -> None:
+        self.ms = 0.0
+        self.full = 0
+        self._t0 = None
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        elif self._t0 is not None:
+            self.ms += (time.perf_counter() - self._t0) * 1e3
+            self.full += info.get("generation") == 2
+            self._t0 = None
+
+    def install(self) -> GcPauses:
+        import gc
+
+        gc.callbacks.append(self)
+        return self
+
+
 def _wrap_forward(model_runner_module) -> None:
     import torch
 
@@ -154,6 +181,7 @@ def _wrap_forward(model_runner_module) -> None:
         for mode, var in (("MIXED", "SLICE_PROFILE_MIXED"), ("DECODE", "SLICE_PROFILE_DECODE"))
     }
     seen = {"MIXED": 0, "DECODE": 0}
+    pauses = GcPauses().install()
 
     def probed_forward(self, forward_batch, *args, **kwargs):
         mode = getattr(forward_batch.forward_mode, "name", str(forward_batch.forward_mode))
@@ -170,6 +198,7 @@ def _wrap_forward(model_runner_module) -> None:
         torch.cuda.synchronize()
         if prof is not None:
             prof.__enter__()
+        gc0 = (pauses.ms, pauses.full)
         t0 = time.perf_counter()
         out = forward(self, forward_batch, *args, **kwargs)
         t1 = time.perf_counter()
@@ -181,6 +210,8 @@ def _wrap_forward(model_runner_module) -> None:
             "graph": bool(getattr(out, "can_run_graph", False)),
             "host_ms": round((t1 - t0) * 1e3, 3),
             "wall_ms": round((t2 - t0) * 1e3, 3),
+            "gc_ms": round(pauses.ms - gc0[0], 3),
+            "gc_full": pauses.full - gc0[1],
         }
         if prof is not None:
             prof.__exit__(None, None, None)
