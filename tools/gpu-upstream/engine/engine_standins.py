@@ -159,10 +159,11 @@ _torch_fp8_refused: list = []  # the error of a first call cuBLAS refused: the f
 def padded_fp8_quant(x, quant):
     """``x`` (M, K) bf16 quantized per 128 columns straight into FP8 buffers of M rounded up to
     4 rows, the scales column-major with that leading dimension: torch's block-scaled
-    ``scaled_mm`` takes 1x128 scales only with a stride equal to A's rows, and cuBLAS wants that
-    stride 16-byte aligned. The few tail rows are zeroed, not the activation padded and copied
-    (a fill and a copy of the whole activation per linear, which DeepGEMM does not pay); they
-    only feed output rows the caller drops. ``quant`` is SGLang's
+    ``scaled_mm`` takes 1x128 scales only with a stride equal to A's rows, and the rows are kept
+    a multiple of 4 (16-byte scale columns) for cuBLAS, as the stand-in always gave it. The few
+    tail rows are zeroed, not the activation padded and copied (a fill and a copy of the whole
+    activation per linear, which DeepGEMM does not pay); they only feed output rows the caller
+    drops. ``quant`` is SGLang's
     ``sglang_per_token_group_quant_fp8`` (it writes into strided ``output_q``/``output_s``)."""
     import torch
 
