@@ -857,15 +857,22 @@ def _fp8_blocks(w, block=128):
     return q, scale
 
 
-def _group_quant(x, group, column_major_scales):
-    """SGLang's activation quant on the CPU: e4m3 per 128 columns, scales column-major."""
+def _group_quant(x, group, column_major_scales, output_q=None, output_s=None):
+    """SGLang's activation quant on the CPU: e4m3 per 128 columns, scales column-major, written
+    into the caller's buffers when given (as ``sglang_per_token_group_quant_fp8`` does)."""
     import torch
 
     assert column_major_scales
     m, k = x.shape
     g = x.float().view(m, k // group, group)
     scale = g.abs().amax(-1).clamp(min=1e-10) / 448
-    return (g / scale[..., None]).to(torch.float8_e4m3fn).view(m, k), scale.t().contiguous().t()
+    q = (g / scale[..., None]).to(torch.float8_e4m3fn).view(m, k)
+    if output_q is None:
+        return q, scale.t().contiguous().t()
+    assert output_q.shape == (m, k) and output_s.shape == (m, k // group)
+    output_q.copy_(q)
+    output_s.copy_(scale)
+    return output_q, output_s
 
 
 class _BlockScaledMM:
@@ -882,7 +889,9 @@ class _BlockScaledMM:
             F.ScalingType.BlockWise1x128,
             F.ScalingType.BlockWise128x128,
         )
-        assert a.shape[0] % 4 == 0 and scale_a.stride(0) == 1  # rows padded, scales column-major
+        # torch: 1x128 scales (M, K/128) with strides (1, M); cuBLAS: that stride 16-byte aligned
+        assert scale_a.shape == (a.shape[0], a.shape[1] // 128)
+        assert scale_a.stride() == (1, a.shape[0]) and a.shape[0] % 4 == 0
         m, k = a.shape
         a_deq = (a.float().view(m, k // 128, 128) * scale_a[..., None]).view(m, k)
         b_deq = b.float() * scale_b.repeat_interleave(128, 0).repeat_interleave(128, 1)
@@ -911,6 +920,52 @@ def test_block_fp8_linear_on_torch_scaled_mm_computes_the_linear(standins, capsy
     err = (out.float() - want).norm() / want.norm()
     assert err < 0.05, err  # e4m3 activations against bf16
     assert "block-FP8 linear -> torch scaled_mm" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("rows", [1, 6, 8, 2791])
+def test_padded_fp8_quant_equals_quantizing_the_padded_activation(standins, rows):
+    """The live rows are what quantizing the zero-padded bf16 activation gave (the earlier
+    stand-in), in the same layout; only the tail rows are set, to zero."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(rows)
+    x = torch.randn(rows, 512, dtype=torch.bfloat16) * 4
+    q, scale = standins.padded_fp8_quant(x, _group_quant)
+    padded = -(-rows // 4) * 4
+    assert q.shape == (padded, 512) and q.dtype == torch.float8_e4m3fn and q.is_contiguous()
+    assert scale.shape == (padded, 4) and scale.stride() == (1, padded)
+    q_ref, scale_ref = _group_quant(F.pad(x, (0, 0, 0, padded - rows)), 128, True)
+    assert torch.equal(q[:rows].view(torch.uint8), q_ref[:rows].view(torch.uint8))
+    assert torch.equal(scale[:rows], scale_ref[:rows])
+    assert not q[rows:].view(torch.uint8).any() and not scale[rows:].any()
+
+
+def test_block_fp8_linear_live_rows_equal_the_padded_activations(standins, monkeypatch):
+    """Through the reference block-scaled GEMM, the linear's rows equal those of the earlier
+    stand-in's (the bf16 activation padded, then quantized) bit for bit."""
+    import torch
+    import torch.nn.functional as F
+
+    monkeypatch.setattr(standins, "_torch_fp8_refused", [])
+    torch.manual_seed(1)
+    q_w, scale_w = _fp8_blocks(torch.randn(256, 512) * 0.05)
+    x = torch.randn(7, 512, dtype=torch.bfloat16)
+    mm = _BlockScaledMM()
+    out = standins.torch_block_fp8_linear(
+        x, q_w, [128, 128], scale_w, fallback=None, scaled_mm=mm, quant=_group_quant
+    )
+    q, scale = _group_quant(F.pad(x, (0, 0, 0, 1)), 128, True)
+    want = mm(
+        q,
+        q_w.t(),
+        scale,
+        F.ScalingType.BlockWise1x128,
+        scale_w.t(),
+        F.ScalingType.BlockWise128x128,
+        output_dtype=torch.bfloat16,
+    )[:7]
+    assert torch.equal(out, want)
 
 
 def test_block_fp8_linear_leaves_what_it_does_not_handle_to_sglangs_choice(standins, monkeypatch):

@@ -3,6 +3,7 @@ them (checked against a served run's counts), each priced by the split's own dec
 
 from __future__ import annotations
 
+import pytest
 from tool_scripts import load
 
 from sglang_mixgraph.core import split_cost_model as scm
@@ -68,3 +69,18 @@ def test_the_share_is_the_splits_own_decision_step_by_step():
         assert S.split_share(steps, regime, coeffs) == (sum(want), len(steps))
     # at 2k contexts the decision keeps every MIXED step unsplit, as every served run did
     assert S.split_share(S.served_steps(272, 2048, 200), scm.REPLAY)[0] == 0
+
+
+def test_another_chunk_prefills_its_page_floor_next_to_the_decode_rows():
+    """With the chunk's prefill part P (chunk P + 256), steady MIXED steps prefill P tokens when
+    new requests are admitted, never more rows than the chunk; the default stays 2816."""
+    assert S.served_steps(272, 2048, 200) == S.served_steps(272, 2048, 200, chunk=S.CHUNK)
+    for prefill in (1024, 2048, 4096):
+        chunk = prefill + S.RUNNING
+        steps = S.served_steps(272, 2048, 200, chunk=chunk)
+        assert all(s.rows <= chunk for s in steps)
+        total = sum(s.rows - s.num_decode for s in steps)
+        # every prompt token but those of the steps before the first request decodes
+        assert 272 * 2048 - 2 * chunk <= total < 272 * 2048
+        # the steps' count follows the prefill part: the same tokens in steps of about P
+        assert len(steps) == pytest.approx(total / prefill, rel=0.02)

@@ -480,3 +480,47 @@ def test_plugin_not_found_names_the_egg_info_to_carry(monkeypatch):
     monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [])
     why = gpu_machine.plugin_not_found()
     assert "python/sglang_mixgraph.egg-info" in why and "\n" not in why
+
+
+def test_the_chunk_reaches_the_engine_the_pool_and_every_dp_rank():
+    assert kwargs("upstream") == kwargs("upstream", chunk=A.CHUNK)  # the default is the rank's
+    small = kwargs("bcg-auto", chunk=1280)
+    assert small["chunked_prefill_size"] == 1280
+    assert {k for k in small if small[k] != kwargs("bcg-auto").get(k)} == {
+        "chunked_prefill_size",
+        "swa_full_tokens_ratio",  # two chunks in flight take less of the SWA pool
+    }
+    # a short burst's pool is the chunk's floor (four chunks), and the SWA pool holds two chunks
+    for chunk in (1280, 2816, 4352):
+        p = A.pool_sizes(2, 512, 8, chunk=chunk)
+        assert p["max_total_tokens"] == 4 * chunk
+        swa = p["max_total_tokens"] * p["swa_full_tokens_ratio"]
+        assert swa >= 2 * 2 * A.PAGE + 2 * chunk
+    two = kwargs("bcg-auto", chunk=4352, requests=512, dp=2)
+    assert two["chunked_prefill_size"] == 2 * 4352  # SGLang divides it among the ranks
+
+
+def test_the_probe_threads_chunk_from_its_command_line():
+    drv = load("run_slice_probe")
+    args = drv.parse_args(["upstream", "--requests", "272", "--output-len", "200"])
+    assert args.chunk == A.CHUNK
+    assert drv.visit_engine_kwargs(args, "/m", A.ARMS["upstream"]) == A.engine_kwargs(
+        "/m",
+        A.ARMS["upstream"],
+        requests=272,
+        input_len=2048,
+        output_len=200,
+        radix=True,
+        context_length=8192,
+    )
+    args = drv.parse_args(["upstream", "--chunk", "2304", "--input-len", "8192"])
+    kw = drv.visit_engine_kwargs(args, "/m", A.ARMS["upstream"])
+    assert kw["chunked_prefill_size"] == 2304
+    assert (
+        kw["swa_full_tokens_ratio"]
+        == A.pool_sizes(64, 8192, 32, chunk=2304)["swa_full_tokens_ratio"]
+    )
+    # a chunk that leaves no page of prefill next to the running requests' decode rows
+    with pytest.raises(SystemExit):
+        drv.parse_args(["upstream", "--chunk", str(A.RUNNING + A.PAGE - 1)])
+    assert drv.parse_args(["upstream", "--chunk", str(A.RUNNING + A.PAGE)]).chunk == 512

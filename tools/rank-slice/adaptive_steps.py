@@ -1,8 +1,8 @@
 """Which served steps `adaptive` would split on the rank slice: the step sequence of a burst,
 priced by the split's own decision.
 
-A burst of N prompts of L tokens arrives at once at one rank (chunk C = 2816, KV page 256, at
-most R = 256 running, FCFS, no prefix hits) and each request decodes O tokens. The steps follow
+A burst of N prompts of L tokens arrives at once at one rank (chunk C = 2816 unless `--chunk`
+says otherwise, KV page 256, at most R = 256 running, FCFS, no prefix hits) and each request decodes O tokens. The steps follow
 SGLang 0.5.23's scheduler as `docs/results/rank_slice_serving_h200.md` ("The padding question")
 reads it: the running decode rows come off the chunk budget first
 (`schedule_policy.PrefillAdder.__init__`); a continuing chunk takes the rest of the budget
@@ -16,6 +16,7 @@ A model of the scheduler, not the scheduler: the served run's counters are the m
 
     python3 tools/rank-slice/adaptive_steps.py                 # the table for the usual shapes
     python3 tools/rank-slice/adaptive_steps.py 96x8192x64      # N x L x O [x shared prefix]
+    python3 tools/rank-slice/adaptive_steps.py --chunk 1280 272x2048x200
 """
 
 from __future__ import annotations
@@ -59,19 +60,20 @@ class MixedStep:
 
 
 def served_steps(
-    requests: int, input_len: int, output_len: int, shared_prefix: int = 0
+    requests: int, input_len: int, output_len: int, shared_prefix: int = 0, chunk: int = CHUNK
 ) -> list[MixedStep]:
     """The MIXED steps of the burst, in order (prefill-only and decode-only steps left out).
     `shared_prefix`: the prompts' first tokens are common; every request after the first finds
     them in the radix cache (the first one's chunks hold the budget until it has prefilled
-    them), so it prefills only the rest, its context still the whole prompt."""
+    them), so it prefills only the rest, its context still the whole prompt. `chunk`: the
+    chunked prefill per rank, decode rows included."""
     waiting = [_Req(input_len, done=shared_prefix if i else 0) for i in range(requests)]
     chunked: _Req | None = None
     running: list[_Req] = []
     steps = []
     while waiting or chunked or running:
         d = len(running)
-        budget = CHUNK - d
+        budget = chunk - d
         batch: list[tuple[_Req, int]] = []
         if chunked is not None:
             rest = chunked.prompt - chunked.done
@@ -133,10 +135,15 @@ SHAPES = ("96x2048x256", "256x2048x256", "96x8192x256", "48x16384x256", "96x1638
 
 
 def main(argv: list[str]) -> int:
+    chunk = CHUNK
+    if argv[:1] == ["--chunk"]:
+        chunk, argv = int(argv[1]), argv[2:]
     shapes = argv or list(SHAPES)
+    print(f"chunk {chunk}")
     print("shape (N x L x O [x S]) | MIXED steps | prefill tokens | eager splits | replay splits")
     for shape in shapes:
-        steps = served_steps(*(int(x) for x in shape.split("x")))
+        n, length, out, *shared = (int(x) for x in shape.split("x"))
+        steps = served_steps(n, length, out, *shared, chunk=chunk)
         eager = split_share(steps, scm.EAGER)
         replay = split_share(steps, scm.REPLAY)
         tokens = sum(sum(s.extend_lens) - s.num_decode for s in steps)

@@ -211,7 +211,7 @@ def visit_keys(names: list[str]) -> list[str]:
     return keys
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
         "arms", nargs="+", help=f"of {sorted(A.ARMS)}; an arm named again is visited again"
@@ -226,6 +226,13 @@ def main() -> int:
         help="the prompts' first N ids are common to all (long contexts through the radix cache)",
     )
     ap.add_argument("--context-length", type=int, default=8192)
+    ap.add_argument(
+        "--chunk",
+        type=int,
+        default=A.CHUNK,
+        help=f"chunked prefill per rank, decode rows included (default {A.CHUNK}: "
+        f"{A.CHUNK - A.RUNNING} prefill tokens next to {A.RUNNING} decode rows)",
+    )
     ap.add_argument("--radix", choices=("on", "off"), default="on")
     ap.add_argument("--profile-mixed", default="8", help="MIXED step ordinals to profile")
     ap.add_argument("--profile-decode", default="", help="DECODE step ordinals to profile")
@@ -254,21 +261,48 @@ def main() -> int:
     ap.add_argument(
         "--dp", type=int, default=1, help="ranks of the reference deployment, one per GPU"
     )
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.dp < 1:
         ap.error(f"--dp {args.dp}: at least 1")
     if args.fp8_gemm != "sglang" and not args.fp8:
         ap.error("--fp8-gemm chooses the GEMM of an FP8 slice: add --fp8")
     if not 0 <= args.shared_prefix < args.input_len:
         ap.error(f"--shared-prefix {args.shared_prefix}: from 0 to below --input-len")
+    if args.chunk < A.RUNNING + A.PAGE:
+        ap.error(
+            f"--chunk {args.chunk}: at least {A.RUNNING + A.PAGE}, so that a page of prefill "
+            f"fits next to {A.RUNNING} decode rows"
+        )
     if args.shared_prefix and args.radix == "off":
         ap.error("--shared-prefix needs the radix cache (--radix on)")
-    deadline = time.time() + args.budget_s
-    arms = A.parse(args.arms)
-    with_plugin = [a.name for a in arms if A.NO_PLUGIN.items() - a.env.items()]
+    with_plugin = [a.name for a in A.parse(args.arms) if A.NO_PLUGIN.items() - a.env.items()]
     why = plugin_not_found() if with_plugin else None
     if why:
         ap.error(f"arms {', '.join(with_plugin)}: {why}")
+    return args
+
+
+def visit_engine_kwargs(args: argparse.Namespace, model: str, arm: A.Arm) -> dict:
+    """The Engine arguments of one visit of ``arm`` under the command line's workload."""
+    return A.engine_kwargs(
+        model,
+        arm,
+        requests=args.requests,
+        input_len=args.input_len,
+        output_len=args.output_len,
+        radix=args.radix == "on",
+        context_length=args.context_length,
+        dp=args.dp,
+        kernels=args.kernels,
+        shared_prefix=args.shared_prefix,
+        chunk=args.chunk,
+    )
+
+
+def main() -> int:
+    args = parse_args()
+    deadline = time.time() + args.budget_s
+    arms = A.parse(args.arms)
     os.makedirs(args.out, exist_ok=True)
     shutil.rmtree(args.work, ignore_errors=True)
     os.makedirs(os.path.join(args.work, "logs"))
@@ -301,12 +335,17 @@ def main() -> int:
     log(
         f"rank-slice probe {time.strftime('%Y-%m-%d %H:%M:%S %Z')} on {torch.cuda.get_device_name()}"
     )
-    log(f"torch {torch.__version__}; workload {json.dumps(workload)}; radix {args.radix}")
+    log(
+        f"torch {torch.__version__}; workload {json.dumps(workload)}; radix {args.radix}; "
+        f"chunk {args.chunk}"
+    )
     log(f"kernel selection {args.kernels}: {json.dumps(KERNEL_ENV[args.kernels])}")
     report = {
         "workload": workload,
         "arms": {},
         "torch": torch.__version__,
+        "device": torch.cuda.get_device_name(),
+        "chunk": args.chunk,
         "kernels": args.kernels,
         "fp8": args.fp8,
         "fp8_gemm": args.fp8_gemm,
@@ -314,18 +353,7 @@ def main() -> int:
     }
     for key, arm in zip(visit_keys([a.name for a in arms]), arms, strict=True):
         d = os.path.join(args.work, key)
-        kwargs = A.engine_kwargs(
-            model,
-            arm,
-            requests=args.requests,
-            input_len=args.input_len,
-            output_len=args.output_len,
-            radix=args.radix == "on",
-            context_length=args.context_length,
-            dp=args.dp,
-            kernels=args.kernels,
-            shared_prefix=args.shared_prefix,
-        )
+        kwargs = visit_engine_kwargs(args, model, arm)
         env = arm_env(
             arm,
             os.path.join(d, "probe"),

@@ -3,7 +3,8 @@
 One attention-DP rank of the reference deployment (DeepSeek-V4-Pro, 8 GPUs, attention DP 8,
 chunked prefill 22528 and 2048 running requests in all) serves a 2816-token chunk and 256 running
 requests: ``engine_kwargs`` is that rank on one GPU (tp 1), mixed chunked prefill on, the radix
-cache on (Python tree core; random prompts only miss). An arm is a name, environment variables
+cache on (Python tree core; random prompts only miss); ``chunk`` sets another chunk per rank (the
+regime map's cells, ``regime_map.py``). An arm is a name, environment variables
 and Engine arguments on top; arms differ in nothing else. No sglang import (the one helper it takes
 from the package imports none): the CPU tests read this module.
 """
@@ -129,17 +130,17 @@ def ceil_page(n: int) -> int:
 
 
 def pool_sizes(
-    requests: int, input_len: int, output_len: int, shared_prefix: int = 0
+    requests: int, input_len: int, output_len: int, shared_prefix: int = 0, chunk: int = CHUNK
 ) -> dict[str, object]:
     """KV pool and SWA ratio so that every request of the burst fits and the SWA pool holds the
-    running requests' windows (each up to two pages) plus two chunks in flight. Upstream's
+    running requests' windows (each up to two pages) plus two chunks of ``chunk`` in flight. Upstream's
     DeepSeek-V4 default ratio (0.1) ran out at 173 decode rows of a 700k-token pool. A shared
     prefix (whole pages of it, served from the radix cache) is held once, not per request."""
     running = min(requests, RUNNING)
     shared = shared_prefix // PAGE * PAGE
     own = ceil_page(input_len + output_len - shared) + PAGE
-    full = max(ceil_page(requests * own + shared), 4 * CHUNK)
-    swa = running * 2 * PAGE + 2 * ceil_page(CHUNK)
+    full = max(ceil_page(requests * own + shared), 4 * chunk)
+    swa = running * 2 * PAGE + 2 * ceil_page(chunk)
     return {
         "max_total_tokens": full,
         "swa_full_tokens_ratio": round(min(1.0, swa / full + 0.02), 3),
@@ -158,13 +159,15 @@ def engine_kwargs(
     dp: int = 1,
     kernels: str = "standin",
     shared_prefix: int = 0,
+    chunk: int = CHUNK,
 ) -> dict[str, object]:
     """``context_length`` is also the width breakable-graph metadata is built at (upstream's
     ``DeepseekV4AttnBackend._prefill_graph_context_width``) unless an arm cuts it. ``dp`` > 1
     serves that many ranks of the reference deployment on as many GPUs (attention DP, tp = dp):
     each rank with one rank's chunk, running requests and pool for its share of ``requests``.
     ``kernels`` names the kit's kernel selection (``gpu_machine.KERNEL_ENGINE``);
-    ``shared_prefix``: the prompts' common first tokens, held once in the pool (radix on)."""
+    ``shared_prefix``: the prompts' common first tokens, held once in the pool (radix on);
+    ``chunk``: the chunked prefill per rank, decode rows included (``CHUNK`` by default)."""
     per_rank = -(-requests // dp)
     kwargs: dict[str, object] = dict(
         model_path=model_dir,
@@ -172,7 +175,7 @@ def engine_kwargs(
         skip_tokenizer_init=True,
         tp_size=1,
         enable_mixed_chunk=True,
-        chunked_prefill_size=CHUNK,
+        chunked_prefill_size=chunk,
         max_running_requests=RUNNING,
         context_length=context_length,
         moe_runner_backend="triton",
@@ -184,10 +187,10 @@ def engine_kwargs(
         disable_radix_cache=not radix,
         random_seed=1,
         log_level="info",
-        **pool_sizes(per_rank, input_len, output_len, shared_prefix if radix else 0),
+        **pool_sizes(per_rank, input_len, output_len, shared_prefix if radix else 0, chunk),
     )
     kwargs.update(KERNEL_ENGINE[kernels])
-    kwargs.update(attention_dp_engine_kwargs(dp, CHUNK, RUNNING))
+    kwargs.update(attention_dp_engine_kwargs(dp, chunk, RUNNING))
     for k, v in arm.engine.items():
         kwargs[k] = ceil_page(input_len + output_len) if v == "workload" else v
     return kwargs

@@ -156,6 +156,28 @@ FP8_GEMM_ENV = "MIXGRAPH_KIT_FP8_GEMM"  # "torch": block-FP8 linears on torch's 
 _torch_fp8_refused: list = []  # the error of a first call cuBLAS refused: the fallback from then on
 
 
+def padded_fp8_quant(x, quant):
+    """``x`` (M, K) bf16 quantized per 128 columns straight into FP8 buffers of M rounded up to
+    4 rows, the scales column-major with that leading dimension: torch's block-scaled
+    ``scaled_mm`` takes 1x128 scales only with a stride equal to A's rows, and the rows are kept
+    a multiple of 4 (16-byte scale columns) for cuBLAS, as the stand-in always gave it. The few
+    tail rows are zeroed, not the activation padded and copied (a fill and a copy of the whole
+    activation per linear, which DeepGEMM does not pay); they only feed output rows the caller
+    drops. ``quant`` is SGLang's
+    ``sglang_per_token_group_quant_fp8`` (it writes into strided ``output_q``/``output_s``)."""
+    import torch
+
+    rows, k = x.shape
+    padded = rows + -rows % 4
+    q = torch.empty(padded, k, dtype=torch.float8_e4m3fn, device=x.device)
+    scale = torch.empty(k // 128, padded, dtype=torch.float32, device=x.device).t()
+    quant(x, 128, column_major_scales=True, output_q=q[:rows], output_s=scale[:rows])
+    if padded != rows:
+        q[rows:].zero_()
+        scale[rows:].zero_()
+    return q, scale
+
+
 def torch_block_fp8_linear(
     input,
     weight,
@@ -170,10 +192,11 @@ def torch_block_fp8_linear(
     **extra,
 ):
     """A [128, 128]-block FP8 linear on torch's block-scaled ``scaled_mm``: the activation
-    group-quantized per 128 columns by SGLang's kernel with column-major scales, its rows padded
-    to a multiple of 4, the weight's block scales transposed with the weight (the layout cuBLAS's
-    block scaling reads on SM90). ``fallback`` (SGLang's own choice) takes a pre-quantized input,
-    another block size or K blocks not a multiple of 4, and everything after a refused call."""
+    group-quantized per 128 columns by SGLang's kernel into row-padded buffers
+    (``padded_fp8_quant``), the weight's block scales transposed with the weight (the layout
+    cuBLAS's block scaling reads on SM90). ``fallback`` (SGLang's own choice) takes a
+    pre-quantized input, another block size or K blocks not a multiple of 4, and everything after
+    a refused call."""
     import torch.nn.functional as F
 
     def upstream():
@@ -198,9 +221,7 @@ def torch_block_fp8_linear(
         )
     x = input.reshape(-1, input.shape[-1])
     rows = x.shape[0]
-    if rows % 4:
-        x = F.pad(x, (0, 0, 0, -rows % 4))
-    q, scale = quant(x.contiguous(), 128, column_major_scales=True)
+    q, scale = padded_fp8_quant(x.contiguous(), quant)
     try:
         out = (scaled_mm or F.scaled_mm)(
             q,
