@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from sglang.srt.plugins.hook_registry import HookType
 
-from sglang_mixgraph.core.capture_memory import CaptureEffect
+from sglang_mixgraph.core.capture_effects import CaptureEffect
 from sglang_mixgraph.patches.mixed_split.boundary import (
     after_eager_load_batch,
     after_forward_batch_init_new,
