@@ -42,9 +42,9 @@ import time
 import torch
 
 from sglang_mixgraph.core import split_cost_model as cm
-from sglang_mixgraph.core.decode_tail import DecodeTail
 from sglang_mixgraph.core.mixed_boundary import assemble_rows
 from sglang_mixgraph.kits import cost_fit as fit
+from sglang_mixgraph.kits.decode_tail_call import DecodeTail
 from sglang_mixgraph.kits.synthetic_step import (
     StepSpec,
     build_step,

@@ -29,7 +29,7 @@ from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 from sglang_mixgraph.flags import Flag, FlagValueError
 
 if TYPE_CHECKING:
-    from sglang_mixgraph.core.capture_memory import CaptureEffect
+    from sglang_mixgraph.core.capture_effects import CaptureEffect
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class Patch:
     # why). None when the patch has nothing to add.
     explain: Callable[[Any], str] | None = None
     # For the planner: what the patch changes in a breakable capture's memory in this process
-    # (reads its flags; core.capture_memory.CaptureEffect). The deployment facts read it from
+    # (reads its flags; core.capture_effects.CaptureEffect). The deployment facts read it from
     # every patch (planner.deployment_facts.capture_effects_of). None when it changes nothing.
     capture_effects: Callable[[], frozenset[CaptureEffect]] | None = None
     # Upstream attributes the hooks read besides their targets: (dotted path, expected type).

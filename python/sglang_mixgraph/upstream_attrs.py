@@ -23,6 +23,10 @@ BACKEND_SPLIT_KV_VIEWS = "_mixgraph_split_kv_views"
 # On DeepseekV4AttnBackend (the mixed split, SGLANG_MIXGRAPH_SPLIT_TAIL_GRAPHS=1): the decode
 # tails' CUDA graphs and their static buffers (core.decode_tail_graphs.TailGraphs).
 BACKEND_SPLIT_TAIL_GRAPHS = "_mixgraph_split_tail_graphs"
+# On SGLang's Envs (registered by `flags`): replay read-done's switch. The mixed split reads it
+# through `flags.FLAGS` (whether read-done may be published for a replay before its first
+# layer); neither patch imports the other.
+ENVS_REPLAY_READ_DONE = "SGLANG_OPT_DSV4_REPLAY_READ_DONE"
 # On ModelRunner, between replay read-done's PRE_REPLAY and upstream's publisher: the replay's
 # label and the event the mailbox held before.
 RUNNER_PENDING_READ_DONE = "_mixgraph_replay_read_done"

@@ -1,13 +1,12 @@
 import pytest
 import torch
 
-from sglang_mixgraph.core.decode_tail import (
+from sglang_mixgraph.core.decode_tail import run_tail, tail_inputs
+from sglang_mixgraph.kits.decode_tail_call import (
     DecodeTail,
     SchedMetaCache,
     SchedMetaShapeError,
     run_decode_tail,
-    run_tail,
-    tail_inputs,
 )
 from sglang_mixgraph.reference import v4_kv_layout as kvl
 from sglang_mixgraph.reference.sparse_mla import (

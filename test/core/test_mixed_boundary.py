@@ -3,13 +3,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_mixgraph.core.mixed_boundary import (
-    assemble_rows,
-    compute_mixed_boundary,
-    slice_decode_tail,
-    slice_rows,
-    workspace_tokens,
-)
+from sglang_mixgraph.core.mixed_boundary import assemble_rows, compute_mixed_boundary
 
 batches = st.tuples(
     st.lists(st.integers(1, 300), min_size=0, max_size=4),  # prefill extend lengths
@@ -31,15 +25,13 @@ def test_boundary_partitions_rows(batch):
     pre, d, pad = batch
     lens, b = _boundary(batch)
     assert b.num_prefill_reqs == len(pre)
-    assert b.b0 == sum(pre) == b.num_prefill_rows
+    assert b.b0 == sum(pre)
     assert b.decode_end == b.b0 + d
     assert b.num_padding_rows == pad
     rows = list(range(b.num_rows))
     parts = rows[b.prefill_rows] + rows[b.decode_rows] + rows[b.padding_rows]
     assert parts == rows
     assert len(rows[b.decode_rows]) == d
-    assert b.has_decode_tail == (d > 0) and b.has_prefill == (len(pre) > 0)
-    assert list(range(len(lens)))[b.decode_reqs] == list(range(len(pre), len(lens)))
 
 
 def test_dp_relabelled_decode_batch_has_boundary_zero():
@@ -77,37 +69,6 @@ def test_boundary_takes_plain_and_integral_lengths_alike():
     assert compute_mixed_boundary(iter([300, 0, 1, 1]), 2, num_rows=310) == plain
 
 
-@settings(max_examples=100, deadline=None)
-@given(batches, st.sampled_from([64, 128]))
-def test_decode_tail_slices_are_views_of_the_right_rows(batch, width):
-    _, d, _ = batch
-    _, b = _boundary(batch)
-    n = b.num_rows
-    q = torch.randn(n, 2, 8)
-    swa = torch.arange(n * width, dtype=torch.int32).view(n, width)
-    swa_len = torch.arange(n, dtype=torch.int32)
-    extra = torch.arange(n * 64, dtype=torch.int32).view(n, 64) + 7
-    extra_len = torch.arange(n, dtype=torch.int32) * 3
-    tail = slice_decode_tail(b, q, swa, swa_len, extra, extra_len)
-    for full, part in zip((q, swa, swa_len, extra, extra_len), tail.tensors(), strict=False):
-        assert part.shape[0] == d
-        assert part.untyped_storage().data_ptr() == full.untyped_storage().data_ptr()  # a view
-        assert part.storage_offset() == full.storage_offset() + b.b0 * full.stride(0)
-        assert part.stride() == full.stride()
-        assert torch.equal(part, full[b.b0 : b.b0 + d])
-    # writing through the view writes the step's tensor
-    if d:
-        tail.swa_lengths.fill_(-5)
-        assert (swa_len[b.b0 : b.b0 + d] == -5).all()
-        assert (swa_len[: b.b0] != -5).all() and (swa_len[b.b0 + d :] != -5).all()
-
-
-def test_slice_rows_none_and_bounds():
-    assert slice_rows(None, slice(0, 2)) is None
-    with pytest.raises(IndexError):
-        slice_rows(torch.zeros(3), slice(2, 5))
-
-
 @settings(max_examples=50, deadline=None)
 @given(batches)
 def test_assemble_rows_keeps_order_and_zeroes_padding(batch):
@@ -123,21 +84,3 @@ def test_assemble_rows_keeps_order_and_zeroes_padding(batch):
     assert out.shape == full.shape
     assert torch.equal(out[: b.decode_end], full[: b.decode_end])
     assert (out[b.decode_end :] == 0).all()
-
-
-def test_workspace_tokens_follow_upstream_sizing():
-    seqs, exts = [1000, 50, 300, 300], [200, 50, 1, 1]
-    # SWA: min(seq, ext + 127)
-    assert workspace_tokens(seqs, exts, 0) == (0, 327 + 50 + 128 + 128)
-    # c4: whole history per request
-    assert workspace_tokens(seqs, exts, 4)[0] == 250 + 12 + 75 + 75
-    # c128: max(max_seq // 128, 1) slots per request
-    assert workspace_tokens(seqs, exts, 128)[0] == 4 * 7
-    # prefill-only workspace of a split excludes exactly the decode requests' share (c4, SWA)
-    b = compute_mixed_boundary(exts, 2)
-    ps, pe = seqs[: b.num_prefill_reqs], exts[: b.num_prefill_reqs]
-    assert (ps, pe) == ([1000, 50], [200, 50])
-    comp_all, swa_all = workspace_tokens(seqs, exts, 4)
-    comp_pre, swa_pre = workspace_tokens(ps, pe, 4)
-    comp_dec, swa_dec = workspace_tokens(seqs[2:], exts[2:], 4)
-    assert (comp_all, swa_all) == (comp_pre + comp_dec, swa_pre + swa_dec)

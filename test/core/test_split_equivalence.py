@@ -4,7 +4,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_mixgraph.core.decode_tail import DecodeTail
+from sglang_mixgraph.kits.decode_tail_call import DecodeTail
 from sglang_mixgraph.kits.synthetic_step import (
     StepSpec,
     build_step,

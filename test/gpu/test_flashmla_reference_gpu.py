@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from sglang_mixgraph.core.decode_tail import DecodeTail, SchedMetaShapeError
+from sglang_mixgraph.kits.decode_tail_call import DecodeTail, SchedMetaShapeError
 from sglang_mixgraph.kits.synthetic_step import (
     StepSpec,
     build_step,

@@ -6,7 +6,7 @@ for the decode rows."""
 import pytest
 import torch
 
-from sglang_mixgraph.core.decode_tail import DecodeTail
+from sglang_mixgraph.kits.decode_tail_call import DecodeTail
 from sglang_mixgraph.kits.synthetic_step import (
     StepSpec,
     build_step,

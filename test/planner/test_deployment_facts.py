@@ -80,7 +80,7 @@ def test_scope_is_mixed_chunk_on_a_sparse_mla_model(argv, why):
 def test_the_facts_take_what_patches_declare_they_change_in_capture_memory(monkeypatch):
     """A patch tells the planner what it changes through its `Patch.capture_effects`: the facts
     read the union of what the patches declare in this process, and the model shape follows."""
-    from sglang_mixgraph.core.capture_memory import CaptureEffect
+    from sglang_mixgraph.core.capture_effects import CaptureEffect
     from sglang_mixgraph.patches import all_patches, live_width_indexer, mixed_split
     from sglang_mixgraph.planner.deployment_facts import capture_effects_of
 

@@ -50,9 +50,11 @@ decode graphs (`reserve_for_graph_mb`), DeepEP buffers (`reserve_for_deepep_a2a_
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+# Where the effects a patch declares are defined; importable from here too (`cli.resolve`).
+from sglang_mixgraph.core.capture_effects import CaptureEffect  # noqa: F401
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -81,17 +83,6 @@ DEFAULT_MARGIN_FRACTION = 0.10
 
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
-
-
-class CaptureEffect(enum.Enum):
-    """What a patch changes in a breakable capture's memory, for the estimate to count: a patch
-    declares the effects it has in this process (`registry.Patch.capture_effects`), and the
-    deployment facts read them from the patches (`planner.deployment_facts.capture_effects_of`)."""
-
-    # breakable captures run the c4 indexer's logits in an eager break: out of the graph pool
-    INDEXER_LOGITS_EAGER = "indexer_logits_eager"
-    # the split's decode tails replay from CUDA graphs of their own: counted next to the pool
-    DECODE_TAIL_GRAPHS = "decode_tail_graphs"
 
 
 @dataclass(frozen=True)

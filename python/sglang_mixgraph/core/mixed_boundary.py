@@ -1,21 +1,18 @@
-"""Host-side boundary of a mixed prefill/decode step and decode-tail row slicing (no sglang).
+"""Host-side boundary of a mixed prefill/decode step and the join of its two outputs (no sglang).
 
 A MIXED batch lists the prefill requests first and the decode requests after them
 (``ScheduleBatch.mix_with_running`` appends the running requests through
 ``ScheduleBatch.merge_batch`` and extends ``extend_lens`` by ``[1] * running_bs``). With ``P``
-prefill and ``D`` decode requests the
-query rows are laid out as
+prefill and ``D`` decode requests the query rows are laid out as
 
     [0, b0)            prefill rows, b0 = sum(extend_seq_lens[:P])
     [b0, b0 + D)       one row per decode request
     [b0 + D, num_rows) padding rows (eager DP-attention padding is appended after the decode
-                       rows: ``ForwardBatch._pad_inputs_to_size``); they
-                       belong to neither kernel.
+                       rows: ``ForwardBatch._pad_inputs_to_size``); no kernel's.
 
 Everything is computed from host-side Python lists so no device synchronization happens. A
 DP-attention decode batch that upstream relabels to a 1-token EXTEND
-(``ScheduleBatch.convert_decode_to_extend``) is the case ``P == 0``,
-``b0 == 0``.
+(``ScheduleBatch.convert_decode_to_extend``) is the case ``P == 0``, ``b0 == 0``.
 """
 
 from __future__ import annotations
@@ -40,10 +37,6 @@ class MixedBoundary:
         return self.b0 + self.num_decode_reqs
 
     @property
-    def num_prefill_rows(self) -> int:
-        return self.b0
-
-    @property
     def num_padding_rows(self) -> int:
         return self.num_rows - self.decode_end
 
@@ -58,18 +51,6 @@ class MixedBoundary:
     @property
     def padding_rows(self) -> slice:
         return slice(self.decode_end, self.num_rows)
-
-    @property
-    def decode_reqs(self) -> slice:
-        return slice(self.num_prefill_reqs, self.num_prefill_reqs + self.num_decode_reqs)
-
-    @property
-    def has_decode_tail(self) -> bool:
-        return self.num_decode_reqs > 0
-
-    @property
-    def has_prefill(self) -> bool:
-        return self.b0 > 0
 
 
 def _host_ints(values: Iterable, name: str) -> list[int]:
@@ -120,58 +101,6 @@ def compute_mixed_boundary(
     if rows < total:
         raise ValueError(f"num_rows={rows} is smaller than the {total} real rows")
     return MixedBoundary(num_prefill_reqs=p, num_decode_reqs=d, b0=b0, num_rows=rows)
-
-
-def slice_rows(x: torch.Tensor | None, rows: slice) -> torch.Tensor | None:
-    """``x[rows]`` along dim 0 as a view (never a copy); ``None`` passes through."""
-    if x is None:
-        return None
-    if rows.stop > x.shape[0]:
-        raise IndexError(f"rows [{rows.start}, {rows.stop}) outside a tensor of {x.shape[0]} rows")
-    return x.narrow(0, rows.start, rows.stop - rows.start)
-
-
-@dataclasses.dataclass
-class DecodeTailRows:
-    """Per-row inputs of the decode kernel for one compress ratio, rows ``[b0, b0 + D)``.
-
-    ``swa_indices``/``swa_lengths``: the SWA window (main cache); ``extra_indices``/
-    ``extra_lengths``: the c4 top-k page indices or the c128 page indices and their lengths
-    (``None`` for SWA-only layers). All are views of the step's metadata tensors.
-    """
-
-    q: torch.Tensor
-    swa_indices: torch.Tensor
-    swa_lengths: torch.Tensor | None
-    extra_indices: torch.Tensor | None = None
-    extra_lengths: torch.Tensor | None = None
-
-    def tensors(self) -> tuple[torch.Tensor | None, ...]:
-        return (self.q, self.swa_indices, self.swa_lengths, self.extra_indices, self.extra_lengths)
-
-
-def slice_decode_tail(
-    boundary: MixedBoundary,
-    q: torch.Tensor,
-    swa_indices: torch.Tensor,
-    swa_lengths: torch.Tensor | None,
-    extra_indices: torch.Tensor | None = None,
-    extra_lengths: torch.Tensor | None = None,
-) -> DecodeTailRows:
-    """Views of rows ``[b0, b0 + D)`` of ``q`` and of the per-row metadata.
-
-    The metadata tensors are indexed by q row (upstream builds them per token with the decode
-    builder, ``DeepseekV4AttnBackend.make_core_attn_metadata``), so the decode
-    rows of a MIXED batch already carry decode-shaped rows; here they are only narrowed.
-    """
-    rows = boundary.decode_rows
-    return DecodeTailRows(
-        q=slice_rows(q, rows),
-        swa_indices=slice_rows(swa_indices, rows),
-        swa_lengths=slice_rows(swa_lengths, rows),
-        extra_indices=slice_rows(extra_indices, rows),
-        extra_lengths=slice_rows(extra_lengths, rows),
-    )
 
 
 def assemble_rows(
@@ -225,31 +154,3 @@ def copy_in_join(
             raise ValueError(f"decode part must have {boundary.num_decode_reqs} rows")
         all_rows_out[boundary.decode_rows].copy_(decode_out)
     return all_rows_out
-
-
-def workspace_tokens(
-    seq_lens: Sequence[int],
-    extend_seq_lens: Sequence[int],
-    compress_ratio: int,
-    swa_window: int = 128,
-) -> tuple[int, int]:
-    """Rows of the bf16 sparse-prefill workspace for these requests: ``(compressed, swa)``.
-
-    Mirrors upstream's sizing: the SWA gather covers ``min(seq, extend + W - 1)`` positions per
-    request (``DeepseekV4AttnBackend._build_sparse_prefill_chunk_cache``); a top-k ratio gathers
-    each request's whole compressed history ``seq // ratio``
-    (``dsv4.sparse_prefill_utils.SparsePrefillChunkCache.ensure_compressed``); c128 gathers
-    ``max(max_seq // 128, 1)`` slots per request (``SparsePrefillChunkCache.ensure_c128``).
-    """
-    seqs = _host_ints(seq_lens, "seq_lens")
-    exts = _host_ints(extend_seq_lens, "extend_seq_lens")
-    if len(seqs) != len(exts):
-        raise ValueError("seq_lens and extend_seq_lens differ in length")
-    swa = sum(min(s, e + swa_window - 1) for s, e in zip(seqs, exts, strict=False))
-    if not seqs or compress_ratio == 0:
-        return 0, swa
-    if compress_ratio == 128:
-        comp = len(seqs) * max(max(seqs) // 128, 1)
-    else:
-        comp = sum(s // compress_ratio for s in seqs)
-    return comp, swa

@@ -122,8 +122,8 @@ class StepShape:
             raise ValueError("more decode requests than requests")
         eff_topk = None if ratio == 128 else topk
         keys = [request_keys(s, e, ratio, eff_topk, swa) for s, e in zip(seqs, exts, strict=False)]
-        ws_all = sum(_workspace(seqs, exts, ratio, swa))
-        ws_pre = sum(_workspace(seqs[:p], exts[:p], ratio, swa))
+        ws_all = sum(workspace_tokens(seqs, exts, ratio, swa))
+        ws_pre = sum(workspace_tokens(seqs[:p], exts[:p], ratio, swa))
         return cls(
             ratio=ratio,
             num_decode=int(num_decode),
@@ -165,9 +165,17 @@ def uniform_step_lists(
     return seqs, exts
 
 
-def _workspace(seqs: list[int], exts: list[int], ratio: int, swa: int) -> tuple[int, int]:
-    # Same sizing as core.mixed_boundary.workspace_tokens (kept local to avoid the int checks
-    # on hot paths); see that function for the upstream references.
+def workspace_tokens(
+    seqs: Sequence[int], exts: Sequence[int], ratio: int, swa: int = SWA_WINDOW
+) -> tuple[int, int]:
+    """Rows of the bf16 sparse-prefill workspace for these requests (host lists of ints):
+    ``(compressed, swa)``. Upstream's sizing: the SWA gather covers ``min(seq, extend + W - 1)``
+    positions per request (``DeepseekV4AttnBackend._build_sparse_prefill_chunk_cache``); a top-k
+    ratio gathers each request's whole compressed history ``seq // ratio``
+    (``SparsePrefillChunkCache.ensure_compressed``); c128 ``max(max_seq // 128, 1)`` slots per
+    request (``SparsePrefillChunkCache.ensure_c128``)."""
+    if len(seqs) != len(exts):
+        raise ValueError("seq_lens and extend_seq_lens differ in length")
     if not seqs:
         return 0, 0
     swa_rows = sum(min(s, e + swa - 1) for s, e in zip(seqs, exts, strict=False))
@@ -200,7 +208,7 @@ class StepCounts:
     swa_keys_pre: int  # (row, SWA key) pairs of the prefill rows
     swa_dec: int  # sum over decode requests of min(seq, swa): their SWA keys and SWA rows
     # per compressed ratio: (prefill requests, decode requests) workspace rows and key pairs;
-    # c128's workspace follows the longest request instead (see ``_workspace``)
+    # c128's workspace follows the longest request instead (see ``workspace_tokens``)
     comp_ws: Mapping[int, tuple[int, int]]
     comp_keys: Mapping[int, tuple[int, int]]
 

@@ -1,59 +1,12 @@
-"""The adaptive split policy's cost model of one mixed step's attention, unsplit vs split, and the adaptive policy.
+"""The adaptive split policy: the cost model of one mixed step's attention, unsplit vs split.
 
-No sglang imports. Inputs are the step's host counts (`core.mixed_step_counts`: `StepShape`
-per layer kind, `StepCounts` per step), from host-side lists or the uniform shapes the
-benchmark sweeps; here the coefficients (fitted per GPU architecture, package data) and the
-predictions and decisions built on them.
-
-What the split changes, per layer (upstream flow:
-``DeepseekV4AttnBackend._forward_prefill_sparse``):
-
-* unsplit: dequantize every request's SWA window and whole compressed history into a bf16
-  workspace, then ``flash_mla_sparse_fwd`` over all ``b0 + D`` rows;
-* split: the same for the ``P`` prefill requests and ``b0`` rows only, the ``D`` decode rows
-  through the fp8 ``flash_mla_with_kvcache`` (no dequantization). FlashMLA has no ``out=``
-  argument, so the outputs must be joined: the sparse prefill runs over all rows with the decode
-  rows empty (no keys, zero output) and the decode kernel's ``D`` rows are copied in (a join of
-  every row with ``torch.cat`` measured slower on H200; docs/results/mixed_split_h200.md).
-
-The model is linear in counts that the host knows before launching anything:
-
-    unsplit = a_ws * ws_all + a_key * keys_all + a_row * rows_all + c_pre
-    split   = [b0 > 0] * (a_ws * ws_pre + a_key * keys_pre + a_row * b0 + c_pre)
-              + d_key * keys_dec + d_row * D + c_dec
-              + [b0 > 0 and D > 0] * a_cat * D      (empty rows in the prefill + copy-in)
-
-``ws_*`` are workspace rows (tokens dequantized), ``keys_*`` the number of (query row, key)
-pairs the kernel attends to (valid keys only: both kernels skip past ``topk_length``), all in
-milliseconds per unit. Coefficients are fitted per GPU architecture and per compress ratio by
-``benchmark/fit_split_cost.py`` from in-server timings (``benchmark/mixed_split_inserver.py``
-with the GPU queue kept ahead of the host, as in a replayed step) and stored as package data
-``sglang_mixgraph/data/split_cost_<arch>.json``. An architecture without a file uses the
-``sm90`` numbers (or the built-in bandwidth-derived ones below when even that is missing) with
-a conservative margin: split only where the model predicts at least ``UNKNOWN_ARCH_MARGIN``
-(10 %) saving.
-
-Two regimes. The model above is GPU time: right for a replayed step, where the graph segments
-keep the GPU busy while the host launches the next attention break, so the host work is hidden
-(``regime="replay"``, the default). In an eager step the host is exposed, and the split costs
-more host work per layer call than upstream (the decode kernel's launch, the tail slicing and
-the copy-in join). The eager model (``regime="eager"``) predicts the layer call's wall time from
-a per-call host time ``H`` (a constant per ratio and path: the in-server timings show no trend
-with context, D or P) and the GPU model ``G`` above:
-
-    wall = max(H, G + kappa * H)
-
-``kappa`` is the share of the call's host time the GPU sits waiting for (host work before the
-kernels that carry the GPU time); ``H`` alone bounds the wall from below. Both are fitted from
-eager in-server timings (``benchmark/fit_split_cost.py --eager``) and stored beside the GPU
-coefficients. Coefficients without them (an older file, the built-in estimate) decide eager
-steps with the GPU model, as before, and log that once.
-
-A whole step (``predict_step``) adds its step terms (``STEP_NAMES``: a chunk-cache build, the
-split plan, the decision) to its layers; they are fitted from the host times of those parts in
-recorded replayed steps (the file's ``step`` block, ``benchmark/fit_split_cost.py --step``), and
-``DEFAULT_STEP_TERMS`` apply only to a calibration without one. ``calibration_info`` says which
-file a set of coefficients came from and each kind's source (``plan`` and ``doctor`` print it).
+No sglang imports. Inputs are the step's host counts (`core.mixed_step_counts`: `StepShape` per
+layer kind, `StepCounts` per step); here the coefficients (fitted per GPU architecture, package
+data ``sglang_mixgraph/data/split_cost_<arch>.json``, ``sm90`` with a margin for an architecture
+without a file), the per-layer predictions in two regimes (``replay``: GPU time, host hidden;
+``eager``: ``wall = max(H, G + kappa * H)``), the whole step's prediction with its step terms,
+and the decision (`decide_step`). The model, its fit and its measurements:
+docs/adaptive-split.md.
 """
 
 from __future__ import annotations

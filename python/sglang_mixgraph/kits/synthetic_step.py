@@ -31,13 +31,13 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from sglang_mixgraph.core.decode_tail import DecodeTail
 from sglang_mixgraph.core.mixed_boundary import (
     MixedBoundary,
     assemble_rows,
     compute_mixed_boundary,
     copy_in_join,
 )
+from sglang_mixgraph.kits.decode_tail_call import DecodeTail
 from sglang_mixgraph.reference import v4_kv_layout as kvl
 
 SWA = 128

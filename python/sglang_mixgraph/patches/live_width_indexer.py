@@ -27,7 +27,7 @@ from sglang.srt.plugins.hook_registry import HookType
 
 from sglang_mixgraph import counters
 from sglang_mixgraph.core.attention_rows import batch_attention_rows
-from sglang_mixgraph.core.capture_memory import CaptureEffect
+from sglang_mixgraph.core.capture_effects import CaptureEffect
 from sglang_mixgraph.fallback import fallback_once
 from sglang_mixgraph.flags import bool_flag
 from sglang_mixgraph.registry import Hook, Patch

@@ -21,7 +21,11 @@ from sglang_mixgraph.core.attention_rows import batch_attention_rows
 from sglang_mixgraph.fallback import fallback_once
 from sglang_mixgraph.flags import bool_flag
 from sglang_mixgraph.registry import Hook, Patch
-from sglang_mixgraph.upstream_attrs import METADATA_SPLIT_PLAN, RUNNER_PENDING_READ_DONE
+from sglang_mixgraph.upstream_attrs import (
+    ENVS_REPLAY_READ_DONE,
+    METADATA_SPLIT_PLAN,
+    RUNNER_PENDING_READ_DONE,
+)
 
 PATCH_ID = "replay_read_done"
 RUNNER = "sglang.srt.model_executor.runner.prefill_cuda_graph_runner.PrefillCudaGraphRunner"
@@ -30,8 +34,9 @@ PUBLISHER = (
     "maybe_publish_prefill_shared_read_done"
 )
 
+# The mixed split reads this switch by its name (`upstream_attrs.ENVS_REPLAY_READ_DONE`).
 FLAG = bool_flag(
-    "SGLANG_OPT_DSV4_REPLAY_READ_DONE",
+    ENVS_REPLAY_READ_DONE,
     False,
     "DSV4: build the sparse-prefill chunk cache in the breakable-graph replay prepare and publish "
     "the WAR read-done event for prefill and mixed replays (upstream waits for the whole forward).",

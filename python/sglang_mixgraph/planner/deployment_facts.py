@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from sglang_mixgraph.bcg_rules import matching_rules
-from sglang_mixgraph.core.capture_memory import CaptureEffect, ModelShape
+from sglang_mixgraph.core.capture_effects import CaptureEffect
+from sglang_mixgraph.core.capture_memory import ModelShape
 
 
 def is_designed_model(hf_config) -> bool:

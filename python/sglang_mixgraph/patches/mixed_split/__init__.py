@@ -8,7 +8,8 @@ the paged cache directly. With ``SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN=1`` the deco
 decode kernel and the workspace covers only the prefill requests, in eager steps and inside
 breakable-graph replays. Modules: ``boundary`` (which rows decode), ``plan`` (the per-step
 decision), ``forward`` (the split attention), ``state`` (flags, plan, counters). Anything not
-handled falls back to upstream for the whole step, said once per reason (docs/mixed-split.md).
+handled falls back to upstream for the whole step, said once per reason. docs/mixed-split.md
+opens with the hooks in the order a step meets them; the policy is docs/adaptive-split.md.
 Why, how, the upstream PR and the retire condition: `PATCH` (`doctor` prints them).
 """
 
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 from sglang.srt.plugins.hook_registry import HookType
 
-from sglang_mixgraph.core.capture_memory import CaptureEffect
+from sglang_mixgraph.core.capture_effects import CaptureEffect
 from sglang_mixgraph.patches.mixed_split.boundary import (
     after_eager_load_batch,
     after_forward_batch_init_new,

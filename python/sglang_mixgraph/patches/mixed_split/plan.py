@@ -17,6 +17,7 @@ from typing import Any
 from sglang_mixgraph.core.attention_rows import batch_attention_rows
 from sglang_mixgraph.core.decode_tail import tail_inputs
 from sglang_mixgraph.core.mixed_boundary import MixedBoundary, compute_mixed_boundary
+from sglang_mixgraph.flags import FLAGS
 from sglang_mixgraph.patches.mixed_split.boundary import decode_tail_of
 from sglang_mixgraph.patches.mixed_split.state import (
     ALL_RATIOS,
@@ -29,7 +30,11 @@ from sglang_mixgraph.patches.mixed_split.state import (
     fall_back,
     ref_to,
 )
-from sglang_mixgraph.upstream_attrs import BACKEND_SPLIT_LAYERS, METADATA_SPLIT_PLAN
+from sglang_mixgraph.upstream_attrs import (
+    BACKEND_SPLIT_LAYERS,
+    ENVS_REPLAY_READ_DONE,
+    METADATA_SPLIT_PLAN,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -332,9 +337,8 @@ def _read_done_may_publish(replay: bool) -> bool:
         return False
     if not replay:
         return True
-    from sglang_mixgraph.patches import replay_read_done
-
-    return bool(replay_read_done.FLAG.get())
+    read_done = FLAGS.get(ENVS_REPLAY_READ_DONE)  # registered when the read-done patch loads
+    return read_done is not None and bool(read_done.get())
 
 
 def new_sched_meta():

@@ -1,0 +1,45 @@
+"""tools/reading-path/split_reading_path.py: the files a reader of the mixed split opens (the
+patch package and the package modules it imports, transitively, without the runtime foundation)
+stay within 3,000 lines over 12 files, and the count follows every import it should."""
+
+from __future__ import annotations
+
+from tool_scripts import load
+
+R = load("split_reading_path", "reading-path")
+
+MAX_LINES = 3000
+MAX_FILES = 12
+
+
+def test_the_split_reads_in_at_most_3k_lines_over_12_files():
+    path = R.reading_path()
+    assert len(path) <= MAX_FILES, sorted(path)
+    assert sum(path.values()) <= MAX_LINES, path
+
+
+def test_the_path_is_the_patch_and_the_core_it_imports_and_no_other_patch():
+    path = R.reading_path()
+    patch = {p for p in path if p.startswith("patches/mixed_split/")}
+    assert {"patches/mixed_split/__init__.py", "patches/mixed_split/plan.py"} <= patch
+    assert set(path) - patch == {p for p in path if p.startswith("core/")}
+    # the decode tail and the cost model are read; the capture estimate no longer is
+    assert {"core/decode_tail.py", "core/split_cost_model.py"} <= set(path)
+    assert "core/capture_memory.py" not in path
+    with_foundation = R.reading_path(with_foundation=True)
+    assert {"flags.py", "registry.py"} <= set(with_foundation) - set(path)
+
+
+def test_the_count_follows_function_local_imports(monkeypatch):
+    """A patch module importing another patch inside a function puts that patch on the path."""
+    plan = R.PACKAGE / "patches" / "mixed_split" / "plan.py"
+    mutated = plan.read_text() + (
+        "\n\ndef _mutant():\n    from sglang_mixgraph.patches import replay_read_done\n"
+    )
+    real_read = type(plan).read_text
+
+    def read_text(self, *args, **kwargs):
+        return mutated if self == plan else real_read(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(plan), "read_text", read_text)
+    assert "patches/replay_read_done.py" in R.reading_path()
