@@ -39,6 +39,7 @@ EVERYTHING = (
 # What `plan` and the resolution hook run through: the planner, SGLang's resolution, the presets.
 PLANNER = (
     PKG + "cli/*",
+    PKG + "resolution/*",
     PKG + "planner/*",
     PKG + "bcg_rules.py",
     PKG + "target_gpu.py",
@@ -48,13 +49,13 @@ PLANNER = (
     PKG + "kits/model_configs.py",
     PKG + "kits/fake_nvidia_smi.py",
 )
-AB = (PKG + "ab/*", PKG + "cli/ab.py", "test/ab/*")
+AB = (PKG + "ab/*", PKG + "cli/ab.py", PKG + "resolution/*", "test/ab/*")
 
 # Each file holding slow tests and the source paths it covers (besides EVERYTHING and itself).
 SLOW_FILES: dict[str, tuple[str, ...]] = {
     "test/test_plugin.py": PLANNER,
     "test/cli/test_cli.py": PLANNER,
-    "test/cli/test_plan_inputs.py": PLANNER,
+    "test/resolution/test_plan_inputs.py": PLANNER,
     "test/patches/test_graph_config.py": PLANNER,
     "test/patches/mixed_split/test_mixed_split.py": (
         PKG + "core/*",
@@ -69,6 +70,7 @@ SLOW_FILES: dict[str, tuple[str, ...]] = {
         PKG + "advise/*",
         PKG + "cli/advise.py",
         PKG + "cli/__init__.py",
+        PKG + "resolution/serving_client.py",
         "test/advise/*",
     ),
     "test/tools/test_rank_slice_model.py": (*PLANNER, "tools/rank-slice/*"),

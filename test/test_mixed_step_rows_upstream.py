@@ -62,7 +62,7 @@ MAX_PREFILL_TOKENS = 16384  # upstream's default, resolved for the slice
 @pytest.fixture(scope="module")
 def resolved():
     """The slice's server arguments as upstream resolves them (DeepSeek-V4 sets the page)."""
-    from sglang_mixgraph.cli.resolve import resolve
+    from sglang_mixgraph.resolution.resolve import resolve
 
     r = resolve(SLICE_ARGV, gpu="H200").resolved
     return {

@@ -1,20 +1,25 @@
 """The layout: the package in wings by who runs the code, each module importing only its own
 layer or a lower one, read from every import (function-local and importlib ones included):
-core < references < runtime foundation < planner < patches < commands < test support. What
-SGLang loads at plugin load is the runtime wing alone (a fresh process counts it); core imports
-no SGLang and the planner reads no server arguments but through deployment_facts (checked by
-import, name and attribute access, each check shown to see a mutation); nothing the server runs
-imports the kits or the references; no import cycle; tests, benchmarks and tools get the kits
-as package modules: no `sys.path` edits, no benchmark importing a test module or back."""
+core < references < runtime foundation < planner < patches < resolution < commands < test
+support, and no command importing another. What SGLang loads at plugin load is the runtime wing
+alone (a fresh process with its own environment counts it); core imports no SGLang however it
+spells it, and the planner reads no server arguments but through deployment_facts (checked by
+import, name, attribute access and annotation, each check shown to see a mutation of a real
+module); nothing the server runs imports the kits or the references; no import cycle; tests,
+benchmarks and tools get the kits as package modules: no `sys.path` edits, no benchmark
+importing a test module or back (each import resolved to the file it finds)."""
 
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+from sglang_mixgraph.target_gpu import PLATFORM_PLUGIN_NAME
 
 PACKAGE = Path(__file__).resolve().parents[1] / "python" / "sglang_mixgraph"
 
@@ -132,26 +137,75 @@ def test_tests_benchmarks_and_tools_leave_the_import_path_alone():
     assert edits == []
 
 
-def _top_level_imports(path: Path) -> set[str]:
+def _script_imports(source: str) -> set[str]:
+    """Every module a script's source imports, absolute ones (`from a.b import c`: a.b and a.b.c)."""
     names = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
-            names |= {a.name.partition(".")[0] for a in node.names}
+            names |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
-            names.add(node.module.partition(".")[0])
+            names |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
     return names
 
 
+@functools.cache
+def _script_folders() -> tuple[Path, ...]:
+    """The folders of test/ and benchmark/ a PYTHONPATH could add (device.sh adds some)."""
+    roots = [ROOT / "test", ROOT / "benchmark"]
+    return tuple(d for r in roots for d in [r, *sorted(r.rglob("*"))] if d.is_dir())
+
+
+def resolve_script_import(module: str, importer: Path) -> Path | None:
+    """The file or folder of the checkout an import finds, searched as Python searches: the
+    importer's own folder (a script run, pytest's rootdir insertion), the checkout's root
+    (`test.ab.ab_kit` as a namespace package), then the folders a PYTHONPATH could add; None
+    where it finds none there (the standard library, the package, sglang)."""
+    parts = module.split(".")
+    for base in (importer.parent, ROOT, *_script_folders()):
+        found = base.joinpath(*parts)
+        for candidate in (found.with_name(found.name + ".py"), found):
+            if candidate.exists() and "__pycache__" not in candidate.parts:
+                return candidate
+    return None
+
+
+def crossing_imports(source: str, importer: Path) -> list[str]:
+    """The imports of a script under benchmark/ that find a file of test/, or back."""
+    other = ROOT / ("test" if (ROOT / "benchmark") in importer.parents else "benchmark")
+    return sorted(
+        f"{module} -> {found.relative_to(ROOT)}"
+        for module in _script_imports(source)
+        if (found := resolve_script_import(module, importer)) is not None
+        and (found == other or other in found.parents)
+    )
+
+
+# Imports each added to a real script: a benchmark reaching a test module, or back, however it
+# names it (the first three a rule by file stem let through).
+SCRIPT_MUTATIONS = (
+    ("benchmark/mixed_steady_state.py", "from test.ab import ab_kit"),
+    ("benchmark/mixed_steady_state.py", "import test.advise.make_traces"),
+    ("test/ab/test_ab_config.py", "from benchmark import mixed_split_inserver"),
+    ("test/ab/test_ab_config.py", "import mixed_split_inserver"),
+)
+
+
 def test_benchmarks_and_tests_do_not_import_each_other():
-    benchmarks, tests = _scripts("benchmark"), _scripts("test")
-    bench_names, test_names = {p.stem for p in benchmarks}, {p.stem for p in tests}
+    """Each import resolved to the file it finds, not matched by name; each mutation is seen."""
     crossing = [
-        f"{p.relative_to(ROOT)} imports {sorted(_top_level_imports(p) & other)}"
-        for paths, other in ((benchmarks, test_names), (tests, bench_names))
-        for p in paths
-        if _top_level_imports(p) & other
+        f"{p.relative_to(ROOT)}: {found}"
+        for p in _scripts("benchmark", "test")
+        for found in crossing_imports(p.read_text(), p)
     ]
     assert crossing == []
+    # the resolution finds what a script really imports: a benchmark its sibling
+    inserver = ROOT / "benchmark" / "mixed_steady_state.py"
+    assert resolve_script_import("mixed_split_inserver", inserver) == inserver.with_name(
+        "mixed_split_inserver.py"
+    )
+    for relative, line in SCRIPT_MUTATIONS:
+        path = ROOT / relative
+        assert crossing_imports(path.read_text() + f"\n{line}\n", path), line
 
 
 def test_no_module_imports_one_that_imports_it_back():
@@ -181,8 +235,9 @@ def test_no_module_imports_one_that_imports_it_back():
 # only modules of its own layer or a lower one, read from every import (function-local ones
 # and `importlib.import_module` of a constant name included). The runtime wing is what SGLang
 # loads in every serving process (the top level, `core/`, `patches/`); the planner is imported
-# by one patch hook and the commands; the commands (`cli/`, `advise/`) and the A/B tool
-# (`ab/`) sit on top; `kits/` and `reference/` are test support. The first match places a
+# by one patch hook and the commands; what the commands share (`resolution/`) sits below them;
+# the commands (`cli/` the fronts, `advise/` and `ab/` their engines) sit on top, importing no
+# other command (checked below); `kits/` and `reference/` are test support. The first match places a
 # module: a folder by its name, any other top-level module in the runtime foundation.
 RUNTIME_FOUNDATION = (
     "__init__",
@@ -200,6 +255,7 @@ LAYERS = (
     ("runtime foundation", RUNTIME_FOUNDATION),  # flags, counters, the Patch machinery
     ("planner", ("planner",)),  # takes typed facts; deployment_facts alone reads the arguments
     ("patches", ("patches", "plugin")),
+    ("resolution", ("resolution",)),  # what the commands share: SGLang's resolution, plan inputs
     ("commands", ("cli", "advise", "ab")),
     ("test support", ("kits",)),
 )
@@ -238,6 +294,7 @@ def test_the_top_level_holds_only_what_sglang_loads():
         "core",
         "patches",
         "planner",
+        "resolution",
         "cli",
         "advise",
         "ab",
@@ -263,6 +320,67 @@ def test_every_module_imports_only_its_own_layer_or_lower():
         "sglang_mixgraph.planner.prefill_settlement"
         in graph["sglang_mixgraph.patches.graph_config"]
     )
+
+
+# The commands: `cli/<name>.py` is a command's front, `ab/` and `advise/` the engines behind
+# two of them; `demo` runs the A/B tool against its stand-in, so its engine is ab's. The
+# dispatcher (`cli/__init__.py`, `__main__.py`) imports every front; no front imports another
+# front or another command's engine, and no engine imports a front or the other engine: what
+# two commands share lives below them, in `resolution/`.
+COMMAND_ENGINES = {"ab": "ab", "advise": "advise", "demo": "ab", "plan": None, "doctor": None}
+DISPATCHER = ("sglang_mixgraph.cli", "sglang_mixgraph.cli.__main__")
+
+
+def _command_part(name: str) -> str | None:
+    """`cli.X` for a front, `ab` or `advise` for an engine's module, None outside the commands."""
+    rest = name.removeprefix("sglang_mixgraph.")
+    top, _, sub = rest.partition(".")
+    if top == "cli" and sub:
+        return f"cli.{sub.partition('.')[0]}"
+    return top if top in ("ab", "advise") else None
+
+
+def command_crossings(graph: dict[str, set[str]]) -> list[str]:
+    """Each import from one command into another (the dispatcher importing a front excepted)."""
+    found = []
+    for name, imports in sorted(graph.items()):
+        own = _command_part(name)
+        if own is None or name in DISPATCHER:
+            continue
+        allowed = {own}
+        if own.startswith("cli."):
+            allowed.add(COMMAND_ENGINES.get(own.removeprefix("cli.")))
+        for imported in sorted(imports):
+            part = _command_part(imported)
+            if part is not None and part not in allowed:
+                found.append(f"{name} imports {imported}")
+    return found
+
+
+# Edits that make one command import another, each added to a real module's source.
+COMMAND_MUTATIONS = {
+    "cli/plan.py": "from sglang_mixgraph.cli.doctor import doctor_report",  # front -> front
+    "cli/advise.py": "from sglang_mixgraph.ab.config_schema import validated",  # -> other engine
+    "ab/arm_plans.py": "from sglang_mixgraph.cli import plan",  # engine -> front
+    "advise/capture.py": "from sglang_mixgraph.ab.tools import bench_argv",  # engine -> engine
+    "ab/runner.py": "importlib.import_module('sglang_mixgraph.advise.steps')",
+}
+
+
+def test_no_command_imports_another():
+    """The fronts and engines of the commands import no other command (read as the layer rule
+    reads imports); the check sees each kind of crossing, added to a real module."""
+    graph = _package_graph()
+    fronts = {p.stem for p in (PACKAGE / "cli").glob("*.py")} - {"__init__", "__main__"}
+    assert fronts == set(COMMAND_ENGINES)  # cli/ holds the fronts alone, one per command
+    assert command_crossings(graph) == []
+    assert "sglang_mixgraph.ab.cli" in graph["sglang_mixgraph.cli.ab"]  # a front its engine
+    modules = set(graph)
+    for relative, line in COMMAND_MUTATIONS.items():
+        path = PACKAGE / relative
+        name = _module_name(path)
+        mutated = path.read_text() + f"\n\ndef _mutant():\n    import importlib\n    {line}\n"
+        assert command_crossings({name: imports_in(mutated, name, modules)}), line
 
 
 # Imports the plugin must never make, each as a line of source that a mutation adds to
@@ -297,23 +415,56 @@ def test_the_layer_rule_sees_each_way_the_plugin_could_reach_up():
     ]
 
 
+# What a fresh serving process gets of the test process's environment: where Python finds its
+# commands and the package, a home and a temporary folder; nothing of SGLang's or the plugin's
+# variables (the suite selects the described-GPU platform, SGLANG_PLATFORM, which would load
+# the platform plugin's module too), but the plugin allowlist a deployment sets.
+SERVING_ENV_KEEPS = ("PATH", "PYTHONPATH", "HOME", "TMPDIR")
+SERVING_ENV = {"SGLANG_PLUGINS": "mixgraph"}
+
+
+def serving_env(parent: dict[str, str]) -> dict[str, str]:
+    return {**{k: parent[k] for k in SERVING_ENV_KEEPS if k in parent}, **SERVING_ENV}
+
+
+_LOAD_PLUGINS = textwrap.dedent(
+    """
+    import sys
+    from sglang.srt.plugins import load_plugins
+    load_plugins()
+    print(" ".join(sorted(m for m in sys.modules if m.startswith("sglang_mixgraph"))))
+    """
+)
+
+
+def _start_loading_the_plugin(env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-c", _LOAD_PLUGINS],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def _loaded(proc: subprocess.Popen) -> list[str]:
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    return out.split()
+
+
 def test_loading_the_plugin_imports_only_the_runtime_wing():
     """What SGLang's `load_plugins()` imports of the package in a fresh process: runtime-wing
-    modules only, and how many (a new one is a decision: raise the count with its reason)."""
-    code = textwrap.dedent(
-        """
-        import sys
-        from sglang.srt.plugins import load_plugins
-        load_plugins()
-        print(" ".join(sorted(m for m in sys.modules if m.startswith("sglang_mixgraph"))))
-        """
-    )
-    env = {**os.environ, "SGLANG_PLUGINS": "mixgraph"}
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    loaded = proc.stdout.split()
+    modules only, and how many (a new one is a decision: raise the count with its reason). The
+    child's environment is set, not inherited: a parent that selected a platform (the mutation,
+    run beside it) loads one module more, which the count would flag."""
+    inheriting = {**os.environ, "SGLANG_PLATFORM": PLATFORM_PLUGIN_NAME, **SERVING_ENV}
+    assert serving_env(inheriting) == serving_env({**os.environ, "SGLANG_PLATFORM": ""})
+    procs = [_start_loading_the_plugin(serving_env(os.environ))]
+    procs.append(_start_loading_the_plugin(inheriting))
+    loaded, mutated = (_loaded(p) for p in procs)
+    assert len(mutated) == LOADED_AT_PLUGIN_LOAD + 1, mutated  # the count sees an inherited one
+    assert set(mutated) - set(loaded) == {"sglang_mixgraph.target_gpu"}
     assert "sglang_mixgraph.plugin" in loaded and "sglang_mixgraph.patches.graph_config" in loaded
     wing = {LAYERS[layer_of(m)][0] for m in loaded}
     assert wing <= set(RUNTIME_WING), sorted(
@@ -322,10 +473,11 @@ def test_loading_the_plugin_imports_only_the_runtime_wing():
     assert len(loaded) == LOADED_AT_PLUGIN_LOAD
 
 
-# The package's modules SGLang's load_plugins() imports: the package and 8 top-level modules,
-# the patches' 11 and the 9 of core they use at import (capture_memory for the effects on
-# capture memory that two patches declare).
-LOADED_AT_PLUGIN_LOAD = 29
+# The package's modules SGLang's load_plugins() imports: the package and 7 top-level modules
+# (target_gpu, the platform plugin's, only where SGLANG_PLATFORM selects it), the patches' 11
+# and the 9 of core they use at import (capture_memory for the effects on capture memory that
+# two patches declare).
+LOADED_AT_PLUGIN_LOAD = 28
 
 
 # SGLang and its kernel package, by top-level name: what core/ never imports, statically or at
@@ -333,22 +485,57 @@ LOADED_AT_PLUGIN_LOAD = 29
 SGLANG_PACKAGES = ("sglang", "sgl_kernel")
 
 
+def _names_sglang(value: object) -> bool:
+    return isinstance(value, str) and value.partition(".")[0] in SGLANG_PACKAGES
+
+
 def sglang_imports(source: str, name: str) -> list[str]:
     """The SGLang modules a module's source imports, however it spells it: an import
-    statement, `importlib.import_module` / `__import__` of a constant, or `sys.modules[...]`."""
-    found = []
-    for imported in imports_in(source, name, None):
-        if imported.partition(".")[0] in SGLANG_PACKAGES:
-            found.append(imported)
-    for node in ast.walk(ast.parse(source)):
-        if (
-            isinstance(node, ast.Subscript)
-            and isinstance(node.value, ast.Attribute)
-            and node.value.attr == "modules"
-            and isinstance(node.slice, ast.Constant)
-            and str(node.slice.value).partition(".")[0] in SGLANG_PACKAGES
+    statement, an SGLang module's name (a literal or a module constant) handed to any call or
+    subscript (`importlib.util.find_spec`, `sys.modules.get`, `getattr(importlib, ...)(...)`),
+    or any use of the import machinery by name (`importlib.util`, `getattr(importlib, ...)`,
+    `sys.modules`), whatever the module it reaches."""
+    tree = ast.parse(source)
+    constants = {
+        target.id: node.value.value
+        for node in tree.body
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
+    found = [i for i in imports_in(source, name, None) if _names_sglang(i)]
+    found += [
+        i for i in imports_in(source, name, None) if i in ("importlib.util", "importlib.machinery")
+    ]
+
+    def value_of(node: ast.AST) -> object:
+        if isinstance(node, ast.Constant):
+            return node.value
+        return constants.get(node.id) if isinstance(node, ast.Name) else None
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            args = [*node.args, *(k.value for k in node.keywords)]
+            found += [
+                f"line {node.lineno}: {value_of(a)!r}" for a in args if _names_sglang(value_of(a))
+            ]
+            if (
+                isinstance(node.func, ast.Name)
+                and node.func.id == "getattr"
+                and node.args
+                and isinstance(node.args[0], ast.Name)
+                and node.args[0].id in ("importlib", "sys")
+            ):
+                found.append(f"line {node.lineno}: getattr({node.args[0].id}, ...)")
+        elif isinstance(node, ast.Subscript) and _names_sglang(value_of(node.slice)):
+            found.append(f"line {node.lineno}: [{value_of(node.slice)!r}]")
+        elif (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and (node.value.id, node.attr)
+            in (("importlib", "util"), ("importlib", "import_module"), ("sys", "modules"))
         ):
-            found.append(f"sys.modules[{node.slice.value!r}]")
+            found.append(f"line {node.lineno}: {node.value.id}.{node.attr}")
     return found
 
 
@@ -358,6 +545,13 @@ CORE_MUTATIONS = (
     "importlib.import_module('sglang.srt.server_args')",
     "__import__('sgl_kernel')",
     "sys.modules['sglang.srt.server_args']",
+    # the roundabout ways, each once let through
+    "importlib.util.find_spec('sglang.srt.utils').loader.load_module()",
+    "getattr(importlib, 'import_module')('sglang.srt.server_args')",
+    "sys.modules.get('sglang.srt.server_args')",
+    "sys.modules.get(_UPSTREAM)",  # a module constant
+    "getattr(importlib, 'import_' + 'module')(name)",  # a name built at run time
+    "from importlib.util import find_spec",
 )
 
 
@@ -371,7 +565,9 @@ def test_core_imports_no_sglang():
     target = PACKAGE / "core" / "mixed_boundary.py"
     for line in CORE_MUTATIONS:
         mutated = (
-            target.read_text() + f"\n\ndef _mutant():\n    import importlib, sys\n    {line}\n"
+            target.read_text()
+            + f"\n\ndef _mutant(name):\n    import importlib, sys\n    {line}\n"
+            + "\n_UPSTREAM = 'sglang.srt.managers.scheduler'\n"
         )
         assert sglang_imports(mutated, _module_name(target)), line
     names = " ".join(_module_name(p) for p in core)
@@ -435,6 +631,52 @@ PLANNER_MUTATIONS = (
     "importlib.import_module('sglang.srt.server_args')",
     "from sglang_mixgraph.planner.deployment_facts import resolving_view",
 )
+
+
+def unannotated_parameters(source: str) -> list[str]:
+    """The parameters of a module's functions that carry no annotation (`self`, `cls` aside):
+    what the annotation check cannot read, so that a renamed one would pass unseen."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Lambda):
+            found += [f"line {node.lineno}: lambda {a.arg}" for a in node.args.args]
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            params = [*a.posonlyargs, *a.args, *a.kwonlyargs, *filter(None, (a.vararg, a.kwarg))]
+            found += [
+                f"line {node.lineno}: {node.name}({p.arg})"
+                for p in params
+                if p.annotation is None and p.arg not in ("self", "cls")
+            ]
+    return found
+
+
+# A parameter renamed away from ARGUMENT_NAMES, each added to a real planner module: seen as
+# unannotated, or by its annotation.
+RENAMED_PARAMETERS = (
+    "def _mutant(args):\n    return args.chunked_prefill_size\n",
+    "def _mutant(facts, *, args=None): ...\n",
+    "_mutant = lambda args: args.cuda_graph_max_bs\n",
+    "def _mutant(args: ServerArgs): ...\n",
+    "def _mutant(args: 'sglang.srt.server_args.ServerArgs'): ...\n",
+    "def _mutant(args: Optional[ServerArgs]): ...\n",
+)
+
+
+def test_planner_parameters_are_annotated_and_read_by_annotation():
+    """Every parameter of a planner function but deployment_facts' carries its type, so the
+    argument check reads what it takes by annotation, not by the parameter's name."""
+    planner = sorted((PACKAGE / "planner").glob("*.py"))
+    missing = {
+        p.stem: unannotated_parameters(p.read_text())
+        for p in planner
+        if p.stem != "deployment_facts" and unannotated_parameters(p.read_text())
+    }
+    assert missing == {}
+    body = (PACKAGE / "planner" / "memory_fit.py").read_text()
+    for mutation in RENAMED_PARAMETERS:
+        mutated = body + "\n\n" + mutation
+        assert unannotated_parameters(mutated) or argument_reads(mutated), mutation
 
 
 def test_the_planner_takes_facts_not_server_arguments():

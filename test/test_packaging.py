@@ -12,7 +12,7 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 from sglang_mixgraph import __version__, cli
-from sglang_mixgraph.cli.plan_format import SCHEMA_VERSION
+from sglang_mixgraph.resolution.plan_format import SCHEMA_VERSION
 
 PYPROJECT = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
 

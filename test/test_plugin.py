@@ -339,7 +339,7 @@ def test_every_process_logs_its_active_patches_once_after_sglang_configures_logg
 
 
 def test_the_main_process_logs_its_active_patches_after_prepare_server_args():
-    from sglang_mixgraph.cli.presets import DSV4_MODEL_DIR
+    from sglang_mixgraph.resolution.presets import DSV4_MODEL_DIR
 
     code = textwrap.dedent(ANNOUNCE_IN_MAIN) + textwrap.dedent(
         """

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from sglang_mixgraph.ab import standin
 from sglang_mixgraph.ab.standin import write_model_dir
-from sglang_mixgraph.ab.tools import BENCH_MODULE
+from sglang_mixgraph.resolution.serving_client import BENCH_MODULE
 
 STANDIN = Path(standin.__file__).resolve()
 FLAG = "SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN"

@@ -36,7 +36,7 @@ from sglang_mixgraph.ab.results import judge_bounds
 from sglang_mixgraph.ab.server import ServerError, launch_argv, launch_problems
 from sglang_mixgraph.ab.stats import estimate, paired_ratio, t975, t_quantile, wilson
 from sglang_mixgraph.ab.tools import TIMED_OUT, bench_argv, subprocess_invoker
-from sglang_mixgraph.cli.presets import DSV4_MODEL_DIR
+from sglang_mixgraph.resolution.presets import DSV4_MODEL_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "ab_dsv4.toml"

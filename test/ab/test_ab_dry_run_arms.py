@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from sglang_mixgraph.ab import cli as ab_cli
-from sglang_mixgraph.cli.presets import DSV4_MODEL_DIR
 from sglang_mixgraph.kits.fake_nvidia_smi import fake_nvidia_smi
+from sglang_mixgraph.resolution.presets import DSV4_MODEL_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "ab_dsv4.toml"

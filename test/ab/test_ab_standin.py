@@ -45,7 +45,8 @@ from sglang_mixgraph.ab import runner
 from sglang_mixgraph.ab import server as servers
 from sglang_mixgraph.ab import versions as ab_versions
 from sglang_mixgraph.ab.config import parse_config, read_toml
-from sglang_mixgraph.ab.tools import BENCH_MODULE, GSM8K_MODULE
+from sglang_mixgraph.ab.tools import GSM8K_MODULE
+from sglang_mixgraph.resolution.serving_client import BENCH_MODULE
 
 TTFT_MS = 30.0
 

@@ -197,8 +197,8 @@ def record_server_info() -> dict:
     import os
 
     from sglang_mixgraph.advise.server import ENDPOINT_KEYS, RESOLVED_KEYS
-    from sglang_mixgraph.cli.presets import DSV4_PRO
-    from sglang_mixgraph.cli.resolve import resolve, select_described_platform
+    from sglang_mixgraph.resolution.presets import DSV4_PRO
+    from sglang_mixgraph.resolution.resolve import resolve, select_described_platform
 
     select_described_platform("H200")
     argv = list(DSV4_PRO.argv)

@@ -16,7 +16,7 @@ from advise_standin import Standin, recorded_server_info
 from sglang_mixgraph.advise import capture
 from sglang_mixgraph.advise import server as server_mod
 from sglang_mixgraph.cli import main
-from sglang_mixgraph.cli.presets import DSV4_MODEL_DIR
+from sglang_mixgraph.resolution.presets import DSV4_MODEL_DIR
 
 DSV4 = {
     "model_path": str(DSV4_MODEL_DIR),

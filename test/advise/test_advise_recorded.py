@@ -14,7 +14,7 @@ import pytest
 from advise_standin import TRACES
 
 from sglang_mixgraph.cli import main
-from sglang_mixgraph.cli.presets import DSV4_MODEL_DIR
+from sglang_mixgraph.resolution.presets import DSV4_MODEL_DIR
 
 
 def record(tmp_path, scenario: str, profile_id: str, mtime: float | None = None):

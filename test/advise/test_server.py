@@ -16,7 +16,7 @@ from sglang_mixgraph.advise.server import (
     Server,
     ServerFacts,
 )
-from sglang_mixgraph.cli.presets import DSV4_PRO
+from sglang_mixgraph.resolution.presets import DSV4_PRO
 
 DSV4 = {"architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4"}
 
@@ -24,7 +24,7 @@ DSV4 = {"architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4"}
 @pytest.fixture(scope="module")
 def reference_resolution():
     """SGLang's resolution of the reference DeepSeek-V4 launch (8 ranks, attention DP 8)."""
-    from sglang_mixgraph.cli.resolve import resolve
+    from sglang_mixgraph.resolution.resolve import resolve
 
     saved = {k: os.environ.get(k) for k in DSV4_PRO.env}
     os.environ.update(DSV4_PRO.env)

@@ -11,8 +11,8 @@ import pytest
 from sglang_mixgraph.advise.evidence import SPLIT_HOST_PER_LAYER_MS
 from sglang_mixgraph.advise.split_pricing import price_step, read_model_layers, step_counts
 from sglang_mixgraph.advise.steps import Step, StepLabel
-from sglang_mixgraph.cli.presets import DSV4_MODEL_DIR
 from sglang_mixgraph.core import split_cost_model as scm
+from sglang_mixgraph.resolution.presets import DSV4_MODEL_DIR
 
 PRO = read_model_layers(str(DSV4_MODEL_DIR))
 SM90 = scm.load_coefficients("sm90")

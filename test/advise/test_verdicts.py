@@ -16,8 +16,8 @@ from sglang_mixgraph.advise import verdicts as V
 from sglang_mixgraph.advise.server import PhaseGraph, ServerFacts
 from sglang_mixgraph.advise.split_pricing import read_model_layers
 from sglang_mixgraph.advise.steps import Gpu, read_steps
-from sglang_mixgraph.cli.presets import DSV4_MODEL_DIR
 from sglang_mixgraph.core.kernel_classes import read_trace
+from sglang_mixgraph.resolution.presets import DSV4_MODEL_DIR
 
 DSV4 = {"architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4"}
 H200, B200 = Gpu("NVIDIA H200", 9, 0), Gpu("NVIDIA B200", 10, 0)

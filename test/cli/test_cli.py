@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from sglang_mixgraph.cli.presets import DSV4_MODEL_DIR, MEGA_MOE_CAP_ENV
 from sglang_mixgraph.flags import FLAGS
 from sglang_mixgraph.kits.broken_import import broken_import_env
 from sglang_mixgraph.kits.fake_nvidia_smi import NO_DRIVER, fake_nvidia_smi
 from sglang_mixgraph.kits.model_configs import write_model
 from sglang_mixgraph.patches import all_patches
+from sglang_mixgraph.resolution.presets import DSV4_MODEL_DIR, MEGA_MOE_CAP_ENV
 
 # Every patch module registers its flags in FLAGS when imported; import them all now so
 # FLAGS is complete whatever ran before (collection order decides otherwise).

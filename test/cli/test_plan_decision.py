@@ -12,10 +12,10 @@ import json
 import pytest
 
 from sglang_mixgraph import cli
-from sglang_mixgraph.cli.presets import DSV4_MODEL_DIR
 from sglang_mixgraph.core.capture_memory import CALIBRATION, not_calibrated_for
 from sglang_mixgraph.kits.model_configs import write_model
 from sglang_mixgraph.patches import all_patches
+from sglang_mixgraph.resolution.presets import DSV4_MODEL_DIR
 
 SECTIONS = ("What SGLang will do on ", "Capture estimate", "Advice:", "Patches:")
 

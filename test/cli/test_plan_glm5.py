@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from test_cli import cli, cli_json
 
-from sglang_mixgraph.cli.presets import GLM5_MODEL_DIR
+from sglang_mixgraph.resolution.presets import GLM5_MODEL_DIR
 
 
 def test_embedded_config_is_glm5_for_transformers_and_sglang():

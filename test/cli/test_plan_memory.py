@@ -13,8 +13,8 @@ import math
 import pytest
 
 from sglang_mixgraph import cli
-from sglang_mixgraph.cli.presets import GLM5_MODEL_DIR
 from sglang_mixgraph.kits.model_configs import DEEPSEEK_V3, GPT_OSS_120B, write_model
+from sglang_mixgraph.resolution.presets import GLM5_MODEL_DIR
 
 GiB = 1 << 30
 
@@ -252,7 +252,7 @@ def test_auto_with_the_variable_set_resolves_what_the_preview_said(plan_env, cap
 
 
 def test_deepseek_v4_flash_gets_a_hedged_capture_verdict(plan_env, capsys, tmp_path):
-    from sglang_mixgraph.cli.presets import DSV4_MODEL_DIR
+    from sglang_mixgraph.resolution.presets import DSV4_MODEL_DIR
 
     pro = json.loads((DSV4_MODEL_DIR / "config.json").read_text())
     flash = write_model(

@@ -186,7 +186,7 @@ def live_checks(model) -> list[dict]:
 def _write_guards(model_runner) -> None:
     import torch
 
-    from sglang_mixgraph.cli.upstream_guards import guard_report
+    from sglang_mixgraph.resolution.upstream_guards import guard_report
 
     try:
         # The guards build their stand-in batches on the CPU, as doctor does, whatever default

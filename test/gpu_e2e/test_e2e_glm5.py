@@ -504,7 +504,7 @@ def test_the_probe_writes_doctor_s_guards_and_the_live_checks_once(fresh_probe, 
         step.begin(runner)
         assert step.end(runner) == {"dsa_split_ops": 0, "dsa_split_ops_capturing": 0}
     (report,) = G.read_probe(tmp_path)["guards"]
-    from sglang_mixgraph.cli.upstream_guards import GUARDS
+    from sglang_mixgraph.resolution.upstream_guards import GUARDS
 
     assert [g["name"] for g in report["guards"]] == [g.name for g in GUARDS]
     assert [c["name"] for c in report["live"]] == [

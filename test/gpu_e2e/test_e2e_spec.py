@@ -62,7 +62,7 @@ def _argv(kwargs: dict) -> list[str]:
 
 @pytest.mark.parametrize("name", ["spec-eager-always", "spec-bcg-always"])
 def test_sglang_resolves_the_speculative_phase_with_the_next_n_model(tmp_path, name):
-    from sglang_mixgraph.cli.resolve import resolve
+    from sglang_mixgraph.resolution.resolve import resolve
 
     (phase,) = P.parse([name])
     model = tmp_path / "model_mtp"

@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 import sglang_mixgraph
-from sglang_mixgraph.cli.resolve import resolve
 from sglang_mixgraph.core.prefill_buckets import padding_profile, replays
 from sglang_mixgraph.kits.model_configs import write_model
+from sglang_mixgraph.resolution.resolve import resolve
 
 DSV4 = str(Path(sglang_mixgraph.__file__).parent / "data" / "dsv4_pro")
 CAP_ENV = "SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK"
@@ -200,8 +200,8 @@ def flags(monkeypatch):
 
 def plan_of(argv, gpu="B300"):
     """The resolution and the graph part of `plan --json` for it."""
-    from sglang_mixgraph.cli.plan_format import graph_plan_json
-    from sglang_mixgraph.cli.resolve import graph_plan_of
+    from sglang_mixgraph.resolution.plan_format import graph_plan_json
+    from sglang_mixgraph.resolution.resolve import graph_plan_of
 
     r = resolve(argv, gpu=gpu)
     d = graph_plan_json(graph_plan_of(r))
@@ -304,8 +304,8 @@ def test_reference_plan_contents(flags):
     }
     logits = next(v for v in d["validations"] if v["name"].startswith("logits"))
     assert logits["rows"] == 8 * 257 and logits["upstream_rows"] == 2048
-    from sglang_mixgraph.cli.plan_format import format_graph_plan
-    from sglang_mixgraph.cli.resolve import graph_plan_of
+    from sglang_mixgraph.resolution.plan_format import format_graph_plan
+    from sglang_mixgraph.resolution.resolve import graph_plan_of
 
     text = format_graph_plan(graph_plan_of(resolve(reference(), gpu="B300")))
     assert (
@@ -576,7 +576,7 @@ OUT_OF_SCOPE = ("dense", "dense-tp1", "dsv4-no-mixed-chunk", "glm5-no-mixed-chun
 _BASELINE = textwrap.dedent(
     """
     import json, sys
-    from sglang_mixgraph.cli.resolve import select_described_platform, resolve
+    from sglang_mixgraph.resolution.resolve import select_described_platform, resolve
     select_described_platform()
     rows = json.loads(sys.argv[1])
     out = {k: json.loads(json.dumps(resolve(v).resolved, default=str)) for k, v in rows.items()}
@@ -652,10 +652,10 @@ def test_unchunked_dsv4_settles_the_deferred_rule_as_upstream(flags, chunk):
 _FORCE = textwrap.dedent(
     """
     import json, sys
-    from sglang_mixgraph.cli.resolve import select_described_platform, resolve
+    from sglang_mixgraph.resolution.resolve import select_described_platform, resolve
     select_described_platform()
-    from sglang_mixgraph.cli.plan_format import format_graph_plan, graph_plan_json
-    from sglang_mixgraph.cli.resolve import graph_plan_of
+    from sglang_mixgraph.resolution.plan_format import format_graph_plan, graph_plan_json
+    from sglang_mixgraph.resolution.resolve import graph_plan_of
     out = {}
     for name, (argv, gpu) in json.loads(sys.argv[1]).items():
         r = resolve(argv, gpu=gpu)
@@ -736,7 +736,7 @@ FORCE_KEPT = {
 _BASELINE_ON_GPU = textwrap.dedent(
     """
     import json, sys
-    from sglang_mixgraph.cli.resolve import select_described_platform, resolve
+    from sglang_mixgraph.resolution.resolve import select_described_platform, resolve
     select_described_platform()
     rows = json.loads(sys.argv[1])
     out = {k: json.loads(json.dumps(resolve(v, gpu=g).resolved, default=str)) for k, (v, g) in rows.items()}
@@ -835,7 +835,7 @@ def test_force_bcg(models):
 def test_force_bcg_wrong_value_is_rejected():
     env = dict(os.environ, **{FORCE_ENV: "maybe"})
     code = (
-        "from sglang_mixgraph.cli.resolve import select_described_platform, resolve; select_described_platform(); "
+        "from sglang_mixgraph.resolution.resolve import select_described_platform, resolve; select_described_platform(); "
         f"resolve(['--model-path', {DSV4!r}])"
     )
     proc = subprocess.run(
@@ -888,8 +888,8 @@ def test_a_speculative_deployment_kept_on_is_warned_once_in_the_log_and_in_plan(
     """Either switch keeps DeepSeek-V4's breakable prefill graph on under EAGLE, where SGLang
     keeps it off: the server log says so once, by the switch's name and with the upstream
     issue, `plan` prints the same line and `--json` has it; the graph stays on (allowed)."""
-    from sglang_mixgraph.cli.plan_format import format_graph_plan
-    from sglang_mixgraph.cli.resolve import graph_plan_of
+    from sglang_mixgraph.resolution.plan_format import format_graph_plan
+    from sglang_mixgraph.resolution.resolve import graph_plan_of
 
     flags(**env)
     r, d = plan_of(SPECULATIVE)

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 import sglang_mixgraph
-from sglang_mixgraph.cli.resolve import resolve
 from sglang_mixgraph.core.capture_memory import ACTIVATION_BYTES_PER_TOKEN
 from sglang_mixgraph.planner.deployment_facts import read_deployment
+from sglang_mixgraph.resolution.resolve import resolve
 from sglang_mixgraph.target_gpu import described_gpu
 
 DSV4 = str(Path(sglang_mixgraph.__file__).parent / "data" / "dsv4_pro")

@@ -13,8 +13,8 @@ import pytest
 
 import sglang_mixgraph
 from sglang_mixgraph.bcg_rules import A2A_RULE, DSV4_RULE, matching_rules
-from sglang_mixgraph.cli.resolve import resolve
 from sglang_mixgraph.planner.deployment_facts import out_of_scope, read_deployment
+from sglang_mixgraph.resolution.resolve import resolve
 from sglang_mixgraph.target_gpu import described_gpu
 
 DSV4 = str(Path(sglang_mixgraph.__file__).parent / "data" / "dsv4_pro")

@@ -1,6 +1,6 @@
 """The memory line's arithmetic (planner/memory_fit.py), on public configs without SGLang:
 parameters per group, bytes per parameter by quantization, the share of one GPU, and the
-reserve warning; and where the reserve's chunk is read from (cli/memory_inputs.py)."""
+reserve warning; and where the reserve's chunk is read from (resolution/memory_inputs.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_mixgraph.cli.memory_inputs import chunk_before_dp_division
-from sglang_mixgraph.cli.presets import DSV4_MODEL_DIR
 from sglang_mixgraph.kits.model_configs import DEEPSEEK_V3, GPT_OSS_120B
 from sglang_mixgraph.planner.memory_fit import (
     FP8_BLOCK,
@@ -21,6 +19,8 @@ from sglang_mixgraph.planner.memory_fit import (
     weight_groups,
     weights_per_gpu,
 )
+from sglang_mixgraph.resolution.memory_inputs import chunk_before_dp_division
+from sglang_mixgraph.resolution.presets import DSV4_MODEL_DIR
 
 GiB = 1 << 30
 

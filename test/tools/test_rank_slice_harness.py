@@ -289,8 +289,8 @@ def test_faithful_ab_configuration_selects_the_probes_faithful_kernels():
     assert env.pop(drv.KIT_KERNELS_ENV) == "faithful"  # the Engine stand-ins' selection
     assert env == {**drv.KERNEL_ENV["faithful"], drv.RADIX_CORE_ENV: "python"}
     args = server["args"]
-    from sglang_mixgraph.cli.plan_inputs import sglang_parser
     from sglang_mixgraph.kits.gpu_machine import KERNEL_ENGINE
+    from sglang_mixgraph.resolution.plan_inputs import sglang_parser
 
     # the Engine's keyword is the field; the launch spells SGLang's option for it
     # (fp8_gemm_runner_backend is --fp8-gemm-backend)

@@ -2,8 +2,8 @@
 
 Each arm's launch (`--model-path`, `[server] args`, the arm's args, with `[server] env` and the
 arm's env set) goes through `plan`'s own pipeline for the GPU `plan` would choose here
-(cli/local_gpu.py: this machine's GPU, else the default): its input checks
-(`plan_inputs.prepare_argv`, `invalid_environment`), SGLang's resolution (`cli.resolve`) and
+(resolution/local_gpu.py: this machine's GPU, else the default): its input checks
+(`plan_inputs.prepare_argv`, `invalid_environment`), SGLang's resolution (`resolution.resolve`) and
 the planner. What SGLang refuses (`--tp 8 --attn-dp-size 3`, `--speculative-algorithm EAGEL`, a
 model directory without `config.json`) is refused here in one line naming the arm; `[server]
 gpus` (or the arm's) must be the GPUs the arm's server takes, tp x pp x dp. A model directory
@@ -25,7 +25,7 @@ from sglang_mixgraph.ab.config import Config
 from sglang_mixgraph.ab.network import local_path
 from sglang_mixgraph.ab.tool_parsers import runs_launch_server
 
-# The lines of `plan`'s decision text an arm's preview shows (cli/plan_format.decision_lines).
+# The lines of `plan`'s decision text an arm's preview shows (resolution/plan_format.decision_lines).
 GRAPH_LINES = ("Prefill graph:", "Prefill buckets", "Decode graph:", "weights:", "WARNING:")
 
 
@@ -53,7 +53,7 @@ def _environment(env: dict[str, str]) -> Iterator[None]:
 @contextlib.contextmanager
 def _quiet_resolution() -> Iterator[None]:
     """SGLang's and the plugin's resolution logs kept from the terminal: `plan` shows a
-    resolution, here only its lines and refusals are said. `cli.resolve` still collects them
+    resolution, here only its lines and refusals are said. `resolution.resolve` still collects them
     on these loggers."""
     loggers = [logging.getLogger("sglang"), logging.getLogger("sglang_mixgraph")]
     saved = [lg.propagate for lg in loggers]
@@ -81,8 +81,12 @@ def gpus_of(resolved: dict[str, Any]) -> int:
 def _resolve_arm(config: Config, arm: Any, gpu: str) -> tuple[Any, Any]:
     """(the resolution, the planner's report) of one arm; raises PlanInputError or SGLang's
     own resolution errors."""
-    from sglang_mixgraph.cli.plan_inputs import PlanInputError, invalid_environment, prepare_argv
-    from sglang_mixgraph.cli.resolve import graph_plan_of, model_class_problem, resolve
+    from sglang_mixgraph.resolution.plan_inputs import (
+        PlanInputError,
+        invalid_environment,
+        prepare_argv,
+    )
+    from sglang_mixgraph.resolution.resolve import graph_plan_of, model_class_problem, resolve
 
     argv = ["--model-path", str(config.server.model_path), *config.server.args, *arm.args]
     with _environment({**config.server.env, **arm.env}), _quiet_resolution():
@@ -100,9 +104,9 @@ def _resolve_arm(config: Config, arm: Any, gpu: str) -> tuple[Any, Any]:
 def plan_arms(config: Config, target: Any) -> ArmPlans:
     """Each launched arm's graph lines, or why it cannot launch; `target`: plan's choice of
     GPU (`local_gpu.TargetChoice`)."""
-    from sglang_mixgraph.cli.plan_format import decision_lines
-    from sglang_mixgraph.cli.plan_inputs import PlanInputError
-    from sglang_mixgraph.cli.resolution_errors import explain_failure
+    from sglang_mixgraph.resolution.errors import explain_failure
+    from sglang_mixgraph.resolution.plan_format import decision_lines
+    from sglang_mixgraph.resolution.plan_inputs import PlanInputError
 
     out = ArmPlans()
     refused: dict[str, list[str]] = {}  # a refusal -> the arms it holds for

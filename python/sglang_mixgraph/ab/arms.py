@@ -48,7 +48,7 @@ def _environment(env: dict[str, str]) -> Iterator[None]:
 
 def env_problems(config: Config) -> list[str]:
     """One line per unknown flag name or invalid value, across the shared env and every arm."""
-    from sglang_mixgraph.cli.plan_inputs import invalid_environment, quiet_import_warnings
+    from sglang_mixgraph.resolution.plan_inputs import invalid_environment, quiet_import_warnings
 
     with quiet_import_warnings():
         known = known_flag_names() | set(config.server.allow_env)

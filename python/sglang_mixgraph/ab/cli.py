@@ -43,11 +43,11 @@ from sglang_mixgraph.ab.config import (
     ConfigError,
     parse_config,
     read_toml,
-    url_problem,
     with_counts,
 )
 from sglang_mixgraph.ab.dryrun import ASSUMED_TPOT_MS
 from sglang_mixgraph.ab.progress import DEFAULT_EVERY_S
+from sglang_mixgraph.resolution.serving_client import url_problem
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -320,8 +320,8 @@ def _apply_overrides(raw: dict[str, Any], args: argparse.Namespace) -> dict[str,
 def _describe_gpu_for_dry_run() -> Any:
     """`plan`'s choice of GPU (this machine's, else the default), described to SGLang in this
     process so that --dry-run resolves each arm as `plan` would; before `sglang.srt` loads."""
-    from sglang_mixgraph.cli.local_gpu import choose_target
-    from sglang_mixgraph.cli.resolve import select_described_platform
+    from sglang_mixgraph.resolution.local_gpu import choose_target
+    from sglang_mixgraph.resolution.resolve import select_described_platform
 
     target = choose_target(None)
     select_described_platform(target.name)

@@ -40,7 +40,6 @@ from sglang_mixgraph.ab.config_schema import (
     validated,
 )
 from sglang_mixgraph.ab.config_schema import RATE as RATE  # a load point's kind, as CONCURRENCY
-from sglang_mixgraph.ab.config_schema import url_problem as url_problem  # for the CLI's --url
 
 # Without `[server] command` a server is `python -m sglang.launch_server` run by the interpreter
 # that runs this tool (the one SGLang is installed in); the key records it by this label, so a

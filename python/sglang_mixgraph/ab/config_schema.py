@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 import re
 import shlex
-import urllib.parse
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
@@ -31,6 +30,8 @@ from pydantic import (
     field_validator,
 )
 from pydantic_core import ErrorDetails, PydanticCustomError
+
+from sglang_mixgraph.resolution.serving_client import url_problem
 
 # Bounds that keep a mistyped count from planning (or sending) billions of anything: a count
 # of prompts, tokens, requests or examples; repeats and blocks; a timeout (a week).
@@ -71,21 +72,6 @@ _VALUE_RULE = "config_value"
 
 class ConfigError(ValueError):
     """A configuration problem, one line, naming the key."""
-
-
-def url_problem(url: str) -> str | None:
-    """Why `url` cannot reach a server (None: it can): an http(s) URL with a host."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-        parts.port  # noqa: B018  (raises on a port outside 0-65535)
-    except ValueError as e:
-        return f"not a valid URL ({e})"
-    if parts.scheme not in ("http", "https"):
-        # "localhost:30000" parses as scheme "localhost": urllib would never connect.
-        return f"give the scheme, e.g. http://{url}" if "://" not in url else "use http or https"
-    if not parts.hostname:
-        return "no host in it"
-    return None
 
 
 def sets_flag(arg: str, flag: str) -> bool:

@@ -58,7 +58,6 @@ from sglang_mixgraph.ab.progress import (
     last_line,
 )
 from sglang_mixgraph.ab.tools import (
-    BENCH_MODULE,
     GSM8K_MODULE,
     TIMED_OUT,
     Invoker,
@@ -66,6 +65,7 @@ from sglang_mixgraph.ab.tools import (
     gsm8k_argv,
     subprocess_invoker,
 )
+from sglang_mixgraph.resolution.serving_client import BENCH_MODULE
 
 OK = "ok"
 FAILED = "failed"

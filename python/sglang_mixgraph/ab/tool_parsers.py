@@ -20,7 +20,8 @@ import re
 from pathlib import Path
 
 from sglang_mixgraph.ab.config import CONCURRENCY, LAUNCH_MODULE, Config, Server
-from sglang_mixgraph.ab.tools import BENCH_MODULE, bench_argv
+from sglang_mixgraph.ab.tools import bench_argv
+from sglang_mixgraph.resolution.serving_client import BENCH_MODULE
 
 SERVER_PARSER = "SGLang's parser"
 BENCH_PARSER = "bench_serving's parser"
@@ -54,7 +55,7 @@ class _HandBack(argparse.ArgumentParser):
 
 def bench_parser() -> argparse.ArgumentParser:
     """bench_serving's own parser, built by its `cli_main` and handed back before it parses."""
-    from sglang_mixgraph.cli.plan_inputs import quiet_import_warnings
+    from sglang_mixgraph.resolution.plan_inputs import quiet_import_warnings
 
     with quiet_import_warnings():
         from sglang.benchmark import serving
@@ -103,7 +104,7 @@ def _parse_problem(
     parser: argparse.ArgumentParser, argv: list[str], who: str
 ) -> tuple[str | None, str] | None:
     """Why `parser` refuses `argv`: (the argument, what is wrong), or None when it takes it."""
-    from sglang_mixgraph.cli.plan_inputs import ServerArgumentError
+    from sglang_mixgraph.resolution.plan_inputs import ServerArgumentError
 
     try:
         _, unknown = parser.parse_known_args(argv)
@@ -133,7 +134,7 @@ def runs_launch_server(server: Server) -> bool:
 
 def server_arg_problems(config: Config) -> list[str]:
     """Each launched arm's server arguments through SGLang's parser, one line per arm."""
-    from sglang_mixgraph.cli.plan_inputs import quiet_import_warnings, sglang_parser
+    from sglang_mixgraph.resolution.plan_inputs import quiet_import_warnings, sglang_parser
 
     launched = [arm for arm in config.arms if arm.url is None]
     if not launched or not runs_launch_server(config.server):

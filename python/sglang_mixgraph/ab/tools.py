@@ -27,7 +27,6 @@ from typing import Protocol
 
 from sglang_mixgraph.ab.config import CONCURRENCY, Config, Point
 
-BENCH_MODULE = "sglang.benchmark.serving"
 GSM8K_MODULE = "sglang_mixgraph.ab.gsm8k_eval"
 WATCH_S = 0.5
 TIMED_OUT = -9999

@@ -26,8 +26,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sglang_mixgraph.ab.tools import BENCH_MODULE
 from sglang_mixgraph.advise.server import AdviseError, Server
+from sglang_mixgraph.resolution.serving_client import BENCH_MODULE
 
 POLL_S = 0.25
 SETTLE_S = 1.0  # a trace's size unchanged this long: its rank finished writing it

@@ -1,11 +1,12 @@
 """`sglang-mixgraph doctor | plan | ab | advise | demo`: the console script, a module each.
 
-`doctor` (doctor.py) says what is installed and what each patch does and why; `plan` (plan.py,
-with plan_format.py for the planner's JSON and text) resolves a deployment for a described GPU;
-`ab` (ab.py) hands its arguments to the A/B tool; `advise` (advise.py) profiles a running
-server and says which patch pays there; `demo` (demo.py) runs `ab` against a CPU stand-in
-server. Each command module names itself, adds its parser and
-runs; this module only dispatches. `plan` selects the described-GPU platform before
+`doctor` (doctor.py) says what is installed and what each patch does and why; `plan` (plan.py)
+resolves a deployment for a described GPU; `ab` (ab.py) hands its arguments to the A/B tool
+(ab/); `advise` (advise.py) profiles a running server and says which patch pays there
+(advise/); `demo` (demo.py) runs `ab` against a CPU stand-in server. Each command module names
+itself, adds its parser and runs, importing no other command: what they share lives below
+them in resolution/ (SGLang's resolution, plan inputs, presets, the plan's format). This
+module only dispatches, as SGLang's own `sglang/cli/main.py` does. `plan` selects the described-GPU platform before
 anything imports `sglang.srt`, so no module here imports sglang at import time. The entry point
 is `main` (the `sglang-mixgraph` script, and `python -m sglang_mixgraph.cli`); `--version`
 names the plugin's version and the installed SGLang's, read from package metadata. A report

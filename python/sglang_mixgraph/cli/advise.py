@@ -99,7 +99,7 @@ def add_parser(sub) -> None:
 
 
 def _argument_problem(args) -> str | None:
-    from sglang_mixgraph.ab.config_schema import url_problem
+    from sglang_mixgraph.resolution.serving_client import url_problem
 
     if args.url is None:
         if not args.trace_dir:

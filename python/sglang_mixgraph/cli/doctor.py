@@ -19,7 +19,7 @@ import textwrap
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from sglang_mixgraph.cli.plan_format import SCHEMA_VERSION
+from sglang_mixgraph.resolution.plan_format import NOT_LOADED, SCHEMA_VERSION
 
 NAME = "doctor"
 HELP = "versions, GPU, every flag and patch with its target checks"
@@ -48,7 +48,6 @@ def _gpu_info() -> dict[str, Any]:
     }
 
 
-NOT_LOADED = "not loaded"
 # A patch's catalogue entry as doctor prints it: (label, key in the report).
 CATALOGUE = (
     ("why", "why"),
@@ -77,13 +76,13 @@ def _split_cost_calibration() -> dict[str, Any]:
 
 
 def doctor_report() -> dict[str, Any]:
-    from sglang_mixgraph.cli.resolve import plugin_load_status
-    from sglang_mixgraph.cli.upstream_guards import guard_report
     from sglang_mixgraph.flags import FLAGS, FlagValueError
     from sglang_mixgraph.patches import all_patches, graph_config
     from sglang_mixgraph.patches.hold_break_inputs import exposure as break_inputs_exposure
     from sglang_mixgraph.patches.mixed_split.state import PATCH_ID as SPLIT_PATCH_ID
     from sglang_mixgraph.registry import PINNED_SGLANG, evaluate, target_checks
+    from sglang_mixgraph.resolution.resolve import plugin_load_status
+    from sglang_mixgraph.resolution.upstream_guards import guard_report
 
     plugin = plugin_load_status()
     guards = guard_report()
@@ -277,8 +276,8 @@ def _print_patch(p: dict[str, Any], verbose: bool) -> None:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from sglang_mixgraph.cli.plan_inputs import quiet_import_warnings
-    from sglang_mixgraph.cli.resolution_errors import environment_problem
+    from sglang_mixgraph.resolution.errors import environment_problem
+    from sglang_mixgraph.resolution.plan_inputs import quiet_import_warnings
 
     try:
         with quiet_import_warnings():

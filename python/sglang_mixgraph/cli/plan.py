@@ -20,9 +20,9 @@ import os
 import sys
 from typing import Any
 
-from sglang_mixgraph.cli.doctor import NOT_LOADED
-from sglang_mixgraph.cli.local_gpu import TargetChoice, choose_target
-from sglang_mixgraph.cli.plan_format import (
+from sglang_mixgraph.resolution.local_gpu import TargetChoice, choose_target
+from sglang_mixgraph.resolution.plan_format import (
+    NOT_LOADED,
     SCHEMA_VERSION,
     advice_lines,
     decision_lines,
@@ -30,7 +30,7 @@ from sglang_mixgraph.cli.plan_format import (
     graph_config_if_on,
     graph_plan_json,
 )
-from sglang_mixgraph.cli.presets import DEFAULT_PRESET, PRESETS
+from sglang_mixgraph.resolution.presets import DEFAULT_PRESET, PRESETS
 from sglang_mixgraph.target_gpu import DEFAULT_GPU, GPUS
 
 NAME = "plan"
@@ -64,9 +64,9 @@ def plan_report(
 ) -> dict[str, Any]:
     """`plan --json`: what was planned and how, the patches' notes, and the planner's result
     ("graph"), which alone holds the deployment facts and the graph configuration."""
-    from sglang_mixgraph.cli.dsa_surface import dsa_surface
     from sglang_mixgraph.patches import all_patches
     from sglang_mixgraph.registry import evaluate
+    from sglang_mixgraph.resolution.dsa_surface import dsa_surface
 
     r = resolution.resolved
     loaded = resolution.plugin.loaded
@@ -158,9 +158,13 @@ def cmd_plan(args: argparse.Namespace, server_argv: list[str]) -> int:
     if args.json:
         # Keep stdout pure JSON; SGLang logs to stderr through the root logger.
         logging.basicConfig(stream=sys.stderr, level=logging.WARNING)
-    from sglang_mixgraph.cli.plan_inputs import PlanInputError, invalid_environment, prepare_argv
-    from sglang_mixgraph.cli.resolution_errors import explain_failure
-    from sglang_mixgraph.cli.resolve import (
+    from sglang_mixgraph.resolution.errors import explain_failure
+    from sglang_mixgraph.resolution.plan_inputs import (
+        PlanInputError,
+        invalid_environment,
+        prepare_argv,
+    )
+    from sglang_mixgraph.resolution.resolve import (
         graph_plan_of,
         model_class_problem,
         resolve,

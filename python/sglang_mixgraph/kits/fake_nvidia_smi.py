@@ -6,7 +6,7 @@ would, e.g. "NVIDIA H100 80GB HBM3, 81559", or bytes that need not be UTF-8) and
 with ``answer=None``, prints the driver failure nvidia-smi prints on a machine without a
 working GPU and exits 9. It
 returns the environment's PATH with ``directory`` first, so that tests of the local-GPU
-default (cli/local_gpu.py) do not depend on the machine they run on.
+default (resolution/local_gpu.py) do not depend on the machine they run on.
 """
 
 from __future__ import annotations

@@ -132,7 +132,7 @@ def plugin_not_found() -> str | None:
     SGLang alone, and nothing in the Engine's log says so."""
     from importlib.metadata import entry_points
 
-    from sglang_mixgraph.cli.resolve import PLUGIN_GROUP, PLUGIN_NAME
+    from sglang_mixgraph.resolution.resolve import PLUGIN_GROUP, PLUGIN_NAME
 
     if any(ep.name == PLUGIN_NAME for ep in entry_points(group=PLUGIN_GROUP)):
         return None

@@ -6,7 +6,7 @@ patch applies it during resolution, and `plan` shows it with the same inputs), t
 capture-memory estimate (`capture_estimate`), the startup validations (`validations`) and
 the whole report of a resolution (`graph_plan` -> `GraphPlan`, which carries the memory line
 `memory_fit.memory_fit` computed beside it). Results are typed;
-`sglang-mixgraph plan` turns them into text or JSON (cli/plan_format.py). Nothing here
+`sglang-mixgraph plan` turns them into text or JSON (resolution/plan_format.py). Nothing here
 changes a resolution or logs: the patch's hooks decide, this module computes. sglang is imported inside the functions only, so the plugin
 stays cheap to load.
 """
@@ -14,9 +14,11 @@ stays cheap to load.
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from sglang_mixgraph.bcg_rules import RuleMatch
+from sglang_mixgraph.bcg_rules import GraphDecisions, RuleMatch
 from sglang_mixgraph.core.capture_memory import (
     CaptureEstimate,
     MemoryBudget,
@@ -26,6 +28,10 @@ from sglang_mixgraph.core.capture_memory import (
 from sglang_mixgraph.core.prefill_buckets import PaddingProfile
 from sglang_mixgraph.planner.deployment_facts import Deployment
 from sglang_mixgraph.planner.memory_fit import MemoryFit
+from sglang_mixgraph.target_gpu import GpuSpec
+
+if TYPE_CHECKING:  # upstream's enum, imported where a function runs
+    from sglang.srt.model_executor.cuda_graph_config import Backend
 
 # Upstream's floor for the logits all-gather
 # (`sglang.srt.layers.logits_processor.LogitsProcessor.__init__`).
@@ -186,12 +192,14 @@ class CaptureReport:
 UNKNOWN_BUDGET = "GPU memory or mem_fraction_static unknown"
 
 
-def capture_chunk(facts: Deployment, buckets) -> int:
+def capture_chunk(facts: Deployment, buckets: Sequence[int]) -> int:
     """The chunk the eager activation reserve is sized for (the largest bucket without one)."""
     return facts.chunk_per_rank if facts.chunked else max(buckets)
 
 
-def capture_estimate(facts: Deployment, buckets, chunk_per_rank: int) -> CaptureReport:
+def capture_estimate(
+    facts: Deployment, buckets: Sequence[int], chunk_per_rank: int
+) -> CaptureReport:
     from sglang_mixgraph.core.capture_memory import (
         decide,
         estimate_capture_bytes,
@@ -254,7 +262,9 @@ def validations(facts: Deployment) -> list[Validation]:
     )
 
 
-def prefill_validations(facts: Deployment, backend, buckets) -> list[Validation]:
+def prefill_validations(
+    facts: Deployment, backend: Backend, buckets: Sequence[int]
+) -> list[Validation]:
     """Startup checks of a prefill graph configuration: `backend` with `buckets`."""
     from sglang.srt.model_executor.cuda_graph_config import Backend
 
@@ -430,13 +440,13 @@ class GraphPlan:
         return not self.plugin_loaded or not any(v.blocks for v in self.validations)
 
 
-def breakable_phases(plan) -> list[str]:
+def breakable_phases(plan: GraphPlan) -> list[str]:
     """The phases ("prefill", "decode") of a plan whose CUDA graphs are breakable."""
     graphs = {"prefill": plan.prefill, "decode": plan.decode}
     return [p for p, g in graphs.items() if g.backend == "breakable"]
 
 
-def _bucket_list(facts: Deployment, buckets, top: int) -> BucketList | None:
+def _bucket_list(facts: Deployment, buckets: Sequence[int], top: int) -> BucketList | None:
     from sglang_mixgraph.core.prefill_buckets import padding_profile
 
     if not buckets:
@@ -449,7 +459,9 @@ def _bucket_list(facts: Deployment, buckets, top: int) -> BucketList | None:
     )
 
 
-def _bucket_lists(facts: Deployment, record, plugin_loaded: bool) -> BucketLists:
+def _bucket_lists(
+    facts: Deployment, record: GraphDecisions | None, plugin_loaded: bool
+) -> BucketLists:
     from sglang.srt.arg_groups.cuda_graph_hook import generate_prefill_cuda_graph_batch_sizes
 
     from sglang_mixgraph.core.prefill_buckets import BucketDerivationError
@@ -479,7 +491,7 @@ def _bucket_lists(facts: Deployment, record, plugin_loaded: bool) -> BucketLists
     )
 
 
-def _prefill_decision(facts: Deployment, record) -> Decision:
+def _prefill_decision(facts: Deployment, record: GraphDecisions | None) -> Decision:
     from sglang.srt.model_executor.cuda_graph_config import Backend
 
     from sglang_mixgraph.bcg_rules import Source
@@ -523,7 +535,12 @@ def _prefill_decision(facts: Deployment, record) -> Decision:
 
 
 def graph_plan(
-    facts: Deployment, record, gpu, *, plugin_loaded: bool, memory: MemoryFit | None = None
+    facts: Deployment,
+    record: GraphDecisions | None,
+    gpu: GpuSpec,
+    *,
+    plugin_loaded: bool,
+    memory: MemoryFit | None = None,
 ) -> GraphPlan:
     """The prefill/decode graph configuration of a finished resolution, and why: from its
     facts (`deployment_facts.read_deployment`), the record of what our hooks decided

@@ -16,7 +16,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the model's configs and the deployment's facts, read by attribute
+    import torch
+    from sglang.srt.configs.model_config import ModelConfig
+    from transformers import PretrainedConfig
+
+    from sglang_mixgraph.planner.deployment_facts import Deployment
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -80,7 +87,7 @@ class MemoryFit:
         return 0 if self.weights_bytes is None else max(0, self.weights_bytes - self.static_bytes)
 
 
-def _get(cfg, *names, default=0):
+def _get(cfg: PretrainedConfig, *names: str, default: int = 0) -> Any:
     for name in names:
         value = getattr(cfg, name, None)
         if value is not None:
@@ -88,7 +95,7 @@ def _get(cfg, *names, default=0):
     return default
 
 
-def _attention_params(cfg) -> int:
+def _attention_params(cfg: PretrainedConfig) -> int:
     """One layer's attention projections: DeepSeek-V4's grouped low-rank output, MLA (with a
     DSA indexer where the config has one), else multi-head/grouped-query attention."""
     h = int(cfg.hidden_size)
@@ -114,7 +121,7 @@ def _attention_params(cfg) -> int:
     return 2 * h * heads * hd + 2 * h * kv_heads * hd
 
 
-def weight_groups(cfg) -> WeightGroups:
+def weight_groups(cfg: PretrainedConfig) -> WeightGroups:
     """The parameters of each group of a decoder-only (MoE or dense) text config."""
     h, layers = int(cfg.hidden_size), int(cfg.num_hidden_layers)
     experts = int(_get(cfg, "n_routed_experts", "num_local_experts", "num_experts"))
@@ -187,11 +194,13 @@ def weights_per_gpu(
     return {k: int(v) for k, v in out.items() if v}
 
 
-def _dtype_bytes(dtype) -> int:
+def _dtype_bytes(dtype: torch.dtype) -> int:
     return int(getattr(dtype, "itemsize", 2) or 2)
 
 
-def kv_cell_bytes(mc, kv_cache_dtype: str, attn_tp: int, layers: int) -> tuple[int | None, str]:
+def kv_cell_bytes(
+    mc: ModelConfig, kv_cache_dtype: str, attn_tp: int, layers: int
+) -> tuple[int | None, str]:
     """SGLang's KV bytes per token on one GPU (`DefaultPoolConfigurator._compute_cell_size`,
     with `calculate_mla_kv_cache_dim` and `_compute_dsa_indexer_cell_size` for MLA and DSA
     models), or None with the reason where another pool configurator sizes the cache."""
@@ -253,19 +262,19 @@ def reserve_warning(chunks: tuple[int, int] | None, gpu_bytes: int, mfs: float) 
 
 @dataclass(frozen=True)
 class MemoryInputs:
-    """What the memory line reads of a resolution besides its facts (`cli.memory_inputs`)."""
+    """What the memory line reads of a resolution besides its facts (`resolution.memory_inputs`)."""
 
     model_config: Any  # SGLang's ModelConfig of the deployment
     quant: dict[str, Any]  # the checkpoint's quantization_config
     method: str | None  # the quantization method SGLang resolved
     fp4_experts: bool  # routed experts stored as MXFP4 (and kept so at load)
     chunks_before_dp: tuple[int, int] | None  # `reserve_warning`'s (seen, per rank)
-    # DeepSeek-V4: SGLang's own pool sizing of a budget (`cli.dsv4_kv_pool.size_dsv4_pool`),
+    # DeepSeek-V4: SGLang's own pool sizing of a budget (`resolution.dsv4_kv_pool.size_dsv4_pool`),
     # which answers full tokens, SWA tokens and bytes a full token; None for other models
     kv_pool: Callable[[int], Any] | None = None
 
 
-def memory_fit(inputs: MemoryInputs, gpu_bytes: int, facts) -> MemoryFit | None:
+def memory_fit(inputs: MemoryInputs, gpu_bytes: int, facts: Deployment) -> MemoryFit | None:
     """The memory line of a resolved deployment (`facts`: its `deployment_facts.Deployment`)
     on a GPU of `gpu_bytes`; None when mem_fraction_static is not resolved."""
     mfs = facts.mem_fraction_static

@@ -15,10 +15,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sglang_mixgraph.bcg_rules import GraphDecisions, Source, speculative_warning
 from sglang_mixgraph.planner.deployment_facts import Deployment
 from sglang_mixgraph.planner.graph_plan import Validation
+
+if TYPE_CHECKING:  # upstream's enum, imported where a function runs
+    from sglang.srt.model_executor.cuda_graph_config import Backend
 
 
 @dataclass(frozen=True)
@@ -92,7 +96,7 @@ def _derived_buckets(facts: Deployment):
     return None, f"upstream (fallback: {reason})", reason, ""
 
 
-def _estimate_settles(backend, facts: Deployment, buckets: list[int]) -> RuleSettlement:
+def _estimate_settles(backend: Backend, facts: Deployment, buckets: list[int]) -> RuleSettlement:
     from sglang.srt.model_executor.cuda_graph_config import Backend
 
     from sglang_mixgraph.core.capture_memory import fmt_bytes

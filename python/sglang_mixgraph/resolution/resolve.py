@@ -10,7 +10,7 @@ Here: the described platform, `plugin_load_status` (whether SGLang would load th
 all, `SGLANG_PLUGINS`), `resolve` itself and `model_class_problem` (a model architecture
 SGLang has no model class for), and `graph_plan_of` (the planner's report of a resolution).
 What `plan` checks before resolving lives in `plan_inputs`, a failed resolution in words in
-`resolution_errors`.
+`errors`.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from sglang_mixgraph import target_gpu
-from sglang_mixgraph.cli.plan_inputs import quiet_import_warnings
 from sglang_mixgraph.core.capture_memory import CaptureEffect
+from sglang_mixgraph.resolution.plan_inputs import quiet_import_warnings
 from sglang_mixgraph.target_gpu import DEFAULT_GPU, PLATFORM_PLUGIN_NAME, GpuSpec
 
 # The entry point SGLang's plugin loader finds us by (pyproject.toml).
@@ -222,10 +222,10 @@ def graph_plan_of(resolution: Resolution):
     """The planner's report (`graph_plan.GraphPlan`) of a finished resolution: its facts read
     once, for the GPU it was resolved for."""
     from sglang_mixgraph.bcg_rules import recorded
-    from sglang_mixgraph.cli.memory_inputs import read_memory_inputs
     from sglang_mixgraph.planner.deployment_facts import read_deployment
     from sglang_mixgraph.planner.graph_plan import graph_plan
     from sglang_mixgraph.planner.memory_fit import memory_fit
+    from sglang_mixgraph.resolution.memory_inputs import read_memory_inputs
     from sglang_mixgraph.target_gpu import described_gpu
 
     with described_gpu(resolution.gpu.name):

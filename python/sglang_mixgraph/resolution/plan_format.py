@@ -25,6 +25,8 @@ from sglang_mixgraph.core.capture_memory import (
 # The version of the JSON documents `plan --json` and `doctor --json` print; raised when a key
 # changes meaning or type or goes away (new keys keep it).
 SCHEMA_VERSION = 1
+# A patch's status in both documents when SGLang would not load the plugin at all.
+NOT_LOADED = "not loaded"
 
 
 def typed_flag_values(names) -> dict[str, Any]:

@@ -20,16 +20,16 @@ from pathlib import Path
 import pytest
 
 from sglang_mixgraph import cli, target_gpu
-from sglang_mixgraph.cli.plan_inputs import (
+from sglang_mixgraph.core.prefill_buckets import padding_profile
+from sglang_mixgraph.kits.model_configs import write_model
+from sglang_mixgraph.resolution.plan_inputs import (
     MAX_CONFIG_LAYERS,
     MAX_PLAN_LIST,
     MAX_PLAN_SIZE,
     PlanInputError,
     prepare_argv,
 )
-from sglang_mixgraph.cli.presets import DSV4_MODEL_DIR, GLM5_MODEL_DIR, MEGA_MOE_CAP_ENV
-from sglang_mixgraph.core.prefill_buckets import padding_profile
-from sglang_mixgraph.kits.model_configs import write_model
+from sglang_mixgraph.resolution.presets import DSV4_MODEL_DIR, GLM5_MODEL_DIR, MEGA_MOE_CAP_ENV
 
 DSV4 = str(DSV4_MODEL_DIR)
 BUCKETS_ENV = "SGLANG_MIXGRAPH_PREFILL_BUCKETS"
@@ -184,7 +184,7 @@ def test_a_dsv4_compress_ratios_that_matches_no_layer_count(
 ):
     model = _dsv4_with_ratios(tmp_path, ratios)
     if expected is None:
-        from sglang_mixgraph.cli.plan_inputs import _check_config_json
+        from sglang_mixgraph.resolution.plan_inputs import _check_config_json
 
         _check_config_json(Path(model) / "config.json")  # no error; the plan itself is slow
         return
@@ -196,7 +196,7 @@ def test_a_dsv4_compress_ratios_that_matches_no_layer_count(
 
 
 def test_the_embedded_dsv4_config_passes_the_config_checks():
-    from sglang_mixgraph.cli.plan_inputs import _check_config_json
+    from sglang_mixgraph.resolution.plan_inputs import _check_config_json
 
     _check_config_json(DSV4_MODEL_DIR / "config.json")  # 61 layers + 1 MTP entry
 
@@ -234,7 +234,7 @@ def test_the_config_json_given_as_the_model_path_is_refused():
 
 
 def test_a_model_file_is_accepted_only_as_gguf(tmp_path):
-    from sglang_mixgraph.cli.plan_inputs import _check_model_path
+    from sglang_mixgraph.resolution.plan_inputs import _check_model_path
 
     weights = tmp_path / "model.safetensors"
     weights.write_bytes(b"not a model")
@@ -283,7 +283,7 @@ def test_architectures_given_as_a_string_is_refused(tmp_path):
 
 @pytest.mark.parametrize("architectures", [["LlamaForCausalLM", 3], [""], {"a": 1}])
 def test_architectures_must_be_a_list_of_class_names(tmp_path, architectures):
-    from sglang_mixgraph.cli.plan_inputs import _check_config_json
+    from sglang_mixgraph.resolution.plan_inputs import _check_config_json
 
     config = write_model(tmp_path / "m", architectures=architectures) / "config.json"
     with pytest.raises(PlanInputError, match='"architectures" must be a list of class names'):
@@ -408,7 +408,7 @@ def test_a_glm5_config_with_100_million_layers_is_refused_at_once(tmp_path):
     ],
 )
 def test_config_sizes_are_bounded_before_sglang_reads_them(tmp_path, changes, expected):
-    from sglang_mixgraph.cli.plan_inputs import _check_config_json
+    from sglang_mixgraph.resolution.plan_inputs import _check_config_json
 
     config = _glm5_config(tmp_path / "glm5", **changes) / "config.json"
     start = time.monotonic()
@@ -419,7 +419,7 @@ def test_config_sizes_are_bounded_before_sglang_reads_them(tmp_path, changes, ex
 
 
 def test_the_ceilings_themselves_are_accepted(tmp_path):
-    from sglang_mixgraph.cli.plan_inputs import _check_config_json
+    from sglang_mixgraph.resolution.plan_inputs import _check_config_json
 
     _check_config_json(GLM5_MODEL_DIR / "config.json")
     _check_config_json(
@@ -505,7 +505,7 @@ def test_plan_and_doctor_say_when_sglang_will_not_load_the_plugin(doctor_here):
 
 
 def test_the_allowlist_naming_the_plugin_loads_it(monkeypatch):
-    from sglang_mixgraph.cli.resolve import plugin_load_status
+    from sglang_mixgraph.resolution.resolve import plugin_load_status
 
     monkeypatch.setenv("SGLANG_PLUGINS", "someone_else, mixgraph")
     assert plugin_load_status().loaded is True

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from functools import partial
 
-from sglang_mixgraph.cli.dsv4_kv_pool import size_dsv4_pool
 from sglang_mixgraph.planner.memory_fit import MemoryInputs
+from sglang_mixgraph.resolution.dsv4_kv_pool import size_dsv4_pool
 
 
 def chunk_before_dp_division(server_args) -> tuple[int, int] | None:

@@ -8,7 +8,7 @@ import importlib
 import pytest
 import torch
 
-from sglang_mixgraph.cli import upstream_guards as ug
+from sglang_mixgraph.resolution import upstream_guards as ug
 
 
 def test_every_guard_holds_on_the_installed_sglang():

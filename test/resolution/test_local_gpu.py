@@ -1,13 +1,13 @@
 """`plan`'s default target: this machine's GPU as nvidia-smi names it, else the default with
-the reason (cli/local_gpu.py), with a made-up nvidia-smi on PATH (kits/fake_nvidia_smi.py).
+the reason (resolution/local_gpu.py), with a made-up nvidia-smi on PATH (kits/fake_nvidia_smi.py).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from sglang_mixgraph.cli.local_gpu import LocalGpu, NoLocalGpu, choose_target, probe
 from sglang_mixgraph.kits.fake_nvidia_smi import NO_DRIVER, fake_nvidia_smi
+from sglang_mixgraph.resolution.local_gpu import LocalGpu, NoLocalGpu, choose_target, probe
 from sglang_mixgraph.target_gpu import DEFAULT_GPU, GPUS
 
 
