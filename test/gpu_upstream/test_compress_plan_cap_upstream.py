@@ -188,8 +188,12 @@ def backend(world, plans, slots=SLOTS):
 
     b = object.__new__(DeepseekV4AttnBackend)
     b.model_runner = types.SimpleNamespace(req_to_token_pool=world.reqs)
+    core = types.SimpleNamespace(**{f"c{r}_out_loc": world.out_loc[r] for r in RATIOS})
     b.forward_metadata = types.SimpleNamespace(
-        c4_compress_metadata=plans[4], c128_compress_metadata=plans[128]
+        c4_compress_metadata=plans[4],
+        c128_compress_metadata=plans[128],
+        core_attn_metadata=core,
+        core_metadata=core,
     )
     return b
 

@@ -52,9 +52,16 @@ def backend(slots: int = SLOTS, plans: dict | None = None) -> DeepseekV4AttnBack
     pool = ReqToTokenPool(size=slots, max_context_len=8, device="cpu", enable_memory_saver=False)
     b.model_runner = types.SimpleNamespace(req_to_token_pool=pool)
     plans = plans or {4: prefill_plan(4, BUCKET, 700), 128: prefill_plan(128, BUCKET, 21, 1)}
+    # The step's per-token output locations: one per query row, as the plan's rows.
+    rows = {r: p.plan_c.shape[0] for r, p in plans.items() if isinstance(p, CompressorPrefillPlan)}
     b.forward_metadata = types.SimpleNamespace(
-        c4_compress_metadata=plans.get(4), c128_compress_metadata=plans.get(128)
+        c4_compress_metadata=plans.get(4),
+        c128_compress_metadata=plans.get(128),
+        core_attn_metadata=types.SimpleNamespace(
+            **{f"c{r}_out_loc": torch.zeros(n, dtype=torch.int64) for r, n in rows.items()}
+        ),
     )
+    b.forward_metadata.core_metadata = b.forward_metadata.core_attn_metadata
     return b
 
 
@@ -149,6 +156,14 @@ def test_plans_it_does_not_cap(monkeypatch):
         assert b._get_paged_compress_metadata(128) is b.forward_metadata.c128_compress_metadata
         assert b._get_paged_compress_metadata(4).plan_c.shape[0] == 908
     assert counters.get_fallback(cap.PATCH_ID, "online") == 1
+
+    # An exact host plan (its rows are the batch's events, not its query rows): left whole.
+    exact = CompressorPrefillPlan(4, torch.zeros(21, 16, dtype=torch.uint8), torch.zeros(9, 8))
+    b = backend(plans={4: prefill_plan(4, BUCKET, 21)})
+    b.forward_metadata.c4_compress_metadata = exact
+    with installed((cap.PATCH,), {FLAG: "1"}), enable_breakable_cuda_graph():
+        assert b._get_paged_compress_metadata(4) is exact
+    assert counters.get_fallback(cap.PATCH_ID, "exact_plan") == 1
 
     # No request pool to bound the batch: upstream's plan.
     b = backend()

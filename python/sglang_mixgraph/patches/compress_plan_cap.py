@@ -50,6 +50,8 @@ FALLBACKS = {
     "online": "online c128 compression (SGLANG_OPT_USE_ONLINE_COMPRESS) builds its own plan: "
     "not capped",
     "no_pool": "the attention backend has no request pool size: plans not capped",
+    "exact_plan": "a prefill plan whose rows are not the step's query rows (an exact host "
+    "plan) inside a breakable graph: not capped",
     "no_lens": "a replay without host sequence/extend lengths cannot be checked: runs eagerly",
     "over_cap": "a batch has more compress events than the captured plan's cap: runs eagerly",
 }
@@ -101,13 +103,20 @@ def around_get_paged_compress_metadata(original, self, compress_ratio, *args, **
     if _module(COMPRESSOR_MODULE)._use_online_compress(compress_ratio):
         _fallback("online")
         return plan
+    rows = plan.plan_c.shape[0]
+    out_loc = self._get_out_loc(compress_ratio)
+    if out_loc is None or out_loc.shape[0] != rows or plan.plan_w.shape[0] != rows:
+        # The cap bounds the events of a plan sized to the step's query rows (the capture's
+        # GPU plan); a host plan already holds exactly its events.
+        _fallback("exact_plan")
+        return plan
     bound = request_bound(self)
     if bound is None:
         _fallback("no_pool")
         return plan
     ratio = int(compress_ratio)
     self.__dict__.setdefault(BACKEND_COMPRESS_PLAN_CAPS, {})[ratio] = bound
-    capped = capped_plan(plan, ratio, batch_bound(plan.plan_c.shape[0], bound))
+    capped = capped_plan(plan, ratio, batch_bound(rows, bound))
     if capped is not plan:
         counters.count(PATCH_ID, f"plans_capped.c{ratio}")
     return capped
@@ -210,5 +219,6 @@ PATCH = Patch(
         (PREFILL_PLAN, type),
         (IN_BCG, Callable),
         (f"{COMPRESSOR_MODULE}._use_online_compress", Callable),
+        (f"{COMPRESSOR_MODULE}.CompressorBackendMixin._get_out_loc", Callable),
     ),
 )
