@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from sglang_mixgraph import counters
-from sglang_mixgraph.core.compress_plan_cap import compress_events, plan_cap
+from sglang_mixgraph.core.compress_events import compress_events, plan_cap
 from sglang_mixgraph.kits import dsv4_cpu as K
 from sglang_mixgraph.kits.install import installed
 from sglang_mixgraph.patches import compress_plan_cap as cap
@@ -183,7 +183,7 @@ class World:
         return tokens
 
 
-def backend(world, plans, slots=SLOTS):
+def backend(world, plans):
     from sglang.srt.layers.attention.deepseek_v4_backend import DeepseekV4AttnBackend
 
     b = object.__new__(DeepseekV4AttnBackend)

@@ -27,7 +27,7 @@ from sglang.srt.plugins.hook_registry import HookRegistry
 
 from sglang_mixgraph import counters
 from sglang_mixgraph import upstream_attrs as attrs
-from sglang_mixgraph.core.compress_plan_cap import plan_cap
+from sglang_mixgraph.core.compress_events import plan_cap
 from sglang_mixgraph.kits.install import installed
 from sglang_mixgraph.patches import compress_plan_cap as cap
 from sglang_mixgraph.registry import evaluate, resolve_target
@@ -245,7 +245,7 @@ def test_replays_within_the_bound_run_and_over_it_run_eagerly(runner):
         capture(runner, 4, 128)
         assert runner.can_run_graph(batch(*worst(8))) is True  # the bound: 8 request slots
         assert runner.can_run_graph(batch([4096, 700, 9], [2000, 1, 9])) is True
-        assert counters.get(cap.PATCH_ID, "replays_checked") == 2
+        assert counters.get(cap.PATCH_ID, "batches_checked") == 2
         # More requests than the pool holds (an upstream invariant broken): eager, said once.
         assert runner.can_run_graph(batch(*worst(12))) is False
         assert runner.can_run_graph(batch(*worst(12))) is False

@@ -8,7 +8,7 @@ every replay launches N x 8 ``flash_c128_prefill`` blocks although a step has ab
 events; the rows past the live events are invalid and return at once. The planner writes the
 valid rows first (``plan_compress_prefill_kernel0`` in c_plan.cuh appends through a counter and
 pads the tail), so here ``CompressorBackendMixin._get_paged_compress_metadata`` hands a capture
-the plan with ``plan_c`` viewed to its first ``core.compress_plan_cap.plan_cap`` rows, a bound
+the plan with ``plan_c`` viewed to its first ``core.compress_events.plan_cap`` rows, a bound
 that holds for every batch of at most the request pool's size; the view shares storage, so
 upstream's full-size refresh at replay is untouched, and ``plan_w`` is never capped. Each
 replay's batch is checked on the host first; a batch over the cap runs eagerly (said once).
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from sglang.srt.plugins.hook_registry import HookType
 
 from sglang_mixgraph import counters
-from sglang_mixgraph.core.compress_plan_cap import batch_bound, compress_events, plan_cap
+from sglang_mixgraph.core.compress_events import batch_bound, compress_events, plan_cap
 from sglang_mixgraph.fallback import fallback_once
 from sglang_mixgraph.flags import bool_flag
 from sglang_mixgraph.registry import Hook, Patch
@@ -150,7 +150,7 @@ def around_can_run_graph(original, self, forward_batch, *args, **kwargs):
     else:
         fits, key = replay_fits(caps, _ints(seq_lens), _ints(extend_lens)), "over_cap"
     if fits:
-        counters.count(PATCH_ID, "replays_checked")
+        counters.count(PATCH_ID, "batches_checked")
         return True
     if getattr(forward_batch, "global_num_tokens_cpu", None) is not None:
         raise RuntimeError(

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from sglang_mixgraph.core.compress_plan_cap import batch_bound, compress_events, plan_cap
+from sglang_mixgraph.core.compress_events import batch_bound, compress_events, plan_cap
 
 
 def brute_force_events(seq_lens, extend_lens, ratio) -> int:
