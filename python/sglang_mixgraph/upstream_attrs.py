@@ -35,3 +35,6 @@ RUNNER_PENDING_READ_DONE = "_mixgraph_replay_read_done"
 GRAPH_NEXT_SEGMENT_HAS_NODES = "_mixgraph_next_segment_has_nodes"
 GRAPH_SEGMENT_HAS_NODES = "_mixgraph_segment_has_nodes"
 GRAPH_DROP_PLAN = "_mixgraph_replay_plan"
+# On DeepseekV4AttnBackend (compress plan cap): {compress ratio: the most requests per batch its
+# breakable-capture plans were capped for}, read by the replay check of every batch.
+BACKEND_COMPRESS_PLAN_CAPS = "_mixgraph_compress_plan_caps"

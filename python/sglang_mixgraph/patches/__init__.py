@@ -12,6 +12,7 @@ from sglang_mixgraph.registry import Patch
 
 def all_patches() -> tuple[Patch, ...]:
     from sglang_mixgraph.patches import (
+        compress_plan_cap,
         drop_empty_segments,
         graph_config,
         hold_break_inputs,
@@ -29,4 +30,5 @@ def all_patches() -> tuple[Patch, ...]:
         drop_empty_segments.PATCH,
         live_width_indexer.PATCH,
         hold_break_inputs.PATCH,
+        compress_plan_cap.PATCH,
     )
