@@ -53,7 +53,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-# Where the effects a patch declares are defined; importable from here too (`cli.resolve`).
+# Where the effects a patch declares are defined; importable from here too (`resolution.resolve`).
 from sglang_mixgraph.core.capture_effects import CaptureEffect  # noqa: F401
 
 MiB = 1 << 20
