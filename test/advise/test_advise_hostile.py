@@ -231,10 +231,16 @@ def test_a_signal_during_load_stops_the_load_client_and_its_children(
             time.sleep(0.02)
         os.kill(os.getpid(), sig)
 
+    # Ctrl-C as a terminal's Python process meets it: the test worker's own SIGINT disposition
+    # (a pytest-xdist worker's can differ) is not the command's.
+    worker_sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
     before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
-    with serve("on_traffic") as standin:
-        threading.Thread(target=deliver, daemon=True).start()
-        code = main(["advise", "--url", standin.url, "--load", "--timeout", "30"])
+    try:
+        with serve("on_traffic") as standin:
+            threading.Thread(target=deliver, daemon=True).start()
+            code = main(["advise", "--url", standin.url, "--load", "--timeout", "30"])
+    finally:
+        signal.signal(signal.SIGINT, worker_sigint)
     assert {s: signal.getsignal(s) for s in before} == before  # handlers given back
     assert code == 130
     line = one_line(capsys.readouterr().err)
