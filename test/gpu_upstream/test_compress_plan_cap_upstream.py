@@ -56,39 +56,19 @@ BATCHES = {"mixed": mixed(), "uniform": uniform(), "worst": worst()}
 
 
 def kv_pool():
-    """Upstream's DSV4 pool as ``kits.dsv4_cpu.kv_pool`` builds it, with the c4 state ring
-    sized for its SWA pages (the fp8 pool addresses c4 state by SWA location: one ring per
-    page), so every request's c4 compressor state is in bounds."""
-    from sglang.srt.mem_cache.deepseek_v4_memory_pool import (
-        DeepSeekV4TokenToKVPool,
-        resolve_compress_state_ring_size,
-    )
+    """Upstream's DSV4 pool from ``kits.dsv4_cpu.kv_pool``, with the c4 state ring sized for its
+    SWA pages (the fp8 pool addresses c4 state by SWA location: one ring per page), so every
+    request's c4 compressor state is in bounds."""
+    from sglang.srt.mem_cache.deepseek_v4_memory_pool import resolve_compress_state_ring_size
 
     size = (SLOTS + 1) * CTX
-    pool = DeepSeekV4TokenToKVPool(
-        max_num_reqs=SLOTS,
-        swa_size=size,
-        c4_size=size,
-        c128_size=size,
-        c4_state_pool_size=size // K.PAGE * resolve_compress_state_ring_size(4),
-        c128_state_pool_size=SLOTS,
-        page_size=K.PAGE,
-        swa_page_size=K.PAGE,
-        dtype=torch.float8_e4m3fn,
-        c4_state_dtype=torch.bfloat16,
-        c128_state_dtype=torch.bfloat16,
-        qk_nope_head_dim=448,
-        qk_rope_head_dim=64,
-        indexer_head_dim=128,
-        layer_num=len(RATIOS),
+    return K.kv_pool(
+        max_reqs=SLOTS,
+        size=size,
+        ratios=RATIOS,
         device=DEV,
-        enable_memory_saver=False,
-        compression_ratios=list(RATIOS),
-        kv_source_layers=[],
-        full_size=size,
+        c4_state_slots=size // K.PAGE * resolve_compress_state_ring_size(4),
     )
-    pool.register_mapping(torch.arange(size, dtype=torch.int64, device=DEV))
-    return pool
 
 
 class World:

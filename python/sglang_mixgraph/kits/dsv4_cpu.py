@@ -331,9 +331,18 @@ def replay_static_batch(live, size: int, live_rows: int | None = None, max_ctx: 
     )
 
 
-def kv_pool(*, max_reqs: int, size: int, ratios: Sequence[int], device: str):
+def kv_pool(
+    *,
+    max_reqs: int,
+    size: int,
+    ratios: Sequence[int],
+    device: str,
+    c4_state_slots: int | None = None,
+):
     """Upstream's DeepSeek-V4 KV pool with DSV4-Pro's head dims, fp8 keys, ``size`` slots in
-    every cache (full == SWA locations, identity mapping) and one layer per entry of ``ratios``."""
+    every cache (full == SWA locations, identity mapping) and one layer per entry of ``ratios``.
+    ``c4_state_slots``: the c4 compressor state pool's size (default one per request; a caller
+    running upstream's compressor kernels needs one state ring per SWA page)."""
     from sglang.srt.mem_cache.deepseek_v4_memory_pool import DeepSeekV4TokenToKVPool
 
     pool = DeepSeekV4TokenToKVPool(
@@ -341,7 +350,7 @@ def kv_pool(*, max_reqs: int, size: int, ratios: Sequence[int], device: str):
         swa_size=size,
         c4_size=size,
         c128_size=size,
-        c4_state_pool_size=max_reqs,
+        c4_state_pool_size=max_reqs if c4_state_slots is None else c4_state_slots,
         c128_state_pool_size=max_reqs,
         page_size=PAGE,
         swa_page_size=PAGE,
