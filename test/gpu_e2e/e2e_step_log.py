@@ -8,7 +8,8 @@ rows, whether a CUDA graph ran (``ModelRunnerOutput.can_run_graph``) and the CUD
 wall time. Lines go to ``$MIXGRAPH_E2E_STEP_LOG/steps_<pid>.jsonl``. Under speculative decoding
 the draft model's runner forwards in the same process (EAGLE's draft extend over a MIXED batch
 enters labelled MIXED too): its lines carry ``"draft": true`` (``ModelRunner.is_draft_worker``), so
-the checks count each target step once.
+the checks count each target step once. A forward run while a CUDA graph is being captured (the
+draft's decode graphs call ``ModelRunner.forward`` inside the capture) passes through unlogged.
 
 A MIXED step's line also carries the shape the adaptive split decides on (plan.py
 ``_adaptive_splits``), so the checks can run the cost model on it: ``seq_lens`` and
@@ -58,6 +59,10 @@ def _wrap_forward(model_runner_module) -> None:
     path = os.path.join(os.environ["MIXGRAPH_E2E_STEP_LOG"], f"steps_{os.getpid()}.jsonl")
 
     def logged_forward(self, forward_batch, *args, **kwargs):
+        # A forward inside a CUDA graph capture (EAGLE's draft decode graph runs ModelRunner.forward
+        # while capturing) is no step, and a synchronize there would invalidate the capture.
+        if torch.cuda.is_current_stream_capturing():
+            return forward(self, forward_batch, *args, **kwargs)
         mode = forward_batch.forward_mode
         rows = forward_batch.input_ids.shape[0] if forward_batch.input_ids is not None else 0
         bs = int(forward_batch.batch_size)

@@ -346,6 +346,7 @@ def test_the_step_log_adds_the_probe_s_fields(monkeypatch, tmp_path):
 
     monkeypatch.setattr(L, "PROBES", [Probe()])
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setenv("MIXGRAPH_E2E_STEP_LOG", str(tmp_path))
     module = SimpleNamespace(ModelRunner=ModelRunner)
     L._wrap_forward(module)

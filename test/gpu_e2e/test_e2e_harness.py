@@ -638,6 +638,7 @@ def test_step_log_records_the_split_inputs_of_mixed_steps_at_entry(tmp_path, mon
 
     monkeypatch.setenv("MIXGRAPH_E2E_STEP_LOG", str(tmp_path))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
 
     class ModelRunner:
         def forward(self, forward_batch):

@@ -407,6 +407,7 @@ def test_step_log_marks_the_draft_runners_forwards(tmp_path, monkeypatch):
 
     monkeypatch.setenv("MIXGRAPH_E2E_STEP_LOG", str(tmp_path))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
 
     class ModelRunner:
         def __init__(self, is_draft_worker):
@@ -480,3 +481,33 @@ def test_phase_records_each_requests_speculative_counts(monkeypatch):
             "tokens": n,
         }
     assert e2e_phase.spec_counts({"output_ids": [1], "meta_info": {}}) is None
+
+
+def test_step_log_passes_a_forward_under_graph_capture_through_unsynchronized(
+    tmp_path, monkeypatch
+):
+    """EAGLE's draft decode graph capture calls ModelRunner.forward inside the capture: a
+    synchronize there invalidates it (cudaErrorStreamCaptureUnsupported), so none may run."""
+    import e2e_step_log as L
+    import torch
+    from test_e2e_harness import _batch
+
+    def no_sync():
+        raise AssertionError("synchronize under capture")
+
+    monkeypatch.setenv("MIXGRAPH_E2E_STEP_LOG", str(tmp_path))
+    monkeypatch.setattr(torch.cuda, "synchronize", no_sync)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    ran = []
+
+    class ModelRunner:
+        is_draft_worker = True
+
+        def forward(self, forward_batch):
+            ran.append(forward_batch.forward_mode.name)
+            return SimpleNamespace(can_run_graph=False)
+
+    L._wrap_forward(SimpleNamespace(ModelRunner=ModelRunner))
+    out = ModelRunner().forward(_batch("DECODE"))
+    assert ran == ["DECODE"] and out.can_run_graph is False
+    assert list(tmp_path.glob("steps_*.jsonl")) == []
