@@ -46,8 +46,10 @@ def speculative_warning(switch: str, algorithm: str | None = None) -> str:
         f"{switch} keeps the breakable prefill CUDA graph on for {who}, where SGLang keeps it "
         f"off (rule {DSV4_RULE!r}), so upstream has never replayed it under speculative "
         "decoding; SGLang issue #29985 reports that a breakable prefill replay under EAGLE "
-        "corrupted the hidden states fed to the draft model. Allowed, not validated: compare "
-        "tokens and accept length with --disable-prefill-cuda-graph."
+        "corrupted the hidden states fed to the draft model. Allowed: on a tiny model with "
+        "dummy weights the replay kept eager upstream's tokens and accept length, which does not "
+        "validate a real draft; compare tokens and accept length with "
+        "--disable-prefill-cuda-graph."
     )
 
 
