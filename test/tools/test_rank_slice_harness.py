@@ -222,6 +222,53 @@ def test_gc_pauses_sum_the_collectors_pauses_and_count_full_collections():
     assert (pauses.ms, pauses.full) == (before, 1)
 
 
+def test_thread_meter_tells_work_from_waiting():
+    """A busy step raises the thread's CPU time with its host time; a step that blocks (a
+    device sync, a lock) raises host time and voluntary switches, not CPU time."""
+    import time
+
+    meter = probe.ThreadMeter()
+    before = meter.read()
+    c0 = time.thread_time()
+    while time.thread_time() - c0 < 0.05:  # 50 ms of this thread's CPU, however loaded the box
+        pass
+    busy = meter.delta(before, meter.read())
+    before = meter.read()
+    time.sleep(0.05)
+    waited = meter.delta(before, meter.read())
+    assert busy["cpu_ms"] >= 50 and waited["cpu_ms"] < 10
+    assert waited["vcsw"] >= 1
+    if busy["runq_ms"] is not None:  # Linux: nanoseconds read, reported in ms
+        assert 0 <= waited["runq_ms"] < 1000
+    # no run queue where /proc cannot be read: None, never a made-up 0
+    assert meter.delta((0.0, None, 0, 0), (0.001, 5, 1, 0))["runq_ms"] is None
+
+
+def test_step_summary_and_series_carry_the_thread_meter():
+    drv = load("run_slice_probe")
+    rows = [
+        {
+            "mode": "MIXED",
+            "graph": False,
+            "host_ms": h,
+            "wall_ms": h + 1,
+            "n_dec": 2,
+            "prefill_tokens": 8,
+            "cpu_ms": c,
+            "runq_ms": 0.5,
+            "vcsw": 1,
+            "ivcsw": 0,
+        }
+        for h, c in ((300.0, 290.0), (480.0, 295.0), (310.0, 300.0))
+    ]
+    s = drv.step_summary(rows)["MIXED/eager"]
+    assert s["cpu_ms"]["median"] == 295.0 and s["runq_ms"]["sum"] == 1.5 and s["vcsw"]["n"] == 3
+    assert drv.mixed_series(rows)["host_ms"] == [300.0, 480.0, 310.0]
+    assert drv.mixed_series(rows)["cpu_ms"] == [290.0, 295.0, 300.0]
+    rows[1]["runq_ms"] = None  # one step without /proc: no run-queue summary at all
+    assert "runq_ms" not in drv.step_summary(rows)["MIXED/eager"]
+
+
 def test_ab_configuration_selects_the_kits_kernels_like_the_probe():
     """ab_slice.toml spells the kit's kernel selection out in TOML; it must stay the probe's."""
     import tomllib

@@ -147,13 +147,20 @@ def step_summary(steps) -> dict:
     for k, rows in sorted(by.items()):
         out[k] = {"host_ms": _stats([r["host_ms"] for r in rows])}
         out[k]["wall_ms"] = _stats([r["wall_ms"] for r in rows])
-        if all("gc_ms" in r for r in rows):
-            out[k]["gc_ms"] = _stats([r["gc_ms"] for r in rows])
-            out[k]["gc_full"] = _stats([r["gc_full"] for r in rows])
+        for field in ("gc_ms", "gc_full", "cpu_ms", "runq_ms", "vcsw", "ivcsw"):
+            if all(r.get(field) is not None for r in rows):  # older probes, or no /proc
+                out[k][field] = _stats([r[field] for r in rows])
         if k.startswith("MIXED"):
             out[k]["decode_rows"] = _stats([r["n_dec"] or 0 for r in rows])
             out[k]["prefill_tokens"] = _stats([r["prefill_tokens"] or 0 for r in rows])
     return out
+
+
+def mixed_series(steps) -> dict:
+    """The MIXED steps' host, wall and thread CPU ms in step order: whether a slow visit is slow
+    throughout or in a stretch of it (a summary's median cannot tell)."""
+    mixed = [s for s in steps if s["mode"] == "MIXED"]
+    return {f: [s.get(f) for s in mixed] for f in ("host_ms", "wall_ms", "cpu_ms", "n_dec")}
 
 
 def steps_by_rank(steps) -> dict:
@@ -381,6 +388,7 @@ def main() -> int:
             "burst_s": res.get("burst_s"),
             "output_tokens": res.get("output_tokens"),
             "steps": step_summary(steps),
+            "mixed_series": mixed_series(steps),
             "steps_by_rank": steps_by_rank(steps),
             "capture": capture,
             "capture_by_rank": capture_by_rank(capture),

@@ -10,8 +10,10 @@ scheduler process runs forwards. Writes to ``$SLICE_PROBE_DIR``:
   host spends preparing and launching) and wall ms (the GPU synchronized on both sides, so the
   step's own time; this serializes steps, so it is a probe, not a serving number), and the
   Python garbage collector's pauses inside it (``gc_ms``, ``gc_full``: collections of the oldest
-  generation); under attention DP also the rank and the synced per-rank tokens
-  (``gpu_machine.dp_step_fields``);
+  generation), and what the scheduler thread did with the host ms (``ThreadMeter``: its own CPU
+  time ``cpu_ms``, its wait for a CPU ``runq_ms``, its voluntary and involuntary context switches
+  ``vcsw``/``ivcsw``): host ms well above ``cpu_ms`` is waiting, not work; under attention DP also
+  the rank and the synced per-rank tokens (``gpu_machine.dp_step_fields``);
 * ``capture_<pid>.jsonl``: one line per captured prefill shape, free device memory before/after
   (``PrefillCudaGraphRunner.capture_one_shape``) and, under attention DP, the rank;
 * ``profile_<pid>_<k>.json``: for the k-th MIXED step of ``$SLICE_PROFILE_MIXED`` (comma list;
@@ -168,6 +170,38 @@ class GcPauses:
         return self
 
 
+class ThreadMeter:
+    """The calling thread's CPU time, run-queue wait and context switches, read before and
+    after a step: whether a slow host step was slow work (``cpu_ms`` up), a thread kept off the
+    CPU (``runq_ms``, ``ivcsw``) or a thread blocked on the device or a lock (``vcsw`` up, host ms
+    above ``cpu_ms + runq_ms``). Linux only for the run queue (``/proc/thread-self/schedstat``,
+    nanoseconds on a CPU, waiting on a run queue, slices); None where it cannot be read."""
+
+    @staticmethod
+    def _runq_ns() -> int | None:
+        try:
+            with open("/proc/thread-self/schedstat") as f:
+                return int(f.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            return None
+
+    def read(self) -> tuple:
+        import resource
+
+        ru = resource.getrusage(resource.RUSAGE_THREAD)
+        return time.thread_time(), self._runq_ns(), ru.ru_nvcsw, ru.ru_nivcsw
+
+    @staticmethod
+    def delta(before: tuple, after: tuple) -> dict:
+        runq = None if None in (before[1], after[1]) else round((after[1] - before[1]) / 1e6, 3)
+        return {
+            "cpu_ms": round((after[0] - before[0]) * 1e3, 3),
+            "runq_ms": runq,
+            "vcsw": after[2] - before[2],
+            "ivcsw": after[3] - before[3],
+        }
+
+
 def _wrap_forward(model_runner_module) -> None:
     import torch
 
@@ -182,6 +216,7 @@ def _wrap_forward(model_runner_module) -> None:
     }
     seen = {"MIXED": 0, "DECODE": 0}
     pauses = GcPauses().install()
+    meter = ThreadMeter()
 
     def probed_forward(self, forward_batch, *args, **kwargs):
         mode = getattr(forward_batch.forward_mode, "name", str(forward_batch.forward_mode))
@@ -199,9 +234,11 @@ def _wrap_forward(model_runner_module) -> None:
         if prof is not None:
             prof.__enter__()
         gc0 = (pauses.ms, pauses.full)
+        th0 = meter.read()
         t0 = time.perf_counter()
         out = forward(self, forward_batch, *args, **kwargs)
         t1 = time.perf_counter()
+        thread = meter.delta(th0, meter.read())
         torch.cuda.synchronize()
         t2 = time.perf_counter()
         rec = {
@@ -212,6 +249,7 @@ def _wrap_forward(model_runner_module) -> None:
             "wall_ms": round((t2 - t0) * 1e3, 3),
             "gc_ms": round(pauses.ms - gc0[0], 3),
             "gc_full": pauses.full - gc0[1],
+            **thread,
         }
         if prof is not None:
             prof.__exit__(None, None, None)
