@@ -1,22 +1,16 @@
 """The boundary workload under speculative decoding: a decode row of a MIXED step at every length.
 
-Under EAGLE a MIXED step gives each decode row one token (its draft is verified in decode steps
-only), but a verify step between two MIXED steps advances a row by 1 to 3 tokens unseen: the
-streamed boundary workload (late prompt sent once every row has a token) left rows decoding
-through verify steps before the late chunks and stepped over 128, 129, 256 and 257 on the H100.
-Here every request is sent at once, the rows first and the late prompt last. SGLang admits in
-arrival order (``fcfs``, the only policy without the radix cache), runs a prefill whenever one
-waits (``Scheduler.get_next_batch_to_run``) and mixes the decode rows into it, each taking one
-token of the chunk (``get_new_batch_prefill`` passes the running batch size to the PrefillAdder):
-so from a row's first token to the late prompt's last chunk every step is MIXED, and a row's
-context there depends on the schedule alone (``mixed_schedule`` models it), not on acceptance.
-Each boundary gets ``ROWS_PER_BOUNDARY`` rows ``ROW_SPACING`` tokens apart around it at the
-middle of their MIXED steps, so the lengths are still reached if the schedule shifts a row by up
-to the margin, or if a verify step falls among the MIXED steps: a row then goes from c to
-c + 2 .. c + 4 between two MIXED steps (its MIXED token and 1 to 3 verified), skipping up to
-three lengths, so the rows span more than three (a token apart, three rows would not). The SWA pool at the
-whole share (``ENGINE_OVERRIDES``): at DeepSeek-V4's 0.1 the rows' windows stopped the chunks
-for 84 verify steps on the H100. Pure Python: the CPU tests check these properties.
+Under EAGLE a MIXED step gives a decode row one token, but a verify step between two MIXED steps
+moves it by 1 to 3 unseen (from c to c + 2 .. c + 4), so the streamed boundary workload stepped
+over 128, 129, 256 and 257 on the H100. Here every request is sent at once, rows first, the late
+prompt last: SGLang admits in arrival order (``fcfs``), runs a waiting prefill before any decode
+(``Scheduler.get_next_batch_to_run``) and mixes the decode rows into it, one chunk token each
+(``get_new_batch_prefill``), so every step from a row's first token to the late prompt's last
+chunk is MIXED (``mixed_schedule`` models it) whatever the acceptance. ``ROWS_PER_BOUNDARY`` rows
+``ROW_SPACING`` apart around each boundary reach its lengths if the real schedule moves a row by a
+margin or one verify step falls among the MIXED steps (a token apart they would not). The window
+pool at the full pool's size (``ENGINE_OVERRIDES``): at DeepSeek-V4's 0.1 the H100 run's chunks
+stalled for 84 verify steps until rows finished. Pure Python: the CPU tests check all this.
 """
 
 from __future__ import annotations

@@ -24,8 +24,9 @@ name) runs the eight speculative phases: EAGLE over the tiny model's one next-n 
 (``tiny_dsv4_mtp_config.json``), each compared with eager upstream (``spec-eager-off``, or
 ``spec-eager-off-noovl`` with the overlap scheduler off) in tokens and accept length; their
 workloads end with a return_logprob request, and ``--workload boundary`` is the speculative one
-(e2e_spec_boundary.py: every request at once, 10 running, so ``max_running_requests`` >= 10). Writes ``e2e_tiny_dsv4.log``, ``e2e_results.json`` and ``phase_logs.tgz`` to
-``$OUT`` (or ``--out``).
+(e2e_spec_boundary.py: every request at once, 10 running, so ``max_running_requests`` >= 10).
+Writes ``e2e_tiny_dsv4.log``, ``e2e_results.json`` and ``phase_logs.tgz`` to ``$OUT`` (or
+``--out``).
 """
 
 from __future__ import annotations
