@@ -32,7 +32,10 @@ a pass:
   MIXED step and were counted apart (``draft_steps_seen.*``, ``draft_replays_seen``), no other
   fallback, and layers split only as many times as the target has layers. Where the split-off
   breakable arm already differs from the reference, its check says that is upstream's replay
-  under EAGLE (SGLang issue 29985), and the split arms are also compared with it;
+  under EAGLE (SGLang issue 29985), and the split arms are also compared with it; with the
+  overlap scheduler off (``-noovl``) the reference is ``spec-eager-off-noovl``; with tail graphs
+  (``-tail``) every split layer's decode tail replayed from its graph (``tail_graph_replays`` =
+  the layers split, no ``tail_graph_eager.*``);
 * the boundary workload: the decode rows of the target's MIXED steps had every context length of
   ``e2e_workload.boundary_lens`` (the SWA window, the page, the c4 top-k threshold, each crossed);
 * the pressure workload (small pool, client aborts): the requests the client aborts are left out
@@ -118,19 +121,24 @@ class PhaseRecord:
     max_running: int = 0  # the Engine's max_running_requests (all ranks)
     probe: dict = field(default_factory=dict)  # GLM-5 phases: e2e_glm5.read_probe of the phase
     spec: bool = False  # a speculative phase (EAGLE over the next-n layer)
+    tail_graphs: bool = False  # the -tail variant: SGLANG_MIXGRAPH_SPLIT_TAIL_GRAPHS=1
+    no_overlap: bool = False  # the -noovl variant: SGLang's overlap scheduler off
     spec_counts: dict = field(default_factory=dict)  # rid -> e2e_phase.spec_counts
     boundary_lens: tuple[int, ...] = ()  # the boundary workload: context lengths rows must cross
+    logprob_rids: tuple[str, ...] = ()  # requests with return_logprob (speculative workloads)
+    logprobs: dict[str, int] = field(default_factory=dict)  # rid -> output-token logprobs
 
     @property
     def is_baseline(self) -> bool:
         """A ``<graph>-off`` phase: the tokens every other phase of its graph mode must equal;
-        under speculation only the eager one (``spec-eager-off``)."""
+        under speculation only the eager one (``spec-eager-off``, ``spec-eager-off-noovl``)."""
         return (
             self.split == "off"
             and (not self.spec or self.graph == "eager")
             and not self.read_done
             and not self.drop_empty
             and not self.live_width
+            and not self.tail_graphs
         )
 
 
@@ -341,6 +349,8 @@ def check_phase(
         checks.append(_pool_pressure(rec))
     if rec.boundary_lens:
         checks.append(_boundary_crossed(rec))
+    if rec.logprob_rids:
+        checks.extend(_logprob_unmixed(rec))
     if rec.spec:
         checks.extend(_speculative(rec, baseline, upstream_arm, mixed_eager + mixed_graph, policy))
     elif not rec.is_baseline:
@@ -537,6 +547,33 @@ def _boundary_crossed(rec: PhaseRecord) -> Check:
     )
 
 
+def _logprob_unmixed(rec: PhaseRecord) -> list[Check]:
+    """A return_logprob request: its logprobs came back, and from its prefill to its last step
+    (the target's steps whose batch returns logprobs, ``"logprob"`` in the step log) the prompt
+    that arrived beside it ran as EXTEND steps, no step MIXED (upstream mixes none then)."""
+    missing = {r: rec.logprobs.get(r, 0) for r in rec.logprob_rids if not rec.logprobs.get(r)}
+    target = [s for s in rec.steps if not s.get("draft")]
+    marked = [i for i, s in enumerate(target) if s.get("logprob")]
+    window = target[marked[0] : marked[-1] + 1] if marked else []
+    modes = Counter(s["mode"] for s in window)
+    return [
+        Check(
+            rec.name,
+            "the return_logprob requests got their logprobs",
+            not missing,
+            f"none for {missing}" if missing else f"{dict(sorted(rec.logprobs.items()))}",
+        ),
+        Check(
+            rec.name,
+            "no MIXED step while a return_logprob request ran (the prompt beside it as EXTEND)",
+            bool(marked) and modes["MIXED"] == 0 and modes["EXTEND"] > 1,
+            f"steps from its prefill to its last: {dict(sorted(modes.items()))}"
+            if marked
+            else "no step returned logprobs",
+        ),
+    ]
+
+
 def _pool_pressure(rec: PhaseRecord) -> Check:
     """The pressure workload did what it is for: the scheduler retracted decoding requests and
     the radix cache evicted (the pool log, e2e_pool_log.py)."""
@@ -625,11 +662,29 @@ def _speculative(
         out.append(_tokens_equal(rec, upstream_arm))
     if rec.split != "off":
         out.extend(_draft_counted_apart(rec, mixed, policy))
+    if rec.tail_graphs:
+        out.append(_tails_replayed(rec))
     return out
 
 
+def _tails_replayed(rec: PhaseRecord) -> Check:
+    """The -tail variant: every split layer's decode tail replayed from its CUDA graph (eager
+    phases capture nothing else, so no call may have found the stream capturing)."""
+    ev = _events(rec)
+    layers = sum(ev.get(f"layers_split.c{r}", 0) for r in RATIOS)
+    replays = ev.get("tail_graph_replays", 0)
+    eager = {k: n for k, n in ev.items() if k.startswith("tail_graph_eager.")}
+    return Check(
+        rec.name,
+        "every split layer's decode tail replayed from its graph (tail_graph_replays)",
+        replays == layers > 0 and not eager,
+        f"tail_graph_replays {replays} of {layers} layers split; eager calls {eager or 'none'}",
+    )
+
+
 def _accept_length_equal(rec: PhaseRecord, reference: PhaseRecord | None, why: str) -> Check:
-    name = f"accept length equals {SPEC_REFERENCE}'s (within {ACCEPT_LENGTH_TOLERANCE:.0%})"
+    ref_name = reference.name if reference is not None else SPEC_REFERENCE
+    name = f"accept length equals {ref_name}'s (within {ACCEPT_LENGTH_TOLERANCE:.0%})"
     if reference is None or not reference.ran:
         return Check(rec.name, name, False, "the reference did not run")
     mine, ref = accept_length(rec), accept_length(reference)

@@ -26,6 +26,16 @@ def _params(max_new: int) -> dict:
     return {"temperature": 0.0, "max_new_tokens": max_new, "ignore_eos": True}
 
 
+def _logprob(r: W.Request) -> dict:
+    return {"return_logprob": True} if r.logprob else {}
+
+
+def _logprobs(output: dict) -> int:
+    """Output-token logprobs of a finished request (cumulative in the last chunk, SGLang's
+    default ``incremental_streaming_output`` off)."""
+    return len((output.get("meta_info") or {}).get("output_token_logprobs") or ())
+
+
 def _route(*reqs: W.Request) -> dict:
     """``routed_dp_rank`` for requests pinned to one attention-DP rank (one per call upstream)."""
     ranks = {r.dp_rank for r in reqs}
@@ -48,7 +58,11 @@ async def _staggered(engine, seg: W.Segment) -> dict:
     The last output of each request, by rid."""
     streams = [
         await engine.async_generate(
-            input_ids=list(r.prompt), sampling_params=_params(r.max_new), stream=True, **_route(r)
+            input_ids=list(r.prompt),
+            sampling_params=_params(r.max_new),
+            stream=True,
+            **_route(r),
+            **_logprob(r),
         )
         for r in seg.first
     ]
@@ -56,7 +70,10 @@ async def _staggered(engine, seg: W.Segment) -> dict:
     late = [
         asyncio.ensure_future(
             engine.async_generate(
-                input_ids=list(r.prompt), sampling_params=_params(r.max_new), **_route(r)
+                input_ids=list(r.prompt),
+                sampling_params=_params(r.max_new),
+                **_route(r),
+                **_logprob(r),
             )
         )
         for r in seg.then
@@ -150,10 +167,11 @@ def run(engine_kwargs: dict) -> dict:
         chunk=int(engine_kwargs.get("chunked_prefill_size", 256)) // dp,
         workload=os.environ.get("MIXGRAPH_E2E_WORKLOAD", "full"),
         dp=dp,
+        spec=bool(engine_kwargs.get("speculative_algorithm")),
     )
     res["expected_lens"] = {r.rid: r.max_new for r in W.all_requests(segments)}
     res["abort_targets"] = W.abort_targets(segments)
-    finish_reasons, spec = {}, {}
+    finish_reasons, spec, logprobs = {}, {}, {}
     t0 = time.time()
     engine = sgl.Engine(**engine_kwargs)
     res["timings"]["engine_start_s"] = round(time.time() - t0, 1)
@@ -176,10 +194,13 @@ def run(engine_kwargs: dict) -> dict:
                 last = {r.rid: o for r, o in zip(seg.first, outs, strict=False)}
             outputs.update({rid: list(o["output_ids"]) for rid, o in last.items()})
             spec.update({rid: c for rid, o in last.items() if (c := spec_counts(o)) is not None})
+            asked = {r.rid for r in seg.first + seg.then if r.logprob}
+            logprobs.update({rid: _logprobs(o) for rid, o in last.items() if rid in asked})
         res["timings"][f"{seg.name}_s"] = round(time.time() - t0, 2)
     res["outputs"] = outputs
     res["finish_reasons"] = finish_reasons
     res["spec"] = spec
+    res["logprobs"] = logprobs
     interval = float(os.environ.get("SGLANG_MIXGRAPH_COUNTERS_LOG_INTERVAL") or 0)
     time.sleep(3 * interval)
     res["ok"] = True

@@ -12,11 +12,15 @@ check ``war_snapshot_check`` raises on a shared-table read after it. Its baselin
 ``<graph>-<split>`` phases plus ``bcg-off-rd`` and ``bcg-always-rd`` (the graph mode that replays
 prefill and MIXED steps, without and with the split).
 
-The speculative phases ``spec-<graph>-<split>`` (``spec`` names the five of ``SPEC_DEFAULT``) serve
+The speculative phases ``spec-<graph>-<split>`` (``spec`` names the eight of ``SPEC_DEFAULT``) serve
 the tiny model with one next-n layer (``tiny_dsv4_mtp_config.json``) under EAGLE (``SPEC_KWARGS``:
 2 draft steps, top-k 1, 3 draft tokens). Every one of them is compared with ``spec-eager-off``,
 eager upstream, never with a breakable arm: upstream keeps that graph off for a speculative
-DeepSeek-V4 (SGLang issue 29985), so ``spec-bcg-off`` is itself under test.
+DeepSeek-V4 (SGLang issue 29985), so ``spec-bcg-off`` is itself under test. Two variants apply
+to them only: ``-tail`` (the split's decode tails replayed from their CUDA graphs,
+``SGLANG_MIXGRAPH_SPLIT_TAIL_GRAPHS=1``; split phases only) and ``-noovl`` (SGLang's overlap
+scheduler off, ``disable_overlap_schedule``: the synchronous EAGLE path), whose reference is
+``spec-eager-off-noovl``.
 
 ``KERNEL_ENV``/``KERNEL_ENGINE`` (``sglang_mixgraph.kits.gpu_machine``, shared with
 tools/rank-slice) select, through upstream's own flags, the kernels that exist on the GPU machine:
@@ -28,7 +32,7 @@ anything.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sglang_mixgraph.kits.gpu_machine import (
     KERNEL_ENGINE,
@@ -56,12 +60,18 @@ SPEC_KWARGS = {
     "speculative_num_draft_tokens": 3,
 }
 SPEC_REFERENCE = "spec-eager-off"
+NO_OVERLAP_SUFFIX = "-noovl"
 SPEC_DEFAULT = (
     SPEC_REFERENCE,
     "spec-eager-always",
     "spec-bcg-off",
     "spec-bcg-always",
     "spec-bcg-adaptive",
+    # the split in eager steps with its decode tails replayed from graphs
+    "spec-eager-always-tail",
+    # the overlap scheduler off: the split arm against upstream's no-overlap reference
+    SPEC_REFERENCE + NO_OVERLAP_SUFFIX,
+    "spec-eager-always" + NO_OVERLAP_SUFFIX,
 )
 CONFIG = "tiny_dsv4_config.json"
 MTP_CONFIG = "tiny_dsv4_mtp_config.json"  # the same model with one next-n layer
@@ -69,14 +79,18 @@ MTP_CONFIG = "tiny_dsv4_mtp_config.json"  # the same model with one next-n layer
 
 @dataclass(frozen=True)
 class Variant:
-    """A patch added to a ``<graph>-<split>`` phase: the Phase field, the name suffix, its env."""
+    """A setting added to a ``<graph>-<split>`` phase: the Phase field, the name suffix, its env,
+    its Engine arguments, whether only speculative phases (``spec``) or only the others take it."""
 
     field: str
     suffix: str
     env: Mapping[str, str]
+    engine: Mapping[str, object] = field(default_factory=dict)
+    spec: bool = False
 
 
-# In name order (``bcg-always-rd-des-lw``). Only -rd is in the default list; the others by name.
+# In name order (``bcg-always-rd-des-lw``, ``spec-eager-always-tail-noovl``). Only -rd is in the
+# default list, -tail and -noovl in ``spec``; the others by name.
 VARIANTS = (
     Variant("read_done", RD_SUFFIX, READ_DONE_ENV),
     # breakable graphs never launch their empty segments (patch drop_empty_segments)
@@ -89,6 +103,8 @@ VARIANTS = (
         "-lw",
         {"SGLANG_OPT_DSV4_BCG_LIVE_WIDTH_INDEXER": "1", "SGLANG_OPT_USE_MULTI_STREAM_OVERLAP": "0"},
     ),
+    Variant("tail_graphs", "-tail", {"SGLANG_MIXGRAPH_SPLIT_TAIL_GRAPHS": "1"}, spec=True),
+    Variant("no_overlap", NO_OVERLAP_SUFFIX, {}, {"disable_overlap_schedule": True}, spec=True),
 )
 
 # Chunked prefill: every prompt longer than this is split into MIXED steps. With the radix cache
@@ -146,6 +162,8 @@ class Phase:
     drop_empty: bool = False
     live_width: bool = False
     spec: bool = False  # EAGLE over the next-n layer (SPEC_KWARGS)
+    tail_graphs: bool = False
+    no_overlap: bool = False
 
     @property
     def name(self) -> str:
@@ -155,8 +173,16 @@ class Phase:
     @property
     def baseline(self) -> str:
         """The phase whose tokens this one must reproduce: under speculation always the eager
-        one (upstream's breakable arm is not a reference there)."""
-        return SPEC_REFERENCE if self.spec else f"{self.graph}-off"
+        one with the same scheduler (upstream's breakable arm is not a reference there)."""
+        if not self.spec:
+            return f"{self.graph}-off"
+        return SPEC_REFERENCE + (NO_OVERLAP_SUFFIX if self.no_overlap else "")
+
+    @property
+    def upstream_arm(self) -> str:
+        """The split-off phase of this one's graph mode and scheduler (a speculative split arm
+        is also read against it where it differs from the reference)."""
+        return Phase(self.graph, "off", spec=self.spec, no_overlap=self.no_overlap).name
 
     @property
     def config(self) -> str:
@@ -179,6 +205,9 @@ class Phase:
         kwargs.update(KERNEL_ENGINE[kernels])
         kwargs.update(_GRAPH_KWARGS[self.graph])
         kwargs.update(attention_dp_engine_kwargs(dp, CHUNK, MAX_RUNNING))
+        for v in VARIANTS:
+            if getattr(self, v.field):
+                kwargs.update(v.engine)
         if self.spec:
             kwargs.update(SPEC_KWARGS)
             # The draft takes its own top-k backend (default sgl-kernel, absent from the kit's
@@ -206,7 +235,7 @@ class Phase:
 
 
 def parse(names: list[str]) -> list[Phase]:
-    """Phase names (``all`` or none: the default eleven; ``spec``: the five speculative ones), in
+    """Phase names (``all`` or none: the default eleven; ``spec``: the eight speculative ones), in
     the order a run needs them."""
     if not names or names == ["all"]:
         names = [f"{g}-{s}" for s in SPLITS for g in GRAPHS] + [n + RD_SUFFIX for n in DEFAULT_RD]
@@ -225,9 +254,14 @@ def parse(names: list[str]) -> list[Phase]:
                 f"unknown phase {name!r}: [{SPEC_PREFIX}]<{'|'.join(GRAPHS)}>-<{'|'.join(SPLITS)}>"
                 + "".join(f"[{v.suffix}]" for v in VARIANTS)
             )
-        if spec and any(on.values()):
-            # Their checks assume no speculation (read-done is never published under EAGLE).
-            raise ValueError(f"unknown phase {name!r}: a speculative phase takes no suffix")
+        wrong = [v.suffix for v in VARIANTS if on[v.field] and v.spec != spec]
+        if wrong:
+            # The others' checks assume no speculation (read-done is never published under
+            # EAGLE); -tail and -noovl are read against the speculative references.
+            kind = "a speculative phase" if spec else "a phase without speculation"
+            raise ValueError(f"unknown phase {name!r}: {kind} takes no {'/'.join(wrong)}")
+        if on["tail_graphs"] and split == "off":
+            raise ValueError(f"unknown phase {name!r}: -tail needs the split on")
         phases.append(Phase(graph, split, spec=spec, **on))
     # Baselines first: every other phase is compared with them.
     return sorted(

@@ -88,6 +88,8 @@ def _wrap_forward(model_runner_module) -> None:
                 "graph": bool(getattr(out, "can_run_graph", False)),
                 "ms": round(ms, 3),
                 **({"draft": True} if getattr(self, "is_draft_worker", False) else {}),
+                # a batch with a return_logprob request (SGLang mixes no prefill into it)
+                **({"logprob": True} if getattr(forward_batch, "return_logprob", False) else {}),
                 **shape,
             }
             with open(path, "a") as f:

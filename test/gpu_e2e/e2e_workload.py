@@ -30,6 +30,12 @@ requests to ranks (``routed_dp_rank``):
   runs MIXED steps while the others have only decode rows, which SGLang relabels to EXTEND under
   the breakable prefill graph (``convert_decode_to_extend``) to run one prefill graph on all ranks.
 
+Under speculative decoding (``spec``) the full, short and boundary workloads end with the
+``logprob`` segment: one streamed request with ``return_logprob``; once it decodes, a prompt of
+three chunks arrives. SGLang mixes no prefill into a batch that returns logprobs
+(``Scheduler.get_new_batch_prefill``: not with ``new_batch.return_logprob or
+running_batch.return_logprob``), so those chunks run as EXTEND steps, none MIXED.
+
 The ``boundary`` workload (``BOUNDARY``) puts decode rows of MIXED steps at the context lengths
 where the decode tail's inputs change shape: the SWA window (127/128/129), the KV page
 (255/256/257) and the c4 indexer's top-k threshold (2047/2048/2049, where the compressed keys
@@ -37,7 +43,8 @@ outgrow the top-k); multiples of 4 and 128 fall on the way. For each boundary tw
 their prompt ``BOUNDARY_OFFSETS`` tokens below it and decode; once each has produced a token, a
 late prompt of ``BOUNDARY_CHUNKS`` chunks arrives, whose chunks run as MIXED steps with those
 rows, each step one token further. The offsets leave room for the tokens a row decodes before
-the late prompt's first chunk (speculative steps may accept several at once).
+the late prompt's first chunk. Under speculative decoding (``spec``) the boundary workload is
+e2e_spec_boundary.py's instead: every request sent at once, three rows per boundary.
 
 Pure Python, no sglang: the CPU tests check the properties above.
 """
@@ -81,6 +88,7 @@ class Request:
     max_new: int
     abort_after: int | None = None  # the client aborts after this many streamed tokens
     dp_rank: int | None = None  # the attention-DP rank SGLang must run it on (routed_dp_rank)
+    logprob: bool = False  # return_logprob: SGLang forms no MIXED step while it runs
 
 
 @dataclass(frozen=True)
@@ -116,13 +124,35 @@ BOUNDARY_CHUNKS = 32  # the late prompt's chunks: MIXED steps that carry the row
 BOUNDARY_MARGIN = 48  # tokens each row still decodes after the late prompt's chunks
 
 
+LOGPROB = "logprob"
+LOGPROB_WORKLOADS = ("full", "short", BOUNDARY)  # those that end with it under speculation
+LOGPROB_NEW = 96  # its tokens: it still decodes well after the late prompt's three chunks
+
+
+def _logprob_segment(rng: random.Random, chunk: int) -> Segment:
+    lp = Request("lp_req", _prompt(rng, 200), LOGPROB_NEW, logprob=True)
+    return Segment(LOGPROB, (lp,), (Request("lp_late", _prompt(rng, 3 * chunk - 100), 8),))
+
+
+def logprob_rids(workload: str, spec: bool) -> tuple[str, ...]:
+    """The requests of a workload that ask for logprobs."""
+    if not spec or workload not in LOGPROB_WORKLOADS:
+        return ()
+    return tuple(r.rid for r in all_requests(build(workload=workload, spec=True)) if r.logprob)
+
+
 def boundary_lens() -> tuple[int, ...]:
     """Every context length a decode row of a MIXED step must have had in the boundary workload."""
     return tuple(sorted(n for lens in BOUNDARY_CROSSINGS.values() for n in lens))
 
 
-def engine_overrides(workload: str) -> dict[str, object]:
-    """Engine arguments a workload needs (the pressure workload's small pools)."""
+def engine_overrides(workload: str, spec: bool = False) -> dict[str, object]:
+    """Engine arguments a workload needs (the pressure workload's small pools, the speculative
+    boundary workload's window pool)."""
+    if workload == BOUNDARY and spec:
+        import e2e_spec_boundary
+
+        return dict(e2e_spec_boundary.ENGINE_OVERRIDES)
     if workload != PRESSURE:
         return {}
     return {
@@ -181,8 +211,11 @@ def _boundary_segments(rng: random.Random, chunk: int) -> list[Segment]:
     return [Segment("boundary", rows, late)]
 
 
-def build(seed: int = 0, chunk: int = 256, workload: str = "full", dp: int = 1) -> list[Segment]:
-    """``chunk`` is the chunked prefill per rank; ``dp`` the attention-DP ranks (``dp`` workload)."""
+def build(
+    seed: int = 0, chunk: int = 256, workload: str = "full", dp: int = 1, spec: bool = False
+) -> list[Segment]:
+    """``chunk`` is the chunked prefill per rank; ``dp`` the attention-DP ranks (``dp`` workload);
+    ``spec``: for a speculative engine (the boundary workload differs)."""
     if workload not in WORKLOADS:
         raise ValueError(f"workload must be one of {WORKLOADS}, got {workload!r}")
     if dp < 1:
@@ -190,6 +223,10 @@ def build(seed: int = 0, chunk: int = 256, workload: str = "full", dp: int = 1) 
     rng = random.Random(seed)
     if workload == PRESSURE:
         return _pressure_segments(rng)
+    if workload == BOUNDARY and spec:
+        import e2e_spec_boundary  # it builds on this module
+
+        return [*e2e_spec_boundary.segments(rng, chunk), _logprob_segment(rng, chunk)]
     if workload == BOUNDARY:
         return _boundary_segments(rng, chunk)
 
@@ -219,11 +256,20 @@ def build(seed: int = 0, chunk: int = 256, workload: str = "full", dp: int = 1) 
     ]
     if workload == DP:
         return segments[:2] + _dp_segments(rng, chunk, dp)
-    return segments if workload == "full" else segments[:2]
+    segments = segments if workload == "full" else segments[:2]
+    return [*segments, _logprob_segment(rng, chunk)] if spec else segments
 
 
 def all_requests(segments: list[Segment]) -> list[Request]:
     return [r for s in segments for r in s.first + s.then]
+
+
+def concurrent_requests(workload: str, segments: list[Segment], spec: bool = False) -> int:
+    """The running requests a workload needs at once to do what it is for (0: queueing is
+    harmless): the speculative boundary workload's rows must all decode through the late chunks."""
+    if workload == BOUNDARY and spec:
+        return max(len(s.first) + len(s.then) for s in segments)
+    return 0
 
 
 def peak_tokens(segments: list[Segment]) -> int:

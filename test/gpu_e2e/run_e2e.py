@@ -19,10 +19,14 @@ evictions. ``--workload boundary`` puts decode rows of MIXED steps across the SW
 the c4 top-k threshold, and checks from the step log that they crossed. ``--model glm5`` runs the tiny GLM-5 instead, with the phases and checks of
 e2e_glm5.py (graph mode x ``drop_empty_segments``, the probe e2e_glm5_probe.py in every process;
 ``glm5-eager`` is the baseline) and writes ``e2e_tiny_glm5.log``. ``--dp N --workload dp`` runs every phase with attention data parallelism over N GPUs
-and adds per-rank checks (e2e_checks.py). ``spec`` (or ``spec-<graph>-<split>`` by name) runs the
-speculative phases: EAGLE over the tiny model's one next-n layer (``tiny_dsv4_mtp_config.json``),
-each compared with eager upstream (``spec-eager-off``) in tokens and accept length. Writes ``e2e_tiny_dsv4.log``, ``e2e_results.json`` and ``phase_logs.tgz`` to
-``$OUT`` (or ``--out``).
+and adds per-rank checks (e2e_checks.py). ``spec`` (or ``spec-<graph>-<split>[-tail][-noovl]`` by
+name) runs the eight speculative phases: EAGLE over the tiny model's one next-n layer
+(``tiny_dsv4_mtp_config.json``), each compared with eager upstream (``spec-eager-off``, or
+``spec-eager-off-noovl`` with the overlap scheduler off) in tokens and accept length; their
+workloads end with a return_logprob request, and ``--workload boundary`` is the speculative one
+(e2e_spec_boundary.py: every request at once, 10 running, so ``max_running_requests`` >= 10).
+Writes ``e2e_tiny_dsv4.log``, ``e2e_results.json`` and ``phase_logs.tgz`` to ``$OUT`` (or
+``--out``).
 """
 
 from __future__ import annotations
@@ -190,6 +194,8 @@ def run_wave(
             kwargs = phase.engine_kwargs(
                 os.path.join(work, model_dir(phase)), radix=radix, slot=slot, dp=dp, kernels=kernels
             )
+            # The workload's own arguments (the pressure workload's pool), then the command line's.
+            kwargs.update(W.engine_overrides(workload, spec=getattr(phase, "spec", False)))
             kwargs.update(override)
             with open(os.path.join(d, "kwargs.json"), "w") as f:
                 json.dump(kwargs, f)
@@ -289,6 +295,8 @@ def collect(phase, work, logs, seconds, timed_out, workload="full", dp=1) -> dic
         read_done=phase.read_done,
         drop_empty=phase.drop_empty,
         live_width=phase.live_width,
+        tail_graphs=getattr(phase, "tail_graphs", False),
+        no_overlap=getattr(phase, "no_overlap", False),
         ran=bool(out.get("ok")),
         error=error,
         outputs=out.get("outputs", {}),
@@ -306,6 +314,8 @@ def collect(phase, work, logs, seconds, timed_out, workload="full", dp=1) -> dic
         pool=PL.summarize(pool_events),
         pool_pressure=workload == W.PRESSURE,
         boundary_lens=W.boundary_lens() if workload == W.BOUNDARY else (),
+        logprob_rids=W.logprob_rids(workload, getattr(phase, "spec", False)),
+        logprobs=out.get("logprobs", {}),
         probe=G.read_probe(os.path.join(d, "steps")),
         spec=getattr(phase, "spec", False),
         spec_counts=out.get("spec", {}),
@@ -359,8 +369,8 @@ def main() -> int:
     ap.add_argument(
         "phases",
         nargs="*",
-        help="e.g. eager-off bcg-always-rd (default: the eleven); spec (the five speculative "
-        "phases) or spec-bcg-always; glm5-bcg-des with --model glm5",
+        help="e.g. eager-off bcg-always-rd (default: the eleven); spec (the eight speculative "
+        "phases) or spec-bcg-always, spec-eager-always-tail-noovl; glm5-bcg-des with --model glm5",
     )
     ap.add_argument(
         "--model",
@@ -452,12 +462,23 @@ def main() -> int:
         ap.error(
             "--model glm5 runs on one GPU with the stand-in kernels (--dp 1 --kernels standin)"
         )
-    segs = W.build(chunk=P.CHUNK, workload=args.workload, dp=args.dp)
+    spec = any(getattr(p, "spec", False) for p in phases)
+    if spec and args.workload == W.BOUNDARY and not all(p.spec for p in phases):
+        ap.error("--workload boundary differs under speculation: run the spec phases apart")
+    segs = W.build(chunk=P.CHUNK, workload=args.workload, dp=args.dp, spec=spec)
     with open(config_path) as f:
         config = json.load(f)
     policy = None if glm5 else C.AdaptivePolicy.for_model(config)
+    cmdline = json.loads(args.engine_override)
     # The workload's own arguments (the pressure workload's pool), then the command line's.
-    override = dict(W.engine_overrides(args.workload), **json.loads(args.engine_override))
+    override = dict(W.engine_overrides(args.workload, spec=spec), **cmdline)
+    needed = W.concurrent_requests(args.workload, segs, spec=spec)
+    running = int(override.get("max_running_requests", P.MAX_RUNNING))
+    if needed > running:
+        ap.error(
+            f"--workload {args.workload} needs {needed} requests running at once, "
+            f"max_running_requests is {running}: raise it with --engine-override"
+        )
     log(
         f"phases: {[p.name for p in phases]}; chunk {P.CHUNK}, max running {P.MAX_RUNNING}, "
         f"{len(W.all_requests(segs))} requests in segments "
@@ -480,7 +501,7 @@ def main() -> int:
             f"adaptive checked against the cost model {policy.coeffs.arch} (margin "
             f"{policy.coeffs.margin}), top-k {policy.topk}, ratios {sorted(policy.ratios)}"
         )
-    if any(getattr(p, "spec", False) for p in phases):
+    if spec:
         log(
             f"speculative phases: {json.dumps(P.SPEC_KWARGS)} over {P.MTP_CONFIG} (one next-n "
             f"layer), each compared with {P.SPEC_REFERENCE} (accept length within "
@@ -504,7 +525,7 @@ def main() -> int:
         parallel=args.parallel,
         log=log,
         workload=args.workload,
-        override=override,
+        override=cmdline,
         dp=args.dp,
         kernels=args.kernels,
         churn=args.churn,
@@ -557,7 +578,7 @@ def main() -> int:
             base = None if phase.is_baseline else results.get(phase.baseline, {}).get("record")
             # A speculative split arm is also read against the split-off arm of its graph mode.
             upstream = (
-                results.get(f"{P.SPEC_PREFIX}{phase.graph}-off", {}).get("record")
+                results.get(phase.upstream_arm, {}).get("record")
                 if getattr(phase, "spec", False) and phase.split != "off"
                 else None
             )

@@ -60,7 +60,9 @@ def _argv(kwargs: dict) -> list[str]:
     return argv
 
 
-@pytest.mark.parametrize("name", ["spec-eager-always", "spec-bcg-always"])
+@pytest.mark.parametrize(
+    "name", ["spec-eager-always", "spec-bcg-always", "spec-eager-always-noovl"]
+)
 def test_sglang_resolves_the_speculative_phase_with_the_next_n_model(tmp_path, name):
     from sglang_mixgraph.resolution.resolve import resolve
 
@@ -77,6 +79,8 @@ def test_sglang_resolves_the_speculative_phase_with_the_next_n_model(tmp_path, n
     assert got["enable_mixed_chunk"] is True and got["chunked_prefill_size"] == P.CHUNK
     assert got["speculative_moe_runner_backend"] == "triton"
     assert got["speculative_dsa_topk_backend"] == got["dsa_topk_backend"] == "torch"
+    # The overlap scheduler stays on under EAGLE unless the phase turns it off (-noovl).
+    assert got["disable_overlap_schedule"] is phase.no_overlap
     if phase.graph == "bcg":
         assert got["cuda_graph_backend_prefill"] == "breakable"
     else:
@@ -86,18 +90,34 @@ def test_sglang_resolves_the_speculative_phase_with_the_next_n_model(tmp_path, n
 # ---- the phase table ---------------------------------------------------------------------------
 
 
-def test_spec_names_the_five_phases_with_the_eager_reference_first():
+def test_spec_names_the_eight_phases_with_the_eager_references_first():
     assert [p.name for p in SPEC] == [
         "spec-eager-off",
+        "spec-eager-off-noovl",
         "spec-bcg-off",
         "spec-eager-always",
+        "spec-eager-always-noovl",
+        "spec-eager-always-tail",
         "spec-bcg-always",
         "spec-bcg-adaptive",
     ]
-    assert all(p.spec and p.baseline == P.SPEC_REFERENCE for p in SPEC)
+    # Each is read against the eager reference of its scheduler (overlap on or off).
+    assert {p.name: p.baseline for p in SPEC if p.no_overlap} == {
+        "spec-eager-off-noovl": "spec-eager-off-noovl",
+        "spec-eager-always-noovl": "spec-eager-off-noovl",
+    }
+    assert all(p.spec and p.baseline == P.SPEC_REFERENCE for p in SPEC if not p.no_overlap)
     # The breakable split-off arm is under test, never a reference.
-    assert [p.name for p in SPEC if p.is_baseline] == [P.SPEC_REFERENCE]
+    assert [p.name for p in SPEC if p.is_baseline] == [P.SPEC_REFERENCE, "spec-eager-off-noovl"]
     assert all(P.parse([p.name]) == [p] for p in SPEC)
+    # The split-off arm of a split phase's graph mode and scheduler.
+    assert {p.name: p.upstream_arm for p in SPEC if p.split != "off"} == {
+        "spec-eager-always": "spec-eager-off",
+        "spec-eager-always-noovl": "spec-eager-off-noovl",
+        "spec-eager-always-tail": "spec-eager-off",
+        "spec-bcg-always": "spec-bcg-off",
+        "spec-bcg-adaptive": "spec-bcg-off",
+    }
     # Beside the non-speculative phases: their baselines first, then the speculative ones.
     mixed = P.parse(["spec-bcg-always", "bcg-always", "bcg-off", "spec-eager-off"])
     assert [p.name for p in mixed] == [
@@ -106,9 +126,22 @@ def test_spec_names_the_five_phases_with_the_eager_reference_first():
         "bcg-always",
         "spec-bcg-always",
     ]
-    for bad in ("spec-bcg-off-rd", "spec-eager-always-des", "spec-fast-off", "spec-"):
+    bad_names = (
+        "spec-bcg-off-rd",
+        "spec-eager-always-des",
+        "spec-fast-off",
+        "spec-",
+        "bcg-always-tail",  # -tail and -noovl are speculative variants only
+        "eager-off-noovl",
+        "spec-eager-off-tail",  # tail graphs act in split layers only
+        "spec-eager-always-noovl-tail",  # suffixes in VARIANTS order
+    )
+    for bad in bad_names:
         with pytest.raises(ValueError, match="unknown phase"):
             P.parse([bad])
+    assert P.parse(["spec-bcg-always-tail-noovl"])[0].engine_kwargs("/m", radix=False, slot=0)[
+        "disable_overlap_schedule"
+    ]
 
 
 @pytest.mark.parametrize("kernels", ["standin", "faithful"])
@@ -121,9 +154,16 @@ def test_a_spec_phase_is_its_phase_plus_eagle_and_the_next_n_model(kernels):
         base = plain.engine_kwargs("/m", radix=True, slot=2, kernels=kernels)
         extra = {k: v for k, v in kw.items() if k not in base}
         assert {k: kw[k] for k in base} == base
-        assert extra == dict(P.SPEC_KWARGS, speculative_dsa_topk_backend=base["dsa_topk_backend"])
-        # The environment (the split's flags, the kernels) is the plain phase's.
-        assert p.env({}, radix=True, kernels=kernels) == plain.env({}, radix=True, kernels=kernels)
+        eagle = dict(P.SPEC_KWARGS, speculative_dsa_topk_backend=base["dsa_topk_backend"])
+        # -noovl: SGLang's overlap scheduler off (on by default, as in the other phases).
+        assert extra == (dict(eagle, disable_overlap_schedule=True) if p.no_overlap else eagle)
+        # The environment (the split's flags, the kernels) is the plain phase's, but -tail's flag.
+        env, plain_env = (
+            x.env({"SGLANG_MIXGRAPH_SPLIT_TAIL_GRAPHS": "0"}, radix=True, kernels=kernels)
+            for x in (p, plain)
+        )
+        tail = {"SGLANG_MIXGRAPH_SPLIT_TAIL_GRAPHS": "1" if p.tail_graphs else "0"}
+        assert env == dict(plain_env, **tail)
         assert (p.config, plain.config) == (P.MTP_CONFIG, P.CONFIG)
         assert (run_e2e.model_dir(p), run_e2e.model_dir(plain)) == ("model_mtp", "model")
 
@@ -156,12 +196,14 @@ DRAFT_FALLBACKS = {"spec_draft": 4}
 
 
 def _spec(name, *, outputs=TOKENS, counts=COUNTS, events=None, fallbacks=None, steps=STEPS):
-    graph, split = name.removeprefix(P.SPEC_PREFIX).split("-")
+    (phase,) = P.parse([name])
     return C.PhaseRecord(
         name=name,
-        split=split,
-        graph=graph,
+        split=phase.split,
+        graph=phase.graph,
         spec=True,
+        tail_graphs=phase.tail_graphs,
+        no_overlap=phase.no_overlap,
         ran=True,
         outputs=outputs,
         expected_lens={"r0": 3, "r1": 2},
@@ -317,6 +359,55 @@ def test_a_breakable_split_arm_is_also_compared_with_upstreams_breakable_arm():
     assert _failed(_check(same, _spec("spec-bcg-off", steps=BCG_STEPS))) == []
 
 
+def test_a_no_overlap_split_arm_is_read_against_the_no_overlap_reference():
+    ref = _spec("spec-eager-off-noovl", outputs=DIFFERS)
+    assert ref.is_baseline and _failed(C.check_phase(ref, None, POLICY)) == []
+    arm = _spec("spec-eager-always-noovl", events=SPLIT, fallbacks=DRAFT_FALLBACKS)
+    names = [c.name for c in C.check_phase(arm, ref, POLICY)]
+    assert "tokens equal spec-eager-off-noovl" in names
+    assert "accept length equals spec-eager-off-noovl's (within 1%)" in names
+    # Its tokens are those of the overlap-on reference, not of its own: it fails.
+    assert _failed(C.check_phase(arm, ref, POLICY)) == ["tokens equal spec-eager-off-noovl"]
+    same = _spec(
+        "spec-eager-always-noovl", outputs=DIFFERS, events=SPLIT, fallbacks=DRAFT_FALLBACKS
+    )
+    assert _failed(C.check_phase(same, ref, POLICY)) == []
+
+
+TAILS = "every split layer's decode tail replayed from its graph (tail_graph_replays)"
+
+
+def test_a_tail_graph_arm_must_replay_every_split_layers_tail():
+    layers = sum(v for k, v in SPLIT.items() if k.startswith("layers_split."))
+    good = _spec(
+        "spec-eager-always-tail",
+        events=dict(SPLIT, tail_graph_replays=layers),
+        fallbacks=DRAFT_FALLBACKS,
+    )
+    assert not good.is_baseline and _failed(_check(good)) == []
+    assert (
+        _detail(_check(good), TAILS) == "tail_graph_replays 16 of 16 layers split; eager calls none"
+    )
+    bad = {
+        "flag without effect": {},
+        "one tail called eagerly": {
+            "tail_graph_replays": layers - 1,
+            "tail_graph_eager.capturing": 1,
+        },
+        "eager calls besides": {"tail_graph_replays": layers, "tail_graph_eager.too_many_rows": 1},
+    }
+    for why, extra in bad.items():
+        rec = _spec(
+            "spec-eager-always-tail", events=dict(SPLIT, **extra), fallbacks=DRAFT_FALLBACKS
+        )
+        assert _failed(_check(rec)) == [TAILS], why
+    # No split, no tail: zero replays of zero layers is a failure, not a pass.
+    none = _spec("spec-eager-always-tail", events={}, fallbacks=DRAFT_FALLBACKS)
+    assert TAILS in _failed(_check(none))
+    # The phases without the variant make no such check.
+    assert TAILS not in [c.name for c in _check(_spec("spec-eager-always", events=SPLIT))]
+
+
 def test_summary_shows_the_accept_length():
     assert "speculative: accept length 1.6667 over 3 verify steps of 2 requests" in C.summarize(REF)
 
@@ -336,6 +427,9 @@ shape = {"seq_lens": [900, 41], "extend_seq_lens": [256, 1], "num_decode": 1 if 
 steps = [dict(shape, mode="MIXED", bs=2, rows=257, graph=graph, ms=2.0)] * 2
 steps += [dict(shape, mode="MIXED", bs=2, rows=257, graph=False, ms=1.0, draft=True)] * 2
 steps += [{"mode": "TARGET_VERIFY", "bs": 2, "rows": 6, "graph": True, "ms": 1.0}]
+# The logprob segment: its request's steps marked, the prompt beside it as EXTEND.
+lp = {"mode": "TARGET_VERIFY", "bs": 1, "rows": 3, "graph": graph, "ms": 1.0, "logprob": True}
+steps += [lp] + [{"mode": "EXTEND", "bs": 1, "rows": 511, "graph": graph, "ms": 1.0}] * 3 + [lp]
 with open(os.path.join(os.environ["MIXGRAPH_E2E_STEP_LOG"], "steps_1.jsonl"), "w") as f:
     f.writelines(json.dumps(s) + "\\n" for s in steps)
 layers = {"layers_split.c0": 2, "layers_split.c4": 4, "layers_split.c128": 2}
@@ -347,12 +441,14 @@ elif split:
         "steps_seen.mixed_run_as_extend": 2, "steps_split": 2}, **layers)
 if split:
     events["draft_steps_seen.mixed_run_as_extend"] = 2
+    if os.environ.get("SGLANG_MIXGRAPH_SPLIT_TAIL_GRAPHS") == "1" and not adaptive:
+        events["tail_graph_replays"] = sum(layers.values())
     snap = {"pid": 7, "events": {"mixed_split": events}, "fallbacks": {"mixed_split": {"spec_draft": 2}}}
     print("[x] sglang-mixgraph counters " + json.dumps(snap))
 tokens = [1, 9] if graph and os.environ.get("FAKE_BCG_DIFFERS") == "1" else [1, 2]
 spec = {"r0": {"verify_ct": 1, "correct_drafts": 1, "tokens": 2}}
 json.dump({"ok": True, "outputs": {"r0": tokens}, "expected_lens": {"r0": 2}, "spec": spec,
-           "timings": {}}, open(out, "w"))
+           "logprobs": {"lp_req": 96}, "timings": {}}, open(out, "w"))
 """
 
 
@@ -382,7 +478,17 @@ def test_driver_runs_the_spec_phases_on_the_next_n_model(tmp_path, monkeypatch):
     assert all(r["accept_length"] == 2.0 for r in report["phases"].values())
     assert "[ok] the draft's steps counted apart (draft_steps_seen, draft_replays_seen)" in log
     assert "[ok] accept length equals spec-eager-off's (within 1%)" in log
+    assert "[ok] accept length equals spec-eager-off-noovl's (within 1%)" in log
+    assert "[ok] every split layer's decode tail replayed from its graph" in log
+    assert log.count("[ok] no MIXED step while a return_logprob request ran") == len(SPEC)
     assert '"speculative_algorithm": "EAGLE"' in log
+    kwargs = {
+        n: json.loads((tmp_path / "work" / n / "kwargs.json").read_text()) for n in report["phases"]
+    }
+    assert [n for n, kw in kwargs.items() if kw.get("disable_overlap_schedule")] == [
+        "spec-eager-off-noovl",
+        "spec-eager-always-noovl",
+    ]
 
 
 def test_driver_names_upstreams_breakable_arm_when_it_differs(tmp_path, monkeypatch):
@@ -436,25 +542,27 @@ class _SpecEngine:
         self.loop = asyncio.new_event_loop()
 
     @staticmethod
-    def _out(n, finished=True):
+    def _out(n, finished=True, logprob=False):
         meta = {
             "completion_tokens": n,
             "spec_verify_ct": -(-n // 2),
             "spec_num_correct_drafts": n // 2,
         }
-        return {"output_ids": [3] * n, "meta_info": meta if finished else {}}
+        if logprob:  # cumulative in every chunk (upstream's default streaming)
+            meta = dict(meta if finished else {}, output_token_logprobs=[(-0.5, 3, None)] * n)
+        return {"output_ids": [3] * n, "meta_info": meta if finished or logprob else {}}
 
     def generate(self, input_ids, sampling_params):
         return [self._out(p["max_new_tokens"]) for p in sampling_params]
 
-    async def async_generate(self, input_ids, sampling_params, stream=False):
+    async def async_generate(self, input_ids, sampling_params, stream=False, return_logprob=False):
         n = sampling_params["max_new_tokens"]
         if not stream:
-            return self._out(n)
+            return self._out(n, logprob=return_logprob)
 
         async def chunks():
             for i in range(1, n + 1):
-                yield self._out(i, finished=i == n)
+                yield self._out(i, finished=i == n, logprob=return_logprob)
 
         return chunks()
 
@@ -469,9 +577,12 @@ def test_phase_records_each_requests_speculative_counts(monkeypatch):
     monkeypatch.setitem(sys.modules, "sglang", SimpleNamespace(Engine=_SpecEngine))
     monkeypatch.setenv("MIXGRAPH_E2E_WORKLOAD", "short")
     monkeypatch.setenv("SGLANG_MIXGRAPH_COUNTERS_LOG_INTERVAL", "0")
-    res = e2e_phase.run({"chunked_prefill_size": P.CHUNK})
-    reqs = W.all_requests(W.build(chunk=P.CHUNK, workload="short"))
+    res = e2e_phase.run({"chunked_prefill_size": P.CHUNK, "speculative_algorithm": "EAGLE"})
+    reqs = W.all_requests(W.build(chunk=P.CHUNK, workload="short", spec=True))
     assert res["ok"] and set(res["spec"]) == {r.rid for r in reqs}
+    # The speculative workload's return_logprob request asked for them and got one per token.
+    assert [r.rid for r in reqs if r.logprob] == list(W.logprob_rids("short", spec=True))
+    assert res["logprobs"] == {"lp_req": W.LOGPROB_NEW}
     # Streamed requests (the staggered segment's first) report at their last chunk.
     for r in reqs:
         n = r.max_new
@@ -481,6 +592,67 @@ def test_phase_records_each_requests_speculative_counts(monkeypatch):
             "tokens": n,
         }
     assert e2e_phase.spec_counts({"output_ids": [1], "meta_info": {}}) is None
+
+
+LP_STEPS = [
+    {"mode": "MIXED", "graph": False, "seq_lens": [600, 41], "extend_seq_lens": [512, 1]},
+    {"mode": "EXTEND", "graph": False, "logprob": True},  # the logprob request's prefill
+    {"mode": "TARGET_VERIFY", "graph": False, "logprob": True},
+    *[{"mode": "EXTEND", "graph": False}] * 3,  # the prompt beside it, unmixed
+    {"mode": "MIXED", "graph": False, "draft": True},  # the draft's lines are no steps
+    {"mode": "TARGET_VERIFY", "graph": False, "logprob": True},
+    {"mode": "DECODE", "graph": False},
+]
+LP_GOT = "the return_logprob requests got their logprobs"
+LP_UNMIXED = "no MIXED step while a return_logprob request ran (the prompt beside it as EXTEND)"
+
+
+def _lp(steps=LP_STEPS, logprobs=None):
+    rec = _spec("spec-eager-off", steps=steps)
+    rec.logprob_rids = ("lp_req",)
+    rec.logprobs = {"lp_req": 96} if logprobs is None else logprobs
+    return rec
+
+
+def test_a_return_logprob_request_must_run_without_mixed_steps():
+    checks = _check(_lp())
+    assert _failed(checks) == []
+    assert _detail(checks, LP_UNMIXED) == (
+        "steps from its prefill to its last: {'EXTEND': 4, 'TARGET_VERIFY': 2}"
+    )
+    mixed = [*LP_STEPS[:4], LP_STEPS[0], *LP_STEPS[4:]]
+    assert _failed(_check(_lp(mixed))) == [LP_UNMIXED]
+    # The prompt beside it never came while it ran: nothing shows the rule.
+    alone = [s for s in LP_STEPS if not (s["mode"] == "EXTEND" and "logprob" not in s)]
+    assert _failed(_check(_lp(alone))) == [LP_UNMIXED]
+    unmarked = [{k: v for k, v in s.items() if k != "logprob"} for s in LP_STEPS]
+    assert _detail(_check(_lp(unmarked)), LP_UNMIXED) == "no step returned logprobs"
+    assert _failed(_check(_lp(logprobs={}))) == [LP_GOT]
+    # Without a logprob request in the workload, neither check is made.
+    assert LP_GOT not in [c.name for c in _check(_spec("spec-eager-off"))]
+
+
+def test_step_log_marks_batches_that_return_logprobs(tmp_path, monkeypatch):
+    import e2e_step_log as L
+    import torch
+    from test_e2e_harness import _batch
+
+    monkeypatch.setenv("MIXGRAPH_E2E_STEP_LOG", str(tmp_path))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+
+    class ModelRunner:
+        def forward(self, forward_batch):
+            return SimpleNamespace(can_run_graph=False)
+
+    L._wrap_forward(SimpleNamespace(ModelRunner=ModelRunner))
+    ModelRunner().forward(_batch("EXTEND", return_logprob=True))
+    ModelRunner().forward(_batch("EXTEND", return_logprob=False))
+    (log,) = tmp_path.glob("steps_*.jsonl")
+    assert [json.loads(line).get("logprob") for line in log.read_text().splitlines()] == [
+        True,
+        None,
+    ]
 
 
 def test_step_log_passes_a_forward_under_graph_capture_through_unsynchronized(
