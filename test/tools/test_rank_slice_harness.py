@@ -265,8 +265,22 @@ def test_step_summary_and_series_carry_the_thread_meter():
     assert s["cpu_ms"]["median"] == 295.0 and s["runq_ms"]["sum"] == 1.5 and s["vcsw"]["n"] == 3
     assert drv.mixed_series(rows)["host_ms"] == [300.0, 480.0, 310.0]
     assert drv.mixed_series(rows)["cpu_ms"] == [290.0, 295.0, 300.0]
+    assert drv.mixed_series(rows)["alloc_retries"] == [None, None, None]  # an older probe
     rows[1]["runq_ms"] = None  # one step without /proc: no run-queue summary at all
     assert "runq_ms" not in drv.step_summary(rows)["MIXED/eager"]
+
+
+def test_allocator_delta_counts_the_device_calls_of_a_step():
+    before = probe.allocator_counts({"num_alloc_retries": 2, "num_device_alloc": 10})
+    after = probe.allocator_counts(
+        {"num_alloc_retries": 3, "num_device_alloc": 14, "num_device_free": 4, "other": 9}
+    )
+    assert before["num_device_free"] == 0  # a counter the reading lacks counts from 0
+    assert probe.allocator_delta(before, after) == {
+        "alloc_retries": 1,
+        "device_alloc": 4,
+        "device_free": 4,
+    }
 
 
 def test_ab_configuration_selects_the_kits_kernels_like_the_probe():

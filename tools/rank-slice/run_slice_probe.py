@@ -147,7 +147,17 @@ def step_summary(steps) -> dict:
     for k, rows in sorted(by.items()):
         out[k] = {"host_ms": _stats([r["host_ms"] for r in rows])}
         out[k]["wall_ms"] = _stats([r["wall_ms"] for r in rows])
-        for field in ("gc_ms", "gc_full", "cpu_ms", "runq_ms", "vcsw", "ivcsw"):
+        for field in (
+            "gc_ms",
+            "gc_full",
+            "cpu_ms",
+            "runq_ms",
+            "vcsw",
+            "ivcsw",
+            "alloc_retries",
+            "device_alloc",
+            "device_free",
+        ):
             if all(r.get(field) is not None for r in rows):  # older probes, or no /proc
                 out[k][field] = _stats([r[field] for r in rows])
         if k.startswith("MIXED"):
@@ -157,10 +167,11 @@ def step_summary(steps) -> dict:
 
 
 def mixed_series(steps) -> dict:
-    """The MIXED steps' host, wall and thread CPU ms in step order: whether a slow visit is slow
-    throughout or in a stretch of it (a summary's median cannot tell)."""
+    """The MIXED steps' host, wall and thread CPU ms and allocator retries in step order: whether
+    a slow visit is slow throughout or in a stretch of it (a summary's median cannot tell)."""
     mixed = [s for s in steps if s["mode"] == "MIXED"]
-    return {f: [s.get(f) for s in mixed] for f in ("host_ms", "wall_ms", "cpu_ms", "n_dec")}
+    fields = ("host_ms", "wall_ms", "cpu_ms", "alloc_retries", "n_dec")
+    return {f: [s.get(f) for s in mixed] for f in fields}
 
 
 def steps_by_rank(steps) -> dict:

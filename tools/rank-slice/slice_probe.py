@@ -12,7 +12,9 @@ scheduler process runs forwards. Writes to ``$SLICE_PROBE_DIR``:
   Python garbage collector's pauses inside it (``gc_ms``, ``gc_full``: collections of the oldest
   generation), and what the scheduler thread did with the host ms (``ThreadMeter``: its own CPU
   time ``cpu_ms``, its wait for a CPU ``runq_ms``, its voluntary and involuntary context switches
-  ``vcsw``/``ivcsw``): host ms well above ``cpu_ms`` is waiting, not work; under attention DP also
+  ``vcsw``/``ivcsw``): host ms well above ``cpu_ms`` is waiting, not work), the caching
+  allocator's device calls inside it (``alloc_retries``: every cached block freed and malloced
+  again, each free synchronizing the device; ``device_alloc``, ``device_free``); under attention DP also
   the rank and the synced per-rank tokens (``gpu_machine.dp_step_fields``);
 * ``capture_<pid>.jsonl``: one line per captured prefill shape, free device memory before/after
   (``PrefillCudaGraphRunner.capture_one_shape``) and, under attention DP, the rank;
@@ -170,6 +172,20 @@ class GcPauses:
         return self
 
 
+# The caching allocator's counters whose growth inside a step means device calls in its host
+# time: a retry frees every cached block (cudaFree synchronizes the device) and mallocs again.
+ALLOCATOR_COUNTERS = ("num_alloc_retries", "num_device_alloc", "num_device_free")
+
+
+def allocator_counts(stats: dict) -> dict[str, int]:
+    """The `ALLOCATOR_COUNTERS` of one `torch.cuda.memory_stats()` reading (0 where absent)."""
+    return {k: int(stats.get(k, 0)) for k in ALLOCATOR_COUNTERS}
+
+
+def allocator_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    return {k.removeprefix("num_"): after[k] - before[k] for k in ALLOCATOR_COUNTERS}
+
+
 class ThreadMeter:
     """The calling thread's CPU time, run-queue wait and context switches, read before and
     after a step: whether a slow host step was slow work (``cpu_ms`` up), a thread kept off the
@@ -231,6 +247,7 @@ def _wrap_forward(model_runner_module) -> None:
                 acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
                 prof = torch.profiler.profile(activities=acts, with_stack=True)
         torch.cuda.synchronize()
+        alloc0 = allocator_counts(torch.cuda.memory_stats())  # read outside the timed window
         if prof is not None:
             prof.__enter__()
         gc0 = (pauses.ms, pauses.full)
@@ -250,6 +267,7 @@ def _wrap_forward(model_runner_module) -> None:
             "gc_ms": round(pauses.ms - gc0[0], 3),
             "gc_full": pauses.full - gc0[1],
             **thread,
+            **allocator_delta(alloc0, allocator_counts(torch.cuda.memory_stats())),
         }
         if prof is not None:
             prof.__exit__(None, None, None)
