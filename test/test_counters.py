@@ -95,7 +95,7 @@ def test_interval_below_the_floor_is_one_line_at_startup(monkeypatch):
     )
 
 
-def test_interval_above_one_day_stops_startup_and_fails_doctor(monkeypatch):
+def test_interval_above_one_day_stops_startup_and_fails_doctor(monkeypatch, doctor_here):
     """1e10 s used to pass the flag and `doctor`, then the reporter thread died in
     threading.Event.wait with OverflowError; now it is refused where every bad value is."""
     from sglang_mixgraph import plugin
@@ -105,14 +105,10 @@ def test_interval_above_one_day_stops_startup_and_fails_doctor(monkeypatch):
     monkeypatch.setenv(INTERVAL, "1e10")
     with pytest.raises(SystemExit, match=f"{INTERVAL}='1e10' is not a valid value"):
         plugin.register()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_")}
-    env[INTERVAL] = "1e10"
-    code = "import sys; from sglang_mixgraph.cli import main; sys.exit(main(['doctor']))"
-    result = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert result.returncode == 1, result.stdout[-2000:]
-    assert f"{INTERVAL} = ERROR: {INTERVAL}='1e10' is not a valid value" in result.stdout
+    # doctor reads the flags when it runs: in this process, as `cli.main` (test/conftest.py)
+    code, out = doctor_here(env={INTERVAL: "1e10"})
+    assert code == 1, out.out[-2000:]
+    assert f"{INTERVAL} = ERROR: {INTERVAL}='1e10' is not a valid value" in out.out
 
 
 def test_interval_flag_values_and_registration(monkeypatch):

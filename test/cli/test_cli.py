@@ -1,4 +1,6 @@
-"""`sglang-mixgraph doctor` and `plan`, run as a user runs them: the installed console script."""
+"""`sglang-mixgraph doctor` and `plan`, run as a user runs them: the installed console script.
+Plans that read only plan's output run `cli.main` in this process (the conftest's `plan_env`),
+doctor runs there too (`doctor_here`): a fresh process costs seconds of SGLang imports."""
 
 from __future__ import annotations
 
@@ -51,6 +53,22 @@ def cli_json(*args: str, env: dict[str, str] | None = None) -> dict:
     result = cli(*args, "--json", env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout)
+
+
+def plan_here(capsys, *args: str) -> tuple[int, str, str]:
+    """`sglang-mixgraph plan ARGS` in this process, under `plan_env`: (exit code, out, err)."""
+    from sglang_mixgraph.cli import main
+
+    capsys.readouterr()
+    code = main(["plan", *args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def plan_json_here(capsys, *args: str) -> dict:
+    code, out, err = plan_here(capsys, *args, "--json")
+    assert code == 0, err[-3000:]
+    return json.loads(out)
 
 
 # ---------------------------------------------------------------- doctor
@@ -374,8 +392,9 @@ def test_plan_json_fields_each_once(reference_plan):
     assert set(p["graph"]["decode_graph"]) == {"backend", "decided_by", "max_bs", "buckets"}
 
 
-def test_plan_megamoe_cap_comes_from_the_environment():
-    p = cli_json("plan", env={MEGA_MOE_CAP_ENV: "4096"})
+def test_plan_megamoe_cap_comes_from_the_environment(plan_env, capsys):
+    plan_env.setenv(MEGA_MOE_CAP_ENV, "4096")
+    p = plan_json_here(capsys)
     assert p["graph"]["deployment"]["mega_moe_cap_per_rank"] == 4096
 
 
@@ -397,10 +416,10 @@ def _dense_model(tmp_path: Path) -> Path:
     return write_model(tmp_path / "dense")
 
 
-def test_plan_small_dense_model(tmp_path):
+def test_plan_small_dense_model(plan_env, capsys, tmp_path):
     model = _dense_model(tmp_path)
-    p = cli_json(
-        "plan",
+    p = plan_json_here(
+        capsys,
         "--model-path",
         str(model),
         "--chunked-prefill-size",
@@ -429,16 +448,19 @@ def test_plan_small_dense_model(tmp_path):
     assert max(p["graph"]["prefill_graph"]["buckets"]) <= 4096
 
 
-def test_plan_targets_this_machines_gpu_and_keeps_provenance_for_verbose():
-    result = cli("plan", local_gpu="NVIDIA H100 80GB HBM3, 81559")
-    assert result.returncode == 0, result.stderr[-3000:]
-    lines = result.stdout.splitlines()
+def test_plan_targets_this_machines_gpu_and_keeps_provenance_for_verbose(
+    plan_env, capsys, tmp_path
+):
+    plan_env.setenv("PATH", fake_nvidia_smi(tmp_path / "h100", "NVIDIA H100 80GB HBM3, 81559"))
+    code, out, err = plan_here(capsys)
+    assert code == 0, err[-3000:]
+    lines = out.splitlines()
     assert lines[0] == "target GPU: H100 (SM90), 81559 MiB (this machine's GPU)"
-    assert "chunked prefill per rank 2816" in result.stdout
+    assert "chunked prefill per rank 2816" in out
     # the split cost model's calibration in one line, no repository paths (--verbose has them)
     (split,) = [x for x in lines if x.startswith("Split cost model")]
     assert "calibrated on the NVIDIA H200 (sm90)" in split and split.endswith("--verbose)")
-    assert not any(w in result.stdout for w in ("benchmark/", "docs/results/", "split_cost_"))
+    assert not any(w in out for w in ("benchmark/", "docs/results/", "split_cost_"))
 
 
 @pytest.mark.parametrize(
@@ -453,11 +475,13 @@ def test_plan_targets_this_machines_gpu_and_keeps_provenance_for_verbose():
         ),
     ],
 )
-def test_plan_invalid_server_arguments_give_sglangs_error(args, returncode, message):
-    result = cli("plan", "--model-path", str(DSV4_MODEL_DIR), *args)
-    assert result.returncode == returncode
-    assert message in result.stderr
-    assert "Traceback" not in result.stderr and "usage:" not in result.stderr
+def test_plan_invalid_server_arguments_give_sglangs_error(
+    plan_env, capsys, args, returncode, message
+):
+    code, _, err = plan_here(capsys, "--model-path", str(DSV4_MODEL_DIR), *args)
+    assert code == returncode
+    assert message in err
+    assert "Traceback" not in err and "usage:" not in err
 
 
 def test_plan_rejects_unknown_target_gpu():

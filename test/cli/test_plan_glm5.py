@@ -1,11 +1,22 @@
-"""`plan --preset glm5`: the embedded GLM-5 deployment, resolved by SGLang on a CPU machine."""
+"""`plan --preset glm5`: the embedded GLM-5 deployment, resolved by SGLang on a CPU machine.
+Run in this process (`cli.main`, the conftest's `plan_env`), as test_plan_memory.py does: a
+fresh process per plan cost seconds of imports each."""
 
 from __future__ import annotations
 
-import pytest
-from test_cli import cli, cli_json
+import json
 
+import pytest
+
+from sglang_mixgraph import cli
 from sglang_mixgraph.resolution.presets import GLM5_MODEL_DIR
+
+
+def _plan_json(capsys, *args: str) -> dict:
+    code = cli.main(["plan", *args, "--json"])
+    out = capsys.readouterr()
+    assert code == 0, out.err[-3000:]
+    return json.loads(out.out)
 
 
 def test_embedded_config_is_glm5_for_transformers_and_sglang():
@@ -54,9 +65,9 @@ def test_embedded_config_is_glm5_for_transformers_and_sglang():
     assert is_glm_moe_dsa(hf) and is_deepseek_dsa(hf)
 
 
-@pytest.fixture(scope="module")
-def glm5_plan():
-    return cli_json("plan", "--preset", "glm5")
+@pytest.fixture
+def glm5_plan(plan_env, capsys):
+    return _plan_json(capsys, "--preset", "glm5")
 
 
 def test_glm5_preset_plans_breakable_prefill_with_its_dsa_surface(glm5_plan):
@@ -77,37 +88,33 @@ def test_glm5_preset_plans_breakable_prefill_with_its_dsa_surface(glm5_plan):
     assert "drop_empty_segments is off" in surface
 
 
-def test_glm5_on_h200_has_rope_between_the_breaks():
-    p = cli_json("plan", "--preset", "glm5", "--target-gpu", "H200")
+def test_glm5_on_h200_has_rope_between_the_breaks(plan_env, capsys):
+    p = _plan_json(capsys, "--preset", "glm5", "--target-gpu", "H200")
     assert p["dsa_surface"][-1].startswith("  RoPE: a kernel between the two breaks")
     assert "no empty segment" in p["dsa_surface"][-1]
 
 
-def test_glm5_with_the_patch_on_says_the_segments_are_not_launched():
-    p = cli_json("plan", "--preset", "glm5", env={"SGLANG_OPT_BCG_DROP_EMPTY_SEGMENTS": "1"})
+def test_glm5_with_the_patch_on_says_the_segments_are_not_launched(plan_env, capsys):
+    plan_env.setenv("SGLANG_OPT_BCG_DROP_EMPTY_SEGMENTS", "1")
+    p = _plan_json(capsys, "--preset", "glm5")
     assert p["dsa_surface"][-1].endswith("they are kept but never launched")
     (patch,) = [x for x in p["patches"] if x["id"] == "drop_empty_segments"]
     assert patch["status"] == "active" and patch["note"].startswith("prefill graphs are breakable")
 
 
-def test_mla_prefill_capture_defaults_to_8192_tokens():
+def test_mla_prefill_capture_defaults_to_8192_tokens(plan_env, capsys):
     """The behaviour the mla_prefill_capture_default guard reads in upstream's code."""
-    p = cli_json(
-        "plan",
-        "--preset",
-        "glm5",
-        "--chunked-prefill-size",
-        "16384",
-        env={"SGLANG_MIXGRAPH_PREFILL_BUCKETS": "upstream"},
-    )
+    plan_env.setenv("SGLANG_MIXGRAPH_PREFILL_BUCKETS", "upstream")
+    p = _plan_json(capsys, "--preset", "glm5", "--chunked-prefill-size", "16384")
     assert p["graph"]["deployment"]["chunked_prefill_per_rank"] == 16384
     assert p["graph"]["prefill_graph"]["max_bs"] == 8192
 
 
-def test_preset_with_a_model_path_is_refused_in_one_line():
-    result = cli("plan", "--preset", "glm5", "--model-path", str(GLM5_MODEL_DIR))
-    assert result.returncode == 1
-    assert result.stderr.strip().splitlines()[-1] == (
+def test_preset_with_a_model_path_is_refused_in_one_line(plan_env, capsys):
+    code = cli.main(["plan", "--preset", "glm5", "--model-path", str(GLM5_MODEL_DIR)])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.strip().splitlines()[-1] == (
         "sglang-mixgraph plan: --preset plans an embedded deployment; drop it or --model-path"
     )
-    assert "Traceback" not in result.stderr
+    assert "Traceback" not in err

@@ -607,10 +607,36 @@ def _rows_for(models):
     }
 
 
-def test_flags_off_resolve_exactly_like_upstream(flags, models):
+def _unchunked_row(chunk: str) -> list[str]:
+    return dsv4_mixed(chunk, "--random-seed", "7")
+
+
+UNCHUNKED = ("0", "-1")
+
+
+@pytest.fixture(scope="module")
+def upstream_baseline(models) -> tuple[dict, str]:
+    """SGLang's own resolution of the identity rows and the unchunked rows, on the described
+    GPU with no mixgraph plugin, in one fresh interpreter (a process per test cost seconds of
+    imports each), under the environment the `flags` fixture sets."""
+    rows = {**_rows_for(models), **{f"unchunked{c}": _unchunked_row(c) for c in UNCHUNKED}}
+    env = {k: v for k, v in os.environ.items() if k != FORCE_ENV}
+    env.update({BUCKETS_ENV: "auto", CAP_ENV: "2816", "SGLANG_PLUGINS": "mixgraph_target"})
+    proc = subprocess.run(
+        [sys.executable, "-c", _BASELINE, json.dumps(rows)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.split("BASELINE", 1)[1]), proc.stderr
+
+
+def test_flags_off_resolve_exactly_like_upstream(flags, models, upstream_baseline):
     rows = _rows_for(models)
     # the described GPU, no mixgraph patches
-    baseline, stderr = _run_rows(_BASELINE, "BASELINE", rows, SGLANG_PLUGINS="mixgraph_target")
+    baseline, stderr = upstream_baseline
     assert "sglang-mixgraph" not in stderr  # really no plugin
     for value in ("upstream", None):  # off, and unset: the default is off
         flags(**{BUCKETS_ENV: value})
@@ -625,18 +651,20 @@ def test_flags_off_resolve_exactly_like_upstream(flags, models):
     assert as_json(resolve(rows["reference"]).resolved) != baseline["reference"]
 
 
-# Two fresh processes: chunked prefill 0 in the fast tier, -1 (the same rule) slow.
+# Chunked prefill 0 in the fast tier, -1 (the same rule) slow; SGLang's own resolution of both
+# comes from the one baseline process (upstream_baseline).
 @pytest.mark.parametrize("chunk", ["0", pytest.param("-1", marks=pytest.mark.slow)])
-def test_unchunked_dsv4_settles_the_deferred_rule_as_upstream(flags, chunk):
+def test_unchunked_dsv4_settles_the_deferred_rule_as_upstream(flags, chunk, upstream_baseline):
     """DSV4 with mixed chunk but chunked prefill off (0 or -1) and no MegaMoE: the rule hook
     defers upstream's DSV4 rule, and no bucket list is left to estimate. The deferral used to
     stay open, leaving a breakable prefill graph with 0 buckets where SGLang alone turns it
     off; now upstream's rule stands and the resolution equals SGLang's own."""
-    argv = dsv4_mixed(chunk, "--random-seed", "7")
-    baseline, _ = _run_rows(_BASELINE, "BASELINE", {"row": argv}, SGLANG_PLUGINS="mixgraph_target")
-    assert baseline["row"]["cuda_graph_config"]["prefill"]["backend"] == "disabled"
+    argv = _unchunked_row(chunk)
+    assert chunk in UNCHUNKED
+    baseline = upstream_baseline[0][f"unchunked{chunk}"]
+    assert baseline["cuda_graph_config"]["prefill"]["backend"] == "disabled"
     r, d = plan_of(argv)
-    assert as_json(r.resolved) == baseline["row"]
+    assert as_json(r.resolved) == baseline
     pg = d["prefill_graph"]
     assert pg["backend"] == "disabled" and pg["buckets"] == []
     assert pg["decided_by"] == {
