@@ -17,7 +17,6 @@ a number would need what neither the profile nor a record holds, the verdict is 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 
 from sglang_mixgraph.advise import evidence as ev
 from sglang_mixgraph.advise.server import ServerFacts
@@ -124,10 +123,11 @@ TAIL_FLAG = "SGLANG_MIXGRAPH_SPLIT_TAIL_GRAPHS=1"
 def _split_blocker(x: Inputs) -> str | None:
     """Why the split cannot act in any step of this deployment (None: it can)."""
     from sglang_mixgraph.patches.mixed_split.state import FALLBACKS
+    from sglang_mixgraph.planner.split_view import SplitDeployment
 
     if not x.facts.deepseek_v4:
         return f"not a DeepSeek-V4 model ({x.facts.model_name()}): the split is DeepSeek-V4's"
-    view = SimpleNamespace(facts=x.facts, gpu_sm_major=x.gpu.major if x.gpu else None)
+    view = SplitDeployment(x.facts, x.gpu.major if x.gpu else None)
     for fallback in FALLBACKS:
         try:
             holds = fallback.deployment is not None and fallback.deployment(view)
