@@ -66,20 +66,15 @@ def _patch_flags(patch, status) -> dict[str, Any]:
     return {flag.name: flag.get() for flag in patch.flags}
 
 
-def _split_cost_calibration() -> dict[str, Any]:
-    """The mixed_split patch's cost-model calibration for this machine's GPU (the fallback, with
-    its margin, where there is none or no file for it): the file, its architecture and the source
-    of each kind of coefficient."""
-    from sglang_mixgraph.core import split_cost_model as scm
-
-    return scm.calibration_info(scm.load_coefficients(scm.detect_arch()))
+def _doctor_lines(patches) -> list:
+    """The facts of the installed SGLang that patches ask `doctor` to report
+    (`registry.DoctorLine`)."""
+    return [p.doctor_line for p in patches if p.doctor_line is not None]
 
 
 def doctor_report() -> dict[str, Any]:
     from sglang_mixgraph.flags import FLAGS, FlagValueError
-    from sglang_mixgraph.patches import all_patches, graph_config
-    from sglang_mixgraph.patches.hold_break_inputs import exposure as break_inputs_exposure
-    from sglang_mixgraph.patches.mixed_split.state import PATCH_ID as SPLIT_PATCH_ID
+    from sglang_mixgraph.patches import all_patches
     from sglang_mixgraph.registry import PINNED_SGLANG, evaluate, target_checks
     from sglang_mixgraph.resolution.resolve import plugin_load_status
     from sglang_mixgraph.resolution.upstream_guards import guard_report
@@ -112,10 +107,11 @@ def doctor_report() -> dict[str, Any]:
                 for c in checks
             ],
         }
-        if patch.id == SPLIT_PATCH_ID:
-            entry["calibration"] = _split_cost_calibration()
-        if patch.id == graph_config.PATCH_ID and status.enabled:
-            entry["speculative_warning"] = graph_config.speculative_caveat()
+        if patch.calibration is not None:
+            entry["calibration"] = patch.calibration()
+        if patch.doctor_caveat is not None and status.enabled:
+            # The one caveat so far is what a switch does under speculative decoding.
+            entry["speculative_warning"] = patch.doctor_caveat()
         patches.append(entry)
     flags = []
     for flag in FLAGS.values():
@@ -150,8 +146,9 @@ def doctor_report() -> dict[str, Any]:
         "flags": flags,
         "patches": patches,
         "guards": guards,
-        # How the installed SGLang keeps breakable graphs' break inputs (not a failure).
-        "break_inputs": break_inputs_exposure(),
+        # Facts of the installed SGLang that patches depend on, not failures (how it keeps
+        # breakable graphs' break inputs).
+        **{line.key: line.read() for line in _doctor_lines(all_patches())},
         # A patch deferred to upstream fails doctor only when the user switched it on: they
         # asked for this plugin's patch and get SGLang's feature of the same name instead.
         # Unset or off, SGLang's flag is simply SGLang's, and nothing the user asked for is lost.
@@ -179,6 +176,8 @@ def _sglang_requirement() -> str:
 def _print_doctor(report: dict[str, Any], verbose: bool = False) -> None:
     """One screen: versions, GPU, plugin, the flags set, a line per patch and per guard; with
     `verbose` every flag, each patch's catalogue entry and every target's signature."""
+    from sglang_mixgraph.patches import all_patches
+
     v = report["versions"]
     print(
         f"sglang {v['sglang']} (requires {v['sglang_requirement']}), "
@@ -210,7 +209,8 @@ def _print_doctor(report: dict[str, Any], verbose: bool = False) -> None:
         print(f"  [{'ok ' if g['ok'] else 'BAD'}] {g['name']}: {g['what']}")
         for problem in g["problems"]:
             print(f"      {problem}")
-    print(f"Break inputs of breakable CUDA graphs: {report['break_inputs']}")
+    for line in _doctor_lines(all_patches()):
+        print(f"{line.label}: {report[line.key]}")
     print(
         "OK"
         if report["ok"]

@@ -27,7 +27,6 @@ from sglang_mixgraph.resolution.plan_format import (
     advice_lines,
     decision_lines,
     estimate_lines,
-    graph_config_if_on,
     graph_plan_json,
 )
 from sglang_mixgraph.resolution.presets import DEFAULT_PRESET, PRESETS
@@ -45,9 +44,9 @@ def _on_value(flag) -> str:
 
 def if_switched_on(patch, graph) -> dict[str, str]:
     """For a patch that is off: what each of its switches would do in this deployment, by
-    "FLAG=value" (its `explain`, else its summary; graph_config's from the plan's lists)."""
-    if patch.id == "graph_config":  # its switches change the graphs: read from the plan's lists
-        return graph_config_if_on(graph)
+    "FLAG=value" (its `explain_if_on`, else its `explain`, else its summary)."""
+    if patch.explain_if_on is not None:
+        return patch.explain_if_on(graph)
     what = patch.explain(graph) if patch.explain is not None else patch.summary
     return {f"{flag.name}={_on_value(flag)}": what for flag in patch.switches}
 
