@@ -8,6 +8,6 @@ deployments; `local_gpu` this machine's GPU as the default target; `errors` a fa
 resolution in one line; `memory_inputs` and `dsv4_kv_pool` what the memory line reads of a
 resolution; `dsa_surface` a DSA model's breakable prefill graph in lines; `plan_format` the
 planner's result as JSON and text; `upstream_guards` the upstream behaviour `doctor` checks,
-`doctor_report` the report `doctor` prints;
+`doctor_report` the report `doctor` prints; `plan_report` what `plan` runs and prints;
 `serving_client` a running server's URL and SGLang's load client (`ab`, `advise`).
 """
