@@ -68,6 +68,16 @@ class Hook:
 
 
 @dataclass(frozen=True)
+class DoctorLine:
+    """A fact of the installed SGLang that `doctor` reports beside the patches, for a patch
+    that depends on it: its key in the JSON report, its label in the text, and its reading."""
+
+    key: str
+    label: str
+    read: Callable[[], str]
+
+
+@dataclass(frozen=True)
 class Patch:
     """A patch; its first `switch_count` flags are its switches (each turns it on, and all of
     them at their off value leave it off); any further flag tunes it."""
@@ -82,6 +92,18 @@ class Patch:
     # the graph configuration), say what the patch would do there (act, or fall back and
     # why). None when the patch has nothing to add.
     explain: Callable[[Any], str] | None = None
+    # For `plan`, while the patch is off: what each of its switches would do in the planned
+    # deployment, by "FLAG=value". None: `explain` (else `summary`) for every switch.
+    explain_if_on: Callable[[Any], dict[str, str]] | None = None
+    # For `doctor`, which knows no deployment, while the patch is enabled: a warning about
+    # what its switches set here would do (a line, or None where there is nothing to say).
+    doctor_caveat: Callable[[], str | None] | None = None
+    # For `doctor`: where the coefficients of the patch's cost model come from on this
+    # machine's GPU (core.split_cost_model.calibration_info). None: the patch has no model.
+    calibration: Callable[[], dict[str, Any]] | None = None
+    # For `doctor`: a fact of the installed SGLang the patch depends on, reported beside the
+    # patches. None: nothing to report.
+    doctor_line: DoctorLine | None = None
     # For the planner: what the patch changes in a breakable capture's memory in this process
     # (reads its flags; core.capture_effects.CaptureEffect). The deployment facts read it from
     # every patch (planner.deployment_facts.capture_effects_of). None when it changes nothing.

@@ -18,7 +18,7 @@ import sys
 import pytest
 from ab_kit import pids_alive
 
-from sglang_mixgraph.cli import demo
+from sglang_mixgraph.ab import demo
 
 SCRIPT = shutil.which("sglang-mixgraph", path=os.path.dirname(sys.executable)) or shutil.which(
     "sglang-mixgraph"

@@ -198,13 +198,13 @@ def test_an_upstream_module_whose_import_raises_is_reported_not_raised(tmp_path,
 
 
 def test_doctor_shows_every_guard_and_fails_on_a_broken_one(monkeypatch, capsys):
-    from sglang_mixgraph.cli.doctor import _print_doctor, doctor_report
+    from sglang_mixgraph.resolution.doctor_report import doctor_report, print_doctor
 
     owner, attr = _owner(ug.MEMORY_SETTINGS)
     monkeypatch.setattr(owner, attr, _memory_settings_without_cap)
     report = doctor_report()
     assert report["ok"] is False
-    _print_doctor(report)
+    print_doctor(report)
     out = capsys.readouterr().out
     for guard in ug.GUARDS:
         mark = "BAD" if guard.name == "mla_prefill_capture_default" else "ok "

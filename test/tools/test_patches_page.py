@@ -10,6 +10,7 @@ import re
 from tool_scripts import load
 
 from sglang_mixgraph.patches import all_patches
+from sglang_mixgraph.registry import DoctorLine
 
 M = load("make_patches_page", "patches-page")
 
@@ -48,10 +49,22 @@ def _readers(patch, titles=()) -> str:
 
 
 def test_the_commands_that_read_a_patch_follow_its_fields():
-    base = next(p for p in all_patches() if p.explain is None and p.capture_effects is None)
+    hooks = ("explain", "explain_if_on", "capture_effects", "calibration", "doctor_caveat")
+    base = dataclasses.replace(all_patches()[0], **dict.fromkeys(hooks), doctor_line=None)
     plain = _readers(base)
     assert "`doctor`" in plain and "`ab`" in plain
     assert "what it does there" not in plain and "capture-memory estimate" not in plain
+    assert "would do there" not in plain and "`doctor --verbose`:" not in plain
+    assert "warning" not in plain and "it depends on" not in plain
+    if_on = _readers(dataclasses.replace(base, explain_if_on=lambda graph: {}))
+    assert "what each switch would do there" in if_on and "what it does there" not in if_on
+    calibrated = _readers(dataclasses.replace(base, calibration=dict))
+    assert "cost model's coefficients" in calibrated
+    assert "speculative decoding" in _readers(dataclasses.replace(base, doctor_caveat=str))
+    line = DoctorLine("k", "Break inputs of X", str)
+    assert 'the installed SGLang it depends on ("Break inputs of X: ...")' in _readers(
+        dataclasses.replace(base, doctor_line=line)
+    )
     explained = _readers(dataclasses.replace(base, explain=lambda graph: "acts"))
     assert "what it does there" in explained
     counted = _readers(dataclasses.replace(base, capture_effects=lambda: frozenset()))

@@ -43,3 +43,21 @@ def test_the_count_follows_function_local_imports(monkeypatch):
 
     monkeypatch.setattr(type(plan), "read_text", read_text)
     assert "patches/replay_read_done.py" in R.reading_path()
+
+
+def test_an_import_for_type_checking_only_is_off_the_path(monkeypatch):
+    """The view the fallbacks are annotated with is imported for type checking only: off the
+    run-time path; imported inside a function, it is on it."""
+    assert "planner/split_view.py" not in R.reading_path()
+    state = R.PACKAGE / "patches" / "mixed_split" / "state.py"
+    assert "from sglang_mixgraph.planner.split_view import SplitView" in state.read_text()
+    mutated = state.read_text() + (
+        "\n\ndef _mutant():\n    from sglang_mixgraph.planner import split_view\n"
+    )
+    real_read = type(state).read_text
+
+    def read_text(self, *args, **kwargs):
+        return mutated if self == state else real_read(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(state), "read_text", read_text)
+    assert "planner/split_view.py" in R.reading_path()

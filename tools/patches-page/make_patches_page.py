@@ -4,7 +4,9 @@ For each patch of `sglang_mixgraph.patches.all_patches()`: its switches and the 
 it (name, values, default, from the `Flag` objects), why upstream needs it, how it works, the
 upstream pull request it mirrors, what retires it, its reference page, and the commands that
 read it. Those come from the declaration too: `doctor` reads every patch's catalogue and target
-checks, `plan` its state and, where `explain` is set, what it does in the planned deployment;
+checks (and, where a patch declares them, its cost model's calibration, its caveat, a fact of
+the installed SGLang), `plan` its state and, where `explain` or `explain_if_on` is set, what it
+or its switches do in the planned deployment;
 the capture-memory estimate reads `capture_effects`; `advise` prices the patches its verdicts
 name; `ab` checks every flag an arm sets. test/tools/test_patches_page.py fails when the page
 is not what this script writes.
@@ -91,10 +93,30 @@ def readers(patch, advise_titles: Iterable[str]) -> list[str]:
         f"target{'s' if targets != 1 else ''} it hooks or reads against the installed SGLang; "
         "`doctor --verbose` adds why, how, the upstream PR, what retires it and its page"
     ]
+    if patch.calibration is not None:
+        lines.append(
+            "`doctor --verbose`: where its cost model's coefficients come from on this "
+            "machine's GPU (`--json` always has it)"
+        )
+    if patch.doctor_caveat is not None:
+        lines.append(
+            "`doctor`, while it is on: a warning of what the switches set would do under "
+            "speculative decoding"
+        )
+    if patch.doctor_line is not None:
+        lines.append(
+            f"`doctor`: a line on the installed SGLang it depends on "
+            f'("{patch.doctor_line.label}: ...")'
+        )
     if patch.explain is not None:
         lines.append(
             "`plan`: its state in the planned deployment and what it does there (acts, or falls "
             "back and why); switched off, what each switch would do there"
+        )
+    elif patch.explain_if_on is not None:
+        lines.append(
+            "`plan`: its state in the planned deployment; switched off, what each switch would "
+            "do there (read from the planned graphs)"
         )
     else:
         lines.append(

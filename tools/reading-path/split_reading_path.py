@@ -3,7 +3,9 @@ time, with their line counts.
 
 Method: start from every module of ``patches/mixed_split/``; follow each ``sglang_mixgraph``
 import it makes (module-level and function-local, ``from pkg import module`` resolved to the
-module), transitively; leave out the runtime foundation (the package's top-level modules:
+module), transitively, but those under ``if TYPE_CHECKING:``, which never run (an annotation's type,
+such as the view the split's fallbacks read, ``planner.split_view``); leave out the runtime
+foundation (the package's top-level modules:
 flags, counters, fallback, registry, upstream_attrs, ...), which every patch reads alike, and
 the packages' ``__init__`` files other than the patch's own. Lines are physical lines
 (``wc -l``). ``--with-foundation`` counts the foundation modules reached too.
@@ -30,12 +32,28 @@ def _modules() -> dict[str, Path]:
     return out
 
 
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """The ids of the nodes inside an ``if TYPE_CHECKING:`` block (``typing.TYPE_CHECKING``
+    too): imports that only a type checker follows."""
+    found = set()
+    for node in ast.walk(tree):
+        test = getattr(node, "test", None)
+        named = getattr(test, "id", None) or getattr(test, "attr", None)
+        if isinstance(node, ast.If) and named == "TYPE_CHECKING":
+            found |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    return found
+
+
 def _imports(path: Path, name: str, modules: dict[str, Path]) -> set[str]:
-    """The package modules a module's source imports anywhere in it."""
+    """The package modules a module's source imports anywhere in it, at run time."""
     is_package = path.name == "__init__.py"
     base_package = name if is_package else name.rpartition(".")[0]
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    skip = _type_checking_only(tree)
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):

@@ -9,5 +9,7 @@ that could act there against what the trace shows. One module per part:
 `summary` the steps grouped by kind, with decode rows, contexts, buckets and padding;
 `evidence` the figures measured on GPUs that a prediction borrows, each with its record;
 `split_pricing` the mixed split's own cost model applied to the profiled MIXED steps;
-`verdicts` one verdict per patch; `report` the text and the JSON (docs/advise.md).
+`verdicts` one verdict per patch; `report` the text and the JSON; `command` the run behind
+the command's front (cli/advise.py): the arguments checked, the profile or the recorded traces
+judged, every failure one line (docs/advise.md).
 """

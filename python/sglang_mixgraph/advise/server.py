@@ -171,9 +171,9 @@ class PhaseGraph:
 
 @dataclass(frozen=True)
 class ServerFacts:
-    """What advise reads of the deployment from the server's own answers. The attribute names
-    the mixed split's deployment-wide fallbacks read (`model_type`, `dsv4_attn_backend`,
-    `speculative_algorithm`, `context_parallel`, `hisparse`) are those of the planner's facts."""
+    """What advise reads of the deployment from the server's own answers. It is a
+    `planner.split_view.SplitFacts`, as the planner's facts are: the mixed split's
+    deployment-wide fallbacks read it (test/planner/test_split_view.py checks every field)."""
 
     url: str | None  # None: traces recorded earlier, no server asked
     sglang_version: str

@@ -17,7 +17,6 @@ a number would need what neither the profile nor a record holds, the verdict is 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 
 from sglang_mixgraph.advise import evidence as ev
 from sglang_mixgraph.advise.server import ServerFacts
@@ -117,17 +116,28 @@ def _on_in(steps: list[Step], patch: str) -> int:
 
 # ------------------------------------------------------------------ mixed split
 
-SPLIT_FLAG = "SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN=1"
-TAIL_FLAG = "SGLANG_MIXGRAPH_SPLIT_TAIL_GRAPHS=1"
+
+def _setting(flag, value: str) -> str:
+    """`NAME=value` for a patch's flag, the name read from its `Flag` (a renamed flag cannot
+    leave a verdict naming the old one); a value the flag would refuse raises ValueError."""
+    flag.field.parse(value)
+    return f"{flag.name}={value}"
+
+
+def _split_on() -> str:
+    from sglang_mixgraph.patches.mixed_split.state import SPLIT_FLAG
+
+    return _setting(SPLIT_FLAG, "1")
 
 
 def _split_blocker(x: Inputs) -> str | None:
     """Why the split cannot act in any step of this deployment (None: it can)."""
     from sglang_mixgraph.patches.mixed_split.state import FALLBACKS
+    from sglang_mixgraph.planner.split_view import SplitDeployment
 
     if not x.facts.deepseek_v4:
         return f"not a DeepSeek-V4 model ({x.facts.model_name()}): the split is DeepSeek-V4's"
-    view = SimpleNamespace(facts=x.facts, gpu_sm_major=x.gpu.major if x.gpu else None)
+    view = SplitDeployment(x.facts, x.gpu.major if x.gpu else None)
     for fallback in FALLBACKS:
         try:
             holds = fallback.deployment is not None and fallback.deployment(view)
@@ -144,7 +154,7 @@ def split_verdict(x: Inputs) -> tuple[Verdict, list[tuple[Step, StepPrice]]]:
     from sglang_mixgraph.core import split_cost_model as scm
 
     def verdict(outcome, reason, **kw) -> Verdict:
-        flags = (SPLIT_FLAG,)
+        flags = (_split_on(),)
         return _verdict("mixed_split", "mixed_split", "mixed split", outcome, reason, flags, **kw)
 
     if blocker := _split_blocker(x):
@@ -227,7 +237,9 @@ def split_verdict(x: Inputs) -> tuple[Verdict, list[tuple[Step, StepPrice]]]:
 
 def tail_graphs_verdict(x: Inputs, split: Verdict, priced: list) -> Verdict:
     def verdict(outcome, reason, **kw) -> Verdict:
-        flags = (SPLIT_FLAG, TAIL_FLAG)
+        from sglang_mixgraph.patches.mixed_split.state import TAIL_GRAPHS_FLAG
+
+        flags = (_split_on(), _setting(TAIL_GRAPHS_FLAG, "1"))
         title = "decode-tail graphs"
         return _verdict("split_tail_graphs", "mixed_split", title, outcome, reason, flags, **kw)
 
@@ -302,6 +314,8 @@ def _padding_share(step: Step, facts: ServerFacts) -> float | None:
 
 
 def prefill_graph_verdict(x: Inputs) -> Verdict:
+    from sglang_mixgraph.patches.graph_config import PREFILL_BUCKETS
+
     f = x.facts
 
     def verdict(outcome, reason, flags=(), **kw) -> Verdict:
@@ -328,7 +342,7 @@ def prefill_graph_verdict(x: Inputs) -> Verdict:
     factor = ev.DSV4_REPLAY_GPU_FACTOR if f.deepseek_v4 else None
     f_lo, f_hi = (factor.low, factor.high) if factor else (1.0, 1.0)
     h = _replay_host(x, replayed)
-    flags = ["SGLANG_MIXGRAPH_PREFILL_BUCKETS=auto"]
+    flags = [_setting(PREFILL_BUCKETS, "auto")]
     longest = max((s.label.longest_context_at_least or 0) for s in mixed)
     if f.deepseek_v4 and longest:
         # The low end of the GPU factor is a capture width cut to the live context; steps
@@ -388,7 +402,9 @@ def prefill_graph_verdict(x: Inputs) -> Verdict:
 
 def read_done_verdict(x: Inputs) -> Verdict:
     def verdict(outcome, reason, **kw) -> Verdict:
-        flags = ("SGLANG_OPT_DSV4_REPLAY_READ_DONE=1",)
+        from sglang_mixgraph.patches.replay_read_done import FLAG
+
+        flags = (_setting(FLAG, "1"),)
         title = "replay read-done"
         return _verdict("replay_read_done", "replay_read_done", title, outcome, reason, flags, **kw)
 

@@ -73,19 +73,58 @@ def _on() -> bool:
     return _auto() or bool(FORCE_BCG.get())
 
 
+# The settings that switch the patch on, as `plan` and `doctor` name them.
+_AUTO_ON, _FORCE_ON = f"{PREFILL_BUCKETS.name}=auto", f"{FORCE_BCG.name}=1"
+
+
 def speculative_caveat() -> str | None:
     """For `doctor`, which knows no deployment: what the switches set here would do to a
     speculative DeepSeek-V4 deployment (`bcg_rules.speculative_warning`), or None when both
     are off."""
     switches = [
-        name
-        for name, on in (
-            ("SGLANG_EXPERIMENTAL_FORCE_BCG=1", bool(FORCE_BCG.get())),
-            ("SGLANG_MIXGRAPH_PREFILL_BUCKETS=auto", _auto()),
-        )
-        if on
+        name for name, on in ((_FORCE_ON, bool(FORCE_BCG.get())), (_AUTO_ON, _auto())) if on
     ]
     return speculative_warning(" or ".join(switches)) if switches else None
+
+
+def explain_if_on(plan) -> dict[str, str]:
+    """For `plan` with this patch off: what each of its switches would do in the planned
+    deployment (a graph_plan.GraphPlan), by "FLAG=value": its switches change the graphs, so
+    this reads the plan's bucket lists and rules."""
+    from sglang_mixgraph.planner.graph_plan import DecidedBy
+    from sglang_mixgraph.planner.plan_words import auto_stands_aside, list_words
+
+    pg, bl = plan.prefill, plan.buckets
+    user = pg.decided_by.kind is DecidedBy.USER
+    kept = next((r.name for r in pg.rules if r.name not in FORCEABLE_RULES), None)
+    upstream_why = auto_stands_aside(plan)
+    if upstream_why is not None:
+        auto = f"resolves as upstream: {upstream_why}"
+    elif bl is None:
+        auto = "nothing to derive: chunked prefill is disabled"
+    elif bl.derived is None:
+        auto = f"no derived list: {bl.derived_error}"
+    elif kept is not None or user and pg.backend == "disabled":
+        auto = f"derives {list_words(plan, bl.derived)}, but the prefill graph stays off"
+    elif any(r.name == DSV4_RULE for r in pg.rules):
+        outcome = "keeps the graph on with" if bl.derived.capture.fits else "turns the graph off:"
+        auto = (
+            f"the capture estimate replaces rule {DSV4_RULE!r} and {outcome} "
+            f"{list_words(plan, bl.derived)}"
+        )
+    else:
+        auto = f"captures {list_words(plan, bl.derived)} instead of upstream's list"
+    if user:
+        force = "the prefill backend is set explicitly: nothing to override"
+    elif not pg.rules:
+        force = "no upstream rule turns the prefill graph off here: nothing to override"
+    elif kept is not None:
+        force = f"rule {kept!r} is kept: the prefill graph stays off"
+    else:
+        names = ", ".join(repr(r.name) for r in pg.rules)
+        listed = f" ({list_words(plan, bl.upstream)})" if bl and bl.upstream else ""
+        force = f"overrides {names}: SGLang captures its own prefill list{listed}"
+    return {_AUTO_ON: auto, _FORCE_ON: force}
 
 
 def estimate_applies(server_args) -> bool:
@@ -171,9 +210,7 @@ def _forced(original, server_args, record: GraphDecisions, matches: list[Rule], 
             )
             algorithm = _speculative_algorithm(server_args)
             if rule.name == DSV4_RULE and algorithm is not None:
-                _say_speculative(
-                    record, speculative_warning("SGLANG_EXPERIMENTAL_FORCE_BCG=1", algorithm)
-                )
+                _say_speculative(record, speculative_warning(_FORCE_ON, algorithm))
     if kept is None:
         record.prefill_backend_source = Source.FORCED if matches else None
         return None
@@ -349,6 +386,8 @@ PATCH = Patch(
         ),
     ),
     is_enabled=_on,
+    explain_if_on=explain_if_on,
+    doctor_caveat=speculative_caveat,
     why=(
         "upstream's ~45 generic prefill buckets do not fit next to a DeepSeek-V4 KV pool, so its "
         "blanket DeepSeek-V4 rule turns the breakable prefill graph off; its logits all-gather "

@@ -29,7 +29,7 @@ from sglang_mixgraph import counters
 from sglang_mixgraph.core.address_ranges import AddressRanges
 from sglang_mixgraph.fallback import fallback_once
 from sglang_mixgraph.flags import bool_flag
-from sglang_mixgraph.registry import Hook, Patch
+from sglang_mixgraph.registry import DoctorLine, Hook, Patch
 
 logger = logging.getLogger("sglang_mixgraph")
 
@@ -173,6 +173,7 @@ PATCH = Patch(
     hooks=(Hook(WEAK_REF, "function", "x", HookType.AROUND, around_weak_ref_if_tensor),),
     is_enabled=_enabled,
     explain=explain_for_deployment,
+    doctor_line=DoctorLine("break_inputs", "Break inputs of breakable CUDA graphs", exposure),
     why=(
         "SGLang 0.5.23's eager_on_graph keeps every graph break's captured inputs as weak views; "
         "an input whose owner is gone can be handed to another allocation and a replay then "

@@ -7,6 +7,7 @@ imports another, so whatever two of them read lives here. One module per part:
 deployments; `local_gpu` this machine's GPU as the default target; `errors` a failed
 resolution in one line; `memory_inputs` and `dsv4_kv_pool` what the memory line reads of a
 resolution; `dsa_surface` a DSA model's breakable prefill graph in lines; `plan_format` the
-planner's result as JSON and text; `upstream_guards` the upstream behaviour `doctor` checks;
+planner's result as JSON and text; `upstream_guards` the upstream behaviour `doctor` checks,
+`doctor_report` the report `doctor` prints; `plan_report` what `plan` runs and prints;
 `serving_client` a running server's URL and SGLang's load client (`ab`, `advise`).
 """

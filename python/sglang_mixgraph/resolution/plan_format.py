@@ -6,20 +6,24 @@ order: `decision_lines` (what SGLang will do: the graphs on or off, their bucket
 model and GPU it was fitted on; elsewhere "uncalibrated" instead of a verdict; for a
 DeepSeek-V4 model then the split cost model's calibration in a line, its sources only when
 verbose) and
-`advice_lines`; `format_graph_plan` joins them. `graph_config_if_on` says what that patch's
-switches would do. All read only the typed result, never the server arguments, so the JSON
-and the text cannot tell different stories.
+`advice_lines`; `format_graph_plan` joins them. The words they share with the graph-config
+patch (a list's capture in words, the estimate's calibration) are the planner's (plan_words).
+All read only the typed result, never the server arguments, so the JSON and the text cannot
+tell different stories.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from sglang_mixgraph.core.capture_memory import (
-    CALIBRATION,
-    fmt_bytes,
-    model_calibrated,
-    not_calibrated_for,
+from sglang_mixgraph.core.capture_memory import CALIBRATION, fmt_bytes
+from sglang_mixgraph.planner.plan_words import (
+    auto_stands_aside,
+    calibration_gap,
+    capture_words,
+    estimate_applies,
+    fits_word,
+    gpu_name,
 )
 
 # The version of the JSON documents `plan --json` and `doctor --json` print; raised when a key
@@ -246,36 +250,10 @@ def _elided(buckets) -> str:
     )
 
 
-def _gpu_name(plan) -> str:
-    return plan.gpu.split(" ", 1)[0]  # GraphPlan.gpu is target_gpu's describe(): name first
-
-
-# The hidden size of the DeepSeek-V4 the capture estimate was fitted on (DeepSeek-V4-Pro); the
-# Flash model shares its architecture name with a smaller shape (hidden 4096).
-CALIBRATED_HIDDEN = 7168
-FLASH_HIDDEN = 4096
-
-
-def calibration_gap(plan) -> str | None:
-    """The model and/or GPU of this plan the capture estimate was not fitted on, or None:
-    a DeepSeek-V4 of another size than the Pro (the Flash) counts as another model."""
-    gap = not_calibrated_for(plan.facts.architectures, _gpu_name(plan))
-    hidden = plan.facts.shape.hidden_size
-    if not plan.facts.deepseek_v4 or hidden == CALIBRATED_HIDDEN:
-        return gap
-    variant = "DeepSeek-V4-Flash" if hidden == FLASH_HIDDEN else f"a DeepSeek-V4 of hidden {hidden}"
-    return variant if gap is None else f"{variant} on {gap}"
-
-
 def calibration_label(plan) -> str:
     gap = calibration_gap(plan)
     label = f"fitted on {CALIBRATION.model} on the {CALIBRATION.gpu_words}"
     return label if gap is None else f"{label}; no measurement of {gap}"
-
-
-def estimate_applies(plan) -> bool:
-    """Whether the capture estimate applies to this plan's model (it was fitted on one)."""
-    return model_calibrated(plan.facts.architectures)
 
 
 def not_applicable(plan) -> str:
@@ -286,34 +264,13 @@ def not_applicable(plan) -> str:
     )
 
 
-def _fits_word(fits: bool | None, gap: str | None) -> str:
-    """The estimate's verdict; where it was not calibrated, what it says and that it is no
-    verdict (a model or GPU it was never measured on)."""
-    if fits is None:
-        return "unknown"
-    if gap is None:
-        return "fits" if fits else "does not fit"
-    side = "within" if fits else "over"
-    return f"{side} the available memory by the estimate, uncalibrated for {gap}"
-
-
-def _capture_words(plan, side) -> str:
-    """A list's capture estimate in words, or that there is none for this model."""
-    if not estimate_applies(plan):
-        return "capture not estimated for this model"
-    return (
-        f"capture {fmt_bytes(side.capture.estimate.total)} "
-        f"({_fits_word(side.capture.fits, calibration_gap(plan))})"
-    )
-
-
 def _bucket_side_lines(plan, name: str, side, error: str | None = None) -> list[str]:
     if side is None:
         return [f"  {name}: {error or 'none'}"]
     pad = side.padding
     return [
         f"  {name}: {len(side.buckets)} buckets, largest {max(side.buckets)}, "
-        f"{_capture_words(plan, side)},"
+        f"{capture_words(plan, side)},"
         f" worst padding {pad.worst_factor:.2f}x / {pad.worst_waste_tokens} tokens,"
         f" mean {pad.mean_factor:.2f}x",
         f"    {_elided(side.buckets)}",
@@ -484,7 +441,7 @@ def split_cost_calibration(plan) -> dict | None:
     from sglang_mixgraph.core import split_cost_model as scm
     from sglang_mixgraph.target_gpu import GPUS
 
-    spec = GPUS.get(_gpu_name(plan))
+    spec = GPUS.get(gpu_name(plan))
     return scm.calibration_info(scm.load_coefficients(f"sm{spec.sm}" if spec else None))
 
 
@@ -497,7 +454,7 @@ def estimate_lines(plan, verbose: bool = False) -> list[str]:
     lines = _capture_estimate_lines(plan)
     info = split_cost_calibration(plan)
     if info is not None:
-        head = f"Split cost model (mixed_split, adaptive policy) on the {_gpu_name(plan)}"
+        head = f"Split cost model (mixed_split, adaptive policy) on the {gpu_name(plan)}"
         if verbose:
             lines += [f"{head}:", *calibration_lines(info)]
         else:
@@ -535,7 +492,7 @@ def _capture_estimate_lines(plan) -> list[str]:
     lines.append(
         f"  {fmt_bytes(v.needed)} needed for {len(cm.estimate.buckets)} buckets, "
         f"{fmt_bytes(v.available)} available, margin {fmt_bytes(v.margin_bytes)} "
-        f"-> {_fits_word(v.fits, calibration_gap(plan))} "
+        f"-> {fits_word(v.fits, calibration_gap(plan))} "
         f"(needs {int(v.margin_fraction * 100)}% headroom)"
     )
     terms = ", ".join(f"{k} {fmt_bytes(b)}" for k, b in cm.estimate.terms.items())
@@ -572,70 +529,6 @@ def advice_lines(plan) -> list[str]:
         if aside is not None and bl.derived is not None:
             lines.append(f"    (SGLANG_MIXGRAPH_PREFILL_BUCKETS=auto does not apply it: {aside})")
     return lines
-
-
-def _list_words(plan, side) -> str:
-    return f"{len(side.buckets)} buckets up to {max(side.buckets)}, {_capture_words(plan, side)}"
-
-
-def auto_stands_aside(plan) -> str | None:
-    """Why SGLANG_MIXGRAPH_PREFILL_BUCKETS=auto would leave this deployment's prefill list as
-    upstream resolves it, by the rule its hook applies (`prefill_settlement.settle_prefill`:
-    out of scope, buckets the user set, or a configuration the derivation does not handle);
-    None where it acts."""
-    from sglang.srt.model_executor.cuda_graph_config import Backend
-
-    from sglang_mixgraph.planner.graph_plan import unhandled
-
-    facts = plan.facts
-    if facts.out_of_scope is not None:
-        return f"the patch acts on mixed chunked prefill of DeepSeek-V4 and GLM-5 only ({facts.out_of_scope})"
-    if facts.prefill_graph.user_set & {"bs", "max_bs"}:
-        return "the prefill buckets are set explicitly"
-    reason = unhandled(facts) if facts.prefill_graph.backend == Backend.BREAKABLE else None
-    return None if reason is None else f"the derivation does not handle {reason}"
-
-
-def graph_config_if_on(plan) -> dict[str, str]:
-    """For `plan` with the graph_config patch off: what each of its switches would do here,
-    by "FLAG=value"."""
-    from sglang_mixgraph.bcg_rules import DSV4_RULE, FORCEABLE_RULES
-    from sglang_mixgraph.planner.graph_plan import DecidedBy
-
-    pg, bl = plan.prefill, plan.buckets
-    user = pg.decided_by.kind is DecidedBy.USER
-    kept = next((r.name for r in pg.rules if r.name not in FORCEABLE_RULES), None)
-    upstream_why = auto_stands_aside(plan)
-    if upstream_why is not None:
-        auto = f"resolves as upstream: {upstream_why}"
-    elif bl is None:
-        auto = "nothing to derive: chunked prefill is disabled"
-    elif bl.derived is None:
-        auto = f"no derived list: {bl.derived_error}"
-    elif kept is not None or user and pg.backend == "disabled":
-        auto = f"derives {_list_words(plan, bl.derived)}, but the prefill graph stays off"
-    elif any(r.name == DSV4_RULE for r in pg.rules):
-        outcome = "keeps the graph on with" if bl.derived.capture.fits else "turns the graph off:"
-        auto = (
-            f"the capture estimate replaces rule {DSV4_RULE!r} and {outcome} "
-            f"{_list_words(plan, bl.derived)}"
-        )
-    else:
-        auto = f"captures {_list_words(plan, bl.derived)} instead of upstream's list"
-    if user:
-        force = "the prefill backend is set explicitly: nothing to override"
-    elif not pg.rules:
-        force = "no upstream rule turns the prefill graph off here: nothing to override"
-    elif kept is not None:
-        force = f"rule {kept!r} is kept: the prefill graph stays off"
-    else:
-        names = ", ".join(repr(r.name) for r in pg.rules)
-        listed = f" ({_list_words(plan, bl.upstream)})" if bl and bl.upstream else ""
-        force = f"overrides {names}: SGLang captures its own prefill list{listed}"
-    return {
-        "SGLANG_MIXGRAPH_PREFILL_BUCKETS=auto": auto,
-        "SGLANG_EXPERIMENTAL_FORCE_BCG=1": force,
-    }
 
 
 def format_graph_plan(plan, verbose: bool = False) -> str:

@@ -182,6 +182,15 @@ def explain_for_deployment(plan) -> str:
     return acts
 
 
+def _calibration() -> dict:
+    """For `doctor`: the split cost model's calibration for this machine's GPU (the fallback,
+    with its margin, where there is none or no file for it): the file, its architecture and
+    the source of each kind of coefficient."""
+    from sglang_mixgraph.core import split_cost_model as scm
+
+    return scm.calibration_info(scm.load_coefficients(scm.detect_arch()))
+
+
 def _is_enabled() -> bool:
     POLICY_FLAG.get()  # a bad policy value stops startup even before the split flag is read
     return bool(SPLIT_FLAG.get())
@@ -195,6 +204,7 @@ PATCH = Patch(
     hooks=HOOKS,
     is_enabled=_is_enabled,
     explain=explain_for_deployment,
+    calibration=_calibration,
     capture_effects=lambda: (
         frozenset({CaptureEffect.DECODE_TAIL_GRAPHS}) if tail_graphs_act() else frozenset()
     ),

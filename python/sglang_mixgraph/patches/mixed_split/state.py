@@ -10,7 +10,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sglang_mixgraph import counters
 from sglang_mixgraph.core.decode_tail import TailInputs
@@ -18,6 +18,9 @@ from sglang_mixgraph.core.mixed_boundary import MixedBoundary
 from sglang_mixgraph.fallback import fallback_once
 from sglang_mixgraph.flags import bool_flag, choice_flag
 from sglang_mixgraph.upstream_attrs import METADATA_SPLIT_PLAN
+
+if TYPE_CHECKING:  # the planner is not loaded with the plugin: the annotation only
+    from sglang_mixgraph.planner.split_view import SplitView
 
 PATCH_ID = "mixed_split"
 BACKEND = "sglang.srt.layers.attention.deepseek_v4_backend.DeepseekV4AttnBackend"
@@ -99,12 +102,14 @@ def _online_c128_mtp() -> bool:
 @dataclass(frozen=True)
 class Fallback:
     """One reason a step goes to upstream: its key (the counters'), its text (the log's), and
-    for `plan` how a whole deployment shows it (given a graph_plan.GraphPlan), or None where
-    only a step can tell. `_unsupported_reason` checks the same keys on the live objects."""
+    for `plan` and `advise` how a whole deployment shows it, or None where only a step can
+    tell. `deployment` reads only what `SplitView` declares (a graph_plan.GraphPlan, or the
+    facts a running server reports). `_unsupported_reason` checks the same keys on the live
+    objects."""
 
     key: str
     text: str
-    deployment: Callable[[Any], bool] | None = None
+    deployment: Callable[[SplitView], bool] | None = None
 
 
 # In the order `plan` names the first that holds.
