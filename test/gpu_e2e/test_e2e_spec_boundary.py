@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import lzma
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,7 +17,7 @@ import e2e_workload as W
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-RECORD = ROOT / "docs/results/e2e_tiny_dsv4_mtp_h100/boundary_results.json"
+RECORD = ROOT / "docs/results/e2e_tiny_dsv4_mtp_h100/boundary_results.json.xz"
 SEGS = W.build(chunk=P.CHUNK, workload=W.BOUNDARY, spec=True)
 SEG = SEGS[0]
 PROMPTS = [len(r.prompt) for r in SEG.first]
@@ -78,7 +79,7 @@ def test_the_schedule_model_gives_decode_rows_one_token_of_the_chunk_each():
 
 def _record_mixed_runs():
     """Consecutive target MIXED steps of the H100 boundary record, every phase."""
-    report = json.loads(RECORD.read_text())
+    report = json.loads(lzma.decompress(RECORD.read_bytes()))
     for phase in report["phases"].values():
         target = [s for s in phase["steps"] if not s.get("draft")]
         for a, b in itertools.pairwise(target):
