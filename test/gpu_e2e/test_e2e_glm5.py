@@ -332,6 +332,7 @@ def test_segments_are_counted_and_written_per_capture(fresh_probe, monkeypatch, 
 
 def test_the_step_log_adds_the_probe_s_fields(monkeypatch, tmp_path):
     import torch
+    from test_e2e_harness import cpu_step_log
 
     class Probe:
         def begin(self, runner):
@@ -345,9 +346,7 @@ def test_the_step_log_adds_the_probe_s_fields(monkeypatch, tmp_path):
             return SimpleNamespace(can_run_graph=True)
 
     monkeypatch.setattr(L, "PROBES", [Probe()])
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    monkeypatch.setenv("MIXGRAPH_E2E_STEP_LOG", str(tmp_path))
+    cpu_step_log(monkeypatch, tmp_path)
     module = SimpleNamespace(ModelRunner=ModelRunner)
     L._wrap_forward(module)
     batch = SimpleNamespace(

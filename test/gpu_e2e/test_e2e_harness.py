@@ -615,6 +615,16 @@ class _Mode:
         self.name = name
 
 
+def cpu_step_log(monkeypatch, tmp_path) -> None:
+    """The step log on a CPU: lines written under `tmp_path`, no device to synchronize and no
+    graph being captured."""
+    import torch
+
+    monkeypatch.setenv("MIXGRAPH_E2E_STEP_LOG", str(tmp_path))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+
+
 def _batch(mode, **kw):
     import torch
 
@@ -634,11 +644,7 @@ def _batch(mode, **kw):
 
 
 def test_step_log_records_the_split_inputs_of_mixed_steps_at_entry(tmp_path, monkeypatch):
-    import torch
-
-    monkeypatch.setenv("MIXGRAPH_E2E_STEP_LOG", str(tmp_path))
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    cpu_step_log(monkeypatch, tmp_path)
 
     class ModelRunner:
         def forward(self, forward_batch):

@@ -508,12 +508,9 @@ def test_driver_names_upstreams_breakable_arm_when_it_differs(tmp_path, monkeypa
 
 def test_step_log_marks_the_draft_runners_forwards(tmp_path, monkeypatch):
     import e2e_step_log as L
-    import torch
-    from test_e2e_harness import _batch
+    from test_e2e_harness import _batch, cpu_step_log
 
-    monkeypatch.setenv("MIXGRAPH_E2E_STEP_LOG", str(tmp_path))
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    cpu_step_log(monkeypatch, tmp_path)
 
     class ModelRunner:
         def __init__(self, is_draft_worker):
@@ -634,12 +631,9 @@ def test_a_return_logprob_request_must_run_without_mixed_steps():
 
 def test_step_log_marks_batches_that_return_logprobs(tmp_path, monkeypatch):
     import e2e_step_log as L
-    import torch
-    from test_e2e_harness import _batch
+    from test_e2e_harness import _batch, cpu_step_log
 
-    monkeypatch.setenv("MIXGRAPH_E2E_STEP_LOG", str(tmp_path))
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    cpu_step_log(monkeypatch, tmp_path)
 
     class ModelRunner:
         def forward(self, forward_batch):

@@ -188,7 +188,6 @@ def test_the_step_timer_logs_each_forward(monkeypatch, tmp_path):
             return SimpleNamespace(can_run_graph=forward_batch.input_ids.shape[0] == 8)
 
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setenv(timer.LOG_ENV, str(tmp_path))
     module = SimpleNamespace(ModelRunner=ModelRunner)
     timer._wrap_forward(module)

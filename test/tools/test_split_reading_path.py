@@ -30,18 +30,23 @@ def test_the_path_is_the_patch_and_the_core_it_imports_and_no_other_patch():
     assert {"flags.py", "registry.py"} <= set(with_foundation) - set(path)
 
 
+def _append_function_import(monkeypatch, module_path, statement: str) -> None:
+    """Make the tool read `module_path` with a function that runs `statement` appended."""
+    mutated = module_path.read_text() + f"\n\ndef _mutant():\n    {statement}\n"
+    real_read = type(module_path).read_text
+
+    def read_text(self, *args, **kwargs):
+        return mutated if self == module_path else real_read(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(module_path), "read_text", read_text)
+
+
 def test_the_count_follows_function_local_imports(monkeypatch):
     """A patch module importing another patch inside a function puts that patch on the path."""
     plan = R.PACKAGE / "patches" / "mixed_split" / "plan.py"
-    mutated = plan.read_text() + (
-        "\n\ndef _mutant():\n    from sglang_mixgraph.patches import replay_read_done\n"
+    _append_function_import(
+        monkeypatch, plan, "from sglang_mixgraph.patches import replay_read_done"
     )
-    real_read = type(plan).read_text
-
-    def read_text(self, *args, **kwargs):
-        return mutated if self == plan else real_read(self, *args, **kwargs)
-
-    monkeypatch.setattr(type(plan), "read_text", read_text)
     assert "patches/replay_read_done.py" in R.reading_path()
 
 
@@ -51,13 +56,5 @@ def test_an_import_for_type_checking_only_is_off_the_path(monkeypatch):
     assert "planner/split_view.py" not in R.reading_path()
     state = R.PACKAGE / "patches" / "mixed_split" / "state.py"
     assert "from sglang_mixgraph.planner.split_view import SplitView" in state.read_text()
-    mutated = state.read_text() + (
-        "\n\ndef _mutant():\n    from sglang_mixgraph.planner import split_view\n"
-    )
-    real_read = type(state).read_text
-
-    def read_text(self, *args, **kwargs):
-        return mutated if self == state else real_read(self, *args, **kwargs)
-
-    monkeypatch.setattr(type(state), "read_text", read_text)
+    _append_function_import(monkeypatch, state, "from sglang_mixgraph.planner import split_view")
     assert "planner/split_view.py" in R.reading_path()
