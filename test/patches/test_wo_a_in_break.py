@@ -339,3 +339,32 @@ def test_explain_names_what_it_does_and_where_it_does_not():
     assert "inverse RoPE and wo_a" in wb.explain_for_deployment(plan())
     assert "not a DeepSeek-V4" in wb.explain_for_deployment(plan(deepseek_v4=False))
     assert "no breakable prefill graph" in wb.explain_for_deployment(plan(buckets=()))
+
+
+def test_sglangs_layer_calls_nothing_else_between_the_break_and_wo_b():
+    assert wb.tail_calls_beyond_known(dsv4.MQALayer.forward) == []
+
+
+def _forward_with_a_new_consumer(self, x, positions, forward_batch):
+    o = x.new_empty(x.shape)
+    bcg_deepseek_v4_attention_with_output(x, x, o, 0, 4, None, False)  # noqa: F821
+    o = o * 2.0
+    fused_rope_inplace(o, None, None, positions=positions, inverse=True)  # noqa: F821
+    return self._project_wo_b(new_kernel(o))  # noqa: F821
+
+
+def test_a_layer_whose_tail_changed_keeps_upstreams_break_and_names_the_call(
+    backend, monkeypatch, caplog
+):
+    monkeypatch.setattr(dsv4.MQALayer, "forward", _forward_with_a_new_consumer)
+    wb._tail_changed.cache_clear()
+    try:
+        assert wb.tail_calls_beyond_known(dsv4.MQALayer.forward) == ["new_kernel"]
+        bucket = Bucket()
+        with installed((wb.PATCH,), ON), caplog.at_level(logging.INFO, logger="sglang_mixgraph"):
+            _capture(bucket)
+    finally:
+        wb._tail_changed.cache_clear()
+    assert counters.get(wb.PATCH_ID, "breaks_deferred") == 0
+    assert counters.get_fallback(wb.PATCH_ID, "tail_changed") == len(LAYERS)
+    assert any("(new_kernel)" in r.getMessage() for r in caplog.records)

@@ -16,9 +16,12 @@ once).
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import functools
 import importlib
+import inspect
+import textwrap
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -63,7 +66,55 @@ FALLBACKS = {
     "layout": "the attention output is not one contiguous row-major buffer",
     "call_site": "the layer consumed the attention output otherwise than through the inverse "
     "RoPE then wo_a: upstream's break runs where the first consumer is",
+    "tail_changed": "MQALayer.forward calls something between the attention break and wo_b that "
+    "SGLang 0.5.23 does not: the patch cannot tell that it leaves the attention output alone",
 }
+
+# Every call MQALayer.forward makes, in SGLang 0.5.23, between the attention break and wo_b
+# (all branches): deferring the break is safe only while nothing else can read its output there.
+TAIL_CALLS = frozenset(
+    {
+        "Dsv4NpuRoPE.apply_rotary_mul_inplace",
+        "F.linear",
+        "Mxfp8SwizzledInput",
+        "_apply_gguf_grouped_wo_a",
+        "_apply_wo_a_bf16_matmul",
+        "_fp8_wo_a_einsum",
+        "_freqs_cis_to_cos_sin",
+        "_hip.wo_a_emits_fp8_grid",
+        "_hip.wo_b_emits_mxfp8",
+        "_wo_a_fp8_mxscale",
+        "_wo_a_fp8_mxscale_fused_invrope",
+        "_wo_a_fp8_mxscale_prequant",
+        "attn_backend.forward",
+        "forward_batch.forward_mode.is_decode",
+        "forward_batch.forward_mode.is_extend_without_speculative",
+        "forward_batch.forward_mode.is_target_verify",
+        "fused_rope_inplace",
+        "fused_rope_wo_a_bf16",
+        "get_forward",
+        "getattr",
+        "o.reshape",
+        "o.reshape(T * G, D).contiguous",
+        "o.view",
+        "o_fp8.view",
+        "o_s.view",
+        "o_scale.view",
+        "self._get_npu_rope_position_cache",
+        "self._project_wo_b",
+        "self.wo_a.weight.view",
+        "self.wo_a.weight_scale_inv.view",
+        "sglang_per_token_group_quant_fp8",
+        "sglang_per_token_group_quant_fp8_dsv4_wo_a",
+        "torch.view_as_real",
+        "torch.view_as_real(self.freqs_cis).flatten",
+        "torch_npu.npu_dynamic_mx_quant",
+        "torch_npu.npu_transpose_quant_batchmatmul",
+        "wo_a_weight.is_contiguous",
+        "wo_a_weight.view",
+    }
+)
+BREAK_NAME = ATTENTION_BREAK.rsplit(".", 1)[1]
 
 
 @functools.cache
@@ -108,10 +159,37 @@ def layer_scope(layer) -> Iterator[None]:
         )
 
 
+def tail_calls_beyond_known(forward: Callable[..., Any]) -> list[str]:
+    """The calls ``forward`` (``MQALayer.forward``) makes between the attention break and its
+    last ``self._project_wo_b`` that SGLang 0.5.23's does not; a problem line where the source
+    cannot be read or holds no such break."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(forward)))
+    except (OSError, TypeError, SyntaxError) as e:
+        return [f"the source of MQALayer.forward cannot be read ({type(e).__name__})"]
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+    starts = [n.lineno for n in calls if ast.unparse(n.func) == BREAK_NAME]
+    ends = [n.lineno for n in calls if ast.unparse(n.func) == "self._project_wo_b"]
+    if not starts or not ends or max(ends) < min(starts):
+        return [f"MQALayer.forward no longer calls {BREAK_NAME} before self._project_wo_b"]
+    region = {ast.unparse(n.func) for n in calls if min(starts) < n.lineno <= max(ends)}
+    return sorted(region - TAIL_CALLS)
+
+
+@functools.cache
+def _tail_changed() -> bool:
+    beyond = tail_calls_beyond_known(inspect.unwrap(_module(DSV4).MQALayer.forward))
+    if beyond:
+        fallback_once(PATCH_ID, f"{FALLBACKS['tail_changed']} ({', '.join(beyond)})")
+    return bool(beyond)
+
+
 def unhandled(layer, output) -> str | None:
     """Why the attention break of ``layer`` stays upstream's (a FALLBACKS key), or None."""
     if layer is None:
         return "outside_layer"
+    if _tail_changed():
+        return "tail_changed"
     dsv4 = _module(DSV4)
     if dsv4._is_hip or dsv4._is_npu or getattr(layer, "use_npu_arch35_mxfp8_wo_a", False):
         return "platform"
@@ -305,7 +383,7 @@ HOOKS = (
     Hook(
         LAYER_FORWARD,
         "method",
-        "self, x, positions, forward_batch, x_quant, defer_all_reduce",
+        "self",
         HookType.AROUND,
         around_layer_forward,
     ),
