@@ -128,9 +128,12 @@ class _nothing:
         return False
 
 
-def _batch(rows: int):
+def _batch(rows: int | None):
+    """The static batch of a replay: the bucket's token rows, the live count (None: unset)."""
     return types.SimpleNamespace(
-        global_num_token_non_padded_cpu=rows, out_cache_loc=torch.arange(BUCKET)
+        global_num_token_non_padded_cpu=rows,
+        input_ids=torch.zeros(BUCKET, dtype=torch.int64),
+        out_cache_loc=torch.arange(BUCKET),
     )
 
 
@@ -219,6 +222,19 @@ def test_the_capture_pass_computes_what_upstreams_does(backend):
     for layer in LAYERS:
         torch.testing.assert_close(got.outputs[layer][:6], want.outputs[layer][:6])
         assert not got.outputs[layer][6:].any()
+
+
+def test_a_batch_without_a_live_count_keeps_every_row_as_upstreams_break_does(backend):
+    bucket = Bucket()
+    with installed((wb.PATCH,), ON):
+        graph = _capture(bucket)
+        backend.calls.clear()
+        _replay(graph, None)
+    assert backend.calls == [(BUCKET, BUCKET)] * len(LAYERS)
+    for layer in LAYERS:
+        torch.testing.assert_close(
+            bucket.outputs[layer], bucket.eager(backend, BUCKET, layer), rtol=0, atol=0
+        )
 
 
 def test_an_idle_replay_zeroes_the_output_without_attention(backend):

@@ -30,6 +30,7 @@ from typing import Any
 from sglang.srt.plugins.hook_registry import HookType
 
 from sglang_mixgraph import counters
+from sglang_mixgraph.core.attention_rows import batch_attention_rows
 from sglang_mixgraph.core.row_views import RowView, rebase, row_view_of, shares_storage
 from sglang_mixgraph.fallback import fallback_once
 from sglang_mixgraph.flags import bool_flag
@@ -261,10 +262,12 @@ def _attention_through_wo_a(
 ) -> None:
     """The eager break: attention, inverse RoPE and wo_a on the live rows (upstream's functions,
     the arguments the capture recorded), wo_a's output into ``out``; reads the step's row count
-    from the forward context at run time, as upstream's break does."""
+    from the forward context at run time, by the rule upstream's break slices with
+    (``core.attention_rows``)."""
     context = _module(TC_CONTEXT).get_tc_piecewise_forward_context()
     forward_batch = context.forward_batch
-    rows = forward_batch.global_num_token_non_padded_cpu
+    # the rows upstream's break slices to (all of them where the count is unset)
+    rows = batch_attention_rows(forward_batch)
     if rows == 0:
         out.zero_()
         return
