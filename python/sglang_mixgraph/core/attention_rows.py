@@ -13,8 +13,7 @@ the break must have.
 
 Every patch that sizes something for the replayed attention takes its rows from here
 (``patches/replay_read_done.py``, ``patches/mixed_split/plan.py``, ``patches/wo_a_in_break.py``):
-two rules would plan one
-count while the attention sees another.
+two rules would plan one count while the attention sees another.
 """
 
 from __future__ import annotations
