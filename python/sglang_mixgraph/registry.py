@@ -34,7 +34,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 PINNED_SGLANG = "0.5.23"
-KINDS = ("function", "method", "classmethod", "staticmethod")
+# A module-level graph break: upstream's ``eager_on_graph`` object around a function, whose
+# signature is the function's.
+EAGER_BREAK = "eager_on_graph break"
+KINDS = ("function", "method", "classmethod", "staticmethod", EAGER_BREAK)
 DEFERRED = "deferred to upstream"
 IMPORT_FAILED = "its module does not import"
 
@@ -273,6 +276,10 @@ def _kind_of(owner: Any, raw: Any) -> tuple[str, Callable[..., Any] | None]:
         return "staticmethod", raw.__func__
     if inspect.isfunction(raw):
         return ("method" if inspect.isclass(owner) else "function"), raw
+    if type(raw).__name__ == "_EagerOnGraphCallable" and inspect.isfunction(
+        getattr(raw, "__wrapped__", None)
+    ):
+        return EAGER_BREAK, raw.__wrapped__
     return type(raw).__name__, None
 
 

@@ -38,6 +38,10 @@ a pass:
   the layers split, no ``tail_graph_eager.*``);
 * the boundary workload: the decode rows of the target's MIXED steps had every context length of
   ``e2e_workload.boundary_lens`` (the SWA window, the page, the c4 top-k threshold, each crossed);
+* lean (``-lean``: ``wo_a_in_break`` and ``compress_plan_cap``): under the breakable prefill graph
+  every captured layer's attention break carried wo_a, the breaks ran in every replayed prefill
+  step, every replayed batch was checked against the capped plans, no break fell back and no
+  batch was over the cap; in an eager or dgraph phase both patches counted nothing;
 * the pressure workload (small pool, client aborts): the requests the client aborts are left out
   of the token comparison and of the length check, and must have stopped mid-generation with an
   abort; the pool log must show retractions and radix-cache evictions in every phase.
@@ -55,6 +59,8 @@ PATCH = "mixed_split"
 RD_PATCH = "replay_read_done"
 DES_PATCH = "drop_empty_segments"
 LW_PATCH = "live_width_indexer"
+WO_A_PATCH = "wo_a_in_break"
+CAP_PATCH = "compress_plan_cap"
 WAR_PATCH = "war_snapshot_check"
 RATIOS = (0, 4, 128)
 # Upstream's trace of the DP logits gather (logits_processor._trace_e2e_logits), printed per step.
@@ -104,6 +110,7 @@ class PhaseRecord:
     read_done: bool = False  # the -rd variant: replay_read_done and war_snapshot_check on
     drop_empty: bool = False  # the -des variant: drop_empty_segments on
     live_width: bool = False  # the -lw variant: live_width_indexer on
+    lean: bool = False  # the -lean variant: wo_a_in_break and compress_plan_cap on
     error: str = ""
     outputs: dict[str, list[int]] = field(default_factory=dict)
     expected_lens: dict[str, int] = field(default_factory=dict)
@@ -138,6 +145,7 @@ class PhaseRecord:
             and not self.read_done
             and not self.drop_empty
             and not self.live_width
+            and not self.lean
             and not self.tail_graphs
         )
 
@@ -153,6 +161,11 @@ class AdaptivePolicy:
     coeffs: object  # split_cost_model.Coefficients
     topk: int
     layers: Mapping[int, int]  # {compress ratio: layers}
+
+    @property
+    def num_layers(self) -> int:
+        """The model's layers (``num_hidden_layers`` of the config, every compress ratio)."""
+        return sum(self.layers.values())
 
     @property
     def ratios(self) -> frozenset[int]:
@@ -362,6 +375,8 @@ def check_phase(
         checks.append(_drop_empty(rec))
     if rec.live_width:
         checks.append(_live_width(rec, mixed_graph))
+    if rec.lean:
+        checks.extend(_lean(rec, policy.num_layers))
     if rec.dp > 1:
         checks.extend(_dp_checks(rec))
     return checks
@@ -488,6 +503,69 @@ def _live_width(rec: PhaseRecord, mixed_graph: int) -> Check:
         f"{wrapped} indexer calls captured as breaks, {ran} breaks run ({narrowed} narrowed, "
         f"{full_width} kept the capture width for a request beyond the top-k) over {mixed_graph} "
         f"replayed MIXED steps; fallbacks {fb or 'none'}",
+    )
+
+
+def _lean(rec: PhaseRecord, layers: int) -> list[Check]:
+    """The lean variant: both patches act under the breakable prefill graph; eager and dgraph
+    phases have none, so there both must count nothing."""
+    if rec.graph != "bcg":
+        return [_lean_inactive(rec)]
+    replays = len(_of_mode(rec.steps, "MIXED", graph=True)) + len(
+        _of_mode(rec.steps, "EXTEND", graph=True)
+    )
+    return [_wo_a_in_break(rec, layers, replays), _compress_plan_cap(rec, replays)]
+
+
+def _listed(counts: Mapping[str, int]) -> str:
+    return ", ".join(f"{k}: {n}" for k, n in sorted(counts.items())) or "none"
+
+
+def _wo_a_in_break(rec: PhaseRecord, layers: int, replays: int) -> Check:
+    """Every layer of every capture took its attention through wo_a in one break
+    (``layers_through_wo_a``, counted per captured layer), each replayed prefill step ran every
+    layer's break (``breaks_run``, also counted once per layer at capture), no break fell back
+    to upstream's."""
+    ev, fb = _events(rec, WO_A_PATCH), _fallbacks(rec, WO_A_PATCH)
+    through, ran = ev.get("layers_through_wo_a", 0), ev.get("breaks_run", 0)
+    ok = through > 0 and through % layers == 0 and 0 < ran and layers * replays <= ran and not fb
+    return Check(
+        rec.name,
+        "wo_a_in_break ran attention, inverse RoPE and wo_a in one break per layer",
+        ok,
+        f"layers_through_wo_a {through} ({layers} layers a capture), breaks_run {ran} "
+        f"(at least {layers} x {replays} replayed prefill steps); fallbacks {_listed(fb)}",
+    )
+
+
+def _compress_plan_cap(rec: PhaseRecord, replays: int) -> Check:
+    """Each replayed prefill step's batch was checked against the capped compressor plans
+    (``batches_checked``, in ``can_run_graph``), and none was over the cap (``over_cap``: it
+    would have run eagerly). Other fallbacks (a plan left uncapped) are listed."""
+    ev, fb = _events(rec, CAP_PATCH), dict(_fallbacks(rec, CAP_PATCH))
+    checked, over = ev.get("batches_checked", 0), fb.pop("over_cap", 0)
+    capped = {k: n for k, n in ev.items() if k.startswith("plans_capped.")}
+    return Check(
+        rec.name,
+        "compress_plan_cap checked every replayed batch against the capped plans",
+        0 < checked and replays <= checked and not over,
+        f"batches_checked {checked} over {replays} replayed prefill steps, over_cap {over}; "
+        f"plans capped {_listed(capped)}; other fallbacks {_listed(fb)}",
+    )
+
+
+def _lean_inactive(rec: PhaseRecord) -> Check:
+    active = {
+        f"{p} {kind}": {k: n for k, n in counts.items() if n}
+        for p in (WO_A_PATCH, CAP_PATCH)
+        for kind, counts in (("events", _events(rec, p)), ("fallbacks", _fallbacks(rec, p)))
+        if any(counts.values())
+    }
+    return Check(
+        rec.name,
+        "wo_a_in_break and compress_plan_cap inactive without a breakable prefill graph",
+        not active,
+        f"active: {active}" if active else "",
     )
 
 

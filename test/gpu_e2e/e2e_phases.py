@@ -10,7 +10,8 @@ prefill/mixed replays publish the WAR read-done event (patch ``replay_read_done`
 check ``war_snapshot_check`` raises on a shared-table read after it. Its baseline is still
 ``<graph>-off``: publishing earlier must not change a token. The default list is the nine
 ``<graph>-<split>`` phases plus ``bcg-off-rd`` and ``bcg-always-rd`` (the graph mode that replays
-prefill and MIXED steps, without and with the split).
+prefill and MIXED steps, without and with the split). ``-des``, ``-lw`` and ``-lean`` (patches
+``wo_a_in_break`` and ``compress_plan_cap`` together) are by name only, also against ``<graph>-off``.
 
 The speculative phases ``spec-<graph>-<split>`` (``spec`` names the eight of ``SPEC_DEFAULT``) serve
 the tiny model with one next-n layer (``tiny_dsv4_mtp_config.json``) under EAGLE (``SPEC_KWARGS``:
@@ -89,7 +90,7 @@ class Variant:
     spec: bool = False
 
 
-# In name order (``bcg-always-rd-des-lw``, ``spec-eager-always-tail-noovl``). Only -rd is in the
+# In name order (``bcg-always-rd-des-lw-lean``, ``spec-eager-always-tail-noovl``). Only -rd is in the
 # default list, -tail and -noovl in ``spec``; the others by name.
 VARIANTS = (
     Variant("read_done", RD_SUFFIX, READ_DONE_ENV),
@@ -102,6 +103,14 @@ VARIANTS = (
         "live_width",
         "-lw",
         {"SGLANG_OPT_DSV4_BCG_LIVE_WIDTH_INDEXER": "1", "SGLANG_OPT_USE_MULTI_STREAM_OVERLAP": "0"},
+    ),
+    # DeepSeek-V4's attention break also runs the inverse RoPE and wo_a (patch wo_a_in_break)
+    # and the compressors' capture plans are capped (patch compress_plan_cap): both act in
+    # breakable prefill graphs only, so eager and dgraph -lean phases show them doing nothing
+    Variant(
+        "lean",
+        "-lean",
+        {"SGLANG_MIXGRAPH_BCG_WO_A_IN_BREAK": "1", "SGLANG_MIXGRAPH_BCG_COMPRESS_PLAN_CAP": "1"},
     ),
     Variant("tail_graphs", "-tail", {"SGLANG_MIXGRAPH_SPLIT_TAIL_GRAPHS": "1"}, spec=True),
     Variant("no_overlap", NO_OVERLAP_SUFFIX, {}, {"disable_overlap_schedule": True}, spec=True),
@@ -161,6 +170,7 @@ class Phase:
     read_done: bool = False
     drop_empty: bool = False
     live_width: bool = False
+    lean: bool = False
     spec: bool = False  # EAGLE over the next-n layer (SPEC_KWARGS)
     tail_graphs: bool = False
     no_overlap: bool = False

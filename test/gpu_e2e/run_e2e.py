@@ -295,6 +295,7 @@ def collect(phase, work, logs, seconds, timed_out, workload="full", dp=1) -> dic
         read_done=phase.read_done,
         drop_empty=phase.drop_empty,
         live_width=phase.live_width,
+        lean=getattr(phase, "lean", False),
         tail_graphs=getattr(phase, "tail_graphs", False),
         no_overlap=getattr(phase, "no_overlap", False),
         ran=bool(out.get("ok")),

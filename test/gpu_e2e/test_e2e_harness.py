@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -1170,3 +1171,163 @@ def test_every_variant_combination_parses_back_to_its_name_and_env():
                 assert settings and all(settings) == b, (name, v.suffix)
     with pytest.raises(ValueError, match=r"\[-rd\]\[-des\]\[-lw\]"):
         P.parse(["bcg-always-lw-rd"])  # suffixes in their one order
+
+
+# ---- the lean phases (wo_a_in_break + compress_plan_cap) -------------------------------------
+
+WO_A, CAP = "wo_a_in_break", "compress_plan_cap"
+WO_A_LINE = "wo_a_in_break ran attention, inverse RoPE and wo_a in one break per layer"
+CAP_LINE = "compress_plan_cap checked every replayed batch against the capped plans"
+LEAN_IDLE = "wo_a_in_break and compress_plan_cap inactive without a breakable prefill graph"
+# RD_STEPS replays 5 MIXED and 2 EXTEND steps; POLICY's model has 4 layers. Twelve captures of
+# four layers each, every break run once at capture and once per layer in each of the 7 replays.
+LEAN_ACTING = {
+    WO_A: {"breaks_deferred": 48, "layers_through_wo_a": 48, "breaks_run": 48 + 4 * 7},
+    CAP: {"plans_capped.c4": 24, "plans_capped.c128": 12, "batches_checked": 7},
+}
+
+
+def test_lean_phase_name_env_and_baseline():
+    from sglang_mixgraph.patches import compress_plan_cap, wo_a_in_break
+
+    (phase,) = P.parse(["bcg-always-lean"])
+    assert phase == P.Phase("bcg", "always", lean=True)
+    assert phase.name == "bcg-always-lean" and phase.baseline == "bcg-off"
+    assert not phase.is_baseline
+    assert [
+        p.name for p in P.parse(["bcg-always-lean", "bcg-off-lean", "bcg-always", "bcg-off"])
+    ] == [
+        "bcg-off",
+        "bcg-off-lean",
+        "bcg-always",
+        "bcg-always-lean",
+    ]
+    flags = (wo_a_in_break.FLAG.name, compress_plan_cap.FLAG.name)
+    offs = dict.fromkeys(flags, "0") | {P.SPLIT_FLAG: "0"}
+    plain = P.Phase("bcg", "always").env(offs, radix=False)
+    lean = phase.env(offs, radix=False)
+    assert {k: lean[k] for k in lean if plain.get(k) != lean[k]} == dict.fromkeys(flags, "1")
+    assert phase.engine_kwargs("/m", radix=False, slot=0) == P.Phase("bcg", "always").engine_kwargs(
+        "/m", radix=False, slot=0
+    )
+    assert not C.PhaseRecord("bcg-off-lean", "off", True, lean=True).is_baseline
+    # The speculative phases take -tail and -noovl only (their checks assume no other patch).
+    with pytest.raises(ValueError, match="a speculative phase takes no -lean"):
+        P.parse(["spec-bcg-always-lean"])
+    with pytest.raises(ValueError, match=r"\[-lw\]\[-lean\]"):
+        P.parse(["bcg-always-lean-lw"])  # -lean after -lw
+
+
+def _lean_rec(graph="bcg", split="off", *, patches=LEAN_ACTING, fallbacks=None, **kw):
+    """A ``<graph>-<split>-lean`` record; bcg replays RD_STEPS, the others run them eagerly."""
+    steps = RD_STEPS if graph == "bcg" else _steps(5, 0)
+    rec = _rec(
+        f"{graph}-{split}-lean",
+        split,
+        steps=steps,
+        patches=patches,
+        patch_fallbacks=fallbacks,
+        **kw,
+    )
+    return replace(rec, graph=graph, lean=True)
+
+
+def _with(patch, **counts):
+    return dict(LEAN_ACTING, **{patch: dict(LEAN_ACTING[patch], **counts)})
+
+
+def test_lean_bcg_phase_passes_with_both_patches_acting():
+    base = _rec("bcg-off", "off", steps=RD_STEPS)
+    checks = _check(_lean_rec(), base)
+    assert _failed(checks) == []
+    names = [c.name for c in checks]
+    assert WO_A_LINE in names and CAP_LINE in names and LEAN_IDLE not in names
+    assert "tokens equal bcg-off" in names
+    assert _detail(checks, WO_A_LINE) == (
+        "layers_through_wo_a 48 (4 layers a capture), breaks_run 76 (at least 4 x 7 replayed "
+        "prefill steps); fallbacks none"
+    )
+    # A plan left uncapped (online c128 compression) is listed, not failed: the rest is capped.
+    online = _check(_lean_rec(fallbacks={CAP: {"online": 12}}), base)
+    assert _failed(online) == [] and "other fallbacks online: 12" in _detail(online, CAP_LINE)
+    # Plain phases carry no lean check.
+    assert not {WO_A_LINE, CAP_LINE, LEAN_IDLE} & {c.name for c in _check(base, None)}
+
+
+@pytest.mark.parametrize(
+    "patches, fallbacks, failed, said",
+    [
+        ({}, None, [WO_A_LINE, CAP_LINE], "layers_through_wo_a 0"),  # neither patch acted
+        (_with(WO_A, layers_through_wo_a=46), None, [WO_A_LINE], "layers_through_wo_a 46"),
+        # fewer break runs than 4 layers x 7 replays: some replay never ran the break
+        (_with(WO_A, breaks_run=27), None, [WO_A_LINE], "breaks_run 27 (at least 4 x 7"),
+        (_with(WO_A, breaks_run=0), None, [WO_A_LINE], "breaks_run 0"),
+        (LEAN_ACTING, {WO_A: {"wo_a_fp8": 4}}, [WO_A_LINE], "fallbacks wo_a_fp8: 4"),
+        (LEAN_ACTING, {WO_A: {"call_site": 1}}, [WO_A_LINE], "fallbacks call_site: 1"),
+        (_with(CAP, batches_checked=0), None, [CAP_LINE], "batches_checked 0 over 7"),
+        (_with(CAP, batches_checked=5), None, [CAP_LINE], "batches_checked 5 over 7"),
+        (LEAN_ACTING, {CAP: {"over_cap": 1}}, [CAP_LINE], "over_cap 1"),
+    ],
+)
+def test_lean_bcg_phase_fails_where_a_patch_did_not_act_or_fell_back(
+    patches, fallbacks, failed, said
+):
+    base = _rec("bcg-off", "off", steps=RD_STEPS)
+    checks = _check(_lean_rec(patches=patches, fallbacks=fallbacks), base)
+    assert _failed(checks) == failed
+    assert said in _detail(checks, failed[0])
+
+
+def test_lean_split_phase_is_checked_as_split_phase_as_lean_and_against_bcg_off():
+    base = _rec("bcg-off", "off", steps=RD_STEPS)
+    ok = _lean_rec(split="always", events=REPLAYS)
+    assert _failed(_check(ok, base)) == []
+    differs = _lean_rec(split="always", events=REPLAYS, outputs={"r0": [1, 2, 9], "r1": [4, 5]})
+    assert _failed(_check(differs, base)) == ["tokens equal bcg-off"]
+    unsplit = _lean_rec(split="always", events=dict(REPLAYS, replays_split=0))
+    assert _failed(_check(unsplit, base)) == ["split acted in every replayed MIXED step"]
+
+
+@pytest.mark.parametrize("graph", ["eager", "dgraph"])
+def test_lean_phase_without_a_breakable_graph_fails_on_any_activity(graph):
+    base = _rec(f"{graph}-off", "off", steps=_steps(5, 0))
+    quiet = _check(_lean_rec(graph, patches={}), base)
+    assert _failed(quiet) == [] and LEAN_IDLE in [c.name for c in quiet]
+    assert not {WO_A_LINE, CAP_LINE} & {c.name for c in quiet}
+    zeros = {WO_A: {"breaks_run": 0}, CAP: {"batches_checked": 0}}  # keys at 0 are no activity
+    assert _failed(_check(_lean_rec(graph, patches=zeros), base)) == []
+    checked = _check(_lean_rec(graph, patches={CAP: {"batches_checked": 3}}), base)
+    assert _failed(checked) == [LEAN_IDLE]
+    assert _detail(checked, LEAN_IDLE) == (
+        "active: {'compress_plan_cap events': {'batches_checked': 3}}"
+    )
+    fell_back = _check(_lean_rec(graph, patches={}, fallbacks={WO_A: {"outside_layer": 4}}), base)
+    assert _failed(fell_back) == [LEAN_IDLE]
+    assert "wo_a_in_break fallbacks" in _detail(fell_back, LEAN_IDLE)
+
+
+def test_the_driver_reads_a_lean_phase_counters_line_into_its_checks(tmp_path):
+    import run_e2e
+
+    from sglang_mixgraph import counters
+
+    def collected(snap):
+        phase = P.Phase("bcg", "off", lean=True)
+        (tmp_path / "logs").mkdir(exist_ok=True)
+        line = f"[2026-12-06 10:00:00] {counters.LOG_PREFIX}{json.dumps(snap)}"
+        (tmp_path / "logs" / f"{phase.name}.log").write_text(line + "\n")
+        steps = tmp_path / phase.name / "steps"
+        steps.mkdir(parents=True, exist_ok=True)
+        (steps / "steps_7.jsonl").write_text("".join(json.dumps(s) + "\n" for s in RD_STEPS))
+        out = {"ok": True, "outputs": {"r0": [1, 2, 3]}, "expected_lens": {"r0": 3}}
+        (tmp_path / phase.name / "out.json").write_text(json.dumps(out))
+        args = (phase, str(tmp_path), str(tmp_path / "logs"), 1.0, False, "short")
+        rec = run_e2e.collect(*args)["record"]
+        assert rec.lean and rec.graph == "bcg" and not rec.is_baseline
+        base = _rec("bcg-off", "off", steps=RD_STEPS, outputs={"r0": [1, 2, 3]})
+        base.expected_lens = {"r0": 3}
+        return C.check_phase(rec, base, POLICY)
+
+    assert _failed(collected({"pid": 7, "events": LEAN_ACTING, "fallbacks": {}})) == []
+    over = collected({"pid": 7, "events": LEAN_ACTING, "fallbacks": {CAP: {"over_cap": 2}}})
+    assert _failed(over) == [CAP_LINE] and "over_cap 2" in _detail(over, CAP_LINE)

@@ -76,7 +76,31 @@ def _gather_the_padded_rows(self):
 
 
 SPLIT = f"{ug.SPLIT_OP_MODULE}.bcg_dsa_indexer_prefill_split"
+
+
+def _mqa_forward_with_a_new_tail_call(self, x, positions, forward_batch, x_quant=None):
+    o = x.new_empty(x.shape)
+    bcg_deepseek_v4_attention_with_output(x, x, o, 0, 4, None, False)  # noqa: F821
+    o = scale_heads(o)  # noqa: F821
+    return self._project_wo_b(o)
+
+
 DOCTORED = [
+    (
+        "dsv4_attention_tail",
+        "sglang.srt.models.deepseek_v4.MQALayer.forward",
+        _mqa_forward_with_a_new_tail_call,
+        "sglang.srt.models.deepseek_v4.MQALayer.forward, between its attention break and wo_b: "
+        "scale_heads",
+    ),
+    (
+        "dsv4_attention_tail",
+        "sglang.srt.models.deepseek_v4.MQALayer.forward",
+        _plain,
+        "sglang.srt.models.deepseek_v4.MQALayer.forward, between its attention break and wo_b: "
+        "MQALayer.forward no longer calls bcg_deepseek_v4_attention_with_output before "
+        "self._project_wo_b",
+    ),
     (
         "dsa_indexer_split_op",
         f"{ug.INDEXER}.forward_cuda",

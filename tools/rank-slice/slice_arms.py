@@ -30,6 +30,8 @@ TAIL_GRAPHS = "SGLANG_MIXGRAPH_SPLIT_TAIL_GRAPHS"
 BUCKETS = "SGLANG_MIXGRAPH_PREFILL_BUCKETS"
 FORCE_BCG = "SGLANG_EXPERIMENTAL_FORCE_BCG"
 LIVE_WIDTH = "SGLANG_OPT_DSV4_BCG_LIVE_WIDTH_INDEXER"
+WO_A_IN_BREAK = "SGLANG_MIXGRAPH_BCG_WO_A_IN_BREAK"
+COMPRESS_CAP = "SGLANG_MIXGRAPH_BCG_COMPRESS_PLAN_CAP"
 ONE_STREAM = {"SGLANG_OPT_USE_MULTI_STREAM_OVERLAP": "0"}  # upstream's DSV4 stream overlap off
 # An allowlist that names no installed plugin: SGLang loads none, so the arm is SGLang alone.
 NO_PLUGIN = {"SGLANG_PLUGINS": "none"}
@@ -69,6 +71,16 @@ ARMS = {
             "bcg-auto",
             "derived buckets + the capture estimate in place of the DeepSeek-V4 rule",
             {BUCKETS: "auto"},
+        ),
+        Arm(
+            "bcg-auto-wo-a",
+            "bcg-auto with the inverse RoPE and wo_a inside the attention break",
+            {BUCKETS: "auto", WO_A_IN_BREAK: "1"},
+        ),
+        Arm(
+            "bcg-auto-lean",
+            "bcg-auto-wo-a with the compressor plans capped (the replay's extra GPU work removed)",
+            {BUCKETS: "auto", WO_A_IN_BREAK: "1", COMPRESS_CAP: "1"},
         ),
         Arm(
             "bcg-auto-ctx",

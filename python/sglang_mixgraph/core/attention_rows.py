@@ -12,8 +12,8 @@ query (``num_qo_tokens=q.shape[0]``), so this count is also the one any cache bu
 the break must have.
 
 Every patch that sizes something for the replayed attention takes its rows from here
-(``patches/replay_read_done.py``, ``patches/mixed_split/plan.py``): two rules would plan one
-count while the attention sees another.
+(``patches/replay_read_done.py``, ``patches/mixed_split/plan.py``, ``patches/wo_a_in_break.py``):
+two rules would plan one count while the attention sees another.
 """
 
 from __future__ import annotations

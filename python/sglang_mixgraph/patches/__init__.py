@@ -20,6 +20,7 @@ def all_patches() -> tuple[Patch, ...]:
         mixed_split,
         replay_read_done,
         war_snapshot_check,
+        wo_a_in_break,
     )
 
     return (
@@ -31,4 +32,5 @@ def all_patches() -> tuple[Patch, ...]:
         live_width_indexer.PATCH,
         hold_break_inputs.PATCH,
         compress_plan_cap.PATCH,
+        wo_a_in_break.PATCH,
     )

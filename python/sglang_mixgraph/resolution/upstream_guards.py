@@ -296,6 +296,23 @@ def _replay_logits_live_counts() -> list[str]:
     )
 
 
+def _dsv4_attention_tail() -> list[str]:
+    """``wo_a_in_break`` defers DeepSeek-V4's attention break to wo_a: nothing else may run on
+    the attention output in between."""
+    from sglang_mixgraph.patches import wo_a_in_break as wb
+
+    try:
+        forward = inspect.unwrap(_get(f"{wb.DSV4}.MQALayer.forward"))
+    except LookupError as e:
+        return [f"{wb.DSV4}.MQALayer.forward: cannot be read ({e})"]
+    beyond = wb.tail_calls_beyond_known(forward)
+    if not beyond:
+        return []
+    return [
+        f"{wb.DSV4}.MQALayer.forward, between its attention break and wo_b: {', '.join(beyond)}"
+    ]
+
+
 GUARDS = (
     Guard(
         "dsa_indexer_split_op",
@@ -330,6 +347,12 @@ GUARDS = (
         "static batch keeps the live counts, _execute_body_capture runs the logits tail on it, "
         "LogitsMetadata gathers their sum",
         _replay_logits_live_counts,
+    ),
+    Guard(
+        "dsv4_attention_tail",
+        "DeepSeek-V4's MQALayer.forward runs only the inverse RoPE and wo_a on the attention "
+        "break's output before wo_b (wo_a_in_break moves them into the break)",
+        _dsv4_attention_tail,
     ),
 )
 
