@@ -178,18 +178,22 @@ def tail_calls_beyond_known(forward: Callable[..., Any]) -> list[str]:
 
 
 @functools.cache
-def _tail_changed() -> bool:
-    beyond = tail_calls_beyond_known(inspect.unwrap(_module(DSV4).MQALayer.forward))
-    if beyond:
-        fallback_once(PATCH_ID, f"{FALLBACKS['tail_changed']} ({', '.join(beyond)})")
-    return bool(beyond)
+def _tail_beyond_known() -> tuple[str, ...]:
+    """The installed layer's new tail calls, read once per process."""
+    return tuple(tail_calls_beyond_known(inspect.unwrap(_module(DSV4).MQALayer.forward)))
+
+
+def _reason(key: str) -> str:
+    if key == "tail_changed":
+        return f"{FALLBACKS[key]} ({', '.join(_tail_beyond_known())})"
+    return FALLBACKS[key]
 
 
 def unhandled(layer, output) -> str | None:
     """Why the attention break of ``layer`` stays upstream's (a FALLBACKS key), or None."""
     if layer is None:
         return "outside_layer"
-    if _tail_changed():
+    if _tail_beyond_known():
         return "tail_changed"
     dsv4 = _module(DSV4)
     if dsv4._is_hip or dsv4._is_npu or getattr(layer, "use_npu_arch35_mxfp8_wo_a", False):
@@ -309,7 +313,7 @@ def around_attention_break(
         return original(*args)
     why = unhandled(_LAYER.get(), output)
     if why is not None or _DEFERRED.get() is not None:
-        fallback_once(PATCH_ID, FALLBACKS[why or "call_site"], key=why or "call_site")
+        fallback_once(PATCH_ID, _reason(why or "call_site"), key=why or "call_site")
         return original(*args)
     _DEFERRED.set(_Deferred(original, args))
     counters.count(PATCH_ID, "breaks_deferred")
