@@ -35,7 +35,9 @@ a pass:
   under EAGLE (SGLang issue 29985), and the split arms are also compared with it; with the
   overlap scheduler off (``-noovl``) the reference is ``spec-eager-off-noovl``; with tail graphs
   (``-tail``) every split layer's decode tail replayed from its graph (``tail_graph_replays`` =
-  the layers split, no ``tail_graph_eager.*``);
+  the layers split, no ``tail_graph_eager.*``); with upstream's online c128 MTP compression
+  (``-online``, reference ``spec-eager-off-online``) the split arms split nothing: every target
+  MIXED step recognised and fell back (``spec_online_c128``), ``steps_split``/``replays_split`` 0;
 * the boundary workload: the decode rows of the target's MIXED steps had every context length of
   ``e2e_workload.boundary_lens`` (the SWA window, the page, the c4 top-k threshold, each crossed);
 * lean (``-lean``: ``wo_a_in_break`` and ``compress_plan_cap``): under the breakable prefill graph
@@ -72,6 +74,16 @@ LOGITS_GATHER_STAGE = "stage=dp_metadata_returned"
 # tokens may flip and one verify step accept a token more or less.
 ACCEPT_LENGTH_TOLERANCE = 0.01
 SPEC_REFERENCE = "spec-eager-off"  # e2e_phases.SPEC_REFERENCE (no sglang import there either)
+# The split's fallback under upstream's online c128 MTP compression (mixed_split/state.py).
+ONLINE_FALLBACK = "spec_online_c128"
+# The split's counters that say a step split or was decided (plan.py ``_plan``).
+SPLIT_ACTIVITY = (
+    "steps_split",
+    "replays_split",
+    "decode_rows_split",
+    "steps_unsplit_adaptive",
+    "replays_unsplit_adaptive",
+)
 UPSTREAM_29985 = (
     "upstream's breakable prefill replay under EAGLE (SGLang issue 29985), not the split's"
 )
@@ -130,6 +142,7 @@ class PhaseRecord:
     spec: bool = False  # a speculative phase (EAGLE over the next-n layer)
     tail_graphs: bool = False  # the -tail variant: SGLANG_MIXGRAPH_SPLIT_TAIL_GRAPHS=1
     no_overlap: bool = False  # the -noovl variant: SGLang's overlap scheduler off
+    online_c128: bool = False  # the -online variant: upstream's online c128 MTP compression
     spec_counts: dict = field(default_factory=dict)  # rid -> e2e_phase.spec_counts
     boundary_lens: tuple[int, ...] = ()  # the boundary workload: context lengths rows must cross
     logprob_rids: tuple[str, ...] = ()  # requests with return_logprob (speculative workloads)
@@ -138,7 +151,8 @@ class PhaseRecord:
     @property
     def is_baseline(self) -> bool:
         """A ``<graph>-off`` phase: the tokens every other phase of its graph mode must equal;
-        under speculation only the eager one (``spec-eager-off``, ``spec-eager-off-noovl``)."""
+        under speculation only the eager one (``spec-eager-off``, ``spec-eager-off-noovl``,
+        ``spec-eager-off-online``...)."""
         return (
             self.split == "off"
             and (not self.spec or self.graph == "eager")
@@ -368,7 +382,9 @@ def check_phase(
         checks.extend(_speculative(rec, baseline, upstream_arm, mixed_eager + mixed_graph, policy))
     elif not rec.is_baseline:
         checks.append(_tokens_equal(rec, baseline))
-    if rec.split != "off":
+    if rec.split != "off" and rec.online_c128:
+        checks.extend(_online_fell_back(rec, mixed_eager + mixed_graph, ev, fb))
+    elif rec.split != "off":
         checks.extend(_acted(rec, mixed_eager, mixed_graph, ev, fb, policy))
     checks.extend(_read_done(rec) if rec.read_done else [_read_done_inactive(rec)])
     if rec.drop_empty:
@@ -790,7 +806,9 @@ def _draft_counted_apart(rec: PhaseRecord, mixed: int, policy: AdaptivePolicy) -
     split = ev.get("steps_split", 0) + ev.get("replays_split", 0)
     layers = {r: ev.get(f"layers_split.c{r}", 0) for r in RATIOS}
     expected = {r: policy.layers.get(r, 0) * split for r in RATIOS}
-    others = {k: n for k, n in fb.items() if k != "spec_draft"}
+    # Under online c128 MTP the target's MIXED steps fall back too (_online_fell_back).
+    expected_keys = ("spec_draft", ONLINE_FALLBACK) if rec.online_c128 else ("spec_draft",)
+    others = {k: n for k, n in fb.items() if k not in expected_keys}
     return [
         Check(
             rec.name,
@@ -810,6 +828,40 @@ def _draft_counted_apart(rec: PhaseRecord, mixed: int, policy: AdaptivePolicy) -
             "layers split are the target's only (its layers per ratio x split steps)",
             layers == expected,
             f"layers_split {layers}, expected {expected} ({split} split steps)",
+        ),
+    ]
+
+
+def _online_fell_back(rec: PhaseRecord, mixed: int, ev: dict, fb: dict) -> list[Check]:
+    """The -online variant's split arms: the split keeps upstream's path in every target MIXED
+    step (plan.py ``_speculative_reason``: the compressor's per-request online state is not
+    split), after recognising it, so each is counted once in ``steps_seen.*``/``replays_seen``
+    and once in the ``spec_online_c128`` fallback, and nothing split or was decided."""
+    seen = sum(n for k, n in ev.items() if k.startswith("steps_seen.")) + ev.get("replays_seen", 0)
+    fell = fb.get(ONLINE_FALLBACK, 0)
+    acted = {
+        k: n
+        for k, n in ev.items()
+        if n and (k in SPLIT_ACTIVITY or k.startswith(("layers_split.", "tail_graph")))
+    }
+    return [
+        Check(
+            rec.name,
+            "every MIXED step recognised (steps_seen, replays_seen)",
+            seen == mixed,
+            f"recognised {seen} of {mixed}",
+        ),
+        Check(
+            rec.name,
+            f"the split fell back on every MIXED step for online c128 MTP ({ONLINE_FALLBACK})",
+            fell == mixed > 0,
+            f"{ONLINE_FALLBACK} {fell} of {mixed} MIXED steps",
+        ),
+        Check(
+            rec.name,
+            "no MIXED step split under online c128 MTP (steps_split, replays_split 0)",
+            not acted,
+            _listed(acted) if acted else "",
         ),
     ]
 

@@ -17,11 +17,15 @@ The speculative phases ``spec-<graph>-<split>`` (``spec`` names the eight of ``S
 the tiny model with one next-n layer (``tiny_dsv4_mtp_config.json``) under EAGLE (``SPEC_KWARGS``:
 2 draft steps, top-k 1, 3 draft tokens). Every one of them is compared with ``spec-eager-off``,
 eager upstream, never with a breakable arm: upstream keeps that graph off for a speculative
-DeepSeek-V4 (SGLang issue 29985), so ``spec-bcg-off`` is itself under test. Two variants apply
+DeepSeek-V4 (SGLang issue 29985), so ``spec-bcg-off`` is itself under test. Three variants apply
 to them only: ``-tail`` (the split's decode tails replayed from their CUDA graphs,
-``SGLANG_MIXGRAPH_SPLIT_TAIL_GRAPHS=1``; split phases only) and ``-noovl`` (SGLang's overlap
+``SGLANG_MIXGRAPH_SPLIT_TAIL_GRAPHS=1``; split phases only), ``-noovl`` (SGLang's overlap
 scheduler off, ``disable_overlap_schedule``: the synchronous EAGLE path), whose reference is
-``spec-eager-off-noovl``.
+``spec-eager-off-noovl``; and, by name only, ``-online``: upstream's online c128 MTP
+compression on (``SGLANG_OPT_USE_ONLINE_COMPRESS`` and ``SGLANG_EXPERIMENTAL_ONLINE_C128_MTP``),
+where the split must fall back on every MIXED step (so never with ``-tail``); it may change
+numerics against offline compression, so its reference is ``spec-eager-off-online``
+(``-noovl-online`` together: ``spec-eager-off-noovl-online``).
 
 ``KERNEL_ENV``/``KERNEL_ENGINE`` (``sglang_mixgraph.kits.gpu_machine``, shared with
 tools/rank-slice) select, through upstream's own flags, the kernels that exist on the GPU machine:
@@ -62,6 +66,12 @@ SPEC_KWARGS = {
 }
 SPEC_REFERENCE = "spec-eager-off"
 NO_OVERLAP_SUFFIX = "-noovl"
+ONLINE_SUFFIX = "-online"
+# Upstream's online c128 compression under MTP (OnlineC128MTPController.enabled reads both).
+ONLINE_C128_ENV = {
+    "SGLANG_OPT_USE_ONLINE_COMPRESS": "1",
+    "SGLANG_EXPERIMENTAL_ONLINE_C128_MTP": "1",
+}
 SPEC_DEFAULT = (
     SPEC_REFERENCE,
     "spec-eager-always",
@@ -81,17 +91,21 @@ MTP_CONFIG = "tiny_dsv4_mtp_config.json"  # the same model with one next-n layer
 @dataclass(frozen=True)
 class Variant:
     """A setting added to a ``<graph>-<split>`` phase: the Phase field, the name suffix, its env,
-    its Engine arguments, whether only speculative phases (``spec``) or only the others take it."""
+    its Engine arguments, whether only speculative phases (``spec``) or only the others take it,
+    and whether it changes the reference (``own_reference``: its phases are read against the
+    eager split-off phase with the same variant, not against the plain one)."""
 
     field: str
     suffix: str
     env: Mapping[str, str]
     engine: Mapping[str, object] = field(default_factory=dict)
     spec: bool = False
+    own_reference: bool = False
 
 
-# In name order (``bcg-always-rd-des-lw-lean``, ``spec-eager-always-tail-noovl``). Only -rd is in the
-# default list, -tail and -noovl in ``spec``; the others by name.
+# In name order (``bcg-always-rd-des-lw-lean``, ``spec-eager-always-tail-noovl``,
+# ``spec-eager-always-noovl-online``). Only -rd is in the default list, -tail and -noovl in
+# ``spec``; the others by name.
 VARIANTS = (
     Variant("read_done", RD_SUFFIX, READ_DONE_ENV),
     # breakable graphs never launch their empty segments (patch drop_empty_segments)
@@ -113,7 +127,16 @@ VARIANTS = (
         {"SGLANG_MIXGRAPH_BCG_WO_A_IN_BREAK": "1", "SGLANG_MIXGRAPH_BCG_COMPRESS_PLAN_CAP": "1"},
     ),
     Variant("tail_graphs", "-tail", {"SGLANG_MIXGRAPH_SPLIT_TAIL_GRAPHS": "1"}, spec=True),
-    Variant("no_overlap", NO_OVERLAP_SUFFIX, {}, {"disable_overlap_schedule": True}, spec=True),
+    Variant(
+        "no_overlap",
+        NO_OVERLAP_SUFFIX,
+        {},
+        {"disable_overlap_schedule": True},
+        spec=True,
+        own_reference=True,
+    ),
+    # upstream's online c128 MTP compression: the split falls back (``spec_online_c128``)
+    Variant("online_c128", ONLINE_SUFFIX, ONLINE_C128_ENV, spec=True, own_reference=True),
 )
 
 # Chunked prefill: every prompt longer than this is split into MIXED steps. With the radix cache
@@ -174,6 +197,7 @@ class Phase:
     spec: bool = False  # EAGLE over the next-n layer (SPEC_KWARGS)
     tail_graphs: bool = False
     no_overlap: bool = False
+    online_c128: bool = False
 
     @property
     def name(self) -> str:
@@ -183,16 +207,21 @@ class Phase:
     @property
     def baseline(self) -> str:
         """The phase whose tokens this one must reproduce: under speculation always the eager
-        one with the same scheduler (upstream's breakable arm is not a reference there)."""
+        one with the same scheduler and compression (the ``own_reference`` variants; upstream's
+        breakable arm is not a reference there)."""
         if not self.spec:
             return f"{self.graph}-off"
-        return SPEC_REFERENCE + (NO_OVERLAP_SUFFIX if self.no_overlap else "")
+        return self._off("eager")
 
     @property
     def upstream_arm(self) -> str:
-        """The split-off phase of this one's graph mode and scheduler (a speculative split arm
-        is also read against it where it differs from the reference)."""
-        return Phase(self.graph, "off", spec=self.spec, no_overlap=self.no_overlap).name
+        """The split-off phase of this one's graph mode, scheduler and compression (a
+        speculative split arm is also read against it where it differs from the reference)."""
+        return self._off(self.graph)
+
+    def _off(self, graph: str) -> str:
+        kept = {v.field: getattr(self, v.field) for v in VARIANTS if v.own_reference}
+        return Phase(graph, "off", spec=self.spec, **kept).name
 
     @property
     def config(self) -> str:
@@ -267,11 +296,14 @@ def parse(names: list[str]) -> list[Phase]:
         wrong = [v.suffix for v in VARIANTS if on[v.field] and v.spec != spec]
         if wrong:
             # The others' checks assume no speculation (read-done is never published under
-            # EAGLE); -tail and -noovl are read against the speculative references.
+            # EAGLE); -tail, -noovl and -online are read against the speculative references.
             kind = "a speculative phase" if spec else "a phase without speculation"
             raise ValueError(f"unknown phase {name!r}: {kind} takes no {'/'.join(wrong)}")
         if on["tail_graphs"] and split == "off":
             raise ValueError(f"unknown phase {name!r}: -tail needs the split on")
+        if on["tail_graphs"] and on["online_c128"]:
+            # Under online c128 MTP nothing splits, so no decode tail could replay.
+            raise ValueError(f"unknown phase {name!r}: -tail with -online (the split falls back)")
         phases.append(Phase(graph, split, spec=spec, **on))
     # Baselines first: every other phase is compared with them.
     return sorted(

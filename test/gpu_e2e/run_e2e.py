@@ -19,10 +19,11 @@ evictions. ``--workload boundary`` puts decode rows of MIXED steps across the SW
 the c4 top-k threshold, and checks from the step log that they crossed. ``--model glm5`` runs the tiny GLM-5 instead, with the phases and checks of
 e2e_glm5.py (graph mode x ``drop_empty_segments``, the probe e2e_glm5_probe.py in every process;
 ``glm5-eager`` is the baseline) and writes ``e2e_tiny_glm5.log``. ``--dp N --workload dp`` runs every phase with attention data parallelism over N GPUs
-and adds per-rank checks (e2e_checks.py). ``spec`` (or ``spec-<graph>-<split>[-tail][-noovl]`` by
+and adds per-rank checks (e2e_checks.py). ``spec`` (or ``spec-<graph>-<split>[-tail][-noovl][-online]`` by
 name) runs the eight speculative phases: EAGLE over the tiny model's one next-n layer
 (``tiny_dsv4_mtp_config.json``), each compared with eager upstream (``spec-eager-off``, or
-``spec-eager-off-noovl`` with the overlap scheduler off) in tokens and accept length; their
+``spec-eager-off-noovl`` with the overlap scheduler off, ``spec-eager-off-online`` with upstream's
+online c128 MTP compression) in tokens and accept length; their
 workloads end with a return_logprob request, and ``--workload boundary`` is the speculative one
 (e2e_spec_boundary.py: every request at once, 10 running, so ``max_running_requests`` >= 10).
 Writes ``e2e_tiny_dsv4.log``, ``e2e_results.json`` and ``phase_logs.tgz`` to ``$OUT`` (or
@@ -298,6 +299,7 @@ def collect(phase, work, logs, seconds, timed_out, workload="full", dp=1) -> dic
         lean=getattr(phase, "lean", False),
         tail_graphs=getattr(phase, "tail_graphs", False),
         no_overlap=getattr(phase, "no_overlap", False),
+        online_c128=getattr(phase, "online_c128", False),
         ran=bool(out.get("ok")),
         error=error,
         outputs=out.get("outputs", {}),

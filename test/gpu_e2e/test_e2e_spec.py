@@ -168,6 +168,50 @@ def test_a_spec_phase_is_its_phase_plus_eagle_and_the_next_n_model(kernels):
         assert (run_e2e.model_dir(p), run_e2e.model_dir(plain)) == ("model_mtp", "model")
 
 
+ONLINE = ["spec-eager-off-online", "spec-eager-always-online", "spec-bcg-always-online"]
+
+
+def test_online_phases_run_after_their_own_reference_with_both_upstream_flags():
+    phases = P.parse(list(reversed(ONLINE)))
+    assert [p.name for p in phases] == ONLINE
+    assert [p.is_baseline for p in phases] == [True, False, False]
+    assert {p.baseline for p in phases} == {"spec-eager-off-online"}
+    assert [p.upstream_arm for p in phases] == [
+        "spec-eager-off-online",
+        "spec-eager-off-online",
+        "spec-bcg-off-online",
+    ]
+    for p in phases:
+        plain = P.Phase(p.graph, p.split, spec=True)
+        off = {"SGLANG_MIXGRAPH_SPLIT_TAIL_GRAPHS": "0"}
+        env = p.env(off, radix=False)
+        assert env == dict(
+            plain.env(off, radix=False),
+            SGLANG_OPT_USE_ONLINE_COMPRESS="1",
+            SGLANG_EXPERIMENTAL_ONLINE_C128_MTP="1",
+        )
+        # Only the environment: the Engine's arguments are the plain speculative phase's.
+        assert p.engine_kwargs("/m", radix=False, slot=1) == plain.engine_kwargs(
+            "/m", radix=False, slot=1
+        )
+    # Not in the default speculative list; with -noovl, the reference has both.
+    assert not any(p.online_c128 for p in SPEC)
+    (both,) = P.parse(["spec-bcg-always-noovl-online"])
+    assert (both.baseline, both.upstream_arm) == (
+        "spec-eager-off-noovl-online",
+        "spec-bcg-off-noovl-online",
+    )
+    assert P.parse([both.baseline])[0].is_baseline
+    assert both.engine_kwargs("/m", radix=False, slot=0)["disable_overlap_schedule"]
+    for bad, why in {
+        "eager-always-online": "a phase without speculation takes no -online",
+        "spec-eager-always-online-noovl": "unknown phase",  # suffixes in VARIANTS order
+        "spec-eager-always-tail-online": "-tail with -online",
+    }.items():
+        with pytest.raises(ValueError, match=why):
+            P.parse([bad])
+
+
 # ---- the checks --------------------------------------------------------------------------------
 
 TOKENS = {"r0": [1, 2, 3], "r1": [4, 5]}
@@ -204,6 +248,7 @@ def _spec(name, *, outputs=TOKENS, counts=COUNTS, events=None, fallbacks=None, s
         spec=True,
         tail_graphs=phase.tail_graphs,
         no_overlap=phase.no_overlap,
+        online_c128=phase.online_c128,
         ran=True,
         outputs=outputs,
         expected_lens={"r0": 3, "r1": 2},
@@ -408,6 +453,81 @@ def test_a_tail_graph_arm_must_replay_every_split_layers_tail():
     assert TAILS not in [c.name for c in _check(_spec("spec-eager-always", events=SPLIT))]
 
 
+ONLINE_STEPS = {
+    "steps_seen.mixed_run_as_extend": 4,
+    "draft_steps_seen.mixed_run_as_extend": 4,
+}
+ONLINE_FALLBACKS = {"spec_draft": 4, "spec_online_c128": 4}
+FELL_BACK = "the split fell back on every MIXED step for online c128 MTP (spec_online_c128)"
+NOT_SPLIT = "no MIXED step split under online c128 MTP (steps_split, replays_split 0)"
+
+
+def test_an_online_split_arm_passes_only_where_every_mixed_step_fell_back():
+    ref = _spec("spec-eager-off-online")
+    assert ref.is_baseline and _failed(C.check_phase(ref, None, POLICY)) == []
+    # No split activity in the reference: a counted fallback there fails.
+    busy_ref = _spec("spec-eager-off-online", fallbacks={"spec_online_c128": 4})
+    assert _failed(C.check_phase(busy_ref, None, POLICY)) == ["mixed_split inactive (flag off)"]
+
+    def check(**kw):
+        kw = {"events": ONLINE_STEPS, "fallbacks": ONLINE_FALLBACKS, **kw}
+        return C.check_phase(_spec("spec-eager-always-online", **kw), ref, POLICY, ref)
+
+    good = check()
+    assert _failed(good) == []
+    names = [c.name for c in good]
+    assert FELL_BACK in names and NOT_SPLIT in names
+    assert "tokens equal spec-eager-off-online" in names
+    assert "accept length equals spec-eager-off-online's (within 1%)" in names
+    assert "split acted in every eager MIXED step" not in names
+    assert _detail(good, FELL_BACK) == "spec_online_c128 4 of 4 MIXED steps"
+    # One step split: it did not fall back there, and the split counters say so.
+    one = dict(
+        ONLINE_STEPS,
+        steps_split=1,
+        decode_rows_split=1,
+        **{"layers_split.c0": 1, "layers_split.c4": 2, "layers_split.c128": 1},
+    )
+    split_one = check(events=one, fallbacks={"spec_draft": 4, "spec_online_c128": 3})
+    assert _failed(split_one) == [FELL_BACK, NOT_SPLIT]
+    assert _detail(split_one, FELL_BACK) == "spec_online_c128 3 of 4 MIXED steps"
+    assert "steps_split: 1" in _detail(split_one, NOT_SPLIT)
+    # Fell back, but for another reason: the online key is missing and the other is unexpected.
+    other = check(fallbacks={"spec_draft": 4, "spec_verify": 4})
+    assert _failed(other) == ["no unexpected fallback", FELL_BACK]
+    assert _detail(other, "no unexpected fallback") == "{'spec_verify': 4}"
+    # Read against the offline reference's tokens (not its own), it fails.
+    assert _failed(check(outputs=DIFFERS)) == ["tokens equal spec-eager-off-online"]
+    # Without -online the same counters are a split that never acted.
+    plain = _spec("spec-eager-always", events=ONLINE_STEPS, fallbacks=ONLINE_FALLBACKS)
+    failed = _failed(_check(plain))
+    assert "no unexpected fallback" in failed and "split acted in every eager MIXED step" in failed
+
+
+def test_an_online_breakable_arm_counts_its_replays():
+    ref = _spec("spec-eager-off-online")
+    events = {"replays_seen": 4, "draft_steps_seen.mixed_run_as_extend": 4}
+    arm = _spec(
+        "spec-bcg-always-online", events=events, fallbacks=ONLINE_FALLBACKS, steps=BCG_STEPS
+    )
+    assert _failed(C.check_phase(arm, ref, POLICY)) == []
+    unseen = _spec(
+        "spec-bcg-always-online",
+        events={"draft_steps_seen.mixed_run_as_extend": 4},
+        fallbacks=ONLINE_FALLBACKS,
+        steps=BCG_STEPS,
+    )
+    assert _failed(C.check_phase(unseen, ref, POLICY)) == [
+        "every MIXED step recognised (steps_seen, replays_seen)"
+    ]
+    # An adaptive decision means the step reached the policy: it did not fall back.
+    decided = dict(events, replays_unsplit_adaptive=1)
+    rec = _spec(
+        "spec-bcg-adaptive-online", events=decided, fallbacks=ONLINE_FALLBACKS, steps=BCG_STEPS
+    )
+    assert _failed(C.check_phase(rec, ref, POLICY)) == [NOT_SPLIT]
+
+
 def test_summary_shows_the_accept_length():
     assert "speculative: accept length 1.6667 over 3 verify steps of 2 requests" in C.summarize(REF)
 
@@ -433,7 +553,12 @@ steps += [lp] + [{"mode": "EXTEND", "bs": 1, "rows": 511, "graph": graph, "ms": 
 with open(os.path.join(os.environ["MIXGRAPH_E2E_STEP_LOG"], "steps_1.jsonl"), "w") as f:
     f.writelines(json.dumps(s) + "\\n" for s in steps)
 layers = {"layers_split.c0": 2, "layers_split.c4": 4, "layers_split.c128": 2}
-if adaptive:
+online = all(os.environ.get(f) == "1" for f in (
+    "SGLANG_OPT_USE_ONLINE_COMPRESS", "SGLANG_EXPERIMENTAL_ONLINE_C128_MTP"))
+fallbacks = {"spec_draft": 2, **({"spec_online_c128": 2} if online else {})}
+if split and online:
+    events = {"replays_seen": 2} if graph else {"steps_seen.mixed_run_as_extend": 2}
+elif adaptive:
     events = {"replays_seen": 2, "replays_unsplit_adaptive": 2} if graph else {
         "steps_seen.mixed_run_as_extend": 2, "steps_unsplit_adaptive": 2}
 elif split:
@@ -443,7 +568,7 @@ if split:
     events["draft_steps_seen.mixed_run_as_extend"] = 2
     if os.environ.get("SGLANG_MIXGRAPH_SPLIT_TAIL_GRAPHS") == "1" and not adaptive:
         events["tail_graph_replays"] = sum(layers.values())
-    snap = {"pid": 7, "events": {"mixed_split": events}, "fallbacks": {"mixed_split": {"spec_draft": 2}}}
+    snap = {"pid": 7, "events": {"mixed_split": events}, "fallbacks": {"mixed_split": fallbacks}}
     print("[x] sglang-mixgraph counters " + json.dumps(snap))
 tokens = [1, 9] if graph and os.environ.get("FAKE_BCG_DIFFERS") == "1" else [1, 2]
 spec = {"r0": {"verify_ct": 1, "correct_drafts": 1, "tokens": 2}}
@@ -452,7 +577,7 @@ json.dump({"ok": True, "outputs": {"r0": tokens}, "expected_lens": {"r0": 2}, "s
 """
 
 
-def _run_spec_driver(tmp_path, monkeypatch, bcg_differs):
+def _run_spec_driver(tmp_path, monkeypatch, bcg_differs, phases=("spec",)):
     import run_e2e
 
     fake = tmp_path / "fake_phase.py"
@@ -461,7 +586,7 @@ def _run_spec_driver(tmp_path, monkeypatch, bcg_differs):
     monkeypatch.setattr(run_e2e, "PHASE_SCRIPT", str(fake))
     monkeypatch.setenv("FAKE_BCG_DIFFERS", "1" if bcg_differs else "0")
     out = tmp_path / "out"
-    argv = ["run_e2e.py", "spec", "--out", str(out), "--work", str(tmp_path / "work")]
+    argv = ["run_e2e.py", *phases, "--out", str(out), "--work", str(tmp_path / "work")]
     monkeypatch.setattr(sys, "argv", [*argv, "--budget-s", "120"])
     rc = run_e2e.main()
     return (
@@ -489,6 +614,16 @@ def test_driver_runs_the_spec_phases_on_the_next_n_model(tmp_path, monkeypatch):
         "spec-eager-off-noovl",
         "spec-eager-always-noovl",
     ]
+
+
+def test_driver_runs_the_online_phases_after_their_reference(tmp_path, monkeypatch):
+    # The stand-in falls back only where both upstream flags reach it: without them the split
+    # counters it writes would fail the online checks.
+    rc, report, log = _run_spec_driver(tmp_path, monkeypatch, False, phases=reversed(ONLINE))
+    assert rc == 0 and report["checks_failed"] == 0
+    assert list(report["phases"]) == ONLINE
+    assert log.count(f"[ok] {FELL_BACK}") == 2
+    assert log.count("[ok] accept length equals spec-eager-off-online's (within 1%)") == 2
 
 
 def test_driver_names_upstreams_breakable_arm_when_it_differs(tmp_path, monkeypatch):
