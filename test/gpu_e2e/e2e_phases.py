@@ -15,8 +15,8 @@ prefill and MIXED steps, without and with the split). ``-des``, ``-lw`` and ``-l
 
 The speculative phases ``spec-<graph>-<split>`` (``spec`` names the eight of ``SPEC_DEFAULT``) serve
 the tiny model with one next-n layer (``tiny_dsv4_mtp_config.json``) under EAGLE (``SPEC_KWARGS``:
-2 draft steps, top-k 1, 3 draft tokens). Every one of them is compared with ``spec-eager-off``,
-eager upstream, never with a breakable arm: upstream keeps that graph off for a speculative
+2 draft steps, top-k 1, 3 draft tokens). Every one of them is compared with eager upstream
+(``spec-eager-off``, or the reference of its own variant below), never with a breakable arm: upstream keeps that graph off for a speculative
 DeepSeek-V4 (SGLang issue 29985), so ``spec-bcg-off`` is itself under test. Three variants apply
 to them only: ``-tail`` (the split's decode tails replayed from their CUDA graphs,
 ``SGLANG_MIXGRAPH_SPLIT_TAIL_GRAPHS=1``; split phases only), ``-noovl`` (SGLang's overlap
