@@ -258,7 +258,7 @@ def test_an_idle_replay_zeroes_the_output_without_attention(backend):
         ({"wo_a": types.SimpleNamespace(weight=None)}, "gguf"),
     ],
 )
-def test_each_layer_it_does_not_handle_is_named(backend, overrides, key):
+def test_each_layer_it_does_not_handle_is_named(overrides, key):
     assert wb.unhandled(_layer(**overrides), torch.empty(2, 2)) == key
     assert wb.unhandled(_layer(), torch.empty(2, 2)) is None
     assert wb.unhandled(_layer(), torch.empty(4, 4).t()) == "layout"

@@ -298,7 +298,8 @@ def _break():
 
 def around_layer_forward(original, self, *args, **kwargs):
     """Names the layer for the attention break while a breakable graph is built."""
-    if not FLAG.get() or not _module(BCG_CONTEXT).is_in_breakable_cuda_graph():
+    # Every eager forward passes here: the module-level graph state first, the environment after.
+    if not _module(BCG_CONTEXT).is_in_breakable_cuda_graph() or not FLAG.get():
         return original(self, *args, **kwargs)
     with layer_scope(self):
         return original(self, *args, **kwargs)
