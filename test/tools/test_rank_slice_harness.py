@@ -3,6 +3,8 @@ probe's shape and kernel-table readers, and the driver's step summary (tools/ran
 
 from __future__ import annotations
 
+import json
+import time
 import types
 from pathlib import Path
 
@@ -585,3 +587,39 @@ def test_the_probe_threads_chunk_from_its_command_line():
     with pytest.raises(SystemExit):
         drv.parse_args(["upstream", "--chunk", str(A.RUNNING + A.PAGE - 1)])
     assert drv.parse_args(["upstream", "--chunk", str(A.RUNNING + A.PAGE)]).chunk == 512
+
+
+def test_a_profiled_step_records_its_export_time_apart_from_its_timed_window(tmp_path, monkeypatch):
+    """The profiled step's trace is written after its wall is read: the export's seconds land in
+    `export_s`, the driver sums them, and an unprofiled step carries none."""
+    import gc
+
+    import torch
+
+    monkeypatch.setenv("SLICE_PROBE_DIR", str(tmp_path))
+    monkeypatch.setenv("SLICE_PROFILE_MIXED", "2")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda *a: {})
+    monkeypatch.setattr(gc, "callbacks", [])  # the probe's collector meter stays in this test
+    monkeypatch.setattr(probe, "_class_table", lambda prof, path: time.sleep(0.3) or {})
+
+    class Runner:
+        def forward(self, forward_batch):
+            return types.SimpleNamespace(can_run_graph=False, x=torch.ones(4) * 2)
+
+    module = types.SimpleNamespace(ModelRunner=Runner)
+    probe._wrap_forward(module)
+    batch = types.SimpleNamespace(
+        forward_mode=types.SimpleNamespace(name="MIXED"),
+        extend_seq_lens_cpu=[8, 1],
+        seq_lens_cpu=torch.tensor([8, 9]),
+        batch_size=2,
+        input_ids=torch.zeros(9),
+    )
+    for _ in range(3):
+        Runner().forward(batch)
+    rows = [json.loads(x) for x in next(tmp_path.glob("steps_*.jsonl")).read_text().splitlines()]
+    assert [r.get("profiled") for r in rows] == [None, "2", None]
+    assert "export_s" not in rows[0] and "export_s" not in rows[2]
+    assert rows[1]["export_s"] >= 0.3 and rows[1]["wall_ms"] < 300  # the export is outside
+    assert load("run_slice_probe").profile_export_s(rows) == rows[1]["export_s"]

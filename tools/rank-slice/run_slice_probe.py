@@ -166,6 +166,12 @@ def step_summary(steps) -> dict:
     return out
 
 
+def profile_export_s(steps) -> float:
+    """Seconds the profiled steps spent writing their traces and tables: inside the burst,
+    outside every timed step (an eager 2k step's trace takes about 24 s, a replayed one's 5)."""
+    return round(sum(s.get("export_s", 0.0) for s in steps), 2)
+
+
 def mixed_series(steps) -> dict:
     """The MIXED steps' host, wall and thread CPU ms and allocator retries in step order: whether
     a slow visit is slow throughout or in a stretch of it (a summary's median cannot tell)."""
@@ -397,6 +403,7 @@ def main() -> int:
             "error": res.get("error", ""),
             "engine_start_s": res.get("engine_start_s"),
             "burst_s": res.get("burst_s"),
+            "profile_export_s": profile_export_s(steps),
             "output_tokens": res.get("output_tokens"),
             "steps": step_summary(steps),
             "mixed_series": mixed_series(steps),
@@ -418,6 +425,7 @@ def main() -> int:
         report["arms"][key] = entry
         log(
             f"   ok {entry['ok']} start {entry['engine_start_s']}s burst {entry['burst_s']}s "
+            f"(of which {entry['profile_export_s']}s the profiler's export) "
             f"{entry['error'][:300]}"
         )
         log(f"   steps {json.dumps(entry['steps'])}")
