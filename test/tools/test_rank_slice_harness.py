@@ -623,3 +623,20 @@ def test_a_profiled_step_records_its_export_time_apart_from_its_timed_window(tmp
     assert "export_s" not in rows[0] and "export_s" not in rows[2]
     assert rows[1]["export_s"] >= 0.3 and rows[1]["wall_ms"] < 300  # the export is outside
     assert load("run_slice_probe").profile_export_s(rows) == rows[1]["export_s"]
+
+
+def test_the_real_server_advise_run_serves_ab_slices_server_with_sglangs_breakable_graph():
+    """One source for the slice's server: `advise_real.py` launches ab_slice.toml's prefix,
+    arguments and kit environment, adding only the breakable prefill graph and its port."""
+    import tomllib
+
+    real = load("advise_real")
+    config = tomllib.loads((SLICE / "ab_slice.toml").read_text())
+    cmd, env = real.server_command(Path("/m"), config)
+    assert cmd[: len(config["server"]["launch_prefix"])] == config["server"]["launch_prefix"]
+    assert cmd[cmd.index("--model-path") + 1] == "/m"
+    assert " ".join(config["server"]["args"]) in " ".join(cmd)
+    assert cmd[cmd.index("--cuda-graph-backend-prefill") + 1] == "breakable"
+    assert cmd[cmd.index("--port") + 1] == str(real.PORT)
+    assert all(env[k] == v for k, v in config["server"]["env"].items())
+    assert "SGLANG_PLUGINS" not in config["server"]["env"]  # the plugin is loaded, as a user has it

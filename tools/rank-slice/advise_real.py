@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""`sglang-mixgraph advise` with its defaults against a live SGLang server of the slice, in one
+device call (inside tools/gpu-upstream/device.sh, from the repository root):
+
+    bash tools/gpu-upstream/device.sh python3 tools/rank-slice/advise_real.py [--layers N] [--budget-s S]
+
+Writes the slice model (`make_slice_model.py --layers N`), starts `python -m
+sglang.launch_server` with `ab_slice.toml`'s server arguments and kit environment (one source
+for both) plus SGLang's breakable prefill graph, waits for `/health`, then runs `advise --url
+URL --load --json` with nothing else on its command line, as a user would. Records in $OUT (or
+--out): `timeline.log` (what happened when), `advise.json`, `advise.err`, `server.log`. Exit 0
+when advise exited 0 with a MIXED step among its rows; 1 otherwise, and the timeline says which
+step failed. The server is stopped (its whole process group) on every path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+AB_CONFIG = REPO / "tools" / "rank-slice" / "ab_slice.toml"
+PORT = 30000
+
+
+class Timeline:
+    def __init__(self, out: Path) -> None:
+        self.t0 = time.monotonic()
+        self.path = out / "timeline.log"
+
+    def __call__(self, line: str) -> None:
+        text = f"[advise-real {time.monotonic() - self.t0:5.0f}s] {line}"
+        print(text, flush=True)
+        with open(self.path, "a") as f:
+            f.write(text + "\n")
+
+
+def server_command(model: Path, config: dict) -> tuple[list[str], dict]:
+    """ab_slice.toml's launch prefix, server arguments and kit environment, with the breakable
+    prefill graph (SGLang's own, 0.5.23's default bucket list) and this script's port."""
+    server = config["server"]
+    cmd = [*server["launch_prefix"], sys.executable, "-m", "sglang.launch_server"]
+    cmd += ["--model-path", str(model), *server["args"]]
+    cmd += ["--cuda-graph-backend-prefill", "breakable", "--host", "127.0.0.1"]
+    cmd += ["--port", str(PORT)]
+    return cmd, {**os.environ, **server.get("env", {})}
+
+
+def healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=5) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--layers", type=int, default=4, help="slice layers (default 4: a quick start)")
+    p.add_argument("--budget-s", type=float, default=280, help="stop everything after this")
+    p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/advise_real")))
+    args = p.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    log = Timeline(args.out)
+    deadline = time.monotonic() + args.budget_s
+    model = Path(f"/tmp/rank_slice/model_l{args.layers}")
+    made = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "tools/rank-slice/make_slice_model.py"),
+            str(model),
+            "--layers",
+            str(args.layers),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    log(f"slice model ({args.layers} layers) rc={made.returncode}: {made.stdout.strip()[-200:]}")
+    if made.returncode:
+        log(made.stderr.strip()[-400:])
+        return 1
+    cmd, env = server_command(model, tomllib.loads(AB_CONFIG.read_text()))
+    url = f"http://127.0.0.1:{PORT}"
+    with open(args.out / "server.log", "w") as server_log:
+        server = subprocess.Popen(
+            cmd,
+            cwd=REPO,
+            env=env,
+            stdout=server_log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    log(f"server pid {server.pid}: {' '.join(cmd[2:])}")
+    try:
+        while not healthy(url):
+            if server.poll() is not None or time.monotonic() > deadline - 60:
+                log(f"server not healthy (exit {server.poll()}); log tail in server.log")
+                return 1
+            time.sleep(2)
+        log("server healthy")
+        advise = [
+            sys.executable,
+            "-m",
+            "sglang_mixgraph.cli",
+            "advise",
+            "--url",
+            url,
+            "--load",
+            "--json",
+        ]
+        t = time.monotonic()
+        try:
+            res = subprocess.run(
+                advise,
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                timeout=max(10.0, deadline - time.monotonic()),
+            )
+            rc, stdout, stderr = res.returncode, res.stdout, res.stderr
+        except subprocess.TimeoutExpired as e:
+            rc, stdout, stderr = "timeout", e.stdout or "", (e.stderr or "") + "\n(budget ran out)"
+            stdout = stdout.decode() if isinstance(stdout, bytes) else stdout
+            stderr = stderr.decode() if isinstance(stderr, bytes) else stderr
+        (args.out / "advise.json").write_text(stdout)
+        (args.out / "advise.err").write_text(stderr)
+        log(
+            f"advise {' '.join(advise[3:])}: rc={rc} in {time.monotonic() - t:.0f}s; "
+            f"stderr: {stderr.strip()[-300:]}"
+        )
+        try:
+            answer = json.loads(stdout)
+        except ValueError as e:
+            log(f"advise JSON unreadable: {e!r}")
+            return 1
+        log(f"profile {json.dumps(answer.get('profile'))}")
+        rows = answer.get("steps", [])
+        for row in rows:
+            log(f"steps row {json.dumps(row)}")
+        for v in answer.get("verdicts", []):
+            log(f"verdict {json.dumps(v)[:400]}")
+        mixed = any(r.get("mode") == "MIXED" for r in rows)
+        log(f"MIXED step profiled: {mixed}")
+        return 0 if rc == 0 and mixed else 1
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGTERM)
+            try:
+                server.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(server.pid, signal.SIGKILL)
+        log("server stopped")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
