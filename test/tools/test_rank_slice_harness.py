@@ -640,3 +640,21 @@ def test_the_real_server_advise_run_serves_ab_slices_server_with_sglangs_breakab
     assert cmd[cmd.index("--port") + 1] == str(real.PORT)
     assert all(env[k] == v for k, v in config["server"]["env"].items())
     assert "SGLANG_PLUGINS" not in config["server"]["env"]  # the plugin is loaded, as a user has it
+
+
+def test_the_real_server_advise_run_stops_before_a_server_without_the_chat_encoder(
+    tmp_path, monkeypatch
+):
+    import importlib.util
+
+    real = load("advise_real")
+    found = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a: None if n == "deepseek_recipe" else found(n, *a)
+    )
+    started = []
+    monkeypatch.setattr(real.subprocess, "Popen", lambda *a, **k: started.append(a))
+    monkeypatch.setattr(real.subprocess, "run", lambda *a, **k: started.append(a))
+    assert real.main(["--out", str(tmp_path)]) == 1
+    assert started == []  # neither the model nor the server
+    assert "chat/" in (tmp_path / "timeline.log").read_text()

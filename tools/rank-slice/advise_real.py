@@ -16,6 +16,7 @@ step failed. The server is stopped (its whole process group) on every path.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import signal
@@ -54,6 +55,17 @@ def server_command(model: Path, config: dict) -> tuple[list[str], dict]:
     return cmd, {**os.environ, **server.get("env", {})}
 
 
+def missing_for_http() -> str | None:
+    """What an HTTP server of DeepSeek-V4 needs that an Engine run does not: SGLang builds
+    DeepSeek's chat encoder at start and exits without it (after about a minute)."""
+    if importlib.util.find_spec("deepseek_recipe") is None:
+        return (
+            "deepseek-recipe is not installed: carry .gpu-upstream with its chat/ folder "
+            "(tools/gpu-upstream/prepare.sh puts the wheel there)"
+        )
+    return None
+
+
 def healthy(url: str) -> bool:
     try:
         with urllib.request.urlopen(url + "/health", timeout=5) as r:
@@ -71,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     log = Timeline(args.out)
     deadline = time.monotonic() + args.budget_s
+    if problem := missing_for_http():
+        log(problem)
+        return 1
     model = Path(f"/tmp/rank_slice/model_l{args.layers}")
     made = subprocess.run(
         [
