@@ -76,6 +76,8 @@ def test_a_budget_too_small_for_one_visit_is_refused():
     cost = R.visit_cost(1024, "8k")
     with pytest.raises(ValueError, match="does not fit"):
         R.calls(cost, budget_s=cost.replay_s - 1)
+    # room for the longer visit alone, not for one of each: each arm in a call of its own
+    assert R.calls(cost, budget_s=cost.eager_s + 1) == [[R.EAGER], [R.REPLAY]]
 
 
 @pytest.mark.parametrize("cell", CELLS)
@@ -120,11 +122,15 @@ def test_the_shell_script_runs_the_probe_with_the_cells_planned_arguments(tmp_pa
     env = dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}", OUT=str(tmp_path / "out"))
     script = TOOLS / "rank-slice" / "regime_map.sh"
     done = subprocess.run(
-        ["bash", str(script), "1024x8k", "2"], env=env, capture_output=True, text=True
+        ["bash", str(script), "1024x8k", "1"], env=env, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
-    out = str(tmp_path / "out" / "1024x8k-2")
-    assert record.read_text().split() == [*R.probe_args("1024x8k", 2), "--out", out]
+    out = str(tmp_path / "out" / "1024x8k-1")
+    assert record.read_text().split() == [*R.probe_args("1024x8k", 1), "--out", out]
+    two = subprocess.run(
+        ["bash", str(script), "1024x8k", "2"], env=env, capture_output=True, text=True
+    )
+    assert two.returncode != 0 and "has 1 call(s)" in two.stderr
     bad = subprocess.run(["bash", str(script), "3000x2k"], env=env, capture_output=True, text=True)
     assert bad.returncode != 0 and "unknown cell" in bad.stderr
 
@@ -180,7 +186,7 @@ def _cell_reports():
         _report(
             {
                 "upstream": _entry(*EAGER_1, graph=False, kernel_ms=240.0),
-                "bcg-auto": _entry(*REPLAY_1, graph=True, kernel_ms=251.0),
+                R.REPLAY: _entry(*REPLAY_1, graph=True, kernel_ms=251.0),
                 "upstream#2": _entry(*EAGER_2, graph=False, kernel_ms=242.0),
             }
         )
@@ -217,15 +223,15 @@ def test_a_cell_spread_over_two_calls_is_one_row_and_cells_stay_apart():
     eager_call = _report({"upstream": _entry(*EAGER_1, graph=False, kernel_ms=240.0)}, chunk=1280)
     replay_call = _report(
         {
-            "bcg-auto": _entry(*REPLAY_1, graph=True),
-            "bcg-auto#2": _entry(*REPLAY_1, graph=True, outputs=((5, 7),)),
+            R.REPLAY: _entry(*REPLAY_1, graph=True),
+            f"{R.REPLAY}#2": _entry(*REPLAY_1, graph=True, outputs=((5, 7),)),
         },
         chunk=1280,
     )
     eight = _report(
         {
             "upstream": _entry(*EAGER_2, graph=False, kernel_ms=300.0),
-            "bcg-auto": _entry(*REPLAY_1, graph=True),
+            R.REPLAY: _entry(*REPLAY_1, graph=True),
         },
         input_len=8192,
         chunk=1280,
@@ -240,13 +246,13 @@ def test_a_cell_spread_over_two_calls_is_one_row_and_cells_stay_apart():
 
 def test_unfinished_and_unreplayed_visits_are_shown_not_averaged():
     cut = _entry([900.0], [890.0], graph=False, ok=False)
-    refused = _entry(*EAGER_2, graph=False)  # bcg-auto whose graph was refused: all eager
+    refused = _entry(*EAGER_2, graph=False)  # a replay arm whose graph was refused: all eager
     (row,) = R.regime_rows(
         [
             _report(
                 {
                     "upstream": _entry(*EAGER_1, graph=False, kernel_ms=240.0),
-                    "bcg-auto": refused,
+                    R.REPLAY: refused,
                     "upstream#2": cut,
                 }
             )

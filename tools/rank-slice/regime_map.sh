@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call of the regime map: a cell's visits of `upstream` (eager) and `bcg-auto`
+# One device call of the regime map: a cell's visits of `upstream` (eager) and `bcg-auto-lean`
 # (replayed), alternating, as regime_map.py plans them to fit one call. Inside device.sh, from
 # the repository root, on a machine with the kit and TileLang (carry .gpu-tilelang and
 # python/sglang_mixgraph.egg-info):
