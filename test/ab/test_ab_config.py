@@ -1191,7 +1191,10 @@ def test_the_code_that_ran_keys_the_cells(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     "path",
     sorted((ROOT / "examples").glob("ab_*.toml"))
-    + [ROOT / "tools" / "rank-slice" / name for name in ("ab_slice.toml", "ab_faithful.toml")],
+    + [
+        ROOT / "tools" / "rank-slice" / name
+        for name in ("ab_slice.toml", "ab_faithful.toml", "ab_fp8_lean.toml")
+    ],
     ids=lambda p: p.name,
 )
 def test_shipped_configurations_dry_run(path, tmp_path, capsys, monkeypatch):

@@ -332,7 +332,7 @@ def test_step_mix_counts_sglangs_scheduler_lines_by_kind_and_graph():
     assert mix.step_mix([])["mixed_share"] is None
 
 
-@pytest.mark.parametrize("name", ["ab_slice.toml", "ab_faithful.toml"])
+@pytest.mark.parametrize("name", ["ab_slice.toml", "ab_faithful.toml", "ab_fp8_lean.toml"])
 def test_ab_arms_set_the_probe_arms_flags(name):
     """An ab arm and the probe arm of the same name must be the same configuration."""
     import tomllib
@@ -342,14 +342,19 @@ def test_ab_arms_set_the_probe_arms_flags(name):
         assert arm.get("env", {}) == A.ARMS[arm["name"]].env, arm["name"]
 
 
-def test_faithful_ab_configuration_selects_the_probes_faithful_kernels():
+@pytest.mark.parametrize(
+    "name, fp8_gemm", [("ab_faithful.toml", None), ("ab_fp8_lean.toml", "torch")]
+)
+def test_faithful_ab_configuration_selects_the_probes_faithful_kernels(name, fp8_gemm):
+    """As the probe's `--kernels faithful` (and, for the FP8 slice, `--fp8-gemm torch`)."""
     import tomllib
 
     drv = load("run_slice_probe")
-    server = tomllib.loads((SLICE / "ab_faithful.toml").read_text())["server"]
+    server = tomllib.loads((SLICE / name).read_text())["server"]
     env = dict(server["env"])
     assert env.pop("SGLANG_MIXGRAPH_COUNTERS_LOG_INTERVAL") == "10"
     assert env.pop(drv.KIT_KERNELS_ENV) == "faithful"  # the Engine stand-ins' selection
+    assert env.pop(drv.KIT_FP8_GEMM_ENV, None) == fp8_gemm
     assert env == {**drv.KERNEL_ENV["faithful"], drv.RADIX_CORE_ENV: "python"}
     args = server["args"]
     from sglang_mixgraph.kits.gpu_machine import KERNEL_ENGINE
