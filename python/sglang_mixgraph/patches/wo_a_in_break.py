@@ -383,7 +383,9 @@ def explain_for_deployment(plan) -> str:
         return "no breakable prefill graph: eager steps copy no attention output"
     return (
         "each layer's attention break also runs the inverse RoPE and wo_a on the live rows "
-        "where wo_a is bf16 (layers with an FP8 or fused wo_a keep upstream's break)"
+        "where wo_a is bf16 (layers with an FP8 or fused wo_a keep upstream's break; an FP8 "
+        "checkpoint's wo_a stays FP8 on Blackwell with DeepGEMM, and on Hopper only when "
+        "SGLANG_OPT_FP8_WO_A_GEMM=1 is set)"
     )
 
 
