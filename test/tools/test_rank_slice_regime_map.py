@@ -305,3 +305,28 @@ def test_plan_prints_every_cells_calls(capsys):
 
 def test_the_script_is_where_the_plan_says():
     assert (Path(TOOLS).parent / R.SH).is_file()
+
+
+def test_the_plot_draws_every_measured_cell_beside_the_seeds_point(tmp_path):
+    """One dot per cell with a gain and a ratio, placed by them (a larger gain is drawn higher),
+    the seed's point apart; a cell without a gain is left out, not drawn at zero."""
+    import re
+
+    rows = R.regime_rows(_cell_reports())
+    rows.append(dict(rows[0], cell="1024x2k", gain=2.1, host_kernel_ratio=2.4))
+    rows.append(dict(rows[0], cell="4096x8k", gain=None, host_kernel_ratio=0.9))
+    svg = R.svg_plot(rows)
+    dots = [
+        (float(x), float(y)) for x, y in re.findall(r'<circle cx="([\d.]+)" cy="([\d.]+)"', svg)
+    ]
+    assert len(dots) == 2
+    assert dots[1][0] > dots[0][0] and dots[1][1] < dots[0][1]  # SVG's y grows downwards
+    assert "1024x2k 2.100x" in svg and "4096x8k" not in svg
+    assert svg.count("<rect ") == 1 and R.SEED_POINT["label"] in svg
+    out = tmp_path / "map.svg"
+    (report,) = _cell_reports()
+    plain = tmp_path / "a.json"
+    plain.write_text(json.dumps(report))
+    assert R.main(["read", str(plain), "--svg", str(out), "--json", str(tmp_path / "m.json")]) == 0
+    assert out.read_text().startswith("<svg") and out.read_text().count("<circle") == 1
+    assert json.loads((tmp_path / "m.json").read_text())["seed_point"] == R.SEED_POINT

@@ -10,13 +10,15 @@ tokens; one device call a cell (`regime_map.sh CELL`), the two arms alternating 
     python3 tools/rank-slice/regime_map.py plan             # every cell: predicted visits, command
     python3 tools/rank-slice/regime_map.py args 2048x8k     # one cell's run_slice_probe.py arguments
     python3 tools/rank-slice/regime_map.py read DIR_OR_JSON ... [--json docs/results/regime_map.json]
+        [--svg docs/results/regime_map.svg]
 
 `plan` prices each visit from the burst's steps at the cell's chunk (`adaptive_steps.served_steps`)
 with costs measured on one H100 at chunk 2816 (`COSTS`), and keeps the visits that fit one call.
 `read` turns probe reports (`rank_slice_probe.json`, or `.json.xz`) into the map's rows: per cell
 the eager and replayed MIXED wall medians (the median of the visits' medians), the replay's gain
 (eager over replayed), the eager step's host / kernel ratio (its MIXED host median over the
-profiled step's kernels), the visits' spread, and whether every visit's greedy tokens agree.
+profiled step's kernels), the visits' spread, and whether every visit's greedy tokens agree;
+`--svg` draws the gains over that ratio beside the upstream PR's 8 x B300 point (`SEED_POINT`).
 """
 
 from __future__ import annotations
@@ -344,6 +346,63 @@ def table(rows: list[dict]) -> list[str]:
     return lines
 
 
+# The upstream PR's 8 x B300 point (DeepSeek-V4-Pro, mixed steady state; an anchor, not our
+# measurement): eager launch host 171 ms a step, TPOT 177.2 ms eager and 172.5 ms replayed. Its
+# kernels were not reported: taken as the replayed TPOT (a replay's host hides under its kernels).
+SEED_POINT = {
+    "label": "8 x B300, upstream PR (kernels taken as the replayed TPOT)",
+    "host_kernel_ratio": round(171 / 172.5, 3),
+    "gain": round(177.2 / 172.5, 3),
+}
+
+
+def svg_plot(rows: list[dict], seed: dict = SEED_POINT) -> str:
+    """The map as an SVG: each cell's gain over its eager step's host / kernel ratio, the seed's
+    point beside them, the ceiling a replay with no GPU time of its own reaches (gain =
+    max(1, host / kernel)) and the issue's 1.2x line."""
+    points = [r for r in rows if r["gain"] is not None and r["host_kernel_ratio"] is not None]
+    x_max = max([3.0, seed["host_kernel_ratio"], *(r["host_kernel_ratio"] for r in points)])
+    y_max = max([3.0, seed["gain"], *(r["gain"] for r in points)])
+    w, h, m = 640, 420, 60
+
+    def xy(x: float, y: float) -> tuple[float, float]:
+        return m + (w - 2 * m) * x / x_max, h - m - (h - 2 * m) * (y - 0.8) / (y_max - 0.8)
+
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-size="11">',
+        f'<line x1="{m}" y1="{h - m}" x2="{w - m}" y2="{h - m}" stroke="black"/>',
+        f'<line x1="{m}" y1="{m}" x2="{m}" y2="{h - m}" stroke="black"/>',
+        f'<text x="{w / 2}" y="{h - 20}" text-anchor="middle">eager MIXED host / kernels</text>',
+        f'<text x="15" y="{h / 2}" transform="rotate(-90 15 {h / 2})" text-anchor="middle">'
+        "gain (eager wall / replayed wall)</text>",
+    ]
+    for i in range(int(x_max / 0.5) + 1):  # ticks every 0.5 on both axes
+        x, _ = xy(i * 0.5, 0.8)
+        out.append(f'<text x="{x:.1f}" y="{h - m + 16}" text-anchor="middle">{i * 0.5:.1f}</text>')
+    for i in range(int((y_max - 0.8) / 0.2) + 1):
+        _, y = xy(0, 0.8 + i * 0.2)
+        out.append(
+            f'<text x="{m - 6}" y="{y + 4:.1f}" text-anchor="end">{0.8 + i * 0.2:.1f}</text>'
+        )
+    ceiling = [xy(x / 10, max(1.0, x / 10)) for x in range(int(x_max * 10) + 1)]
+    path = " ".join(f"{x:.1f},{y:.1f}" for x, y in ceiling)
+    out.append(f'<polyline points="{path}" fill="none" stroke="gray" stroke-dasharray="4 3"/>')
+    for level in (1.0, 1.2):
+        (x0, y), (x1, _) = xy(0, level), xy(x_max, level)
+        out.append(f'<line x1="{x0}" y1="{y:.1f}" x2="{x1}" y2="{y:.1f}" stroke="#bbb"/>')
+        out.append(f'<text x="{x1 + 4}" y="{y + 4:.1f}">{level:.1f}x</text>')
+    for r in points:
+        x, y = xy(r["host_kernel_ratio"], r["gain"])
+        out.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="black"/>')
+        out.append(f'<text x="{x + 6:.1f}" y="{y - 6:.1f}">{r["cell"]} {r["gain"]:.3f}x</text>')
+    x, y = xy(seed["host_kernel_ratio"], seed["gain"])
+    out.append(
+        f'<rect x="{x - 4:.1f}" y="{y - 4:.1f}" width="8" height="8" fill="none" stroke="black"/>'
+    )
+    out.append(f'<text x="{x + 6:.1f}" y="{y + 14:.1f}">{seed["label"]}</text>')
+    return "\n".join([*out, "</svg>", ""])
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -354,6 +413,7 @@ def main(argv: list[str]) -> int:
     rd = sub.add_parser("read", help="the map's rows from probe reports")
     rd.add_argument("reports", nargs="+", help="rank_slice_probe.json[.xz] files or folders")
     rd.add_argument("--json", help="write the rows here (docs/results/regime_map.json)")
+    rd.add_argument("--svg", help="draw the map here (docs/results/regime_map.svg)")
     rd.add_argument("--eager", default=EAGER)
     rd.add_argument("--replay", default=REPLAY)
     args = ap.parse_args(argv)
@@ -381,7 +441,10 @@ def main(argv: list[str]) -> int:
             "eager (upstream) against replayed (bcg-auto-lean) MIXED steps per chunk and context, "
             "FP8 slice; gain = eager wall median / replayed wall median (medians over visits)"
         )
-        Path(args.json).write_text(json.dumps({"what": what, "rows": rows}, indent=1) + "\n")
+        body = {"what": what, "rows": rows, "seed_point": SEED_POINT}
+        Path(args.json).write_text(json.dumps(body, indent=1) + "\n")
+    if args.svg:
+        Path(args.svg).write_text(svg_plot(rows))
     return 0
 
 
