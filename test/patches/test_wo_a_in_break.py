@@ -346,15 +346,22 @@ def test_switched_off_it_touches_nothing():
 
 
 def test_explain_names_what_it_does_and_where_it_does_not():
-    def plan(deepseek_v4=True, backend="breakable", buckets=(16,)):
+    def plan(deepseek_v4=True, backend="breakable", buckets=(16,), fp8=False, sm=9):
         return types.SimpleNamespace(
-            facts=types.SimpleNamespace(deepseek_v4=deepseek_v4),
+            facts=types.SimpleNamespace(deepseek_v4=deepseek_v4, fp8_block_checkpoint=fp8),
             prefill=types.SimpleNamespace(backend=backend, buckets=list(buckets)),
+            gpu_sm_major=sm,
         )
 
     assert "inverse RoPE and wo_a" in wb.explain_for_deployment(plan())
     assert "not a DeepSeek-V4" in wb.explain_for_deployment(plan(deepseek_v4=False))
     assert "no breakable prefill graph" in wb.explain_for_deployment(plan(buckets=()))
+    # an FP8 checkpoint: SGLang keeps its FP8 wo_a on Blackwell, turns it off on Hopper
+    blackwell = wb.explain_for_deployment(plan(fp8=True, sm=10))
+    assert "every layer keeps upstream's break unless SGLANG_OPT_FP8_WO_A_GEMM=0" in blackwell
+    hopper = wb.explain_for_deployment(plan(fp8=True, sm=9))
+    assert "inverse RoPE and wo_a" in hopper and "unless SGLANG_OPT_FP8_WO_A_GEMM=1" in hopper
+    assert "FP8 checkpoint" not in wb.explain_for_deployment(plan(fp8=False, sm=10))
 
 
 def test_sglangs_layer_calls_nothing_else_between_the_break_and_wo_b():

@@ -106,3 +106,19 @@ def test_the_facts_take_what_patches_declare_they_change_in_capture_memory(monke
         ).shape.sparse
     assert (plain.logits_eager, plain.decode_tail_heads) == (False, 0)
     assert both.logits_eager and both.decode_tail_heads > 0
+
+
+def test_an_fp8_checkpoint_of_128_blocks_is_a_fact_of_the_model_not_of_the_environment(tmp_path):
+    """The reference checkpoint (FP8, 128x128 blocks) is one; a copy without its quantization
+    config is not (what SGLang's FP8 wo_a GEMM needs, `models.deepseek_v4.wo_a_fp8_gemm_enabled`)."""
+    import json
+    import shutil
+
+    assert facts_of([*DP_ATTENTION, *MIXED])[0].fp8_block_checkpoint
+    bf16 = tmp_path / "bf16"
+    shutil.copytree(DSV4, bf16)
+    config = json.loads((bf16 / "config.json").read_text())
+    del config["quantization_config"]
+    (bf16 / "config.json").write_text(json.dumps(config))
+    argv = ["--model-path", str(bf16), *DP_ATTENTION[2:], *MIXED]
+    assert not facts_of(argv)[0].fp8_block_checkpoint

@@ -381,12 +381,24 @@ def explain_for_deployment(plan) -> str:
         return "not a DeepSeek-V4 model: no DeepSeek-V4 attention break"
     if prefill.backend != "breakable" or not prefill.buckets:
         return "no breakable prefill graph: eager steps copy no attention output"
-    return (
+    acts = (
         "each layer's attention break also runs the inverse RoPE and wo_a on the live rows "
-        "where wo_a is bf16 (layers with an FP8 or fused wo_a keep upstream's break; an FP8 "
-        "checkpoint's wo_a stays FP8 on Blackwell with DeepGEMM, and on Hopper only when "
-        "SGLANG_OPT_FP8_WO_A_GEMM=1 is set)"
+        "where wo_a is bf16 (layers with an FP8 or fused wo_a keep upstream's break)"
     )
+    if not facts.fp8_block_checkpoint:
+        return acts
+    # SGLang decides at startup (arg_groups.serving_hook): the FP8 wo_a GEMM stays on where
+    # DeepGEMM scales in UE8M0 (SM100, SM120) and on SM90 only when the user asks for it.
+    from sglang.srt.environ import envs
+
+    flag = envs.SGLANG_OPT_FP8_WO_A_GEMM.name
+    if plan.gpu_sm_major >= 10:
+        return (
+            f"on this GPU SGLang runs this FP8 checkpoint's wo_a in FP8 (its default with "
+            f"DeepGEMM), which the break does not carry: every layer keeps upstream's break "
+            f"unless {flag}=0 (wo_a dequantized to bf16 at load)"
+        )
+    return f"{acts}; this FP8 checkpoint's wo_a is bf16 on this GPU unless {flag}=1 is set"
 
 
 HOOKS = (

@@ -108,6 +108,9 @@ class Deployment:
     prefill_graph: PhaseGraph
     decode_graph: PhaseGraph
     rules_holding: tuple[HeldRule, ...]  # upstream's BCG rules that hold, in upstream's order
+    # An FP8 checkpoint of 128x128 weight blocks: what DeepSeek-V4's FP8 wo_a GEMM takes
+    # (`models.deepseek_v4.wo_a_fp8_gemm_enabled`; SGLang then decides per GPU at startup).
+    fp8_block_checkpoint: bool = False
 
     @property
     def chunked(self) -> bool:
@@ -214,7 +217,14 @@ def read_deployment(
         prefill_graph=_phase_graph(server_args, cfg, Phase.PREFILL),
         decode_graph=decode,
         rules_holding=tuple(HeldRule(r.name, r.reason) for r in matching_rules(server_args)),
+        fp8_block_checkpoint=_fp8_block_checkpoint(mc),
     )
+
+
+def _fp8_block_checkpoint(model_config) -> bool:
+    quant = dict(getattr(model_config, "hf_quant_config", None) or {})
+    method = getattr(model_config, "quantization", None) or quant.get("quant_method")
+    return method == "fp8" and list(quant.get("weight_block_size") or ()) == [128, 128]
 
 
 def _kernel_heads(heads: int, attn_tp_size: int) -> int:
