@@ -15,7 +15,8 @@ machine, no SGLang needed.
 from __future__ import annotations
 
 import argparse
-import statistics
+
+from standin_costs import _time as time_median_ms  # CUDA events, the median
 
 HIDDEN = 7168
 OUT_FEATURES = (2048, 1024, 512)
@@ -29,22 +30,6 @@ def kernel_names(fn) -> list[str]:
         fn()
         torch.cuda.synchronize()
     return sorted({e.name[:60] for e in prof.events() if e.device_type.name == "CUDA"})
-
-
-def time_ms(fn, reps: int) -> float:
-    import torch
-
-    for _ in range(10):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         for m in rows:
             x = torch.randn(m, HIDDEN, device="cuda", dtype=torch.bfloat16)
             call = lambda x=x, w=w: F.linear(x, w)  # noqa: E731
-            ms = time_ms(call, args.reps)
+            ms = time_median_ms(call, warmup=10, iters=args.reps)
             print(f"N {n:5d} rows {m:5d}: {ms * 1e3:8.1f} us  {', '.join(kernel_names(call))}")
     return 0
 
