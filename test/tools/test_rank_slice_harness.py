@@ -631,20 +631,24 @@ def test_a_profiled_step_records_its_export_time_apart_from_its_timed_window(tmp
 
 
 def test_the_real_server_advise_run_serves_ab_slices_server_with_sglangs_breakable_graph():
-    """One source for the slice's server: `advise_real.py` launches ab_slice.toml's prefix,
-    arguments and kit environment, adding only the breakable prefill graph and its port."""
+    """One source for the slice's server: `advise_real.py` launches it with ab's own launcher
+    from ab_slice.toml (prefix, arguments, kit environment), adding only the breakable prefill
+    graph, and bounds the health wait by its budget."""
     import tomllib
 
+    from sglang_mixgraph.ab.server import launch_argv
+
     real = load("advise_real")
-    config = tomllib.loads((SLICE / "ab_slice.toml").read_text())
-    cmd, env = real.server_command(Path("/m"), config)
-    assert cmd[: len(config["server"]["launch_prefix"])] == config["server"]["launch_prefix"]
+    toml = tomllib.loads((SLICE / "ab_slice.toml").read_text())["server"]
+    config, arm = real.slice_server(Path("/m"), 123.0)
+    cmd = launch_argv(config, arm)
+    assert cmd[: len(toml["launch_prefix"])] == toml["launch_prefix"]
     assert cmd[cmd.index("--model-path") + 1] == "/m"
-    assert " ".join(config["server"]["args"]) in " ".join(cmd)
+    assert " ".join(toml["args"]) in " ".join(cmd)
     assert cmd[cmd.index("--cuda-graph-backend-prefill") + 1] == "breakable"
-    assert cmd[cmd.index("--port") + 1] == str(real.PORT)
-    assert all(env[k] == v for k, v in config["server"]["env"].items())
-    assert "SGLANG_PLUGINS" not in config["server"]["env"]  # the plugin is loaded, as a user has it
+    assert dict(config.server.env) == toml["env"] and not arm.env
+    assert config.server.health_timeout_s == 123.0
+    assert "SGLANG_PLUGINS" not in toml["env"]  # the plugin is loaded, as a user has it
 
 
 def test_the_real_server_advise_run_stops_before_a_server_without_the_chat_encoder(

@@ -4,13 +4,13 @@ device call (inside tools/gpu-upstream/device.sh, from the repository root):
 
     bash tools/gpu-upstream/device.sh python3 tools/rank-slice/advise_real.py [--layers N] [--budget-s S]
 
-Writes the slice model (`make_slice_model.py --layers N`), starts `python -m
-sglang.launch_server` with `ab_slice.toml`'s server arguments and kit environment (one source
-for both) plus SGLang's breakable prefill graph, waits for `/health`, then runs `advise --url
-URL --load --json` with nothing else on its command line, as a user would. Records in $OUT (or
---out): `timeline.log` (what happened when), `advise.json`, `advise.err`, `server.log`. Exit 0
-when advise exited 0 with a MIXED step among its rows; 1 otherwise, and the timeline says which
-step failed. The server is stopped (its whole process group) on every path.
+Writes the slice model (`make_slice_model.py --layers N`), starts it through `sglang-mixgraph
+ab`'s own launcher (`ab.server.launch`: the process group, the health wait, the stop) with
+`ab_slice.toml`'s server (one source for both) plus SGLang's breakable prefill graph, then runs
+`advise --url URL --load --json` with nothing else on its command line, as a user would.
+Records in $OUT (or --out): `timeline.log` (what happened when), `advise.json`, `advise.err`,
+`server.log`. Exit 0 when advise exited 0 with a MIXED step among its rows; 1 otherwise, and the
+timeline says which step failed. The server is stopped (its whole process group) on every path.
 """
 
 from __future__ import annotations
@@ -19,17 +19,13 @@ import argparse
 import importlib.util
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
-import tomllib
-import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 AB_CONFIG = REPO / "tools" / "rank-slice" / "ab_slice.toml"
-PORT = 30000
 
 
 class Timeline:
@@ -44,15 +40,18 @@ class Timeline:
             f.write(text + "\n")
 
 
-def server_command(model: Path, config: dict) -> tuple[list[str], dict]:
-    """ab_slice.toml's launch prefix, server arguments and kit environment, with the breakable
-    prefill graph (SGLang's own, 0.5.23's default bucket list) and this script's port."""
-    server = config["server"]
-    cmd = [*server["launch_prefix"], sys.executable, "-m", "sglang.launch_server"]
-    cmd += ["--model-path", str(model), *server["args"]]
-    cmd += ["--cuda-graph-backend-prefill", "breakable", "--host", "127.0.0.1"]
-    cmd += ["--port", str(PORT)]
-    return cmd, {**os.environ, **server.get("env", {})}
+def slice_server(model: Path, health_timeout_s: float):
+    """ab_slice.toml's server for `model`, as `ab` reads it, and one arm that adds SGLang's
+    breakable prefill graph (0.5.23's default bucket list)."""
+    from sglang_mixgraph.ab.config import read_toml
+    from sglang_mixgraph.ab.config_schema import validated
+
+    server = read_toml(AB_CONFIG)["server"]  # the server only: no sweep runs here
+    server = {**server, "model_path": str(model), "health_timeout_s": health_timeout_s}
+    arm = {"name": "breakable", "args": ["--cuda-graph-backend-prefill", "breakable"]}
+    # The schema's checks only: parse_config's are about runs of two arms or a GSM8K gate.
+    config = validated({"server": server, "arm": [arm]})
+    return config, config.arms[0]
 
 
 def missing_for_http() -> str | None:
@@ -64,14 +63,6 @@ def missing_for_http() -> str | None:
             "(tools/gpu-upstream/prepare.sh puts the wheel there)"
         )
     return None
-
-
-def healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=5) as r:
-            return r.status == 200
-    except OSError:
-        return False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,25 +93,18 @@ def main(argv: list[str] | None = None) -> int:
     if made.returncode:
         log(made.stderr.strip()[-400:])
         return 1
-    cmd, env = server_command(model, tomllib.loads(AB_CONFIG.read_text()))
-    url = f"http://127.0.0.1:{PORT}"
-    with open(args.out / "server.log", "w") as server_log:
-        server = subprocess.Popen(
-            cmd,
-            cwd=REPO,
-            env=env,
-            stdout=server_log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    log(f"server pid {server.pid}: {' '.join(cmd[2:])}")
+    from sglang_mixgraph.ab.server import ServerError, launch, launch_argv
+
+    config, arm = slice_server(model, max(10.0, deadline - time.monotonic() - 60))
+    url = f"http://{config.server.host}:{config.server.port}"
+    log(f"server: {' '.join(launch_argv(config, arm))}")
     try:
-        while not healthy(url):
-            if server.poll() is not None or time.monotonic() > deadline - 60:
-                log(f"server not healthy (exit {server.poll()}); log tail in server.log")
-                return 1
-            time.sleep(2)
-        log("server healthy")
+        server = launch(config, arm, args.out / "server.log")
+    except ServerError as e:
+        log(f"server not healthy: {e}")
+        return 1
+    log("server healthy")
+    try:
         advise = [
             sys.executable,
             "-m",
@@ -166,12 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"MIXED step profiled: {mixed}")
         return 0 if rc == 0 and mixed else 1
     finally:
-        if server.poll() is None:
-            os.killpg(server.pid, signal.SIGTERM)
-            try:
-                server.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(server.pid, signal.SIGKILL)
+        server.stop()
         log("server stopped")
 
 
