@@ -666,4 +666,4 @@ def test_the_real_server_advise_run_stops_before_a_server_without_the_chat_encod
     monkeypatch.setattr(real.subprocess, "run", lambda *a, **k: started.append(a))
     assert real.main(["--out", str(tmp_path)]) == 1
     assert started == []  # neither the model nor the server
-    assert "chat/" in (tmp_path / "timeline.log").read_text()
+    assert ".gpu-upstream/chat/" in (tmp_path / "timeline.log").read_text()

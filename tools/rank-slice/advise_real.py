@@ -59,7 +59,8 @@ def missing_for_http() -> str | None:
     DeepSeek's chat encoder at start and exits without it (after about a minute)."""
     if importlib.util.find_spec("deepseek_recipe") is None:
         return (
-            "deepseek-recipe is not installed: carry .gpu-upstream with its chat/ folder "
+            "deepseek-recipe is not installed: carry .gpu-upstream/chat/ (its own call: the whole kit "
+            "and the tree overflow the carry limit) "
             "(tools/gpu-upstream/prepare.sh puts the wheel there)"
         )
     return None
