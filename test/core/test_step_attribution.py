@@ -132,3 +132,29 @@ def test_the_parts_add_up_to_the_difference():
     )
     same = attribute(eager_step(), eager_step())
     assert same["delta_ms"] == 0 and all(r["delta_ms"] == 0 for r in same["by_kind"])
+
+
+def test_busy_time_counts_a_parallel_branch_once_and_idle_gaps_name_what_the_gpu_waited_for():
+    # eager: two kernels back to back on one stream, 1000 + 500 us
+    eager = Trace().kernel("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT", 1000)
+    eager = eager.kernel("mhc_post_tilelang_kernel", 500).events
+    # replay: one graph whose two branches overlap (the GEMM on a side stream runs 600 us longer
+    # for sharing the GPU), a break that the host launches 300 us after the segment ends, and
+    # the next segment 100 us after the break
+    b = TraceBuilder(gpu="H100")
+    gemm, post = "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT", "mhc_post_tilelang_kernel"
+    b.launch(0.0, [(gemm, 1000.0, 1600.0), (post, 1100.0, 500.0)], call="cudaGraphLaunch")
+    b.launch(1500.0, [(ATTN, 2900.0, 400.0)])
+    b.launch(2000.0, [(post, 3400.0, 100.0)], call="cudaGraphLaunch")
+    a = attribute(eager, b.document()["traceEvents"])
+    # summed op times: 2600 us against 1500; busy: 1600 + 400 + 100 against 1500
+    assert a["replay_ms"] == pytest.approx(2.6) and a["eager_ms"] == pytest.approx(1.5)
+    assert a["busy_ms"] == {"eager": 1.5, "replay": 2.1, "delta": 0.6}
+    # eager: the 10 us between launches; replay: 300 us before the break's first op and 100 us
+    # before the second segment's
+    assert a["idle_ms"]["eager"] == pytest.approx(0.01)
+    assert a["idle_ms"]["replay"] == pytest.approx(0.4)
+    assert a["idle_ms"]["replay_waiting_for"] == {"break": 0.3, "segment": 0.1}
+    same = attribute(eager, eager)
+    assert same["busy_ms"]["delta"] == 0
+    assert same["idle_ms"]["replay_waiting_for"] == {"eager": pytest.approx(0.01)}

@@ -42,6 +42,10 @@ def test_prints_the_difference_and_its_parts(tmp_path, capsys, monkeypatch):
     text = capsys.readouterr().out
     assert "kernels: eager 1.0 ms, replayed 1.3 ms, difference +0.3 ms" in text
     assert "-> x1       0.240 1.00 GB {'after': 1}  [elementwise] Memcpy DtoD" in text
+    assert "GPU busy (overlapping ops counted once): eager 1.0 ms, replayed 1.3 ms" in text
+    assert (
+        "GPU idle inside the step: eager 0.0 ms, replayed 0.1 ms (waiting for: after 0.1)" in text
+    )
     assert json.loads(out.read_text())["by_class"]["gemm"]["delta_ms"] == 0.1
 
 

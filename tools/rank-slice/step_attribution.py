@@ -40,6 +40,12 @@ def lines(a: dict) -> list[str]:
         f"kernels: eager {a['eager_ms']:.1f} ms, replayed {a['replay_ms']:.1f} ms, "
         f"difference {a['delta_ms']:+.1f} ms ({a['ops']['eager']} eager ops, "
         f"{a['ops']['replay']} replayed, {a['kinds']} kinds)",
+        f"GPU busy (overlapping ops counted once): eager {a['busy_ms']['eager']:.1f} ms, "
+        f"replayed {a['busy_ms']['replay']:.1f} ms, difference {a['busy_ms']['delta']:+.1f} ms",
+        f"GPU idle inside the step: eager {a['idle_ms']['eager']:.1f} ms, replayed "
+        f"{a['idle_ms']['replay']:.1f} ms (waiting for: "
+        + ", ".join(f"{p} {ms:.1f}" for p, ms in a["idle_ms"]["replay_waiting_for"].items())
+        + ")",
         "replayed ops by place: "
         + ", ".join(f"{p} {ms:.1f} ms" for p, ms in a["replay_by_place"].items()),
         "by class (eager -> replayed ms): "

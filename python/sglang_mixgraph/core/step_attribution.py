@@ -11,7 +11,9 @@ kind on both sides is the same work at another cost, a kind on one side only is 
 run does not do (the replay's copies into the buffers its segments read, the eager step's own
 fills). A kind's class is the eager run's (by launch frame). Every GPU op of the replay is
 placed: before the first segment (the replay's prepare), in segment i, or in the break after
-segment i. Used by ``tools/rank-slice/step_attribution.py``.
+segment i. Summed op times count a parallel branch's overlap twice; the GPU's busy time (each
+run's ops merged by interval) and its idle gaps, by what the GPU waited for, are given beside
+them. Used by ``tools/rank-slice/step_attribution.py``.
 """
 
 from __future__ import annotations
@@ -116,11 +118,33 @@ def _side(ops: list[GpuOp]) -> dict:
     }
 
 
+def busy_and_idle(ops: list[GpuOp]) -> tuple[float, dict[str, float]]:
+    """The GPU's busy time over ``ops`` (ms, overlapping ops counted once: a replay runs a
+    graph's parallel branches on streams of their own, so its summed op times exceed the time
+    the GPU was busy) and its idle time inside the step, per place of the op the GPU waited
+    for (a gap before a break's first op is the GPU waiting on the host's break)."""
+    busy, idle = 0.0, defaultdict(float)
+    start = end = None
+    for op in ops:  # in start order
+        op_end = op.ts + op.ms * 1e3
+        if end is None or op.ts > end:
+            if end is not None:
+                busy += end - start
+                idle[_place_kind(op.place)] += (op.ts - end) / 1e3
+            start, end = op.ts, op_end
+        else:
+            end = max(end, op_end)
+    if end is not None:
+        busy += end - start
+    return busy / 1e3, dict(idle)
+
+
 def attribute(eager_events: list, replay_events: list, top: int = 16) -> dict:
     """The replay's GPU time against the eager step's, per kind of op (``by_kind``, the largest
     differences first; ``top`` of them) and per class (a kind takes the class the eager run gave
     most of its time), and the replay's time by place. The kinds' differences add up to
-    ``delta_ms``."""
+    ``delta_ms``. ``busy_ms`` is the time the GPU was busy in each run (overlap counted once) and
+    ``idle_ms`` its gaps between the step's first op and its last."""
     eager, replay = gpu_ops(eager_events), gpu_ops(replay_events)
     kinds: dict[str, dict[str, list[GpuOp]]] = defaultdict(lambda: {"eager": [], "replay": []})
     for side, ops in (("eager", eager), ("replay", replay)):
@@ -153,10 +177,24 @@ def attribute(eager_events: list, replay_events: list, top: int = 16) -> dict:
     for op in replay:
         places[_place_kind(op.place)] += op.ms
     eager_ms, replay_ms = sum(op.ms for op in eager), sum(op.ms for op in replay)
+    (eager_busy, eager_idle), (replay_busy, replay_idle) = (
+        busy_and_idle(eager),
+        busy_and_idle(replay),
+    )
     return {
         "eager_ms": round(eager_ms, 3),
         "replay_ms": round(replay_ms, 3),
         "delta_ms": round(replay_ms - eager_ms, 3),
+        "busy_ms": {
+            "eager": round(eager_busy, 3),
+            "replay": round(replay_busy, 3),
+            "delta": round(replay_busy - eager_busy, 3),
+        },
+        "idle_ms": {
+            "eager": round(sum(eager_idle.values()), 3),
+            "replay": round(sum(replay_idle.values()), 3),
+            "replay_waiting_for": {p: round(ms, 3) for p, ms in sorted(replay_idle.items())},
+        },
         "ops": {"eager": len(eager), "replay": len(replay)},
         "by_class": {
             c: {
