@@ -104,6 +104,23 @@ def test_the_gpu_idle_time_after_a_replayed_step_is_read():
     assert steps[0].kernel_ms == pytest.approx(175.0) and steps[0].host_ms == pytest.approx(35.0)
 
 
+@pytest.mark.parametrize("host_us, host_bound", [(1250, False), (1500, True)])
+def test_a_replayed_steps_side_stream_kernels_count_once_in_its_gpu_time(host_us, host_bound):
+    # a graph whose two branches overlap (DeepSeek-V4's side streams run only in a captured
+    # graph): 1000 us and 600 us kernels sharing the GPU from 100 to 1100 us, then a break's
+    # kernel from 1200 to 1500 us. Busy 1300 us; summed 1900 us; the class columns sum.
+    b = TraceBuilder()
+    b.annotation("step[MIXED bs=3 c=1 g=2 c_sq=10 c_sk=10 g_sq=2 g_sk=200]", 0, host_us)
+    branches = [("nvjet_sm90_tst_256x128", 100, 1000), ("nvjet_sm90_tss_128x160", 400, 600)]
+    b.launch(10, branches, call="cudaGraphLaunch")
+    b.launch(1000, [("flash_mla_kernel", 1200, 300)])
+    (step,) = read_steps(b.document(), "TP-0").steps
+    assert step.kernels == 3 and step.kernel_ms == pytest.approx(1.3)
+    assert sum(step.class_ms.values()) == pytest.approx(1.9)
+    # a host of 1.5 ms is longer than the GPU's 1.3 ms of work, though shorter than the sum
+    assert step.host_bound is host_bound
+
+
 def test_work_launched_outside_a_step_and_the_plugins_frames():
     b = TraceBuilder()
     b.annotation("step[MIXED bs=3 c=1 g=2 c_sq=10 c_sk=10 g_sq=2 g_sk=200]", 0, 100)

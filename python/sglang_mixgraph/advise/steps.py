@@ -27,6 +27,7 @@ from sglang_mixgraph.core.kernel_classes import (
     LAUNCH_CATS,
     gpu_events,
     launch_frames,
+    merge_intervals,
 )
 
 STEP_PREFIX = "step["
@@ -107,12 +108,13 @@ class Step:
     launches: int = 0  # launch calls that queued GPU work (a graph launch counts once)
     graph_launches: int = 0
     kernels: int = 0
-    kernel_ms: float = 0.0
+    kernel_ms: float = 0.0  # the GPU's busy time: overlapping work (a graph's side streams) once
     gpu_start_us: float | None = None
     gpu_end_us: float | None = None
     class_ms: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CLASSES, 0.0))
     patches_seen: set[str] = field(default_factory=set)
     gpu_idle_after_ms: float | None = None  # until the next step's first GPU work on this rank
+    gpu_intervals: list[tuple[float, float]] = field(default_factory=list, repr=False)
 
     @property
     def mode(self) -> str:
@@ -234,12 +236,14 @@ def read_steps(doc: dict, rank: str) -> RankTrace:
         start, dur = _time(ev, "ts"), _time(ev, "dur")
         ms = dur / 1e3
         step.kernels += 1
-        step.kernel_ms += ms
+        step.gpu_intervals.append((start, start + dur))
         step.class_ms[cls] += ms
         step.gpu_start_us = start if step.gpu_start_us is None else min(step.gpu_start_us, start)
         end = start + dur
         step.gpu_end_us = end if step.gpu_end_us is None else max(step.gpu_end_us, end)
 
+    for step in steps:
+        step.kernel_ms = sum(e - s for s, e in merge_intervals(step.gpu_intervals)) / 1e3
     steps.sort(key=lambda s: s.start_us)
     timed = [s for s in steps if s.gpu_start_us is not None]
     for cur, nxt in zip(timed, timed[1:], strict=False):

@@ -153,6 +153,19 @@ def gpu_events(events: list, frames: dict | None = None) -> Iterator[tuple[dict,
         yield ev, classify(ev["name"], launched_by), bool(launched_by)
 
 
+def merge_intervals(intervals) -> list[tuple[float, float]]:
+    """(start, end) intervals merged where they overlap or touch, in start order: the spans in
+    which the GPU was busy. A replayed graph runs its parallel branches on streams of their own,
+    so summed durations exceed the GPU's busy time; these spans count the overlap once."""
+    merged: list[tuple[float, float]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
 def class_table(events: list, top: int = 5) -> dict:
     """Kernel ms, kernel count and the largest kernels of each class; the total; and how many
     kernels had launch frames to read (``with_stack``)."""

@@ -27,6 +27,7 @@ from sglang_mixgraph.core.kernel_classes import (
     LAUNCH_CATS,
     gpu_events,
     launch_frames,
+    merge_intervals,
 )
 
 _COPY = re.compile(r"^(Memcpy \w+|Memset)")
@@ -119,24 +120,17 @@ def _side(ops: list[GpuOp]) -> dict:
 
 
 def busy_and_idle(ops: list[GpuOp]) -> tuple[float, dict[str, float]]:
-    """The GPU's busy time over ``ops`` (ms, overlapping ops counted once: a replay runs a
-    graph's parallel branches on streams of their own, so its summed op times exceed the time
-    the GPU was busy) and its idle time inside the step, per place of the op the GPU waited
-    for (a gap before a break's first op is the GPU waiting on the host's break)."""
-    busy, idle = 0.0, defaultdict(float)
-    start = end = None
-    for op in ops:  # in start order
-        op_end = op.ts + op.ms * 1e3
-        if end is None or op.ts > end:
-            if end is not None:
-                busy += end - start
-                idle[_place_kind(op.place)] += (op.ts - end) / 1e3
-            start, end = op.ts, op_end
-        else:
-            end = max(end, op_end)
-    if end is not None:
-        busy += end - start
-    return busy / 1e3, dict(idle)
+    """The GPU's busy time over ``ops`` (ms, overlap counted once) and its idle time inside the
+    step, per place of the op the GPU waited for (a gap before a break's first op is the GPU
+    waiting on the host's break)."""
+    spans = merge_intervals((op.ts, op.ts + op.ms * 1e3) for op in ops)
+    first_at: dict[float, GpuOp] = {}
+    for op in ops:
+        first_at.setdefault(op.ts, op)
+    idle: dict[str, float] = defaultdict(float)
+    for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
+        idle[_place_kind(first_at[start].place)] += (start - end) / 1e3
+    return sum(e - s for s, e in spans) / 1e3, dict(idle)
 
 
 def attribute(eager_events: list, replay_events: list, top: int = 16) -> dict:
