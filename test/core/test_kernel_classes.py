@@ -59,6 +59,9 @@ def test_kernels_are_classed_by_the_python_that_launched_them_then_by_name():
     }
     # The CUDA-side step annotation is not a kernel and adds nothing.
     assert t["kernels"] == 11 and t["kernel_ms"] == pytest.approx(sum(ms.values()))
+    # The 2000 us elementwise kernel from 1001 us spans every other kernel's time: the GPU's
+    # busy time counts that overlap once.
+    assert t["busy_ms"] == pytest.approx(2.0)
     # Every launch sat inside the step's forward; that frame names no class, so the replayed
     # kernels fell to their names.
     assert t["with_frames"] == 11

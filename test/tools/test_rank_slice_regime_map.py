@@ -138,7 +138,7 @@ def test_the_shell_script_runs_the_probe_with_the_cells_planned_arguments(tmp_pa
 # ---- reading the probe's reports ---------------------------------------------------------------
 
 
-def _entry(walls, hosts, *, graph, kernel_ms=None, outputs=((5, 6),), ok=True):
+def _entry(walls, hosts, *, graph, kernel_ms=None, busy_ms=None, outputs=((5, 6),), ok=True):
     """A visit as run_slice_probe.py records it: its own step summary over these MIXED steps."""
     steps = [
         {
@@ -156,6 +156,8 @@ def _entry(walls, hosts, *, graph, kernel_ms=None, outputs=((5, 6),), ok=True):
     if kernel_ms is not None:
         step = {"mode": "MIXED", "rows": 2247, "n_dec": 199, "prefill_tokens": 2048}
         classes = {"kernel_ms": kernel_ms, "kernels": 3000, "classes": {}}
+        if busy_ms is not None:
+            classes["busy_ms"] = busy_ms
         profiles.append({"step": step, "kernel_ms_total": 3 * kernel_ms, "classes": classes})
     return {
         "ok": ok,
@@ -186,7 +188,7 @@ def _cell_reports():
         _report(
             {
                 "upstream": _entry(*EAGER_1, graph=False, kernel_ms=240.0),
-                R.REPLAY: _entry(*REPLAY_1, graph=True, kernel_ms=251.0),
+                R.REPLAY: _entry(*REPLAY_1, graph=True, kernel_ms=251.0, busy_ms=238.0),
                 "upstream#2": _entry(*EAGER_2, graph=False, kernel_ms=242.0),
             }
         )
@@ -214,6 +216,9 @@ def test_a_cells_row_is_medians_over_visits_and_their_ratio():
     eager_host = statistics.median([statistics.median(EAGER_1[1]), statistics.median(EAGER_2[1])])
     assert row["eager"]["kernel_ms"] == statistics.median([240.0, 242.0])
     assert row["host_kernel_ratio"] == round(eager_host / row["eager"]["kernel_ms"], 3)
+    # the replay's GPU busy time beside its summed kernels; reports without it give None
+    assert (row["replayed"]["kernel_ms"], row["replayed"]["busy_ms"]) == (251.0, 238.0)
+    assert row["eager"]["busy_ms"] is None and row["visits"][0]["busy_ms"] is None
     assert row["gain_beyond_spread"] == (eager_wall - replay_wall > row["eager"]["wall_spread_ms"])
     assert row["tokens_equal"] is True and row["cards"] == ["NVIDIA H100 80GB HBM3"]
     assert row["visits"][0]["profiled"] == {"rows": 2247, "n_dec": 199, "prefill_tokens": 2048}

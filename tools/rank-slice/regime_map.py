@@ -220,10 +220,11 @@ def _mixed(entry: dict) -> tuple[dict | None, int, int]:
     return steps.get(main), graph, eager
 
 
-def _kernel_ms(entry: dict) -> tuple[float | None, dict | None]:
-    """The profiled MIXED step's kernels (its class table's total) and shape; the median where
-    several were profiled."""
-    ms, shape = [], None
+def _kernel_ms(entry: dict) -> tuple[float | None, float | None, dict | None]:
+    """The profiled MIXED step's kernels (its class table's total, summed), the GPU's busy time
+    (overlap counted once; None in reports written before the class table had it) and shape;
+    medians where several were profiled."""
+    ms, busy, shape = [], [], None
     for p in entry.get("profiles", []):
         classes = p.get("classes")
         if (
@@ -232,13 +233,15 @@ def _kernel_ms(entry: dict) -> tuple[float | None, dict | None]:
             and "kernel_ms" in classes
         ):
             ms.append(classes["kernel_ms"])
+            busy.append(classes.get("busy_ms"))
             shape = {k: p["step"].get(k) for k in ("rows", "n_dec", "prefill_tokens")}
-    return (round(statistics.median(ms), 2) if ms else None), shape
+    busy_ms = round(statistics.median(busy), 2) if busy and None not in busy else None
+    return (round(statistics.median(ms), 2) if ms else None), busy_ms, shape
 
 
 def visit_row(key: str, entry: dict) -> dict:
     mixed, graph, eager = _mixed(entry)
-    kernel_ms, shape = _kernel_ms(entry)
+    kernel_ms, busy_ms, shape = _kernel_ms(entry)
     return {
         "visit": key,
         "arm": key.split("#")[0],
@@ -248,6 +251,7 @@ def visit_row(key: str, entry: dict) -> dict:
         "host_ms": mixed["host_ms"]["median"] if mixed else None,
         "wall_ms": mixed["wall_ms"]["median"] if mixed else None,
         "kernel_ms": kernel_ms,
+        "busy_ms": busy_ms,
         "profiled": shape,
     }
 
@@ -260,12 +264,14 @@ def _tokens_agree(reports: list[dict]) -> bool | None:
 def _arm_summary(rows: list[dict]) -> dict:
     walls = [r["wall_ms"] for r in rows]
     kernels = [r["kernel_ms"] for r in rows if r["kernel_ms"] is not None]
+    busy = [r["busy_ms"] for r in rows if r["busy_ms"] is not None]
     return {
         "visits": len(rows),
         "wall_ms": round(statistics.median(walls), 2),
         "wall_spread_ms": round(max(walls) - min(walls), 2),
         "host_ms": round(statistics.median(r["host_ms"] for r in rows), 2),
         "kernel_ms": round(statistics.median(kernels), 2) if kernels else None,
+        "busy_ms": round(statistics.median(busy), 2) if busy else None,
         "replayed_share": min(r["replayed_share"] for r in rows),
     }
 

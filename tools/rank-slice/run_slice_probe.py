@@ -442,7 +442,8 @@ def main() -> int:
             if isinstance(p.get("classes"), dict) and "classes" in p["classes"]:
                 c = p["classes"]
                 per = ", ".join(f"{k} {v['ms']}" for k, v in c["classes"].items())
-                log(f"   classes ({c['with_frames']}/{c['kernels']} with frames): {per}")
+                busy = f"; GPU busy {c['busy_ms']} ms of {c['kernel_ms']}" if "busy_ms" in c else ""
+                log(f"   classes ({c['with_frames']}/{c['kernels']} with frames): {per}{busy}")
             if "host_ops" in p:
                 host = ", ".join(
                     f"{k['name'][:60]} {k['ms']} x{k['count']}" for k in p["host_ops"][:12]

@@ -167,13 +167,15 @@ def merge_intervals(intervals) -> list[tuple[float, float]]:
 
 
 def class_table(events: list, top: int = 5) -> dict:
-    """Kernel ms, kernel count and the largest kernels of each class; the total; and how many
-    kernels had launch frames to read (``with_stack``)."""
+    """Kernel ms, kernel count and the largest kernels of each class; the total (summed, and the
+    GPU's busy time with overlapping kernels counted once); and how many kernels had launch
+    frames to read (``with_stack``)."""
     rows = {c: {"ms": 0.0, "count": 0, "kernels": defaultdict(float)} for c in CLASSES}
-    total, with_frames = 0.0, 0
+    total, with_frames, spans = 0.0, 0, []
     for ev, cls, framed in gpu_events(events):
         with_frames += framed
         ms = float(ev["dur"]) / 1e3
+        spans.append((float(ev["ts"]), float(ev["ts"]) + float(ev["dur"])))
         rows[cls]["ms"] += ms
         rows[cls]["count"] += 1
         rows[cls]["kernels"][ev["name"][:120]] += ms
@@ -190,6 +192,7 @@ def class_table(events: list, top: int = 5) -> dict:
     kernels = sum(r["count"] for r in rows.values())
     return {
         "kernel_ms": round(total, 3),
+        "busy_ms": round(sum(e - s for s, e in merge_intervals(spans)) / 1e3, 3),
         "kernels": kernels,
         "with_frames": with_frames,
         "classes": table,
