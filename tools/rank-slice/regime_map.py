@@ -61,6 +61,11 @@ COSTS = {
 # The profiled step's trace and tables, written inside the burst and outside every timed step:
 # 24.0-25.1 s for an eager step, 4.4 s for a replayed one (docs/results/wo_a_in_break_h100.md).
 EXPORT_S = {"eager": 26, "replay": 5}
+# The eager host per MIXED step shrinks with the step's rows, less than its kernels do: its
+# median was 242 ms at 2791 rows and 181-186 ms at about 1124 (the 1024x2k cell,
+# docs/results/regime_map_h100.md), so host = the 2791-row host x (FIXED + (1 - FIXED) x rows /
+# 2791), FIXED fitted to those two points.
+EAGER_HOST_FIXED = 0.59
 REPLAY_HOST_MS = 31  # bcg-auto-lean's MIXED host median 30.2-31.0 ms: the kernels decide the wall
 REPLAY_KERNEL_FACTOR = 1.028  # bcg-auto-lean's step kernels over the eager step's (+2.8% measured)
 CAPTURE_S = 25  # bucket capture at chunk 2816, scaled with the chunk
@@ -102,8 +107,7 @@ class VisitCost:
 
 def visit_cost(prefill: int, context: str) -> VisitCost:
     """A visit's predicted seconds per arm, step by step over the burst as SGLang schedules it.
-    The eager host per MIXED step is taken as measured at chunk 2816 whatever the chunk (its
-    launches are per layer, not per row); the kernels scale with the step's rows."""
+    The kernels scale with the step's rows; the eager host partly (``EAGER_HOST_FIXED``)."""
     from adaptive_steps import served_steps
 
     wl = CONTEXTS[context]
@@ -113,7 +117,12 @@ def visit_cost(prefill: int, context: str) -> VisitCost:
     kernels = [c["kernel_ms"] * s.rows / STEADY_ROWS for s in steps]
     decode_steps = OUTPUT_LEN - 1
     around = (len(steps) + decode_steps) * STEP_OVERHEAD_MS + decode_steps * DECODE_MS
-    eager_ms = sum(max(c["eager_host_ms"], k) for k in kernels) + EXPORT_S["eager"] * 1e3
+    hosts = [
+        c["eager_host_ms"] * (EAGER_HOST_FIXED + (1 - EAGER_HOST_FIXED) * s.rows / STEADY_ROWS)
+        for s in steps
+    ]
+    eager_ms = sum(max(h, k) for h, k in zip(hosts, kernels, strict=True))
+    eager_ms += EXPORT_S["eager"] * 1e3
     replay_ms = sum(max(REPLAY_HOST_MS, k * REPLAY_KERNEL_FACTOR) for k in kernels)
     replay_ms += EXPORT_S["replay"] * 1e3
     capture = CAPTURE_S * chunk / chunk_of(2560)
