@@ -651,6 +651,28 @@ def test_the_real_server_advise_run_serves_ab_slices_server_with_sglangs_breakab
     assert "SGLANG_PLUGINS" not in toml["env"]  # the plugin is loaded, as a user has it
 
 
+def test_the_real_server_advise_run_serves_an_arm_a_serving_ab_measured():
+    import tomllib
+
+    from sglang_mixgraph.ab.server import launch_argv
+
+    real = load("advise_real")
+    lean = SLICE / "ab_fp8_lean.toml"
+    toml = tomllib.loads(lean.read_text())
+    config, arm = real.slice_server(Path("/m"), 60.0, lean, "upstream")
+    cmd = launch_argv(config, arm)
+    assert cmd[cmd.index("--chunked-prefill-size") + 1] == "1280"
+    assert "--cuda-graph-backend-prefill" not in cmd  # the arm as the A/B served it
+    assert dict(arm.env) == {"SGLANG_PLUGINS": "none"}
+    assert dict(config.server.env) == toml["server"]["env"]
+    with pytest.raises(
+        SystemExit,
+        match=r"ab_fp8_lean.toml has no arm 'lean' \(its arms: "
+        r"upstream, bcg-auto-lean\)",
+    ):
+        real.slice_server(Path("/m"), 60.0, lean, "lean")
+
+
 def test_the_real_server_advise_run_stops_before_a_server_without_the_chat_encoder(
     tmp_path, monkeypatch
 ):

@@ -3,11 +3,14 @@
 device call (inside tools/gpu-upstream/device.sh, from the repository root):
 
     bash tools/gpu-upstream/device.sh python3 tools/rank-slice/advise_real.py [--layers N] [--budget-s S]
+        [--config TOML --arm NAME --fp8]
 
-Writes the slice model (`make_slice_model.py --layers N`), starts it through `sglang-mixgraph
-ab`'s own launcher (`ab.server.launch`: the process group, the health wait, the stop) with
-`ab_slice.toml`'s server (one source for both) plus SGLang's breakable prefill graph, then runs
-`advise --url URL --load --json` with nothing else on its command line, as a user would.
+Writes the slice model (`make_slice_model.py --layers N [--fp8]`), starts it through
+`sglang-mixgraph ab`'s own launcher (`ab.server.launch`: the process group, the health wait,
+the stop) with an `ab` configuration's server (`ab_slice.toml` unless --config; one source for
+both) plus SGLang's breakable prefill graph, or as the configuration's arm NAME (--arm: advise
+against an arm a serving A/B measured), then runs `advise --url URL --load --json` with nothing
+else on its command line, as a user would.
 Records in $OUT (or --out): `timeline.log` (what happened when), `advise.json`, `advise.err`,
 `server.log`. Exit 0 when advise exited 0 with a MIXED step among its rows; 1 otherwise, and the
 timeline says which step failed. The server is stopped (its whole process group) on every path.
@@ -40,15 +43,27 @@ class Timeline:
             f.write(text + "\n")
 
 
-def slice_server(model: Path, health_timeout_s: float):
-    """ab_slice.toml's server for `model`, as `ab` reads it, and one arm that adds SGLang's
-    breakable prefill graph (0.5.23's default bucket list)."""
+def slice_server(
+    model: Path, health_timeout_s: float, config: Path = AB_CONFIG, arm_name: str | None = None
+):
+    """An `ab` configuration's server for `model`, as `ab` reads it, and one arm: the
+    configuration's `arm_name`, or one that adds SGLang's breakable prefill graph (0.5.23's
+    default bucket list). An arm the configuration lacks is a one-line SystemExit."""
     from sglang_mixgraph.ab.config import read_toml
     from sglang_mixgraph.ab.config_schema import validated
 
-    server = read_toml(AB_CONFIG)["server"]  # the server only: no sweep runs here
+    document = read_toml(config)
+    server = document["server"]  # the server only: no sweep runs here
     server = {**server, "model_path": str(model), "health_timeout_s": health_timeout_s}
     arm = {"name": "breakable", "args": ["--cuda-graph-backend-prefill", "breakable"]}
+    if arm_name is not None:
+        arms = {a.get("name"): a for a in document.get("arm", [])}
+        if arm_name not in arms:
+            raise SystemExit(
+                f"advise_real: {config.name} has no arm {arm_name!r} (its arms: "
+                f"{', '.join(map(str, arms)) or 'none'})"
+            )
+        arm = arms[arm_name]
     # The schema's checks only: parse_config's are about runs of two arms or a GSM8K gate.
     config = validated({"server": server, "arm": [arm]})
     return config, config.arms[0]
@@ -71,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layers", type=int, default=4, help="slice layers (default 4: a quick start)")
     p.add_argument("--budget-s", type=float, default=280, help="stop everything after this")
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/advise_real")))
+    p.add_argument("--config", type=Path, default=AB_CONFIG, help="the ab configuration's server")
+    p.add_argument("--arm", help="serve this arm of --config (default: a breakable-graph arm)")
+    p.add_argument("--fp8", action="store_true", help="the FP8 slice (make_slice_model --fp8)")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     log = Timeline(args.out)
@@ -78,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     if problem := missing_for_http():
         log(problem)
         return 1
-    model = Path(f"/tmp/rank_slice/model_l{args.layers}")
+    model = Path(f"/tmp/rank_slice/model_l{args.layers}{'_fp8' if args.fp8 else ''}")
     made = subprocess.run(
         [
             sys.executable,
@@ -86,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             str(model),
             "--layers",
             str(args.layers),
+            *(["--fp8"] if args.fp8 else []),
         ],
         capture_output=True,
         text=True,
@@ -96,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     from sglang_mixgraph.ab.server import ServerError, launch, launch_argv
 
-    config, arm = slice_server(model, max(10.0, deadline - time.monotonic() - 60))
+    timeout = max(10.0, deadline - time.monotonic() - 60)
+    config, arm = slice_server(model, timeout, args.config, args.arm)
     url = f"http://{config.server.host}:{config.server.port}"
     log(f"server: {' '.join(launch_argv(config, arm))}")
     try:
