@@ -5,12 +5,16 @@ upstream PR named by number where there is one)."""
 from __future__ import annotations
 
 import pytest
+from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph import (
+    breakable_cuda_graph as bcg,
+)
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
 from sglang_mixgraph import plugin
 from sglang_mixgraph.flags import FLAGS, bool_flag, choice_flag
 from sglang_mixgraph.patches import all_patches
 from sglang_mixgraph.registry import (
+    EAGER_BREAK,
     IMPORT_FAILED,
     Hook,
     Patch,
@@ -79,6 +83,42 @@ def test_check_hook_reports_kind_and_signature():
     assert not wrong_kind.ok and wrong_kind.found.startswith("classmethod")
     missing = check_hook(Hook(f"{here}._Victim.gone", "method", "self", HookType.AFTER, print))
     assert not missing.ok and "has no attribute 'gone'" in missing.found
+
+
+def _break_body(query, output, layer_id):
+    return query
+
+
+# A module-level graph break as SGLang declares DeepSeek-V4's attention break
+_break = bcg.eager_on_graph(True)(_break_body)
+
+
+def test_an_eager_break_target_checks_the_same_before_and_after_sglang_applies_its_hooks(
+    clean_hook_registry, monkeypatch
+):
+    """`plan` checks every patch again after the plugin loaded: by then SGLang's HookRegistry
+    has replaced the break with its wrapper function, which is still the break."""
+    import sys
+
+    module = sys.modules[__name__]
+    original = module._break
+    monkeypatch.setattr(module, "_break", original)  # restored after the hooks replace it
+    hook = Hook(
+        f"{__name__}._break", EAGER_BREAK, "query, output, layer_id", HookType.AROUND, _passthrough
+    )
+    before = check_hook(hook)
+    assert before.ok and before.found == "eager_on_graph break (query, output, layer_id)"
+    HookRegistry.register(hook.target, _passthrough, HookType.AROUND)
+    monkeypatch.setattr(HookRegistry, "_patched", set(HookRegistry._patched))
+    HookRegistry.apply_hooks()
+    assert module._break is not original and module._break.__wrapped__ is original
+    after = check_hook(hook)
+    assert after.ok and after.found == before.found
+    # a plain function is still a function, not a break
+    plain = check_hook(
+        Hook(f"{__name__}._break_body", EAGER_BREAK, "query", HookType.AROUND, _passthrough)
+    )
+    assert not plain.ok and plain.found.startswith("function")
 
 
 def _patch(pid, flag_name, hooks):

@@ -269,16 +269,24 @@ def resolve_target(path: str) -> tuple[Any, str, Any]:
     return owner, attr, raw
 
 
+def _is_eager_break(obj: Any) -> bool:
+    return type(obj).__name__ == "_EagerOnGraphCallable" and inspect.isfunction(
+        getattr(obj, "__wrapped__", None)
+    )
+
+
 def _kind_of(owner: Any, raw: Any) -> tuple[str, Callable[..., Any] | None]:
     if isinstance(raw, classmethod):
         return "classmethod", raw.__func__
     if isinstance(raw, staticmethod):
         return "staticmethod", raw.__func__
     if inspect.isfunction(raw):
+        if _is_eager_break(inner := getattr(raw, "__wrapped__", None)):
+            # SGLang's HookRegistry wrapper around a break: the hooks are applied (a check
+            # after the plugin loaded, as `plan` makes), the target is still the break
+            return EAGER_BREAK, inner.__wrapped__
         return ("method" if inspect.isclass(owner) else "function"), raw
-    if type(raw).__name__ == "_EagerOnGraphCallable" and inspect.isfunction(
-        getattr(raw, "__wrapped__", None)
-    ):
+    if _is_eager_break(raw):
         return EAGER_BREAK, raw.__wrapped__
     return type(raw).__name__, None
 

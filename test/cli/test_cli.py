@@ -531,3 +531,17 @@ def test_plan_says_what_the_mixed_split_would_do(tmp_path):
         for p in cli_json("plan", "--model-path", str(_dense_model(tmp_path)), env=on)["patches"]
     }
     assert dense["mixed_split"] == "not a DeepSeek-V4 model: nothing to split"
+
+
+def test_plan_finds_every_switched_on_patch_applicable_after_the_plugin_loaded():
+    """`plan` resolves with the plugin loaded (SGLang has applied the hooks), then checks each
+    patch again: a hooked target is still its target (an eager_on_graph break among them)."""
+    from sglang_mixgraph.patches import all_patches
+
+    on = {}
+    for patch in all_patches():
+        switch = patch.switches[0]
+        on[switch.name] = "auto" if switch.name == "SGLANG_MIXGRAPH_PREFILL_BUCKETS" else "1"
+    patches = {p["id"]: p for p in cli_json("plan", "--target-gpu", "H100", env=on)["patches"]}
+    assert {i: p["status"] for i, p in patches.items() if p["status"] == "cannot apply"} == {}
+    assert patches["wo_a_in_break"]["status"] == "active"
