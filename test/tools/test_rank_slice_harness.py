@@ -671,6 +671,8 @@ def test_the_real_server_advise_run_serves_an_arm_a_serving_ab_measured():
         r"upstream, bcg-auto-lean\)",
     ):
         real.slice_server(Path("/m"), 60.0, lean, "lean")
+    with pytest.raises(SystemExit, match=r"^advise_real: .*nothing\.toml: cannot read"):
+        real.slice_server(Path("/m"), 60.0, SLICE / "nothing.toml", "upstream")
 
 
 def test_the_real_server_advise_run_stops_before_a_server_without_the_chat_encoder(

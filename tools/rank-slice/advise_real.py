@@ -49,10 +49,13 @@ def slice_server(
     """An `ab` configuration's server for `model`, as `ab` reads it, and one arm: the
     configuration's `arm_name`, or one that adds SGLang's breakable prefill graph (0.5.23's
     default bucket list). An arm the configuration lacks is a one-line SystemExit."""
-    from sglang_mixgraph.ab.config import read_toml
+    from sglang_mixgraph.ab.config import ConfigError, read_toml
     from sglang_mixgraph.ab.config_schema import validated
 
-    document = read_toml(config)
+    try:
+        document = read_toml(config)
+    except ConfigError as e:
+        raise SystemExit(f"advise_real: {e}") from None
     server = document["server"]  # the server only: no sweep runs here
     server = {**server, "model_path": str(model), "health_timeout_s": health_timeout_s}
     arm = {"name": "breakable", "args": ["--cuda-graph-backend-prefill", "breakable"]}
@@ -97,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         log(problem)
         return 1
     model = Path(f"/tmp/rank_slice/model_l{args.layers}{'_fp8' if args.fp8 else ''}")
+    slice_server(model, 10.0, args.config, args.arm)  # a wrong --config or --arm before any work
     made = subprocess.run(
         [
             sys.executable,
