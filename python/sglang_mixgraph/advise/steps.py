@@ -25,9 +25,9 @@ from sglang_mixgraph.core.kernel_classes import (
     FRAME_CATS,
     GRAPH_LAUNCH,
     LAUNCH_CATS,
+    busy_ms,
     gpu_events,
     launch_frames,
-    merge_intervals,
 )
 
 STEP_PREFIX = "step["
@@ -243,7 +243,7 @@ def read_steps(doc: dict, rank: str) -> RankTrace:
         step.gpu_end_us = end if step.gpu_end_us is None else max(step.gpu_end_us, end)
 
     for step in steps:
-        step.kernel_ms = sum(e - s for s, e in merge_intervals(step.gpu_intervals)) / 1e3
+        step.kernel_ms = busy_ms(step.gpu_intervals)
     steps.sort(key=lambda s: s.start_us)
     timed = [s for s in steps if s.gpu_start_us is not None]
     for cur, nxt in zip(timed, timed[1:], strict=False):

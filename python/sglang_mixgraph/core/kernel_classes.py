@@ -166,6 +166,11 @@ def merge_intervals(intervals) -> list[tuple[float, float]]:
     return merged
 
 
+def busy_ms(intervals) -> float:
+    """The GPU's busy time (ms) over (start, end) intervals in microseconds, overlap once."""
+    return sum(end - start for start, end in merge_intervals(intervals)) / 1e3
+
+
 def class_table(events: list, top: int = 5) -> dict:
     """Kernel ms, kernel count and the largest kernels of each class; the total (summed, and the
     GPU's busy time with overlapping kernels counted once); and how many kernels had launch
@@ -192,7 +197,7 @@ def class_table(events: list, top: int = 5) -> dict:
     kernels = sum(r["count"] for r in rows.values())
     return {
         "kernel_ms": round(total, 3),
-        "busy_ms": round(sum(e - s for s, e in merge_intervals(spans)) / 1e3, 3),
+        "busy_ms": round(busy_ms(spans), 3),
         "kernels": kernels,
         "with_frames": with_frames,
         "classes": table,
