@@ -33,7 +33,9 @@ a pass:
   fallback, and layers split only as many times as the target has layers. Where the split-off
   breakable arm already differs from the reference, its check says that is upstream's replay
   under EAGLE (SGLang issue 29985), and the split arms are also compared with it; with the
-  overlap scheduler off (``-noovl``) the reference is ``spec-eager-off-noovl``; with tail graphs
+  overlap scheduler off (``-noovl``) the reference is ``spec-eager-off-noovl``, with acceptance
+  forced to swing (``-acc``) ``spec-eager-off-acc``, and the accept length must show the swing
+  (``SWING_ACCEPT_RANGE``); with tail graphs
   (``-tail``) every split layer's decode tail replayed from its graph (``tail_graph_replays`` =
   the layers split, no ``tail_graph_eager.*``); with upstream's online c128 MTP compression
   (``-online``, reference ``spec-eager-off-online``) the split arms split nothing: every target
@@ -73,6 +75,9 @@ LOGITS_GATHER_STAGE = "stage=dp_metadata_returned"
 # bf16 rounding the split changes (summation order), so a near-tie among the draft's top
 # tokens may flip and one verify step accept a token more or less.
 ACCEPT_LENGTH_TOLERANCE = 0.01
+# The -acc variant forces each verify step to accept 2 or 3 tokens, one as often as the other: a
+# pooled accept length in this range cannot come from one of the two alone.
+SWING_ACCEPT_RANGE = (2.1, 2.9)
 SPEC_REFERENCE = "spec-eager-off"  # e2e_phases.SPEC_REFERENCE (no sglang import there either)
 # The split's fallback under upstream's online c128 MTP compression (mixed_split/state.py).
 ONLINE_FALLBACK = "spec_online_c128"
@@ -142,6 +147,7 @@ class PhaseRecord:
     spec: bool = False  # a speculative phase (EAGLE over the next-n layer)
     tail_graphs: bool = False  # the -tail variant: SGLANG_MIXGRAPH_SPLIT_TAIL_GRAPHS=1
     no_overlap: bool = False  # the -noovl variant: SGLang's overlap scheduler off
+    swing_accept: bool = False  # the -acc variant: acceptance forced to 2 or 3 a verify step
     online_c128: bool = False  # the -online variant: upstream's online c128 MTP compression
     spec_counts: dict = field(default_factory=dict)  # rid -> e2e_phase.spec_counts
     boundary_lens: tuple[int, ...] = ()  # the boundary workload: context lengths rows must cross
@@ -736,6 +742,8 @@ def _speculative(
             f"no verify step reported for {unverified[:8]}" if unverified else "",
         )
     ]
+    if rec.swing_accept:
+        out.append(_acceptance_swung(rec))
     if rec.is_baseline:
         return out
     # A split-off arm runs no split: a difference there is upstream's.
@@ -759,6 +767,20 @@ def _speculative(
     if rec.tail_graphs:
         out.append(_tails_replayed(rec))
     return out
+
+
+def _acceptance_swung(rec: PhaseRecord) -> Check:
+    """The -acc variant: verify steps accepted 2 and 3 tokens in a mix (each step draws one of
+    the two), so the pooled accept length lies well inside (2, 3); a request's last step may
+    be cut short by its token limit, which moves the mean by little."""
+    length = accept_length(rec)
+    lo, hi = SWING_ACCEPT_RANGE
+    return Check(
+        rec.name,
+        f"acceptance swung between 2 and 3 tokens a verify step (accept length in [{lo}, {hi}])",
+        length is not None and lo <= length <= hi,
+        f"accept length {'none' if length is None else f'{length:.4f}'}",
+    )
 
 
 def _tails_replayed(rec: PhaseRecord) -> Check:

@@ -25,7 +25,9 @@ scheduler off, ``disable_overlap_schedule``: the synchronous EAGLE path), whose 
 compression on (``SGLANG_OPT_USE_ONLINE_COMPRESS`` and ``SGLANG_EXPERIMENTAL_ONLINE_C128_MTP``),
 where the split must fall back on every MIXED step (so never with ``-tail``); it may change
 numerics against offline compression, so its reference is ``spec-eager-off-online``
-(``-noovl-online`` together: ``spec-eager-off-noovl-online``).
+(``-noovl-online`` together: ``spec-eager-off-noovl-online``). ``-acc``, by name only, makes the
+acceptance swing between 2 and 3 tokens a verify step (``SWING_ACCEPT_ENV``, upstream's simulated
+acceptance over the draft's real tokens), against its own reference ``spec-eager-off-acc``.
 
 ``KERNEL_ENV``/``KERNEL_ENGINE`` (``sglang_mixgraph.kits.gpu_machine``, shared with
 tools/rank-slice) select, through upstream's own flags, the kernels that exist on the GPU machine:
@@ -67,6 +69,18 @@ SPEC_KWARGS = {
 SPEC_REFERENCE = "spec-eager-off"
 NO_OVERLAP_SUFFIX = "-noovl"
 ONLINE_SUFFIX = "-online"
+SWING_SUFFIX = "-acc"
+# Acceptance that swings step to step: upstream's benchmark knob forces each verify step to accept
+# 2 or 3 tokens, drawn per step (spec_utils.sample_simulated_acc_len, "match-expected"), and
+# with "real-draft-token" the accepted tokens are the draft's own chain plus the target's bonus
+# (spec_utils.generate_simulated_accept_index; it needs top-k 1), so the tokens depend on the
+# hidden states the target hands the draft. The draws come from the scheduler's CPU generator,
+# seeded by random_seed, so arms that run the same steps draw the same lengths.
+SWING_ACCEPT_ENV = {
+    "SGLANG_SIMULATE_ACC_LEN": "2.5",
+    "SGLANG_SIMULATE_ACC_METHOD": "match-expected",
+    "SGLANG_SIMULATE_ACC_TOKEN_MODE": "real-draft-token",
+}
 # Upstream's online c128 compression under MTP (OnlineC128MTPController.enabled reads both).
 ONLINE_C128_ENV = {
     "SGLANG_OPT_USE_ONLINE_COMPRESS": "1",
@@ -104,7 +118,7 @@ class Variant:
 
 
 # In name order (``bcg-always-rd-des-lw-lean``, ``spec-eager-always-tail-noovl``,
-# ``spec-eager-always-noovl-online``). Only -rd is in the default list, -tail and -noovl in
+# ``spec-eager-always-noovl-acc-online``). Only -rd is in the default list, -tail and -noovl in
 # ``spec``; the others by name.
 VARIANTS = (
     Variant("read_done", RD_SUFFIX, READ_DONE_ENV),
@@ -135,6 +149,8 @@ VARIANTS = (
         spec=True,
         own_reference=True,
     ),
+    # acceptance forced to swing between 2 and 3 tokens a verify step (SWING_ACCEPT_ENV)
+    Variant("swing_accept", SWING_SUFFIX, SWING_ACCEPT_ENV, spec=True, own_reference=True),
     # upstream's online c128 MTP compression: the split falls back (``spec_online_c128``)
     Variant("online_c128", ONLINE_SUFFIX, ONLINE_C128_ENV, spec=True, own_reference=True),
 )
@@ -197,6 +213,7 @@ class Phase:
     spec: bool = False  # EAGLE over the next-n layer (SPEC_KWARGS)
     tail_graphs: bool = False
     no_overlap: bool = False
+    swing_accept: bool = False
     online_c128: bool = False
 
     @property

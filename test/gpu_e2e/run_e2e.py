@@ -299,6 +299,7 @@ def collect(phase, work, logs, seconds, timed_out, workload="full", dp=1) -> dic
         lean=getattr(phase, "lean", False),
         tail_graphs=getattr(phase, "tail_graphs", False),
         no_overlap=getattr(phase, "no_overlap", False),
+        swing_accept=getattr(phase, "swing_accept", False),
         online_c128=getattr(phase, "online_c128", False),
         ran=bool(out.get("ok")),
         error=error,

@@ -212,6 +212,45 @@ def test_online_phases_run_after_their_own_reference_with_both_upstream_flags():
             P.parse([bad])
 
 
+SWING = ["spec-eager-off-acc", "spec-bcg-off-acc", "spec-eager-always-acc", "spec-bcg-always-acc"]
+
+
+def test_swing_phases_force_upstreams_simulated_acceptance_against_their_own_reference():
+    phases = P.parse(list(reversed(SWING)))
+    assert [p.name for p in phases] == SWING
+    assert {p.baseline for p in phases} == {"spec-eager-off-acc"}
+    assert phases[3].upstream_arm == "spec-bcg-off-acc"
+    off = {"SGLANG_MIXGRAPH_SPLIT_TAIL_GRAPHS": "0"}
+    for p in phases:
+        plain = P.Phase(p.graph, p.split, spec=True)
+        assert p.env(off, radix=False) == dict(
+            plain.env(off, radix=False),
+            SGLANG_SIMULATE_ACC_LEN="2.5",
+            SGLANG_SIMULATE_ACC_METHOD="match-expected",
+            SGLANG_SIMULATE_ACC_TOKEN_MODE="real-draft-token",
+        )
+        assert p.engine_kwargs("/m", radix=False, slot=1) == plain.engine_kwargs(
+            "/m", radix=False, slot=1
+        )
+    # Upstream's real-draft-token mode needs top-k 1, which every speculative phase has.
+    assert P.SPEC_KWARGS["speculative_eagle_topk"] == 1
+    assert not any(p.swing_accept for p in SPEC)
+    (both,) = P.parse(["spec-eager-always-noovl-acc"])
+    assert both.baseline == "spec-eager-off-noovl-acc"
+    with pytest.raises(ValueError, match="a phase without speculation takes no -acc"):
+        P.parse(["eager-always-acc"])
+
+
+def test_upstream_reads_the_swing_settings_as_the_phase_sets_them(monkeypatch):
+    from sglang.srt.environ import envs
+
+    for key, value in P.SWING_ACCEPT_ENV.items():
+        monkeypatch.setenv(key, value)
+    assert envs.SGLANG_SIMULATE_ACC_LEN.get() == 2.5
+    assert envs.SGLANG_SIMULATE_ACC_METHOD.get() == "match-expected"
+    assert envs.SGLANG_SIMULATE_ACC_TOKEN_MODE.get() == "real-draft-token"
+
+
 # ---- the checks --------------------------------------------------------------------------------
 
 TOKENS = {"r0": [1, 2, 3], "r1": [4, 5]}
@@ -248,6 +287,7 @@ def _spec(name, *, outputs=TOKENS, counts=COUNTS, events=None, fallbacks=None, s
         spec=True,
         tail_graphs=phase.tail_graphs,
         no_overlap=phase.no_overlap,
+        swing_accept=phase.swing_accept,
         online_c128=phase.online_c128,
         ran=True,
         outputs=outputs,
@@ -526,6 +566,29 @@ def test_an_online_breakable_arm_counts_its_replays():
         "spec-bcg-adaptive-online", events=decided, fallbacks=ONLINE_FALLBACKS, steps=BCG_STEPS
     )
     assert _failed(C.check_phase(rec, ref, POLICY)) == [NOT_SPLIT]
+
+
+SWUNG = "acceptance swung between 2 and 3 tokens a verify step (accept length in [2.1, 2.9])"
+
+
+def test_a_swing_phase_must_show_acceptance_between_two_and_three():
+    mixed = {
+        "r0": {"verify_ct": 10, "correct_drafts": 15, "tokens": 25},
+        "r1": {"verify_ct": 2, "correct_drafts": 3, "tokens": 5},
+    }
+    ref = _spec("spec-eager-off-acc", counts=mixed)
+    assert _failed(C.check_phase(ref, None, POLICY, None)) == []
+    assert _detail(C.check_phase(ref, None, POLICY, None), SWUNG) == "accept length 2.5000"
+    # Every step accepted 3 (or the knob was ignored and 1.67 came back): no swing.
+    threes = {r: {"verify_ct": 2, "correct_drafts": 4, "tokens": 6} for r in ("r0", "r1")}
+    for counts in (threes, COUNTS):
+        rec = _spec("spec-eager-off-acc", counts=counts)
+        assert _failed(C.check_phase(rec, None, POLICY, None)) == [SWUNG]
+    arm = _spec("spec-eager-always-acc", counts=mixed, events=SPLIT, fallbacks=DRAFT_FALLBACKS)
+    checks = C.check_phase(arm, ref, POLICY, ref)
+    assert _failed(checks) == []
+    assert "tokens equal spec-eager-off-acc" in [c.name for c in checks]
+    assert SWUNG not in [c.name for c in _check(REF)]
 
 
 def test_summary_shows_the_accept_length():
