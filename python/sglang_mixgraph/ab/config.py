@@ -99,6 +99,9 @@ def parse_config(data: dict[str, Any], *, accuracy_only: bool = False) -> Config
     for name in config.gsm8k.arms:
         if name not in names:
             raise ConfigError(f"[gsm8k] arms: no arm named {name!r}")
+    for name in config.tokens.arms:
+        if name not in names:
+            raise ConfigError(f"[tokens] arms: no arm named {name!r}")
     if accuracy_only and (not config.gsm8k.enabled or config.gsm8k.threshold is None):
         raise ConfigError("[gsm8k]: --accuracy-only needs enabled = true and a threshold")
     gates = _gates(config, sweep)
@@ -487,6 +490,19 @@ def gsm8k_settings(config: Config, arm: Arm) -> dict[str, Any]:
         "parallel": g.parallel,
         "max_tokens": g.max_tokens,
         "data_path": g.data_path,
+    }
+
+
+def tokens_settings(config: Config, arm: Arm, repeat: int) -> dict[str, Any]:
+    t = config.tokens
+    return {
+        "kind": "tokens",
+        "arm": arm_settings(config, arm),
+        "repeat": repeat,
+        "prompts": t.prompts,
+        "input_len": t.input_len,
+        "output_len": t.output_len,
+        "seed": t.seed,
     }
 
 

@@ -1,7 +1,7 @@
 """The A/B configuration as frozen pydantic models, one per TOML section; its errors as one line.
 
-Each section (`[server]`, `[[arm]]`, `[sweep]`, `[[shape]]`, `[slo]`, `[gsm8k]`, `[[gate]]`,
-`[run]`) is a model that says, key by key, what a value may be and its default: strict types
+Each section (`[server]`, `[[arm]]`, `[sweep]`, `[[shape]]`, `[slo]`, `[gsm8k]`, `[tokens]`,
+`[[gate]]`, `[run]`) is a model that says, key by key, what a value may be and its default: strict types
 (an integer is not `true`, `1.0` or `"1"`), no unknown key, numbers finite and in range, counts
 bounded (MAX_*) so that a plan stays small, ports, URLs, names and vocabularies. `Config`, the
 whole file, is what the run uses; config.py checks what spans keys or sections and sets the
@@ -398,6 +398,19 @@ class Gsm8k(_Table):
     judge: Judge = "mean"  # the threshold against the score or its Wilson interval (JUDGES)
 
 
+class Tokens(_Table):
+    """The greedy token check: after each visit's load cells, the same seeded prompts at
+    temperature 0 on the same server, so the arms' output ids can be compared."""
+
+    enabled: bool = False
+    prompts: Count = 16
+    input_len: Count = 512  # the prompts' lengths spread over input_len/2 .. input_len*3/2
+    output_len: Count = 32
+    seed: Seed = 0
+    arms: Words = ()  # empty: every arm
+    timeout_s: Timeout = 300.0
+
+
 class Gate(_Table):
     metric: Annotated[str, _one_of(GATE_METRICS)]
     candidate: str
@@ -451,6 +464,7 @@ class Config(_Table):
     shape: Values[Shape] | None = None  # as written; the run's shapes are sweep.shapes
     slo: Slo = Slo()
     gsm8k: Gsm8k = Gsm8k()
+    tokens: Tokens = Tokens()
     gates: Values[Gate] = Field((), alias="gate")
     # Ratios reported besides each candidate's to the baseline: "CANDIDATE/BASELINE" arms.
     pairs: Words = ()
@@ -475,6 +489,7 @@ _SECTIONS: dict[str, type[_Table]] = {
     "shape": Shape,
     "slo": Slo,
     "gsm8k": Gsm8k,
+    "tokens": Tokens,
     "gate": Gate,
     "run": Run,
 }

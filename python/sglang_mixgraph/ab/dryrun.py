@@ -1,22 +1,23 @@
 """`ab run --dry-run`: every visit's server, every cell's exact command, and how long it takes.
 
 The commands are the ones the run would start: the server launch line of each arm (with its
-environment) and, per cell, `python -m sglang.benchmark.serving ...` or the GSM8K eval with
-the URL and output file the run would give it. Cells that are already done (and would be
-skipped) are marked, and so are finished cells whose raw output is damaged (measured again).
+environment) and, per cell, `python -m sglang.benchmark.serving ...`, the GSM8K eval or the
+greedy token check with the URL and output file the run would give it. Cells that are already
+done (and would be skipped) are marked, and so are finished cells whose raw output is damaged
+(measured again).
 
 The time estimate is for what is left to do. A cell to measure costs what cells at the same
-load point (shape and concurrency or rate) took in this run directory, over every arm and
-repeat (their records hold `wall_s`); a server start costs what this arm's starts took there
-(`server_start_s`). With nothing measured yet a cell is modelled: bench_serving sends its
-requests in waves of `concurrency` (warm-up, then prompts), each wave as long as one request,
-TTFT + (output_len - 1) x TPOT; a request-rate cell lasts prompts / rate plus two requests
-(the warm-up burst, the last arrival's request);
-GSM8K sends `num_examples` in waves of `parallel`, each up to `max_tokens` long. TPOT is
-`--assume-tpot-ms`, else `[slo] tpot_ms` (the server is expected to meet it), else
-ASSUMED_TPOT_MS; TTFT is `[slo] ttft_ms`, else ASSUMED_TTFT_MS; the line says where each came
-from. A server start never measured is not guessed: the line gives how many there are and
-their bound, `health_timeout_s` each.
+load point (shape and concurrency or rate; GSM8K and token cells: of their kind) took in this
+run directory, over every arm and repeat (their records hold `wall_s`); a server start costs
+what this arm's starts took there (`server_start_s`). With nothing measured yet a cell is
+modelled: bench_serving sends its requests in waves of `concurrency` (warm-up, then prompts),
+each wave as long as one request, TTFT + (output_len - 1) x TPOT; a request-rate cell lasts
+prompts / rate plus two requests (the warm-up burst, the last arrival's request); GSM8K sends
+`num_examples` in waves of `parallel`, each up to `max_tokens` long; a token cell is one wave of
+its prompts, `output_len` tokens long. TPOT is `--assume-tpot-ms`, else `[slo] tpot_ms` (the
+server is expected to meet it), else ASSUMED_TPOT_MS; TTFT is `[slo] ttft_ms`, else
+ASSUMED_TTFT_MS; the line says where each came from. A server start never measured is not
+guessed: the line gives how many there are and their bound, `health_timeout_s` each.
 """
 
 from __future__ import annotations
@@ -104,6 +105,8 @@ def modelled_cell_s(config: Config, cell: runner.Cell, latency: Latency) -> floa
     if cell.kind == "gsm8k":
         g = config.gsm8k
         return math.ceil(g.num_examples / g.parallel) * (ttft + g.max_tokens * tpot) / 1000
+    if cell.kind == "tokens":
+        return (ttft + (cell.settings["output_len"] - 1) * tpot) / 1000
     assert cell.point is not None
     bench = cell.settings["bench"]
     request_s = (ttft + (bench["output_len"] - 1) * tpot) / 1000
@@ -123,7 +126,7 @@ def estimate_line(
     *,
     fresh: bool = False,
 ) -> str:
-    measured: dict[Any, list[float]] = {}  # cell point (None: GSM8K) -> wall seconds
+    measured: dict[Any, list[float]] = {}  # (cell kind, point) -> wall seconds
     starts: dict[str, list[float]] = {}  # arm -> server start seconds
     for visit in visits:
         for cell in visit.cells:
@@ -131,7 +134,7 @@ def estimate_line(
             if record.get("status") != runner.OK:
                 continue
             if isinstance(record.get("wall_s"), (int, float)):
-                measured.setdefault(cell.point, []).append(float(record["wall_s"]))
+                measured.setdefault((cell.kind, cell.point), []).append(float(record["wall_s"]))
             if isinstance(record.get("server_start_s"), (int, float)):
                 starts.setdefault(cell.arm, []).append(float(record["server_start_s"]))
     total = 0.0
@@ -149,8 +152,8 @@ def estimate_line(
             else:
                 unknown_starts += 1
         for cell in todo:
-            if cell.point in measured:
-                total += statistics.fmean(measured[cell.point])
+            if (cell.kind, cell.point) in measured:
+                total += statistics.fmean(measured[(cell.kind, cell.point)])
                 from_runs += 1
             else:
                 total += modelled_cell_s(config, cell, latency)

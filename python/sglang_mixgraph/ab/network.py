@@ -86,8 +86,9 @@ def fetches(config: Config, *, accuracy_only: bool = False) -> list[Fetch]:
 
 
 def failed_fetch(config: Config, cell_kind: str, log_text: str) -> Fetch | None:
-    """The fetch a failed cell's log shows failing (None: no mark of the network in it)."""
-    if not any(mark in log_text for mark in MARKS):
+    """The fetch a failed cell's log shows failing (None: no mark of the network in it, or a
+    token check, which downloads nothing: a host it cannot resolve is the server's)."""
+    if cell_kind == "tokens" or not any(mark in log_text for mark in MARKS):
         return None
     kinds = ("gsm8k", "model") if cell_kind == "gsm8k" else ("dataset", "model")
     needed = [f for f in fetches(config) if f.kind in kinds]

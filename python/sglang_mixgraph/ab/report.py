@@ -11,7 +11,9 @@ in flight), as mean +/- the 95% interval over repeats, with each candidate's rat
 baseline (the first arm): the geometric mean of the paired ratios with the exp of the t
 interval of their logarithms; the Pareto frontier of output tok/s per GPU against tok/s per
 user, per arm and over all arms; GSM8K per arm with its Wilson interval against the
-threshold, and each candidate's score minus the baseline's with its interval; the gates with
+threshold, and each candidate's score minus the baseline's with its interval; with `[tokens]`
+each visit's greedy output ids against the first listed arm's first visit and against the
+arm's own first visit (prompts equal, and where the others first differ); the gates with
 the interval and the bound each was judged on; every failed or missing cell. `results.csv`
 holds the table's numbers.
 Plots need matplotlib (the `ab` extra); without it they are skipped with one line saying so,
@@ -218,6 +220,7 @@ def render_markdown(results: Results) -> str:
         if c.sweep.block or c.pairs:
             lines += _blocks_section(results)
     lines += _gsm8k_section(results)
+    lines += _tokens_section(results)
     if results.gates:
         lines += [
             "## Gates",
@@ -537,6 +540,86 @@ def _gsm8k_section(results: Results) -> list[str]:
             )
         lines.append("")
     return lines
+
+
+TOKENS_CAVEAT = (
+    "the server itself is not deterministic under this batching; differences between arms "
+    "mean nothing beyond that"
+)
+
+
+def _where_they_differ(differing: list[dict[str, Any]]) -> str:
+    """The first differing output indices of the prompts that differ, summarised."""
+    if not differing:
+        return "-"
+    at = sorted(d["first_index"] for d in differing)
+    n = len(at)
+    if n == 1:
+        return f"1 prompt, from index {at[0]}"
+    return f"{n} prompts, from index {at[0]} (median {at[n // 2]}, latest {at[-1]})"
+
+
+def _equal_count(row: dict[str, Any]) -> str:
+    if "equal" not in row:
+        return "-"
+    if row["equal"] is None:
+        return "other prompts (another vocabulary)"
+    return f"{row['equal']}/{row['total']}"
+
+
+def _tokens_section(results: Results) -> list[str]:
+    tokens = results.tokens
+    if not tokens:
+        return []
+    t = results.config.tokens
+    ref = tokens["reference"]
+    low, high = max(1, t.input_len // 2), max(1, t.input_len * 3 // 2)
+    lines = [
+        "## Greedy tokens",
+        "",
+        f"{t.prompts} prompts of {low} to {high} random token ids (seed {t.seed}), "
+        f"{t.output_len} output tokens each at temperature 0 (`ignore_eos`), sent at once to "
+        "`/generate` after each visit's load cells, on the same server and outside their "
+        f"timing. The reference is `{ref['arm']}`'s first visit: each visit counts its prompts "
+        "whose output ids equal the reference's, and for the others the first output index "
+        "where they differ (0: the first generated token).",
+        "",
+    ]
+    if not tokens["visits"]:
+        return lines + ["No token check is measured yet.", ""]
+    if not ref["measured"]:
+        lines += ["The reference visit is not measured yet: no visit is compared with it.", ""]
+    lines += ["| arm | visit | equal to the reference | where they differ |", "|---|---|---|---|"]
+    for row in tokens["visits"]:
+        is_ref = row["arm"] == ref["arm"] and row["visit"] == ref["visit"]
+        equal = _equal_count(row) + (" (the reference)" if is_ref else "")
+        where = _where_they_differ(row.get("differing", []))
+        lines.append(f"| `{row['arm']}` | {row['visit']} | {equal} | {where} |")
+    lines.append("")
+    lines += _tokens_within_arms(tokens["within_arm"])
+    return lines
+
+
+def _tokens_within_arms(within: dict[str, dict[str, Any]]) -> list[str]:
+    """Each arm's visits against its own first: whether the server repeats itself."""
+    if not any(w["visits"] > 1 for w in within.values()):
+        return [
+            "Each arm has one visit measured: nothing shows yet whether a server repeats its own "
+            "tokens under this batching.",
+            "",
+        ]
+    differing = [
+        (arm, v, w["first_visit"]) for arm, w in within.items() for v in w["differing_visits"]
+    ]
+    if not differing:
+        return ["Every arm's visits gave the same output ids as its first visit.", ""]
+    lines = ["Visits that differ from their own arm's first visit:", ""]
+    for arm, v, first in differing:
+        lines.append(
+            f"- `{arm}` visit {v['visit']}: {_equal_count(v)} equal to visit {first}; "
+            f"{_where_they_differ(v['differing'])}"
+        )
+    return lines + ["", f"So {TOKENS_CAVEAT}.", ""]
 
 
 def _series(results: Results, arm: str, shape: str, kind: str) -> list[tuple[Point, dict]]:

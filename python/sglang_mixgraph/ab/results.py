@@ -20,7 +20,9 @@ the mean input and output lengths it actually sent (its token totals / `complete
 per user is 1000 / median TPOT (the decode speed one request sees); `pareto` marks the load
 points no other point beats on both output tok/s per GPU and tok/s per user, per arm and over
 all arms (`frontier`); each candidate's GSM8K score minus the baseline's comes with Newcombe's
-interval (stats.score_difference), besides each arm against the threshold.
+interval (stats.score_difference), besides each arm against the threshold. The greedy token
+check (`[tokens]`) compares every visit's output ids with the first listed arm's first visit
+and each arm's visits with its own first (`tokens`); it informs, it judges nothing.
 `results.csv` has one row per arm and load point: every metric's mean and interval, each
 candidate's ratio to the baseline with its interval, and the point's two frontier marks. A ratio pairs repeat r of two arms, which
 must have run on one machine (a run directory whose pair crosses machines is refused); pairs
@@ -126,6 +128,8 @@ class Results:
     gsm8k: dict[str, dict[str, Any]] = field(default_factory=dict)
     # Each candidate's GSM8K score minus the baseline's, with its interval (stats.score_difference).
     gsm8k_differences: list[dict[str, Any]] = field(default_factory=list)
+    # The greedy token check's comparisons (`_greedy_tokens`); empty when `[tokens]` is off.
+    tokens: dict[str, Any] = field(default_factory=dict)
     # pareto[shape]: every arm's load points, per user against per GPU, and which are on the
     # arm's frontier and on the frontier of all arms together (`pareto_points`).
     pareto: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
@@ -180,6 +184,7 @@ def collect(run_dir: Path) -> Results:
     config, accuracy_only = load_run(run_dir)
     results = Results(config=config, accuracy_only=accuracy_only)
     values: dict[str, dict[Point, dict[str, dict[int, float]]]] = {}
+    token_outputs: dict[tuple[str, int], dict[str, Any]] = {}  # (arm, repeat) -> raw output
     for visit in runner.plan(config, accuracy_only=accuracy_only):
         for cell in visit.cells:
             record = runner.read_record(run_dir, cell) or {}
@@ -225,6 +230,9 @@ def collect(run_dir: Path) -> Results:
                     "interval": "95% Wilson score interval over n questions",
                     "raw": entry["raw"],
                 }
+            elif cell.kind == "tokens":
+                entry["prompts"] = len(raw["output_ids"])
+                token_outputs[(cell.arm, cell.repeat)] = raw
             else:
                 server_version = (raw.get("server_info") or {}).get("version")
                 if server_version is not None:
@@ -270,6 +278,8 @@ def collect(run_dir: Path) -> Results:
     if config.slo.limits:
         _within_slo(results)
     _gsm8k_differences(results)
+    if config.tokens.enabled and not accuracy_only:
+        _greedy_tokens(results, token_outputs)
     _pareto(results)
     _verdict(results)
     return results
@@ -319,6 +329,62 @@ def _gsm8k_differences(results: Results) -> None:
                 "accuracies (from the two Wilson intervals)",
             }
         )
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """The first output index where two prompts' ids differ (None: they are equal)."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):  # a shorter one differs after it
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def compare_outputs(reference: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+    """Prompts whose output ids equal the reference's, and where the others first differ."""
+    total = len(reference["output_ids"])
+    if other.get("prompt_digest") != reference.get("prompt_digest"):
+        # Another vocabulary (an attached server of another model): nothing to compare.
+        return {"equal": None, "total": total, "other_prompts": True, "differing": []}
+    differing = [
+        {"prompt": i, "first_index": at}
+        for i, (a, b) in enumerate(zip(reference["output_ids"], other["output_ids"], strict=True))
+        if (at := first_difference(a, b)) is not None
+    ]
+    return {"equal": total - len(differing), "total": total, "differing": differing}
+
+
+def _greedy_tokens(results: Results, outputs: dict[tuple[str, int], dict[str, Any]]) -> None:
+    """Every visit against the reference (the first listed arm's first visit), and each arm's
+    visits against its own first: a difference there is the server's own nondeterminism."""
+    t = results.config.tokens
+    listed = [a.name for a in results.config.arms if not t.arms or a.name in t.arms]
+    reference = outputs.get((listed[0], 0))
+    visits, within = [], {}
+    for arm in listed:
+        repeats = sorted(r for a, r in outputs if a == arm)
+        for repeat in repeats:
+            row = {"arm": arm, "visit": repeat + 1}
+            if reference is not None:
+                row.update(compare_outputs(reference, outputs[(arm, repeat)]))
+            visits.append(row)
+        if repeats:
+            first = outputs[(arm, repeats[0])]
+            against_first = [
+                {"visit": r + 1, **compare_outputs(first, outputs[(arm, r)])} for r in repeats[1:]
+            ]
+            within[arm] = {
+                "visits": len(repeats),
+                "first_visit": repeats[0] + 1,
+                "differing_visits": [v for v in against_first if v["equal"] != v["total"]],
+            }
+    results.tokens = {
+        "reference": {"arm": listed[0], "visit": 1, "measured": reference is not None},
+        "prompts": t.prompts,
+        "output_len": t.output_len,
+        "visits": visits,
+        "within_arm": within,
+        "visits_of_an_arm_agree": not any(w["differing_visits"] for w in within.values()),
+    }
 
 
 PER_USER, PER_GPU = "output_tok_per_s_per_user", "output_throughput_per_gpu"
@@ -393,7 +459,7 @@ def _read_raw(run_dir: Path, cell: runner.Cell) -> dict[str, Any] | None:
     try:
         text = runner.raw_path(run_dir, cell).read_text()
         # bench_serving appends one line per run; the runner gives each try a fresh file.
-        return json.loads(text if cell.kind == "gsm8k" else text.splitlines()[-1])
+        return json.loads(text if cell.kind in runner.DOCUMENT_KINDS else text.splitlines()[-1])
     except (OSError, ValueError, IndexError):
         return None
 
@@ -584,6 +650,8 @@ def results_json(results: Results) -> dict[str, Any]:
         "pareto": results.pareto,
         "gsm8k": results.gsm8k,
         "gsm8k_differences": results.gsm8k_differences,
+        # Only with [tokens] on: the results of runs without it keep their keys.
+        **({"tokens": results.tokens} if results.tokens else {}),
         "gates": results.gates,
         "cells": results.cells,
         "status": results.status,

@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from sglang_mixgraph.ab.results import RUN_FILE
-from sglang_mixgraph.ab.runner import BENCH_RECORDS, GSM8K_RECORDS
+from sglang_mixgraph.ab.runner import BENCH_RECORDS, GSM8K_RECORDS, TOKENS_RECORDS
 
 LOCK_FILE = ".lock"
 # Finished cells of the report (warm visits are discarded measurements, not reported).
-RECORDS = (BENCH_RECORDS, GSM8K_RECORDS)
+RECORDS = (BENCH_RECORDS, GSM8K_RECORDS, TOKENS_RECORDS)
 RECORD_SUFFIX = ".cell.json"
 
 

@@ -1,7 +1,8 @@
 """The sweep: which cells, in which order, on which server; resumable and interruptible.
 
 A cell is one `bench_serving` run (arm, load point: a shape's concurrency or request rate,
-repeat) or one GSM8K eval (arm). Arms
+repeat), one GSM8K eval (arm) or one greedy token check (arm, repeat: `[tokens]`, after the
+visit's load cells on the same server, so the timed cells are untouched). Arms
 are interleaved per repeat, A B then B A (then A B ...), or in a configured block order such as
 U E L L E U, so slow drift of the machine (clocks, thermals, other tenants) falls on both arms
 alike; each visit of an arm gets its own server (launch mode) that is stopped before the next
@@ -49,7 +50,9 @@ from sglang_mixgraph.ab.config import (
     cell_settings,
     gsm8k_settings,
     settings_key,
+    tokens_settings,
 )
+from sglang_mixgraph.ab.greedy_tokens import digest
 from sglang_mixgraph.ab.progress import (
     DEFAULT_EVERY_S,
     TRY_HEADER,
@@ -60,10 +63,12 @@ from sglang_mixgraph.ab.progress import (
 from sglang_mixgraph.ab.tools import (
     GSM8K_MODULE,
     TIMED_OUT,
+    TOKENS_MODULE,
     Invoker,
     bench_argv,
     gsm8k_argv,
     subprocess_invoker,
+    tokens_argv,
 )
 from sglang_mixgraph.resolution.serving_client import BENCH_MODULE
 
@@ -75,17 +80,19 @@ DAMAGED, SUPERSEDED = ".damaged", ".superseded"
 BENCH_KEYS = ("completed", "output_throughput", "median_tpot_ms", "median_ttft_ms")
 # A failed tool's log is read from its end for the marks of a failed download.
 LOG_TAIL_BYTES = 65536
-# Every cell record of a run directory: bench cells, GSM8K cells, warm visits.
+# Every cell record of a run directory: bench cells, GSM8K cells, token checks, warm visits.
 BENCH_RECORDS, GSM8K_RECORDS = "cells/*/*.cell.json", "gsm8k/*.cell.json"
-WARM_RECORDS = "warm/*/*.cell.json"
-RECORD_GLOBS = (BENCH_RECORDS, GSM8K_RECORDS, WARM_RECORDS)
+TOKENS_RECORDS, WARM_RECORDS = "tokens/*.cell.json", "warm/*/*.cell.json"
+RECORD_GLOBS = (BENCH_RECORDS, GSM8K_RECORDS, TOKENS_RECORDS, WARM_RECORDS)
+# Kinds whose raw output is one JSON document (bench_serving appends a line per run).
+DOCUMENT_KINDS = ("gsm8k", "tokens")
 
 
 @dataclass(frozen=True)
 class Cell:
-    kind: str  # "bench" or "gsm8k"
+    kind: str  # "bench", "gsm8k" or "tokens"
     arm: str
-    point: Point | None  # None for GSM8K
+    point: Point | None  # None for GSM8K and tokens
     repeat: int
     key: str
     settings: dict[str, Any]
@@ -102,6 +109,8 @@ class Cell:
     def stem(self) -> str:
         if self.kind == "gsm8k":
             return f"gsm8k/{self.arm}_{self.key}"
+        if self.kind == "tokens":
+            return f"tokens/{self.arm}_r{self.repeat}_{self.key}"
         assert self.point is not None
         shape = f"{self.point.shape}_" if self.several_shapes else ""
         if self.point.kind == CONCURRENCY:
@@ -115,6 +124,8 @@ class Cell:
     def label(self) -> str:
         if self.kind == "gsm8k":
             return f"gsm8k arm={self.arm}"
+        if self.kind == "tokens":
+            return f"tokens arm={self.arm} repeat={self.repeat + 1}"
         assert self.point is not None
         shape = f" shape={self.point.shape}" if self.several_shapes else ""
         which = "warm visit" if self.warm_on is not None else f"repeat={self.repeat + 1}"
@@ -148,9 +159,15 @@ def visit_order(config: Config) -> list[tuple[Arm, int]]:
     return order
 
 
+def _listed(enabled: bool, arms: tuple[str, ...], config: Config) -> set[str]:
+    """The arms a section runs on: those it lists, else every arm; none when it is off."""
+    return set(arms or [a.name for a in config.arms]) if enabled else set()
+
+
 def plan(config: Config, *, accuracy_only: bool = False) -> list[Visit]:
-    g = config.gsm8k
-    gsm8k_arms = set(g.arms or [a.name for a in config.arms]) if g.enabled else set()
+    g, t = config.gsm8k, config.tokens
+    gsm8k_arms = _listed(g.enabled, g.arms, config)
+    tokens_arms = set() if accuracy_only else _listed(t.enabled, t.arms, config)
     if accuracy_only:
         order = [(arm, 0) for arm in config.arms if arm.name in gsm8k_arms]
     else:
@@ -168,6 +185,12 @@ def plan(config: Config, *, accuracy_only: bool = False) -> list[Visit]:
                 settings = cell_settings(config, arm, point, repeat)
                 key = settings_key(settings)
                 visit.cells.append(Cell("bench", arm.name, point, repeat, key, settings, several))
+        if arm.name in tokens_arms:
+            # Last: on the server the load cells used, after them, outside their timing.
+            settings = tokens_settings(config, arm, repeat)
+            visit.cells.append(
+                Cell("tokens", arm.name, None, repeat, settings_key(settings), settings)
+            )
         visits.append(visit)
     return visits
 
@@ -180,7 +203,8 @@ def record_path(run_dir: Path, cell: Cell) -> Path:
 
 
 def raw_path(run_dir: Path, cell: Cell) -> Path:
-    return run_dir / (f"{cell.stem}.json" if cell.kind == "gsm8k" else f"{cell.stem}.jsonl")
+    suffix = ".json" if cell.kind in DOCUMENT_KINDS else ".jsonl"
+    return run_dir / f"{cell.stem}{suffix}"
 
 
 def log_path(run_dir: Path, cell: Cell) -> Path:
@@ -234,14 +258,25 @@ def raw_problem(run_dir: Path, cell: Cell) -> str | None:
     lines = text.splitlines() or [""]
     try:
         # bench_serving appends one line per run; the runner gives each try a fresh file.
-        result = json.loads(text if cell.kind == "gsm8k" else lines[-1])
+        result = json.loads(text if cell.kind in DOCUMENT_KINDS else lines[-1])
     except ValueError:
         return f"its raw output {path} does not parse as JSON (truncated?)"
+    if cell.kind == "tokens":
+        return _output_ids_problem(path, result, int(cell.settings["prompts"]))
     keys = ("score",) if cell.kind == "gsm8k" else BENCH_KEYS
     for key in keys:
         value = result.get(key) if isinstance(result, dict) else None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return f"its raw output {path} has no {key!r}"
+    return None
+
+
+def _output_ids_problem(path: Path, result: Any, prompts: int) -> str | None:
+    outputs = result.get("output_ids") if isinstance(result, dict) else None
+    if not isinstance(outputs, list) or len(outputs) != prompts:
+        return f"its raw output {path} has no 'output_ids' for its {prompts} prompts"
+    if not all(isinstance(ids, list) for ids in outputs):
+        return f"its raw output {path} has an 'output_ids' entry that is no list"
     return None
 
 
@@ -353,6 +388,8 @@ def cell_command(config: Config, run_dir: Path, cell: Cell, url: str) -> tuple[s
     raw = raw_path(run_dir, cell)
     if cell.kind == "gsm8k":
         return GSM8K_MODULE, gsm8k_argv(config, url, raw)
+    if cell.kind == "tokens":
+        return TOKENS_MODULE, tokens_argv(config, url, raw)
     assert cell.point is not None
     return BENCH_MODULE, bench_argv(config, url, cell.point, raw)
 
@@ -375,7 +412,9 @@ def _run_cell(
         os.replace(raw, _free_name(raw.with_name(raw.name + aside)))
     raw.unlink(missing_ok=True)  # bench_serving appends; a failed try's line is no measurement
     module, argv = cell_command(config, run_dir, cell, srv.url)
-    timeout = config.gsm8k.timeout_s if cell.kind == "gsm8k" else config.sweep.cell_timeout_s
+    timeout = {"gsm8k": config.gsm8k.timeout_s, "tokens": config.tokens.timeout_s}.get(
+        cell.kind, config.sweep.cell_timeout_s
+    )
     log = log_path(run_dir, cell)
     with open(log, "ab") as f:
         f.write(f"{TRY_HEADER}{module} {' '.join(argv)}\n".encode())
@@ -406,11 +445,21 @@ def _run_cell(
         except (OSError, ValueError, KeyError):
             return f"the GSM8K eval wrote no score (log {log})", ""
         return None, f"accuracy {score:.3f}"
+    if cell.kind == "tokens":
+        return _tokens_summary(run_dir, cell, log)
     assert cell.point is not None
     error, summary = _bench_summary(raw, config.sweep.completions(cell.point))
     if error:
         return f"{error} (log {log})", ""
     return None, summary
+
+
+def _tokens_summary(run_dir: Path, cell: Cell, log: Path) -> tuple[str | None, str]:
+    if problem := raw_problem(run_dir, cell):
+        return f"the greedy token check wrote no output ids: {problem} (log {log})", ""
+    outputs = json.loads(raw_path(run_dir, cell).read_text())["output_ids"]
+    # The digest in the progress line shows a difference between visits as the run goes.
+    return None, f"{len(outputs)} prompts, output ids digest {digest(outputs)}"
 
 
 def _headline(message: str) -> str:

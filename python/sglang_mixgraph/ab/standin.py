@@ -3,7 +3,9 @@
 It takes the launch arguments the tool passes (`--model-path`, `--host`, `--port`, the rest
 ignored) and speaks the endpoints SGLang's own clients use: `/health_generate`, `/v1/models`,
 `/model_info`, `/server_info`, `/flush_cache`, streamed `/generate` (sglang.benchmark.serving
-with `--backend sglang`) and `/v1/completions` (sglang.test.run_eval's GSM8K). Latency is a
+with `--backend sglang`), non-streamed `/generate` with `input_ids` (the greedy token check:
+`output_ids` a function of the input ids, `greedy_ids`) and `/v1/completions`
+(sglang.test.run_eval's GSM8K). Latency is a
 model, not a measurement: the first token after `--ttft-ms`, each further one after
 `--tpot-ms` plus `--tpot-per-running-ms` per request in flight. GSM8K answers are right for every question of `--gsm8k-data` whose line index is
 not a multiple of `--wrong-every`, so the expected accuracy is known. `--startup-s` delays
@@ -16,7 +18,10 @@ STANDIN_PID_FILE receives the pids of the server and of a child it starts in its
 STANDIN_WRAPPER (set by the tests' launch-prefix wrappers) is reported, when set, in
 `/server_info` and in the log, so a test sees which wrapper started this server;
 STANDIN_TRAP_SIGTERM=1 makes the server and its child ignore SIGTERM (the server logs
-"got SIGTERM"), a shutdown that never ends: only SIGKILL stops them.
+"got SIGTERM"), a shutdown that never ends: only SIGKILL stops them;
+STANDIN_TOKENS_DIFFER_FROM=I makes an arm whose environment sets FLAG=1 answer other greedy ids
+from output index I on, for the prompts whose first input id is even (an arm whose tokens
+differ, at a place a test can compute).
 """
 
 from __future__ import annotations
@@ -33,6 +38,23 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 FLAG = "SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN"
+# The stand-in's output ids stay below this (greedy_tokens' fallback vocabulary).
+VOCAB = 32000
+
+
+def greedy_ids(input_ids: list[int], n: int) -> list[int]:
+    """`n` output ids that depend on the input ids alone: a linear congruential sequence seeded
+    by a position-weighted sum of them; changed from STANDIN_TOKENS_DIFFER_FROM on when asked."""
+    state = sum((i + 1) * x for i, x in enumerate(input_ids)) % 2**31
+    out = []
+    for _ in range(n):
+        state = (state * 1103515245 + 12345) % 2**31
+        out.append(state % VOCAB)
+    differ_from = os.environ.get("STANDIN_TOKENS_DIFFER_FROM")
+    if differ_from and os.environ.get(FLAG) == "1" and input_ids and input_ids[0] % 2 == 0:
+        start = int(differ_from)
+        out[start:] = [(x + 1) % VOCAB for x in out[start:]]
+    return out
 
 
 def _answer_of(line: dict) -> str:
@@ -129,6 +151,9 @@ def make_handler(standin: Standin):
                 standin.generate_count += 1
                 if standin.generate_count == int(os.environ.get("STANDIN_DIE_AFTER", "0") or 0):
                     os._exit(3)
+            if "input_ids" in body and not body.get("stream"):
+                self._greedy(body)
+                return
             a = standin.args
             n = int(body["sampling_params"]["max_new_tokens"])
             self.send_response(200)
@@ -152,6 +177,21 @@ def make_handler(standin: Standin):
             finally:
                 with standin.lock:
                     standin.running -= 1
+
+        def _greedy(self, body: dict) -> None:
+            """One JSON answer, as SGLang's non-streamed /generate, after the modelled time."""
+            a = standin.args
+            ids = body["input_ids"]
+            n = int(body["sampling_params"]["max_new_tokens"])
+            time.sleep((a.ttft_ms + (n - 1) * a.tpot_ms) / 1000)
+            out = greedy_ids(ids, n)
+            self._json(
+                {
+                    "text": " ".join(f"w{x % 98}" for x in out),
+                    "output_ids": out,
+                    "meta_info": {"prompt_tokens": len(ids), "completion_tokens": n},
+                }
+            )
 
         def _completion(self, body: dict) -> None:
             text = standin.gsm8k_answer(body["prompt"])

@@ -1,4 +1,4 @@
-"""SGLang's own load generator and GSM8K eval, invoked per cell; nothing here measures anything.
+"""SGLang's own load generator and GSM8K eval, and the token check, invoked per cell; nothing here measures anything.
 
 Load: `python -m sglang.benchmark.serving` (the module `sglang.bench_serving` now forwards
 to) with `--max-concurrency` (or `--request-rate`) per cell, `--goodput` when the
@@ -12,7 +12,10 @@ with `eval_name="gsm8k"`, `api="completion"`, `max_tokens=512`, few-shot): its `
 block has no file output of its own, so `gsm8k_eval` calls `run_eval` with the arguments the
 CI tests pass and writes the metrics dict it returns.
 
-Both run as child processes of this interpreter (`Invoker`); the runner can be given another
+Tokens: `greedy_tokens` sends the `[tokens]` prompts greedily to the native `/generate` and
+writes their output ids, the same prompts for every arm and visit.
+
+All run as child processes of this interpreter (`Invoker`); the runner can be given another
 invoker (the tests run the same modules in-process to keep CPU runs short).
 """
 
@@ -28,6 +31,7 @@ from typing import Protocol
 from sglang_mixgraph.ab.config import CONCURRENCY, Config, Point
 
 GSM8K_MODULE = "sglang_mixgraph.ab.gsm8k_eval"
+TOKENS_MODULE = "sglang_mixgraph.ab.greedy_tokens"
 WATCH_S = 0.5
 TIMED_OUT = -9999
 
@@ -142,3 +146,23 @@ def gsm8k_argv(config: Config, url: str, output_file: Path) -> list[str]:
     if g.data_path:
         argv += ["--data-path", g.data_path]
     return argv
+
+
+def tokens_argv(config: Config, url: str, output_file: Path) -> list[str]:
+    t = config.tokens
+    return [
+        "--base-url",
+        url,
+        "--prompts",
+        str(t.prompts),
+        "--input-len",
+        str(t.input_len),
+        "--output-len",
+        str(t.output_len),
+        "--seed",
+        str(t.seed),
+        "--timeout-s",
+        f"{t.timeout_s:g}",
+        "--out",
+        str(output_file),
+    ]
