@@ -1193,7 +1193,7 @@ def test_the_code_that_ran_keys_the_cells(tmp_path, monkeypatch):
     sorted((ROOT / "examples").glob("ab_*.toml"))
     + [
         ROOT / "tools" / "rank-slice" / name
-        for name in ("ab_slice.toml", "ab_faithful.toml", "ab_fp8_lean.toml")
+        for name in ("ab_slice.toml", "ab_faithful.toml", "ab_fp8_lean.toml", "ab_fp8_8k.toml")
     ],
     ids=lambda p: p.name,
 )

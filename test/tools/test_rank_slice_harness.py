@@ -332,7 +332,9 @@ def test_step_mix_counts_sglangs_scheduler_lines_by_kind_and_graph():
     assert mix.step_mix([])["mixed_share"] is None
 
 
-@pytest.mark.parametrize("name", ["ab_slice.toml", "ab_faithful.toml", "ab_fp8_lean.toml"])
+@pytest.mark.parametrize(
+    "name", ["ab_slice.toml", "ab_faithful.toml", "ab_fp8_lean.toml", "ab_fp8_8k.toml"]
+)
 def test_ab_arms_set_the_probe_arms_flags(name):
     """An ab arm and the probe arm of the same name must be the same configuration."""
     import tomllib
@@ -343,7 +345,8 @@ def test_ab_arms_set_the_probe_arms_flags(name):
 
 
 @pytest.mark.parametrize(
-    "name, fp8_gemm", [("ab_faithful.toml", None), ("ab_fp8_lean.toml", "torch")]
+    "name, fp8_gemm",
+    [("ab_faithful.toml", None), ("ab_fp8_lean.toml", "torch"), ("ab_fp8_8k.toml", "torch")],
 )
 def test_faithful_ab_configuration_selects_the_probes_faithful_kernels(name, fp8_gemm):
     """As the probe's `--kernels faithful` (and, for the FP8 slice, `--fp8-gemm torch`)."""
