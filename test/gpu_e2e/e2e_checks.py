@@ -34,8 +34,8 @@ a pass:
   breakable arm already differs from the reference, its check says that is upstream's replay
   under EAGLE (SGLang issue 29985), and the split arms are also compared with it; with the
   overlap scheduler off (``-noovl``) the reference is ``spec-eager-off-noovl``, with acceptance
-  forced to swing (``-acc``) ``spec-eager-off-acc``, and the accept length must show the swing
-  (``SWING_ACCEPT_RANGE``); with tail graphs
+  forced to swing (``-acc``) ``spec-eager-off-acc``, and the tokens per verify step must show the
+  swing (``SWING_ACCEPT_RANGE``); with tail graphs
   (``-tail``) every split layer's decode tail replayed from its graph (``tail_graph_replays`` =
   the layers split, no ``tail_graph_eager.*``); with upstream's online c128 MTP compression
   (``-online``, reference ``spec-eager-off-online``) the split arms split nothing: every target
@@ -75,8 +75,8 @@ LOGITS_GATHER_STAGE = "stage=dp_metadata_returned"
 # bf16 rounding the split changes (summation order), so a near-tie among the draft's top
 # tokens may flip and one verify step accept a token more or less.
 ACCEPT_LENGTH_TOLERANCE = 0.01
-# The -acc variant forces each verify step to accept 2 or 3 tokens, one as often as the other: a
-# pooled accept length in this range cannot come from one of the two alone.
+# The -acc variant forces each verify step to commit 2 or 3 tokens, one as often as the other: a
+# mean in this range cannot come from one of the two alone.
 SWING_ACCEPT_RANGE = (2.1, 2.9)
 SPEC_REFERENCE = "spec-eager-off"  # e2e_phases.SPEC_REFERENCE (no sglang import there either)
 # The split's fallback under upstream's online c128 MTP compression (mixed_split/state.py).
@@ -769,17 +769,28 @@ def _speculative(
     return out
 
 
+def tokens_per_verify_step(rec: PhaseRecord) -> float | None:
+    """Tokens each verify step committed, over every request: its accepted drafts plus the
+    target's own token (``spec_num_correct_drafts`` / verify steps + 1). Unlike the accept
+    length it leaves out the tokens no verify step made: each request's first (its prefill)
+    and one per MIXED step a running request sat in."""
+    verify = sum(c["verify_ct"] for c in rec.spec_counts.values())
+    drafts = sum(c["correct_drafts"] for c in rec.spec_counts.values())
+    return 1 + drafts / verify if verify else None
+
+
 def _acceptance_swung(rec: PhaseRecord) -> Check:
-    """The -acc variant: verify steps accepted 2 and 3 tokens in a mix (each step draws one of
-    the two), so the pooled accept length lies well inside (2, 3); a request's last step may
+    """The -acc variant: verify steps committed 2 and 3 tokens in a mix (each step draws one of
+    the two), so the tokens per verify step lie well inside (2, 3); a request's last step may
     be cut short by its token limit, which moves the mean by little."""
-    length = accept_length(rec)
+    per_step = tokens_per_verify_step(rec)
     lo, hi = SWING_ACCEPT_RANGE
     return Check(
         rec.name,
-        f"acceptance swung between 2 and 3 tokens a verify step (accept length in [{lo}, {hi}])",
-        length is not None and lo <= length <= hi,
-        f"accept length {'none' if length is None else f'{length:.4f}'}",
+        f"acceptance swung between 2 and 3 tokens a verify step (tokens per verify step in "
+        f"[{lo}, {hi}])",
+        per_step is not None and lo <= per_step <= hi,
+        f"tokens per verify step {'none' if per_step is None else f'{per_step:.4f}'}",
     )
 
 

@@ -568,19 +568,26 @@ def test_an_online_breakable_arm_counts_its_replays():
     assert _failed(C.check_phase(rec, ref, POLICY)) == [NOT_SPLIT]
 
 
-SWUNG = "acceptance swung between 2 and 3 tokens a verify step (accept length in [2.1, 2.9])"
+SWUNG = (
+    "acceptance swung between 2 and 3 tokens a verify step (tokens per verify step in [2.1, 2.9])"
+)
 
 
-def test_a_swing_phase_must_show_acceptance_between_two_and_three():
+def test_a_swing_phase_must_show_two_and_three_tokens_per_verify_step():
+    # 12 verify steps that committed 30 drafts + 12 target tokens (2 and 3 alike), and 6 tokens
+    # no verify step made (first tokens, MIXED steps): the accept length reads 48 / 12 = 4.0.
     mixed = {
-        "r0": {"verify_ct": 10, "correct_drafts": 15, "tokens": 25},
-        "r1": {"verify_ct": 2, "correct_drafts": 3, "tokens": 5},
+        "r0": {"verify_ct": 10, "correct_drafts": 15, "tokens": 29},
+        "r1": {"verify_ct": 2, "correct_drafts": 3, "tokens": 7},
     }
     ref = _spec("spec-eager-off-acc", counts=mixed)
-    assert _failed(C.check_phase(ref, None, POLICY, None)) == []
-    assert _detail(C.check_phase(ref, None, POLICY, None), SWUNG) == "accept length 2.5000"
-    # Every step accepted 3 (or the knob was ignored and 1.67 came back): no swing.
-    threes = {r: {"verify_ct": 2, "correct_drafts": 4, "tokens": 6} for r in ("r0", "r1")}
+    assert C.tokens_per_verify_step(ref) == pytest.approx(2.5)
+    assert C.accept_length(ref) == pytest.approx(3.0)
+    checks = C.check_phase(ref, None, POLICY, None)
+    assert _failed(checks) == []
+    assert _detail(checks, SWUNG) == "tokens per verify step 2.5000"
+    # Every step committed 3, or no draft was ever accepted (the knob ignored): no swing.
+    threes = {r: {"verify_ct": 2, "correct_drafts": 4, "tokens": 7} for r in ("r0", "r1")}
     for counts in (threes, COUNTS):
         rec = _spec("spec-eager-off-acc", counts=counts)
         assert _failed(C.check_phase(rec, None, POLICY, None)) == [SWUNG]
