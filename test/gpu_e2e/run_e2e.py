@@ -247,6 +247,20 @@ def run_wave(
     return results
 
 
+# A phase's log line that says why its process died, and what the driver says of it.
+DEATH_CAUSES = (
+    (
+        "CUDA out of memory",
+        "CUDA out of memory (the phases side by side share one GPU: a lower --parallel fits)",
+    ),
+)
+
+
+def death_cause(log_text: str) -> str | None:
+    """Why a phase process that wrote no result died, when its log says so (else None)."""
+    return next((said for mark, said in DEATH_CAUSES if mark in log_text), None)
+
+
 def collect(phase, work, logs, seconds, timed_out, workload="full", dp=1) -> dict:
     from sglang_mixgraph.counters import parse_line
 
@@ -289,7 +303,12 @@ def collect(phase, work, logs, seconds, timed_out, workload="full", dp=1) -> dic
     if timed_out:
         error = f"timed out after {seconds:.0f}s; {error}"
     elif not out:
-        error = error or "no result written (the phase process died); see its log"
+        died = (
+            f"the phase process died: {cause}"
+            if (cause := death_cause(text))
+            else "the phase process died"
+        )
+        error = error or f"no result written ({died}); see its log"
     record = C.PhaseRecord(
         name=phase.name,
         split=phase.split,

@@ -613,6 +613,9 @@ assert kwargs["speculative_algorithm"] == "EAGLE" and config["num_nextn_predict_
 split = os.environ["SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN"] == "1"
 adaptive = split and os.environ.get("SGLANG_MIXGRAPH_SPLIT_POLICY") == "adaptive"
 graph = kwargs.get("cuda_graph_backend_prefill") == "breakable"
+if split and os.environ.get("FAKE_SPLIT_OOM") == "1":  # dies as a phase that found no memory
+    sys.stderr.write("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 488.00 MiB.\\n")
+    sys.exit(1)
 shape = {"seq_lens": [900, 41], "extend_seq_lens": [256, 1], "num_decode": 1 if split else None}
 steps = [dict(shape, mode="MIXED", bs=2, rows=257, graph=graph, ms=2.0)] * 2
 steps += [dict(shape, mode="MIXED", bs=2, rows=257, graph=False, ms=1.0, draft=True)] * 2
@@ -647,7 +650,7 @@ json.dump({"ok": True, "outputs": {"r0": tokens}, "expected_lens": {"r0": 2}, "s
 """
 
 
-def _run_spec_driver(tmp_path, monkeypatch, bcg_differs, phases=("spec",)):
+def _run_spec_driver(tmp_path, monkeypatch, bcg_differs, phases=("spec",), oom=False):
     import run_e2e
 
     fake = tmp_path / "fake_phase.py"
@@ -655,6 +658,7 @@ def _run_spec_driver(tmp_path, monkeypatch, bcg_differs, phases=("spec",)):
     monkeypatch.setattr(scm, "load_coefficients", lambda arch: POLICY.coeffs)
     monkeypatch.setattr(run_e2e, "PHASE_SCRIPT", str(fake))
     monkeypatch.setenv("FAKE_BCG_DIFFERS", "1" if bcg_differs else "0")
+    monkeypatch.setenv("FAKE_SPLIT_OOM", "1" if oom else "0")
     out = tmp_path / "out"
     argv = ["run_e2e.py", *phases, "--out", str(out), "--work", str(tmp_path / "work")]
     monkeypatch.setattr(sys, "argv", [*argv, "--budget-s", "120"])
@@ -684,6 +688,22 @@ def test_driver_runs_the_spec_phases_on_the_next_n_model(tmp_path, monkeypatch):
         "spec-eager-off-noovl",
         "spec-eager-always-noovl",
     ]
+
+
+def test_driver_says_a_phase_died_out_of_gpu_memory(tmp_path, monkeypatch):
+    phases = ("spec-eager-off", "spec-eager-always")
+    rc, report, log = _run_spec_driver(tmp_path, monkeypatch, False, phases=phases, oom=True)
+    assert rc != 0
+    died = report["phases"]["spec-eager-always"]
+    assert not died["ran"]
+    assert died["error"] == (
+        "no result written (the phase process died: CUDA out of memory (the phases side by side "
+        "share one GPU: a lower --parallel fits)); see its log"
+    )
+    assert report["phases"]["spec-eager-off"]["ran"]
+    import run_e2e
+
+    assert run_e2e.death_cause("a phase that logged nothing useful") is None
 
 
 def test_driver_runs_the_online_phases_after_their_reference(tmp_path, monkeypatch):
