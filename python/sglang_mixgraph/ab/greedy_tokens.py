@@ -37,9 +37,14 @@ class TokensError(RuntimeError):
     """The server did not answer as SGLang's /generate does; one line."""
 
 
+def length_bounds(input_len: int) -> tuple[int, int]:
+    """The shortest and the longest prompt the check sends for `input_len`."""
+    return max(1, input_len // 2), max(1, input_len * 3 // 2)
+
+
 def prompt_lengths(prompts: int, input_len: int, seed: int) -> list[int]:
     rng = random.Random(seed)
-    low, high = max(1, input_len // 2), max(1, input_len * 3 // 2)
+    low, high = length_bounds(input_len)
     return [rng.randint(low, high) for _ in range(prompts)]
 
 

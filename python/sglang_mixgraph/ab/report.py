@@ -34,6 +34,7 @@ from typing import Any
 
 from sglang_mixgraph.ab import files
 from sglang_mixgraph.ab.config import CONCURRENCY, GOODPUT_METRICS, RATE, Point, Sweep
+from sglang_mixgraph.ab.greedy_tokens import length_bounds
 from sglang_mixgraph.ab.results import (
     INCOMPLETE,
     METRICS,
@@ -573,7 +574,7 @@ def _tokens_section(results: Results) -> list[str]:
         return []
     t = results.config.tokens
     ref = tokens["reference"]
-    low, high = max(1, t.input_len // 2), max(1, t.input_len * 3 // 2)
+    low, high = length_bounds(t.input_len)
     lines = [
         "## Greedy tokens",
         "",

@@ -37,9 +37,10 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+# The stand-in's output ids stay below greedy_tokens' fallback vocabulary.
+from sglang_mixgraph.ab.greedy_tokens import FALLBACK_VOCAB
+
 FLAG = "SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN"
-# The stand-in's output ids stay below this (greedy_tokens' fallback vocabulary).
-VOCAB = 32000
 
 
 def greedy_ids(input_ids: list[int], n: int) -> list[int]:
@@ -49,11 +50,11 @@ def greedy_ids(input_ids: list[int], n: int) -> list[int]:
     out = []
     for _ in range(n):
         state = (state * 1103515245 + 12345) % 2**31
-        out.append(state % VOCAB)
+        out.append(state % FALLBACK_VOCAB)
     differ_from = os.environ.get("STANDIN_TOKENS_DIFFER_FROM")
     if differ_from and os.environ.get(FLAG) == "1" and input_ids and input_ids[0] % 2 == 0:
         start = int(differ_from)
-        out[start:] = [(x + 1) % VOCAB for x in out[start:]]
+        out[start:] = [(x + 1) % FALLBACK_VOCAB for x in out[start:]]
     return out
 
 

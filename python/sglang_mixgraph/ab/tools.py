@@ -1,4 +1,5 @@
-"""SGLang's own load generator and GSM8K eval, and the token check, invoked per cell; nothing here measures anything.
+"""SGLang's own load generator and GSM8K eval, and the token check, invoked per cell; nothing
+here measures anything.
 
 Load: `python -m sglang.benchmark.serving` (the module `sglang.bench_serving` now forwards
 to) with `--max-concurrency` (or `--request-rate`) per cell, `--goodput` when the
