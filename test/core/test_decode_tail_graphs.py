@@ -85,41 +85,47 @@ def test_row_buckets():
 
 @pytest.mark.parametrize("ratio", [0, 4, 128])
 def test_a_replay_equals_the_plain_call_as_the_rows_grow_and_shrink(ratio):
+    """Three layers a step: the first makes the step's schedule eagerly, the others replay on
+    it. The reference refuses a schedule made for other key counts, so a graph left reading
+    an earlier step's schedule fails here."""
     swa, extra_cache, sink = _caches()
     extra = extra_cache if ratio else None
     capture = Recorder()
     graphs = _graphs(capture, buckets=(2, 8, 16))
     for step, d in enumerate((5, 2, 7, 1, 16)):
         inputs, q = _step(ratio, d, seed=step)
-        assert graphs.unreplayable(d) is None
-        out = graphs.run(10, inputs, q, swa, sink, extra)
-        assert out.shape == (d, 1, H, 512)
-        torch.testing.assert_close(out, _plain(inputs, q, swa, extra, sink), rtol=0, atol=0)
+        for layer in (10, 11, 12):
+            assert graphs.unreplayable(d) is None
+            out, replayed = graphs.run(layer, inputs, q, swa, sink, extra)
+            assert replayed == (layer != 10) and out.shape == (d, 1, H, 512)
+            torch.testing.assert_close(out, _plain(inputs, q, swa, extra, sink), rtol=0, atol=0)
         # the rows past the step's tail are invalid for the kernel: index -1, length 0
         index = graphs._indices[ratio]
         assert (index.swa[d:] == -1).all() and (index.swa_len[d:] == 0).all()
         if ratio:
             assert (index.extra[d:] == -1).all() and (index.extra_len[d:] == 0).all()
-    # one graph per bucket of this layer: 5 and 7 rows share the 8-row one
-    assert graphs.captures == len(capture.graphs) == 3
+    # one graph per replaying layer and bucket: 5 and 7 rows share the 8-row ones
+    assert graphs.captures == len(capture.graphs) == 2 * 3
+    assert sum(g.replays for g in capture.graphs) == 2 * 5
 
 
 def test_one_graph_per_layer_and_bucket_each_replayed_once_per_call():
     swa, extra, sink = _caches()
     capture = Recorder()
     graphs = _graphs(capture)
-    inputs, q = _step(4, 3, seed=1)
-    for _ in range(2):
+    for seed in (1, 2):
+        inputs, q = _step(4, 3, seed=seed)
         for layer in (0, 1, 2):
             graphs.run(layer, inputs, q, swa, sink, extra)
-    assert graphs.captures == 3
-    assert [g.replays for g in capture.graphs] == [2, 2, 2]
+    # each step's layer 0 made its schedule eagerly; layers 1 and 2 captured, then replayed
+    assert graphs.captures == 2
+    assert [g.replays for g in capture.graphs] == [2, 2]
     # the model hands its sink as a new slice view per call: the same memory, the same graph
-    graphs.run(0, inputs, q, swa, sink[: sink.shape[0]], extra)
-    assert graphs.captures == 3
+    graphs.run(1, inputs, q, swa, sink[: sink.shape[0]], extra)
+    assert graphs.captures == 2
     # another cache (a layer's buffer moved) is another graph
-    graphs.run(0, inputs, q, swa.clone(), sink, extra)
-    assert graphs.captures == 4
+    graphs.run(1, inputs, q, swa.clone(), sink, extra)
+    assert graphs.captures == 3
 
 
 def test_c4_indices_are_refilled_every_layer_the_others_once_per_step():
@@ -133,7 +139,8 @@ def test_c4_indices_are_refilled_every_layer_the_others_once_per_step():
     graphs.run(1, c128, q128, swa, sink, extra)
     c4.kernel_kwargs["extra_indices_in_kvcache"].fill_(-1)  # the next layer's top-k
     c128.kernel_kwargs["extra_indices_in_kvcache"].fill_(-1)  # not done by anyone: the probe
-    out4 = graphs.run(2, c4, q4, swa, sink, extra)
+    out4, replayed = graphs.run(2, c4, q4, swa, sink, extra)
+    assert replayed
     torch.testing.assert_close(out4, _plain(c4, q4, swa, extra, sink), rtol=0, atol=0)
     assert (graphs._indices[4].extra[:3] == -1).all()
     graphs.run(3, c128, q128, swa, sink, extra)
@@ -144,22 +151,59 @@ def test_c4_indices_are_refilled_every_layer_the_others_once_per_step():
     assert (graphs._indices[128].extra[:3] == -1).all()
 
 
-def test_each_capture_makes_its_own_scheduling_metadata():
-    """Every replay must recompute the split schedule for the step's lengths, so no graph
-    captures the plan's per-step object (its schedule is bound to the step it was made in)."""
+def test_the_schedule_is_made_once_a_step_for_each_ratio_and_bucket():
+    """FlashMLA's split schedule follows the rows' key counts, which change every step but
+    not from layer to layer: one kernel call a step and (ratio, bucket) gets a fresh
+    scheduling object, every graph reads the one it was captured on, and the plan's per-step
+    object is never captured (its schedule is bound to the step and its row count)."""
     swa, extra, sink = _caches()
-    seen = []
+    fresh, calls = [], []
 
     def kernel(**kw):
-        seen.append(kw["tile_scheduler_metadata"])
+        meta = kw["tile_scheduler_metadata"]
+        calls.append(meta)
+        if not meta.have_initialized:
+            fresh.append(meta)
         return flash_mla_with_kvcache_reference(**kw)
 
     graphs = TailGraphs(kernel, ReferenceSchedMeta, capture=Recorder())
-    inputs, q = _step(4, 3, seed=4)
-    graphs.run(0, inputs, q, swa, sink, extra)
-    graphs.run(1, inputs, q, swa, sink, extra)
-    assert inputs.sched_meta not in seen
-    assert len({id(m) for m in seen}) == len(seen)
+    steps = [(_step(4, 3, seed=10 + s), _step(128, 6, seed=20 + s)) for s in range(3)]
+    for (c4, q4), (c128, q128) in steps:
+        for layer in range(4):
+            graphs.run(2 * layer, c4, q4, swa, sink, extra)
+            graphs.run(2 * layer + 1, c128, q128, swa, sink, extra)
+    assert len(fresh) == 2 * 3  # per step: the c4 tail's 4-row bucket, the c128 tail's 8-row one
+    shared = {id(m) for m in calls} - {id(m) for m in fresh[2:]}
+    assert shared == {id(fresh[0]), id(fresh[1])}  # the first step's objects hold the schedule
+    assert all(inputs.sched_meta not in calls for pair in steps for inputs, _ in pair)
+
+
+def test_a_schedule_of_another_shape_is_captured_again():
+    """Where a fresh schedule cannot be copied into the captured one (its tensors differ in
+    shape), the fresh object takes its place and the graphs on the old one are captured again."""
+    swa, extra, sink = _caches()
+    sizes = iter([3, 5])
+
+    class Meta(ReferenceSchedMeta):
+        def __init__(self):
+            super().__init__()
+            self.pad = next(sizes, 5)
+
+    def kernel(**kw):
+        meta = kw["tile_scheduler_metadata"]
+        new = not meta.have_initialized
+        out = flash_mla_with_kvcache_reference(**kw)
+        if new:  # a scheduler whose table size changed between steps
+            meta.num_splits = torch.zeros(meta.pad, dtype=torch.int32)
+        return out
+
+    graphs = TailGraphs(kernel, Meta, capture=Recorder())
+    for seed in (30, 31):
+        inputs, q = _step(0, 2, seed=seed)
+        for layer in (0, 1):
+            out, _ = graphs.run(layer, inputs, q, swa, sink, None)
+            torch.testing.assert_close(out, _plain(inputs, q, swa, None, sink), rtol=0, atol=0)
+    assert graphs.captures == 2
 
 
 def test_what_cannot_replay_says_why():
@@ -173,7 +217,10 @@ def test_what_cannot_replay_says_why():
     broken = _graphs(capture=failing)
     inputs, q = _step(0, 2, seed=5)
     assert broken.unreplayable(2) is None
-    assert broken.run(0, inputs, q, swa, sink, None) is None
+    torch.testing.assert_close(  # the step's first call runs eagerly: no capture yet
+        broken.run(0, inputs, q, swa, sink, None)[0], _plain(inputs, q, swa, None, sink)
+    )
+    assert broken.run(1, inputs, q, swa, sink, None) is None
     assert "operation not permitted" in broken.broken
     assert broken.unreplayable(2) == "capture_failed"
 

@@ -36,8 +36,9 @@ a pass:
   overlap scheduler off (``-noovl``) the reference is ``spec-eager-off-noovl``, with acceptance
   forced to swing (``-acc``) ``spec-eager-off-acc``, and the tokens per verify step must show the
   swing (``SWING_ACCEPT_RANGE``); with tail graphs
-  (``-tail``) every split layer's decode tail replayed from its graph (``tail_graph_replays`` =
-  the layers split, no ``tail_graph_eager.*``); with upstream's online c128 MTP compression
+  (``-tail``) every split layer's decode tail from the graphs: a split step's first layer of
+  each ratio makes the step's schedule (``tail_graph_schedules`` = split steps x ratios), the
+  other layers replay (``tail_graph_replays``), no ``tail_graph_eager.*``; with upstream's online c128 MTP compression
   (``-online``, reference ``spec-eager-off-online``) the split arms split nothing: every target
   MIXED step recognised and fell back (``spec_online_c128``), ``steps_split``/``replays_split`` 0;
 * the boundary workload: the decode rows of the target's MIXED steps had every context length of
@@ -794,18 +795,30 @@ def _acceptance_swung(rec: PhaseRecord) -> Check:
     )
 
 
+TAILS_CHECK = "every split layer's decode tail from the graphs (tail_graph_replays, _schedules)"
+
+
 def _tails_replayed(rec: PhaseRecord) -> Check:
-    """The -tail variant: every split layer's decode tail replayed from its CUDA graph (eager
-    phases capture nothing else, so no call may have found the stream capturing)."""
+    """The -tail variant: every split layer's decode tail from the graphs' static buffers, the
+    step's first layer of each ratio run eagerly to make the step's split schedule
+    (``tail_graph_schedules``: split steps x ratios split) and every other one replayed from its
+    CUDA graph (eager phases capture nothing else, so no call may have found the stream
+    capturing)."""
     ev = _events(rec)
-    layers = sum(ev.get(f"layers_split.c{r}", 0) for r in RATIOS)
+    per_ratio = [ev.get(f"layers_split.c{r}", 0) for r in RATIOS]
+    layers = sum(per_ratio)
+    steps = ev.get("steps_split", 0) + ev.get("replays_split", 0)
     replays = ev.get("tail_graph_replays", 0)
+    schedules = ev.get("tail_graph_schedules", 0)
     eager = {k: n for k, n in ev.items() if k.startswith("tail_graph_eager.")}
+    expected = steps * sum(1 for n in per_ratio if n)
     return Check(
         rec.name,
-        "every split layer's decode tail replayed from its graph (tail_graph_replays)",
-        replays == layers > 0 and not eager,
-        f"tail_graph_replays {replays} of {layers} layers split; eager calls {eager or 'none'}",
+        TAILS_CHECK,
+        layers > 0 and schedules == expected and replays == layers - expected > 0 and not eager,
+        f"tail_graph_replays {replays}, tail_graph_schedules {schedules} (expected "
+        f"{expected}: {steps} split steps x ratios) of {layers} layers split; eager calls "
+        f"{eager or 'none'}",
     )
 
 

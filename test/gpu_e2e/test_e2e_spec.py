@@ -459,27 +459,36 @@ def test_a_no_overlap_split_arm_is_read_against_the_no_overlap_reference():
     assert _failed(C.check_phase(same, ref, POLICY)) == []
 
 
-TAILS = "every split layer's decode tail replayed from its graph (tail_graph_replays)"
+TAILS = C.TAILS_CHECK
 
 
-def test_a_tail_graph_arm_must_replay_every_split_layers_tail():
-    layers = sum(v for k, v in SPLIT.items() if k.startswith("layers_split."))
+def test_a_tail_graph_arm_must_run_every_split_layers_tail_from_the_graphs():
+    # 4 split steps of the tiny model's layers c0, c4, c128, c4: per step the first layer of
+    # each ratio makes the schedule (3), the second c4 layer replays (1)
     good = _spec(
         "spec-eager-always-tail",
-        events=dict(SPLIT, tail_graph_replays=layers),
+        events=dict(SPLIT, tail_graph_replays=4, tail_graph_schedules=12),
         fallbacks=DRAFT_FALLBACKS,
     )
     assert not good.is_baseline and _failed(_check(good)) == []
-    assert (
-        _detail(_check(good), TAILS) == "tail_graph_replays 16 of 16 layers split; eager calls none"
+    assert _detail(_check(good), TAILS) == (
+        "tail_graph_replays 4, tail_graph_schedules 12 (expected 12: 4 split steps x ratios) "
+        "of 16 layers split; eager calls none"
     )
     bad = {
         "flag without effect": {},
+        "every layer replayed, no schedule made": {"tail_graph_replays": 16},
+        "a schedule made for every layer": {"tail_graph_schedules": 16},
         "one tail called eagerly": {
-            "tail_graph_replays": layers - 1,
+            "tail_graph_replays": 3,
+            "tail_graph_schedules": 12,
             "tail_graph_eager.capturing": 1,
         },
-        "eager calls besides": {"tail_graph_replays": layers, "tail_graph_eager.too_many_rows": 1},
+        "eager calls besides": {
+            "tail_graph_replays": 4,
+            "tail_graph_schedules": 12,
+            "tail_graph_eager.too_many_rows": 1,
+        },
     }
     for why, extra in bad.items():
         rec = _spec(
@@ -640,7 +649,9 @@ elif split:
 if split:
     events["draft_steps_seen.mixed_run_as_extend"] = 2
     if os.environ.get("SGLANG_MIXGRAPH_SPLIT_TAIL_GRAPHS") == "1" and not adaptive:
-        events["tail_graph_replays"] = sum(layers.values())
+        made = 2 * sum(1 for n in layers.values() if n)  # 2 split steps x ratios
+        events["tail_graph_schedules"] = made
+        events["tail_graph_replays"] = sum(layers.values()) - made
     snap = {"pid": 7, "events": {"mixed_split": events}, "fallbacks": {"mixed_split": fallbacks}}
     print("[x] sglang-mixgraph counters " + json.dumps(snap))
 tokens = [1, 9] if graph and os.environ.get("FAKE_BCG_DIFFERS") == "1" else [1, 2]
@@ -678,7 +689,7 @@ def test_driver_runs_the_spec_phases_on_the_next_n_model(tmp_path, monkeypatch):
     assert "[ok] the draft's steps counted apart (draft_steps_seen, draft_replays_seen)" in log
     assert "[ok] accept length equals spec-eager-off's (within 1%)" in log
     assert "[ok] accept length equals spec-eager-off-noovl's (within 1%)" in log
-    assert "[ok] every split layer's decode tail replayed from its graph" in log
+    assert f"[ok] {C.TAILS_CHECK}" in log
     assert log.count("[ok] no MIXED step while a return_logprob request ran") == len(SPEC)
     assert '"speculative_algorithm": "EAGLE"' in log
     kwargs = {

@@ -1,8 +1,10 @@
 """SGLANG_MIXGRAPH_SPLIT_TAIL_GRAPHS=1 on upstream's real DSV4 backend, FlashMLA and breakable
-CUDA graphs: the decode tail replayed from its CUDA graphs gives upstream's unsplit rows (prefill
-rows bit for bit, decode rows within the split's tolerance) for 1 decode row, a bucket edge (16,
-and 17 one past it) and 256, in eager steps and inside breakable-graph replays; every split
-layer replays a graph, and a second step reuses them."""
+CUDA graphs: the decode tail from its CUDA graphs gives upstream's unsplit rows (prefill rows bit
+for bit, decode rows within the split's tolerance) for 1 decode row, a bucket edge (16, and 17
+one past it) and 256, in eager steps and inside breakable-graph replays. The world's three
+layers (one a ratio) run twice a step: the first layer of each ratio makes the step's split
+schedule eagerly on the graphs' buffers, the second replays its graph on that schedule, and a
+second step (other key counts would need a new schedule) reuses the graphs."""
 
 import pytest
 import torch
@@ -30,8 +32,19 @@ def fresh_counters():
     counters.reset()
 
 
+LAYERS_TWICE = (*range(len(K.LAYER_RATIOS)), *range(len(K.LAYER_RATIOS)))
+
+
+def _events() -> dict:
+    return counters.snapshot()["events"].get(ms.PATCH_ID, {})
+
+
 def _replays() -> int:
-    return counters.snapshot()["events"].get(ms.PATCH_ID, {}).get("tail_graph_replays", 0)
+    return _events().get("tail_graph_replays", 0)
+
+
+def _schedules() -> int:
+    return _events().get("tail_graph_schedules", 0)
 
 
 def _compare(out, base, b0, live):
@@ -48,15 +61,27 @@ def test_eager_steps_replay_the_tail_and_equal_upstream(sglang_cuda, fresh_count
     sink = world.attn_sink()  # a model's sink is a parameter: the graphs keep its address
     q = world.q()
     base = world.run_step(world.forward_batch(num_decode_attr=None), q=q, sink=sink)
+    outs = []
     with K.patch_installed(policy="always", tail_graphs=True):
-        outs = [world.run_step(world.forward_batch(), q=q, sink=sink) for _ in range(2)]
+        for _ in range(2):
+            fb = world.forward_batch()
+            world.upstream_metadata(fb)
+            outs.append({})
+            for i, layer in enumerate(LAYERS_TWICE):
+                outs[-1][i] = world.run_layer(fb, layer, q=q, sink=sink)
     torch.cuda.synchronize()
     graphs = getattr(world.backend, attrs.BACKEND_SPLIT_TAIL_GRAPHS)
+    ratios = len(K.LAYER_RATIOS)
     assert graphs.broken is None
-    assert graphs.captures == len(K.LAYER_RATIOS)  # one per layer; the second step reuses them
-    assert _replays() == 2 * len(K.LAYER_RATIOS)
+    assert graphs.captures == ratios  # each layer's second pass; the second step reuses them
+    assert _schedules() == 2 * ratios and _replays() == 2 * ratios
     for out in outs:
-        _compare(out, base, world.step.b0, world.step.num_rows)
+        by_layer = [
+            {layer: out[i] for i, layer in enumerate(LAYERS_TWICE) if i // ratios == p}
+            for p in (0, 1)
+        ]
+        for rows in by_layer:
+            _compare(rows, base, world.step.b0, world.step.num_rows)
 
 
 # One world of 256 decode requests; each replayed batch takes the first d of them.
@@ -76,7 +101,7 @@ def _live(world, d):
 @pytest.fixture(scope="module")
 def bucket(sglang_cuda):
     world = G.GpuWorld(WORLD)
-    b = G.BreakableBucket(world, BUCKET)
+    b = G.BreakableBucket(world, BUCKET, layers=LAYERS_TWICE)
     view, fb = _live(world, 8)
     b.capture(view, fb, view.q())
     return world, b
@@ -92,6 +117,7 @@ def test_replays_run_the_tail_graphs_inside_the_break_and_equal_upstream(bucket,
         on = b.replay(view, fb, view.q())
         plan = getattr(b.metadata, attrs.METADATA_SPLIT_PLAN, None)
         assert plan is not None and plan.boundary.num_decode_reqs == d
-    assert _replays() == len(K.LAYER_RATIOS)
+    # the break's first pass makes the schedule, its second replays (the outputs kept are its)
+    assert _schedules() == _replays() == len(K.LAYER_RATIOS)
     assert getattr(world.backend, attrs.BACKEND_SPLIT_TAIL_GRAPHS).broken is None
     _compare(on, off, view.step.b0, view.step.num_rows)

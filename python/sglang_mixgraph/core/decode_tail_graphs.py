@@ -8,10 +8,13 @@ How: one query and one output buffer at the largest bucket, each bucket's graph 
 writing their leading rows; each compress ratio's indices and lengths in buffers of their own,
 refilled when the step's inputs change (a new `TailInputs`) and, for the c4 layers whose top-k
 the indexer rewrites per layer, on every call. Rows past the step's decode rows are invalid
-(index -1, length 0), so the kernel reads nothing for them. FlashMLA's scheduling metadata is
-made inside each capture, so every replay recomputes it for the step's lengths, as upstream's
-decode graphs do; all graphs share one memory pool and replay one after another on one stream.
-The capture is injectable (`capture=`): CPU tests run the buffers with the reference kernel.
+(index -1, length 0), so the kernel reads nothing for them. FlashMLA's split schedule depends
+on the rows' key counts, which change every step but not from layer to layer: the first call of
+a step for each ratio and bucket runs the kernel eagerly on the static buffers with a fresh
+scheduling object (FlashMLA makes the schedule), the schedule is copied into the tensors that
+ratio and bucket's graphs were captured on, and every later layer replays without making it
+again. All graphs share one memory pool and replay one after another on one stream. The
+capture is injectable (`capture=`): CPU tests run the buffers with the reference kernel.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from sglang_mixgraph.core.decode_tail import HEAD_DIM, KernelFn, MetaFactory, Ta
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # Ratios whose extra indices the indexer rewrites in place for every layer (the c4 top-k).
 PER_LAYER_INDICES = frozenset({4})
+# The tensors of a FlashMLA scheduling object that hold its schedule (FlashMLASchedMeta).
+SCHEDULE_TENSORS = ("tile_scheduler_metadata", "num_splits")
 
 Capture = Callable[[Callable[[], None]], Any]  # captures a function, returns what .replay()s it
 
@@ -106,6 +111,31 @@ class _IndexBuffers:
     tail: TailInputs | None = None  # the step inputs the buffers hold
 
 
+@dataclass
+class _Schedule:
+    """The scheduling object one ratio and bucket's graphs were captured on, and the step
+    whose schedule its tensors hold."""
+
+    meta: Any
+    tail: TailInputs
+
+
+def _copy_schedule(into: Any, made: Any) -> bool:
+    """Copies `made`'s schedule into `into`'s tensors; False where their tensors differ in
+    shape (then `made` must take `into`'s place, and the graphs on it be captured again)."""
+    pairs = [(getattr(into, n, None), getattr(made, n, None)) for n in SCHEDULE_TENSORS]
+    if not all(
+        isinstance(old, torch.Tensor)
+        and isinstance(new, torch.Tensor)
+        and (old.shape, old.dtype) == (new.shape, new.dtype)
+        for old, new in pairs
+    ):
+        return False
+    for old, new in pairs:
+        old.copy_(new)
+    return True
+
+
 def _like_rows(t: torch.Tensor | None, rows: int, fill: int) -> torch.Tensor | None:
     if t is None:
         return None
@@ -116,8 +146,9 @@ class TailGraphs:
     """The decode tails of one attention backend as CUDA graphs (see the module docstring).
 
     `unreplayable(rows)` says why a tail of `rows` decode rows must take the plain call (None:
-    it can replay); `run(...)` then returns the tail's `(rows, 1, h_q, 512)` output, a view
-    of the shared output buffer valid until the next call, or None when the capture failed
+    it can replay); `run(...)` then returns the tail's `(rows, 1, h_q, 512)` output, valid
+    until the next call, and whether a graph replayed it (False: the step's first call for
+    its ratio and bucket, which makes the schedule eagerly), or None when the capture failed
     (`broken` says why; every later call is unreplayable).
     """
 
@@ -135,6 +166,7 @@ class TailGraphs:
         self._capture = capture
         self._rows: dict[tuple, _RowBuffers] = {}
         self._indices: dict[int, _IndexBuffers] = {}
+        self._schedules: dict[tuple[int, int, int], _Schedule] = {}  # (ratio, bucket, heads)
         # (layer, bucket) -> (the operands' addresses and layouts it was captured on, graph)
         self._graphs: dict[tuple[int, int], tuple[tuple, Any]] = {}
         self.broken: str | None = None
@@ -161,16 +193,21 @@ class TailGraphs:
         swa_cache: torch.Tensor,
         attn_sink: torch.Tensor,
         extra_cache: torch.Tensor | None,
-    ) -> torch.Tensor | None:
+    ) -> tuple[torch.Tensor, bool] | None:
         rows = tail.num_rows
         bucket = row_bucket(rows, self.buckets)
         buffers = self._row_buffers(q)
         index = self._index_buffers(tail)
         buffers.q[:rows].copy_(q)
         self._fill(index, tail)
+        operands = (buffers, index, swa_cache, attn_sink, extra_cache)
+        key = (tail.ratio, bucket, q.shape[-2])
+        schedule = self._schedules.get(key)
+        if schedule is None or schedule.tail is not tail:
+            return self._schedule_call(key, schedule, tail, operands)[:rows], False
         # What the graph bakes in: each operand's address and layout. Not the tensor objects: the
         # model hands the sink as a new slice view per call (`MqaAttentionBase._local_attn_sink`).
-        operands = (
+        baked = (
             buffers.q,
             index.swa,
             index.swa_len,
@@ -179,18 +216,33 @@ class TailGraphs:
             swa_cache,
             extra_cache,
             attn_sink,
+            *(getattr(schedule.meta, n) for n in SCHEDULE_TENSORS),
         )
         layout = tuple(
-            None if t is None else (t.data_ptr(), t.shape, t.stride(), t.dtype) for t in operands
+            None if t is None else (t.data_ptr(), t.shape, t.stride(), t.dtype) for t in baked
         )
         entry = self._graphs.get((layer_id, bucket))
         if entry is None or entry[0] != layout:
-            graph = self._new_graph(bucket, buffers, index, tail, swa_cache, attn_sink, extra_cache)
+            graph = self._new_graph(bucket, tail, operands, schedule.meta)
             if graph is None:
                 return None
             entry = self._graphs[(layer_id, bucket)] = (layout, graph)
         entry[1].replay()
-        return buffers.out[:rows]
+        return buffers.out[:rows], True
+
+    def _schedule_call(self, key, schedule: _Schedule | None, tail: TailInputs, operands):
+        """A step's first call for this ratio and bucket: the kernel, eagerly on the static
+        buffers with a fresh scheduling object, whose schedule the graphs then read. Returns
+        the kernel's output over the whole bucket."""
+        made = self.meta_factory()
+        bucket = key[1]
+        out = self._kernel_call(
+            bucket, self._bucket_kwargs(bucket, tail, operands[1], made), operands
+        )
+        if schedule is None or not _copy_schedule(schedule.meta, made):
+            schedule = self._schedules[key] = _Schedule(meta=made, tail=tail)
+        schedule.tail = tail
+        return out
 
     # ------------------------------------------------------------------ buffers
 
@@ -244,25 +296,34 @@ class TailGraphs:
 
     # ------------------------------------------------------------------ capture
 
-    def _new_graph(self, bucket, buffers, index, tail, swa_cache, attn_sink, extra_cache):
-        kwargs = dict(tail.kernel_kwargs)
-        kwargs.update(
-            indices=index.swa[:bucket],
-            topk_length=None if index.swa_len is None else index.swa_len[:bucket],
-            extra_indices_in_kvcache=None if index.extra is None else index.extra[:bucket],
-            extra_topk_length=None if index.extra_len is None else index.extra_len[:bucket],
-        )
+    @staticmethod
+    def _bucket_kwargs(bucket: int, tail: TailInputs, index: _IndexBuffers, meta) -> dict:
+        """The kernel's arguments over the bucket's leading rows of the static index buffers."""
+        return {
+            **tail.kernel_kwargs,
+            "indices": index.swa[:bucket],
+            "topk_length": _rows(index.swa_len, bucket),
+            "extra_indices_in_kvcache": _rows(index.extra, bucket),
+            "extra_topk_length": _rows(index.extra_len, bucket),
+            "tile_scheduler_metadata": meta,
+        }
+
+    def _kernel_call(self, bucket: int, kwargs: dict, operands) -> torch.Tensor:
+        buffers, _, swa_cache, attn_sink, extra_cache = operands
+        return self.kernel(
+            q=buffers.q[:bucket],
+            k_cache=swa_cache,
+            attn_sink=attn_sink,
+            extra_k_cache=extra_cache,
+            **kwargs,
+        )[0]
+
+    def _new_graph(self, bucket: int, tail: TailInputs, operands, meta):
+        buffers, index = operands[0], operands[1]
+        kwargs = self._bucket_kwargs(bucket, tail, index, meta)
 
         def call() -> None:
-            # A fresh scheduling-metadata object: its schedule is computed inside the graph.
-            out = self.kernel(
-                q=buffers.q[:bucket],
-                k_cache=swa_cache,
-                attn_sink=attn_sink,
-                extra_k_cache=extra_cache,
-                **{**kwargs, "tile_scheduler_metadata": self.meta_factory()},
-            )[0]
-            buffers.out[:bucket].copy_(out)
+            buffers.out[:bucket].copy_(self._kernel_call(bucket, kwargs, operands))
 
         try:
             call()  # warm-up outside the capture (kernel attributes, lazy module loads)
@@ -274,6 +335,10 @@ class TailGraphs:
             return None
         self.captures += 1
         return graph
+
+
+def _rows(t: torch.Tensor | None, rows: int) -> torch.Tensor | None:
+    return None if t is None else t[:rows]
 
 
 def _same_layout(index: _IndexBuffers, swa, swa_len, extra, extra_len) -> bool:

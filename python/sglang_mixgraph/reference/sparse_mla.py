@@ -45,12 +45,17 @@ class ReferenceSchedMeta:
     """Stand-in for ``flash_mla.FlashMLASchedMeta`` on CPU.
 
     Binds the call shape on first use and refuses a different shape later, as the real object
-    does (``flash_mla.flash_mla_interface.flash_mla_with_kvcache``), so CPU tests catch
-    metadata reuse bugs.
+    does (``flash_mla.flash_mla_interface.flash_mla_with_kvcache``). Its "schedule" tensor
+    holds the per-row key counts it was made for (FlashMLA's split-KV scheduler divides the
+    work by ``topk_length`` / ``extra_topk_length``, and a reuse with other counts silently
+    runs the stale schedule); a reuse with other counts raises, so CPU tests catch both kinds
+    of metadata reuse bug.
     """
 
     have_initialized: bool = False
     config: tuple | None = None
+    tile_scheduler_metadata: torch.Tensor | None = None
+    num_splits: torch.Tensor | None = None
 
 
 def _bind_sched_meta(meta: Any, key: tuple) -> None:
@@ -68,6 +73,32 @@ def _bind_sched_meta(meta: Any, key: tuple) -> None:
     if bound is not None and bound != key:
         raise AssertionError(
             f"scheduling metadata bound to {bound} reused with {key}; one object per shape"
+        )
+
+
+def _key_counts(rows, device, topk, topk_length, extra_topk, extra_length) -> torch.Tensor:
+    """Each row's main and extra key counts, the values FlashMLA's scheduler splits work by."""
+
+    def counts(length, width):
+        if length is not None:
+            return length.reshape(-1).to(device=device, dtype=torch.int32)
+        return torch.full((rows,), width or 0, dtype=torch.int32, device=device)
+
+    return torch.stack([counts(topk_length, topk), counts(extra_length, extra_topk)], 1)
+
+
+def _schedule(meta: Any, counts: torch.Tensor) -> None:
+    """Makes the schedule on first use (into the object's tensors, as the kernel does when it
+    gets none); a later call must come with the counts it was made for."""
+    made = getattr(meta, "tile_scheduler_metadata", None)
+    if made is None:
+        meta.tile_scheduler_metadata = counts.clone()
+        meta.num_splits = torch.zeros(counts.shape[0] + 1, dtype=torch.int32, device=counts.device)
+        return
+    if not torch.equal(made, counts):
+        raise AssertionError(
+            "scheduling metadata made for other key counts reused: FlashMLA would run the "
+            "stale split-KV schedule (its topk_length / extra_topk_length contract)"
         )
 
 
@@ -226,6 +257,12 @@ def flash_mla_with_kvcache_reference(
         extra_topk,
     )
     _bind_sched_meta(tile_scheduler_metadata, key)
+    _schedule(
+        tile_scheduler_metadata,
+        _key_counts(
+            q4.shape[0], q4.device, idx3.shape[-1], topk_length, extra_topk, extra_topk_length
+        ),
+    )
     out, lse = sparse_decode_reference(
         q4,
         k_cache,

@@ -1,8 +1,10 @@
 """SGLANG_MIXGRAPH_SPLIT_TAIL_GRAPHS=1 through upstream's DSV4 backend on the CPU: the split's
-decode rows from the tail graphs equal the plain calls', every split layer is counted as a replay
-or under the reason it was not, and a capture that fails leaves the plain call, said once. The
-graphs replay by calling the captured function here (test/core/test_decode_tail_graphs.py); a
-real CUDA graph's replay is checked on the GPU (test/gpu_upstream/test_decode_tail_graphs_gpu.py).
+decode rows from the tail graphs equal the plain calls', every split layer is counted as a replay,
+a schedule call (a step's first layer of its ratio) or under the reason it was eager, and a
+capture that fails leaves the plain call, said once. The world's three layers (one a ratio) run
+twice a step, so that layers of one ratio follow each other as in the model. The graphs replay
+by calling the captured function here (test/core/test_decode_tail_graphs.py); a real CUDA graph's
+replay is checked on the GPU (test/gpu_upstream/test_decode_tail_graphs_gpu.py).
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ STEPS = [
 ]
 
 
+LAYERS = (0, 1, 2, 0, 1, 2)
+
+
 class Replayed:
     def __init__(self, fn):
         self.replay = fn
@@ -36,16 +41,18 @@ class Replayed:
 pytestmark = pytest.mark.usefixtures("fresh_counters")
 
 
-def _split_step(world, graphs_on: bool, capture=None) -> dict[int, torch.Tensor]:
+def _split_step(world, graphs_on: bool, capture=None) -> list[torch.Tensor]:
+    """One step's outputs, in the order of LAYERS."""
     if capture is not None:
         graphs = TailGraphs(
             world.backend._flash_mla_with_kvcache, ReferenceSchedMeta, capture=capture
         )
         setattr(world.backend, BACKEND_SPLIT_TAIL_GRAPHS, graphs)
     with K.patch_installed(tail_graphs=graphs_on):
-        out = world.run_step(world.forward_batch())
+        fb = world.forward_batch()
+        world.run_step(fb, layers=())  # the step's metadata and plan
         assert ms.get_plan(world.backend) is not None
-    return out
+        return [world.run_layer(fb, layer) for layer in LAYERS]
 
 
 def _events():
@@ -63,11 +70,14 @@ def test_the_tail_graphs_give_the_plain_calls_rows(step):
         world.attn_sink = lambda heads=K.HEADS: sink
         out = _split_step(world, graphs_on=True, capture=Replayed)
         out_again = _split_step(world, graphs_on=True)  # the next step: graphs kept, replayed
-    for layer in plain:
-        assert torch.equal(out[layer], plain[layer]), layer
-        assert torch.equal(out_again[layer], plain[layer]), layer
-    assert _events()["tail_graph_replays"] == 2 * len(plain)
-    assert getattr(world.backend, BACKEND_SPLIT_TAIL_GRAPHS).captures == len(plain)
+    for i, layer in enumerate(LAYERS):
+        assert torch.equal(out[i], plain[i]), layer
+        assert torch.equal(out_again[i], plain[i]), layer
+    ratios = len(K.LAYER_RATIOS)
+    # each step: the first layer of each ratio makes the schedule, the second replays
+    assert _events()["tail_graph_schedules"] == 2 * ratios
+    assert _events()["tail_graph_replays"] == 2 * (len(LAYERS) - ratios)
+    assert getattr(world.backend, BACKEND_SPLIT_TAIL_GRAPHS).captures == len(LAYERS) - ratios
 
 
 def test_a_failed_capture_leaves_the_plain_call_and_is_said_once(caplog):
@@ -79,12 +89,14 @@ def test_a_failed_capture_leaves_the_plain_call_and_is_said_once(caplog):
         world = K.World(STEPS[0])
         with caplog.at_level(logging.WARNING, logger="sglang_mixgraph"):
             out = _split_step(world, graphs_on=True, capture=failing)
-    for layer in plain:
-        assert torch.equal(out[layer], plain[layer]), layer
+    for i, layer in enumerate(LAYERS):
+        assert torch.equal(out[i], plain[i]), layer
     said = [
         r.getMessage() for r in caplog.records if "decode-tail CUDA graphs off" in r.getMessage()
     ]
     assert len(said) == 1 and "capture refused" in said[0]
     events = _events()
-    assert events["tail_graph_eager.capture_failed"] == len(plain)
+    ratios = len(K.LAYER_RATIOS)
+    assert events["tail_graph_schedules"] == ratios
+    assert events["tail_graph_eager.capture_failed"] == len(LAYERS) - ratios
     assert "tail_graph_replays" not in events

@@ -9,7 +9,8 @@ decode rows in (``core.mixed_boundary.copy_in_join``). Per layer that is the two
 view of the query's tail rows and the copy: the metadata slices, their checks and the
 scheduling metadata are the plan's (``core.decode_tail.TailInputs``, once per ratio per step).
 With SGLANG_MIXGRAPH_SPLIT_TAIL_GRAPHS=1 the decode call is replayed from a CUDA graph per layer
-and bucket of decode rows (``core.decode_tail_graphs``) wherever one serves.
+and bucket of decode rows (``core.decode_tail_graphs``) wherever one serves, but for the step's
+first layer of each ratio, which makes the step's split schedule the graphs then read.
 """
 
 from __future__ import annotations
@@ -188,9 +189,10 @@ def _decode_tail(backend, plan: SplitPlan, layer_id: int, tail, q_tail, caches, 
     if graphs is not None:
         why = graphs.unreplayable(tail.num_rows)
         if why is None:
-            out = graphs.run(layer_id, tail, q_tail, swa_cache, attn_sink, extra_cache)
-            if out is not None:
-                count_event("tail_graph_replays")
+            ran = graphs.run(layer_id, tail, q_tail, swa_cache, attn_sink, extra_cache)
+            if ran is not None:
+                out, replayed = ran
+                count_event("tail_graph_replays" if replayed else "tail_graph_schedules")
                 return out
             why = "capture_failed"  # once: every later call finds the graphs broken
             logger.warning(
