@@ -252,6 +252,10 @@ def time_point(
             )
 
         out = call()  # the first layer of a step builds the chunk cache lazily (unsplit)
+        # With tail graphs the step's first call made the split schedule eagerly; the second
+        # captures the layer's graph. Both untimed: the reps time replays, as a step's later
+        # layers run them.
+        call()
         plan = ms.get_plan(backend)
         gpu, wall, host = [], [], []
         for _ in range(reps):
@@ -290,7 +294,8 @@ def time_arm(dep, layer, d, p, reps, flush, arm, kit, ahead_ms=0.0):
     """One arm: upstream alone (``off``), or with the patch installed through the plugin
     registry and SGLang's HookRegistry for the given policy (removed again afterwards);
     ``always+tg`` / ``adaptive+tg``: that policy with the decode tail replayed from its CUDA
-    graphs (captured at the point's first, untimed call)."""
+    graphs (the schedule made at the point's first untimed call, the graph captured at its
+    second)."""
     if arm == "off":
         return time_point(dep, layer, d, p, reps, flush, ahead_ms)
     policy = arm.removesuffix(TAIL_GRAPHS)
