@@ -61,27 +61,21 @@ def test_eager_steps_replay_the_tail_and_equal_upstream(sglang_cuda, fresh_count
     sink = world.attn_sink()  # a model's sink is a parameter: the graphs keep its address
     q = world.q()
     base = world.run_step(world.forward_batch(num_decode_attr=None), q=q, sink=sink)
-    outs = []
+    passes = []  # per step: the layers' first pass (schedules), then their second (replays)
     with K.patch_installed(policy="always", tail_graphs=True):
         for _ in range(2):
             fb = world.forward_batch()
             world.upstream_metadata(fb)
-            outs.append({})
-            for i, layer in enumerate(LAYERS_TWICE):
-                outs[-1][i] = world.run_layer(fb, layer, q=q, sink=sink)
+            for _ in range(2):
+                passes.append({k: world.run_layer(fb, k, q=q, sink=sink) for k in base})
     torch.cuda.synchronize()
     graphs = getattr(world.backend, attrs.BACKEND_SPLIT_TAIL_GRAPHS)
     ratios = len(K.LAYER_RATIOS)
     assert graphs.broken is None
     assert graphs.captures == ratios  # each layer's second pass; the second step reuses them
     assert _schedules() == 2 * ratios and _replays() == 2 * ratios
-    for out in outs:
-        by_layer = [
-            {layer: out[i] for i, layer in enumerate(LAYERS_TWICE) if i // ratios == p}
-            for p in (0, 1)
-        ]
-        for rows in by_layer:
-            _compare(rows, base, world.step.b0, world.step.num_rows)
+    for out in passes:
+        _compare(out, base, world.step.b0, world.step.num_rows)
 
 
 # One world of 256 decode requests; each replayed batch takes the first d of them.
