@@ -331,8 +331,14 @@ def kernel_prediction(path: str):
         return {}
 
 
+def arms_of(points) -> list:
+    """The arms a results file holds, in run order (``off`` first)."""
+    return [k.removesuffix("_layer_ms") for k in points[0] if k.endswith("_layer_ms")]
+
+
 def summary_lines(points) -> list:
-    """Figures the page states in words, computed from the points."""
+    """Figures the page states in words, computed from the points (only for the arms run)."""
+    arms = arms_of(points)
     out = []
     for c in sorted({r["context"] for r in points}):
         key = next(
@@ -344,22 +350,28 @@ def summary_lines(points) -> list:
             ),
             None,
         )
-        if key and key.get("kernel_split_ms"):
+        if key and key.get("kernel_split_ms") and "always" in arms:
+            line = (
+                f"- CSA {c // 1024}k / D 256 / P 1792: in-server `always` "
+                f"{key['off_layer_ms'] / key['always_layer_ms']:.2f}x (off "
+                f"{key['off_layer_ms']:.3f} ms, split {key['always_layer_ms']:.3f} ms)"
+            )
+            if "adaptive" in arms:
+                line += f", `adaptive` {key['off_layer_ms'] / key['adaptive_layer_ms']:.2f}x"
             out.append(
-                f"- CSA {c // 1024}k / D 256 / P 1792: in-server `always` {key['off_layer_ms'] / key['always_layer_ms']:.2f}x "
-                f"(off {key['off_layer_ms']:.3f} ms, split {key['always_layer_ms']:.3f} ms), `adaptive` "
-                f"{key['off_layer_ms'] / key['adaptive_layer_ms']:.2f}x; the kernel benchmark predicted "
+                f"{line}; the kernel benchmark predicted "
                 f"{key['kernel_unsplit_ms'] / key['kernel_split_ms']:.2f}x."
             )
     host_off = statistics.median(r["off_layer_host_ms"] for r in points)
-    host_on = statistics.median(r["always_layer_host_ms"] for r in points)
-    out.append(
-        f"- Host time per layer call, median over the points: upstream {host_off:.3f} ms, with the split "
-        f"({'always'}) {host_on:.3f} ms. Where the GPU work of a layer is shorter than this, the layer "
-        "is host-bound in an eager step and a GPU saving does not show."
-    )
+    if "always" in arms:
+        host_on = statistics.median(r["always_layer_host_ms"] for r in points)
+        out.append(
+            f"- Host time per layer call, median over the points: upstream {host_off:.3f} ms, with "
+            f"the split (`always`) {host_on:.3f} ms. Where the GPU work of a layer is shorter than "
+            "this, the layer is host-bound in an eager step and a GPU saving does not show."
+        )
     tg = "always" + TAIL_GRAPHS
-    if f"{tg}_layer_host_ms" in points[0]:
+    if tg in arms and "always" in arms:
         extra = statistics.median(
             r["always_layer_host_ms"] - r["off_layer_host_ms"] for r in points
         )
@@ -370,6 +382,25 @@ def summary_lines(points) -> list:
             f"- Host added per split layer call, median of the per-point differences from `off`: "
             f"`always` {extra:+.3f} ms, `{tg}` (decode tail from its CUDA graphs) {extra_tg:+.3f} ms."
         )
+        # A P 0 point runs no prefill body when split (less host than upstream's): by P apart.
+        for p in sorted({r["prefill_rows"] for r in points}):
+            at = [r for r in points if r["prefill_rows"] == p]
+            a = [r["always_layer_host_ms"] - r["off_layer_host_ms"] for r in at]
+            t = [r[f"{tg}_layer_host_ms"] - r["off_layer_host_ms"] for r in at]
+            out.append(
+                f"- The same at {p} prefill rows ({len(at)} points): `always` "
+                f"{statistics.median(a):+.3f} ms ({min(a):+.3f} to {max(a):+.3f}), `{tg}` "
+                f"{statistics.median(t):+.3f} ms ({min(t):+.3f} to {max(t):+.3f})."
+            )
+        for d in sorted({r["decode_rows"] for r in points}):
+            gpu = [
+                r[f"{tg}_layer_ms"] - r["always_layer_ms"] for r in points if r["decode_rows"] == d
+            ]
+            out.append(
+                f"- GPU time per layer, `{tg}` minus `always`, at {d} decode rows: "
+                f"{min(gpu):+.3f} to {max(gpu):+.3f} ms (median {statistics.median(gpu):+.3f}, "
+                f"{len(gpu)} points)."
+            )
     same = [
         abs(r["adaptive_layer_ms"] / r["off_layer_ms"] - 1)
         for r in points
@@ -377,70 +408,86 @@ def summary_lines(points) -> list:
     ]
     if same:
         out.append(
-            f"- Noise: where `adaptive` keeps the layer unsplit it runs upstream's code, yet differs from "
-            f"`off` by up to {100 * max(same):.0f}% (median {100 * statistics.median(same):.0f}%): "
-            "differences below that are not resolved by this run."
+            f"- Noise: where `adaptive` keeps the layer unsplit it runs upstream's code, yet differs "
+            f"from `off` by up to {100 * max(same):.0f}% (median {100 * statistics.median(same):.0f}%):"
+            " differences below that are not resolved by this run."
         )
-    setup_always = statistics.median(r["always_setup_ms"] - r["off_setup_ms"] for r in points)
-    if "adaptive_setup_ms" in points[0]:
-        setup = statistics.median(r["adaptive_setup_ms"] - r["off_setup_ms"] for r in points)
+    patched = [a for a in arms if a != "off"]
+    if patched:
+        setup = ", ".join(
+            f"`{a}` {statistics.median(r[f'{a}_setup_ms'] - r['off_setup_ms'] for r in points):.2f} ms"
+            for a in patched
+        )
         out.append(
-            f"- Step set-up added by the patch, median: `always` {setup_always:.2f} ms, `adaptive` "
-            f"{setup:.2f} ms per step (once for all layers)."
+            f"- Step set-up added by the patch, median: {setup} per step (once for all layers)."
         )
     return out
 
 
 def write_report(data: dict, path: str) -> None:
-    """The results page: per point, upstream (off), the patch (always, adaptive) and the kernel
+    """The results page: per point, upstream (off), each patched arm the run had and the kernel
     benchmark's figures for the same point."""
-    env = data["environment"]
+    env, points = data["environment"], data["points"]
+    arms = arms_of(points)
+    patched = [a for a in arms if a != "off"]
     lines = [
-        "# Mixed split in-server timing (H200)",
+        f"# Mixed split in-server timing ({env['gpu']})",
         "",
         f"Date {env['date']}, {env['gpu']}, torch {env['torch']}, Triton {env.get('triton', '?')}, sglang "
         f"{env.get('sglang', '?')} (its pins ask for torch 2.14.1: this stack is older, run through "
         "tools/gpu-upstream). Command: `bash tools/gpu-upstream/device.sh python3 "
         f"{env['command']}`; {env['reps']} calls x {env['rounds']} rounds per arm, arms interleaved.",
         "",
-        "One layer through upstream's `DeepseekV4AttnBackend.forward` (h_q 128): `off` is upstream, `always` "
-        "and `adaptive` the patch installed by the plugin registry. ms = median CUDA-event time of one layer "
-        "call after an L2 flush; the GPU also waits for the host here, so `host` (time until the call "
-        "returns) is given beside it. `kernel` = benchmark/mixed_split_kernel.py for the same point "
-        "(docs/results/mixed_split_h200.json): kernels only, copy-in join, no host work. Speedup = off / arm.",
+        "One layer through upstream's `DeepseekV4AttnBackend.forward` (h_q 128): `off` is upstream, "
+        f"{', '.join(f'`{a}`' for a in patched)} the patch installed by the plugin registry "
+        f"(`+tg`: decode tails from their CUDA graphs). ms = median CUDA-event time of one layer "
+        "call after an L2 flush; the GPU also waits for the host here unless GPU work was queued "
+        f"ahead ({env.get('queue_ahead_ms', 0)} ms), so `host` (time until the call returns) is "
+        "given beside it. `kernel` = benchmark/mixed_split_kernel.py for the same point "
+        "(docs/results/mixed_split_h200.json): kernels only, copy-in join, no host work. "
+        "x = off / arm.",
         "",
-        "| layer | context | D | P | off ms (host) | always ms (host) | always x | adaptive ms | adaptive "
-        "x (splits?) | kernel unsplit / split ms | kernel x |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| layer | context | D | P | off ms (host) | "
+        + " | ".join(f"{a} ms (host) | {a} x" for a in patched)
+        + " | kernel unsplit / split ms | kernel x |",
+        "|---|---|---|---|---|" + "---|---|" * len(patched) + "---|---|",
     ]
-    for r in data["points"]:
+    for r in points:
         kx = (
             r["kernel_unsplit_ms"] / r["kernel_split_ms"]
             if r.get("kernel_split_ms")
             else float("nan")
         )
+        cells = []
+        for a in patched:
+            splits = (
+                "" if f"{a}_split" not in r else f" ({'split' if r[f'{a}_split'] else 'unsplit'})"
+            )
+            cells.append(
+                f"{r[f'{a}_layer_ms']:.3f} ({r[f'{a}_layer_host_ms']:.3f}){splits} | "
+                f"{r['off_layer_ms'] / r[f'{a}_layer_ms']:.2f}"
+            )
         lines.append(
             f"| {r['layer']} | {r['context']} | {r['decode_rows']} | {r['prefill_rows']} | "
             f"{r['off_layer_ms']:.3f} ({r['off_layer_host_ms']:.3f}) | "
-            f"{r['always_layer_ms']:.3f} ({r['always_layer_host_ms']:.3f}) | "
-            f"{r['off_layer_ms'] / r['always_layer_ms']:.2f} | {r['adaptive_layer_ms']:.3f} | "
-            f"{r['off_layer_ms'] / r['adaptive_layer_ms']:.2f} ({'yes' if r['adaptive_split'] else 'no'}) | "
-            f"{r.get('kernel_unsplit_ms', float('nan')):.3f} / {r.get('kernel_split_ms', float('nan')):.3f} | "
-            f"{kx:.2f} |"
+            + " | ".join(cells)
+            + f" | {r.get('kernel_unsplit_ms', float('nan')):.3f} / "
+            f"{r.get('kernel_split_ms', float('nan')):.3f} | {kx:.2f} |"
         )
-    lines += ["", "## Reading", ""] + summary_lines(data["points"])
+    lines += ["", "## Reading", ""] + summary_lines(points)
     lines += [
         "",
         "Step set-up (metadata build; with the patch also its plan and the prefill-only chunk cache), "
         "median ms, once per step for all layers:",
         "",
-        "| layer | context | D | P | off | always | adaptive |",
-        "|---|---|---|---|---|---|---|",
+        "| layer | context | D | P | " + " | ".join(arms) + " |",
+        "|---|---|---|---|" + "---|" * len(arms),
     ]
-    for r in data["points"]:
+    for r in points:
         lines.append(
             f"| {r['layer']} | {r['context']} | {r['decode_rows']} | {r['prefill_rows']} | "
-            f"{r['off_setup_ms']:.2f} | {r['always_setup_ms']:.2f} | {r['adaptive_setup_ms']:.2f} |"
+            + " | ".join(f"{r[f'{a}_setup_ms']:.2f}" for a in arms)
+            + " |"
         )
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
