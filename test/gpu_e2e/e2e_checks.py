@@ -35,10 +35,10 @@ a pass:
   under EAGLE (SGLang issue 29985), and the split arms are also compared with it; with the
   overlap scheduler off (``-noovl``) the reference is ``spec-eager-off-noovl``, with acceptance
   forced to swing (``-acc``) ``spec-eager-off-acc``, and the tokens per verify step must show the
-  swing (``SWING_ACCEPT_RANGE``); with tail graphs
-  (``-tail``) every split layer's decode tail from the graphs: a split step's first layer of
-  each ratio makes the step's schedule (``tail_graph_schedules`` = split steps x ratios), the
-  other layers replay (``tail_graph_replays``), no ``tail_graph_eager.*``; with upstream's online c128 MTP compression
+  swing (``SWING_ACCEPT_RANGE``); with tail graphs (``-tail``) every split layer's decode tail
+  from the graphs: a split step's first layer of each ratio makes the step's schedule
+  (``tail_graph_schedules`` = split steps x ratios), the other layers replay
+  (``tail_graph_replays``), no ``tail_graph_eager.*``; with upstream's online c128 MTP compression
   (``-online``, reference ``spec-eager-off-online``) the split arms split nothing: every target
   MIXED step recognised and fell back (``spec_online_c128``), ``steps_split``/``replays_split`` 0;
 * the boundary workload: the decode rows of the target's MIXED steps had every context length of
