@@ -362,8 +362,8 @@ def summary_lines(points) -> list:
                 f"{line}; the kernel benchmark predicted "
                 f"{key['kernel_unsplit_ms'] / key['kernel_split_ms']:.2f}x."
             )
-    host_off = statistics.median(r["off_layer_host_ms"] for r in points)
     if "always" in arms:
+        host_off = statistics.median(r["off_layer_host_ms"] for r in points)
         host_on = statistics.median(r["always_layer_host_ms"] for r in points)
         out.append(
             f"- Host time per layer call, median over the points: upstream {host_off:.3f} ms, with "

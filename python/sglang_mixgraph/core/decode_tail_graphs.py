@@ -239,9 +239,10 @@ class TailGraphs:
         out = self._kernel_call(
             bucket, self._bucket_kwargs(bucket, tail, operands[1], made), operands
         )
-        if schedule is None or not _copy_schedule(schedule.meta, made):
-            schedule = self._schedules[key] = _Schedule(meta=made, tail=tail)
-        schedule.tail = tail
+        if schedule is not None and _copy_schedule(schedule.meta, made):
+            schedule.tail = tail
+        else:
+            self._schedules[key] = _Schedule(meta=made, tail=tail)
         return out
 
     # ------------------------------------------------------------------ buffers
