@@ -17,10 +17,11 @@ SITE=/tmp/site
 T0=$(date +%s)
 # Wheels are installed once per machine, each when it first travels: a call that leaves one out
 # (to stay under the carry limit) and a later call on the same machine that brings it both work.
-# A GPU machine's carry holds 64 MiB with the tracked tree (about 13 MB): the kit without chat/
-# (about 47 MB: name its other entries in carry), chat/ (13 MB: the DeepSeek-V4 chat encoder,
-# only HTTP servers need it) and TileLang (.gpu-tilelang, about 36 MB) travel on separate calls
-# to one warm machine, whose ignored folders stay between calls.
+# A GPU machine's carry holds 64 MiB with the tracked tree (about 14 MB): the kit without chat/
+# (about 47 MB: name its other entries in carry) travels first, then TileLang (.gpu-tilelang,
+# about 37 MB) with chat/ where an HTTP server needs it (13 MB: the DeepSeek-V4 chat encoder;
+# both with the tree about 62 MiB) on the next call to the same warm machine, whose ignored
+# folders stay between calls.
 mkdir -p "$SITE"
 shopt -s nullglob
 NEW=()
