@@ -19,7 +19,7 @@ import pytest
 from ab_kit import Recorder, pids_alive, standin_config
 
 from sglang_mixgraph.ab import cli as ab_cli
-from sglang_mixgraph.ab import runner
+from sglang_mixgraph.ab import runner, versions
 from sglang_mixgraph.ab.config import ConfigError, parse_config
 from sglang_mixgraph.ab.stats import paired_ratio, t975
 
@@ -186,8 +186,11 @@ def test_blocks_run_one_per_machine_with_a_warm_visit_and_pool_over_machines(tmp
 
     report = (run_dir / "report.md").read_text()
     assert "2 block(s) of visits `base fast mid mid fast base`" in report
+    # Each block names its machine and that machine's host CPU (here both are this one).
+    cpu = versions.describe_field("cpu", versions.environment()["cpu"])
     assert (
-        "| load | pair | metric | pooled [95% interval] | block 1 (m1) | block 2 (m2) |" in report
+        f"| load | pair | metric | pooled [95% interval] | block 1 (m1: {cpu}) "
+        f"| block 2 (m2: {cpu}) |" in report
     )
     assert "| 2 | `fast/mid` | TPOT p50 |" in report
 

@@ -1089,6 +1089,36 @@ def test_versions_of_this_environment():
         f"gpus {versions.describe_field('gpus', env['gpus'])} -> 2 x NVIDIA H200"
     ]
     assert versions.differences(None, env) == ["versions not recorded"]
+    assert env["cpu"]["count"] == os.cpu_count() and f"CPU: {env['cpu']['model']}" in line
+
+
+def test_the_host_cpu_is_noted_never_compared(tmp_path, monkeypatch):
+    """The host CPU's model comes from /proc/cpuinfo (its first `model name`, spaces folded);
+    without one it is unknown. Another CPU never voids a cell: it is noted for the reader."""
+    from sglang_mixgraph.ab import versions
+
+    info = tmp_path / "cpuinfo"
+    info.write_text(
+        "processor\t: 0\nvendor_id\t: AuthenticAMD\n"
+        "model name\t: AMD EPYC  9654 96-Core Processor\n\nprocessor\t: 1\n"
+        "model name\t: AMD EPYC 9654 96-Core Processor\n"
+    )
+    monkeypatch.setattr(versions, "CPUINFO", info)
+    monkeypatch.setattr(versions.os, "cpu_count", lambda: 16)
+    epyc = versions._cpu()
+    assert epyc == {"model": "AMD EPYC 9654 96-Core Processor", "count": 16}
+    assert versions.describe_field("cpu", epyc) == "AMD EPYC 9654 96-Core Processor (16 CPUs)"
+    info.write_text("processor\t: 0\nCPU implementer\t: 0x41\n")  # no model name (Arm)
+    assert versions._cpu() == {"model": None, "count": 16}
+    monkeypatch.setattr(versions, "CPUINFO", tmp_path / "absent")
+    assert versions.describe_field("cpu", versions._cpu()) == "unknown model (16 CPUs)"
+
+    env = {"sglang": "0.5.23", "source_digest": "d" * 64, "gpus": {"count": 0, "names": []}}
+    assert versions.same({**env, "cpu": epyc}, {**env, "cpu": {"model": "Intel Xeon", "count": 8}})
+    assert versions.describe({**env, "cpu": epyc}).endswith(
+        "CPU: AMD EPYC 9654 96-Core Processor (16 CPUs)"
+    )
+    assert "CPU" not in versions.describe(env)  # a record from before the CPU was noted
 
 
 def _fake_pynvml(init_error: str | None = None):

@@ -32,7 +32,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from sglang_mixgraph.ab import files
+from sglang_mixgraph.ab import files, versions
 from sglang_mixgraph.ab.config import CONCURRENCY, GOODPUT_METRICS, RATE, Point, Sweep
 from sglang_mixgraph.ab.greedy_tokens import length_bounds
 from sglang_mixgraph.ab.results import (
@@ -466,12 +466,17 @@ BLOCK_METRICS = (("output_throughput_per_gpu", "output tok/s/GPU"), ("median_tpo
 
 
 def _blocks_section(results: Results) -> list[str]:
-    """Each pair's ratio per block (with the block's machine) beside the pooled one."""
+    """Each pair's ratio per block (with the block's machine and its host CPU, which a
+    host-bound arm's speed follows) beside the pooled one."""
     c = results.config
     machines: dict[int, set[str]] = {}
     for cell in results.cells:
         if cell["kind"] == "bench" and cell["status"] == "ok":
-            machines.setdefault(cell["block"], set()).add(cell.get("machine") or "not recorded")
+            machine = cell.get("machine") or "not recorded"
+            cpu = (cell.get("versions") or {}).get("cpu")
+            if cpu is not None:
+                machine += f": {versions.describe_field('cpu', cpu)}"
+            machines.setdefault(cell["block"], set()).add(machine)
     blocks = sorted(machines)
     pairs = [(f"{a.name}/{results.baseline}", results.ratios.get(a.name, {})) for a in c.arms[1:]]
     pairs += list(results.pair_ratios.items())

@@ -3,9 +3,10 @@
 `environment()` is this tool's side of the run: the installed SGLang, sglang-mixgraph and
 torch versions (package metadata, nothing imported), the git commit of the sglang-mixgraph
 checkout when it is installed from one (with `dirty` when it has uncommitted changes), a digest
-of the package's own files, and this machine's GPUs (names, count and driver, from NVML through
-pynvml, else `nvidia-smi`; none when neither is here). The code that ran is keyed by the
-digest, not the commit: a copy without git (a checkout sent to a GPU machine) or with
+of the package's own files, this machine's GPUs (names, count and driver, from NVML through
+pynvml, else `nvidia-smi`; none when neither is here) and its host CPU (model and logical CPUs:
+noted, never compared, since a host-bound arm's speed follows it from machine to machine). The
+code that ran is keyed by the digest, not the commit: a copy without git (a checkout sent to a GPU machine) or with
 uncommitted edits is still told apart, editing the plugin's code always voids its cells and a
 docs-only commit voids nothing. A finished cell is reused on resume only when its record holds
 the same versions (`same`): after an upgrade, a rebuilt kit or a new commit, the cells are
@@ -22,6 +23,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.metadata
+import os
 import re
 import shutil
 import socket
@@ -125,6 +127,22 @@ def _smi_gpus() -> dict[str, Any]:
 
 
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+CPUINFO = Path("/proc/cpuinfo")
+
+
+def _cpu() -> dict[str, Any]:
+    """The host CPU: the first `model name` of /proc/cpuinfo (None where there is none) and
+    the logical CPU count."""
+    model = None
+    try:
+        for line in CPUINFO.read_text(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and value.strip():
+                model = " ".join(value.split())
+                break
+    except OSError:
+        pass
+    return {"model": model, "count": os.cpu_count()}
 
 
 def machine_id() -> str:
@@ -154,6 +172,7 @@ def environment() -> dict[str, Any]:
         env["dirty"] = bool(_git("status", "--porcelain", "--untracked-files=no"))
     env["source_digest"] = source_digest(PACKAGE_ROOT)
     env["gpus"] = _gpus()
+    env["cpu"] = _cpu()
     return env
 
 
@@ -218,6 +237,11 @@ def describe_field(key: str, value: Any) -> str:
         return f"{value['count']} x {', '.join(names) or '?'}{driver}"
     if key == "code":
         return "not recorded" if value is None else str(value)
+    if key == "cpu":
+        if not isinstance(value, dict):
+            return "not recorded"
+        count = f" ({value['count']} CPUs)" if value.get("count") else ""
+        return f"{value.get('model') or 'unknown model'}{count}"
     return "?" if value is None else str(value)
 
 
@@ -232,4 +256,6 @@ def describe(versions: dict[str, Any] | None) -> str:
     if versions.get("source_digest"):
         parts.append(f"source {str(versions['source_digest'])[:12]}")
     parts.append(f"GPUs: {describe_field('gpus', versions.get('gpus'))}")
+    if "cpu" in versions:
+        parts.append(f"CPU: {describe_field('cpu', versions['cpu'])}")
     return ", ".join(parts)
