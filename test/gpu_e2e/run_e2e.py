@@ -513,6 +513,8 @@ def main() -> int:
         if glm5
         else f"the split's (and in -rd phases {json.dumps(P.READ_DONE_ENV)})"
     )
+    if args.hold_break_inputs:
+        switched += f" and {HOLD_FLAG} (1 in every phase, below)"
     log(f"patch flags at their off value except {switched}: {json.dumps(off_values)}")
     if glm5:
         log(
