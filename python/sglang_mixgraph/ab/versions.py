@@ -6,13 +6,13 @@ checkout when it is installed from one (with `dirty` when it has uncommitted cha
 of the package's own files, this machine's GPUs (names, count and driver, from NVML through
 pynvml, else `nvidia-smi`; none when neither is here) and its host CPU (model and logical CPUs:
 noted, never compared, since a host-bound arm's speed follows it from machine to machine). The
-code that ran is keyed by the digest, not the commit: a copy without git (a checkout sent to a GPU machine) or with
-uncommitted edits is still told apart, editing the plugin's code always voids its cells and a
-docs-only commit voids nothing. A finished cell is reused on resume only when its record holds
-the same versions (`same`): after an upgrade, a rebuilt kit or a new commit, the cells are
-measured again unless `--reuse-cells` says otherwise. A GPU inventory that could not be read
-(nvidia-smi failing) is unknown, not different: it never voids a cell. Records written before versions existed have none and
-are measured again too. The server's own SGLang version, which a launch prefix or an attached
+code that ran is keyed by the digest, not the commit: a copy without git (a checkout sent to a
+GPU machine) or with uncommitted edits is still told apart, editing the plugin's code always
+voids its cells and a docs-only commit voids nothing. A finished cell is reused on resume only
+when its record holds the same versions (`same`): after an upgrade, a rebuilt kit or a new
+commit, the cells are measured again unless `--reuse-cells` says otherwise. A GPU inventory
+that could not be read (nvidia-smi failing) is unknown, not different: it never voids a cell.
+Records written before versions existed have none and are measured again too. The server's own SGLang version, which a launch prefix or an attached
 server can make differ from this environment's, is what bench_serving recorded from
 `/server_info` (`server_version`). `machine_id()` names the machine's run (host and boot), which
 a ratio's two cells must share.
