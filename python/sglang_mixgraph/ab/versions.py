@@ -12,10 +12,10 @@ voids its cells and a docs-only commit voids nothing. A finished cell is reused 
 when its record holds the same versions (`same`): after an upgrade, a rebuilt kit or a new
 commit, the cells are measured again unless `--reuse-cells` says otherwise. A GPU inventory
 that could not be read (nvidia-smi failing) is unknown, not different: it never voids a cell.
-Records written before versions existed have none and are measured again too. The server's own SGLang version, which a launch prefix or an attached
-server can make differ from this environment's, is what bench_serving recorded from
-`/server_info` (`server_version`). `machine_id()` names the machine's run (host and boot), which
-a ratio's two cells must share.
+Records written before versions existed have none and are measured again too. The server's
+own SGLang version, which a launch prefix or an attached server can make differ from this
+environment's, is what bench_serving recorded from `/server_info` (`server_version`).
+`machine_id()` names the machine's run (host and boot), which a ratio's two cells must share.
 """
 
 from __future__ import annotations
