@@ -118,3 +118,20 @@ def test_preset_with_a_model_path_is_refused_in_one_line(plan_env, capsys):
         "sglang-mixgraph plan: --preset plans an embedded deployment; drop it or --model-path"
     )
     assert "Traceback" not in err
+
+
+def test_held_break_inputs_are_counted_for_the_planned_model(plan_env, capsys):
+    """What holding break inputs would cost, named per model: GLM-5's indexer break takes
+    static buffers, DeepSeek-V4's attention break its sink parameter; neither adds memory."""
+    from sglang_mixgraph.patches import hold_break_inputs as hbi
+
+    flag = f"{hbi.HOLD_FLAG.name}=1"
+    glm5 = _plan_json(capsys, "--preset", "glm5")
+    (entry,) = [x for x in glm5["patches"] if x["id"] == hbi.PATCH_ID]
+    assert hbi.HELD_GLM5 in entry["if_on"][flag]
+    plan_env.setenv("SGLANG_EXPERIMENTAL_FORCE_BCG", "1")
+    dsv4 = _plan_json(capsys)
+    assert dsv4["graph"]["prefill_graph"]["backend"] == "breakable"
+    (entry,) = [x for x in dsv4["patches"] if x["id"] == hbi.PATCH_ID]
+    assert hbi.HELD_DSV4 in entry["if_on"][flag]
+    assert "capture estimate is unchanged" in entry["if_on"][flag]

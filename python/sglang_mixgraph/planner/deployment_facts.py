@@ -116,6 +116,12 @@ class Deployment:
     def chunked(self) -> bool:
         return bool(self.chunk_per_rank and self.chunk_per_rank > 0)
 
+    @property
+    def glm5(self) -> bool:
+        from sglang.srt.configs.model_config import is_glm_moe_dsa
+
+        return bool(is_glm_moe_dsa({"architectures": list(self.architectures)}))
+
 
 def _attn_tp_size(cfg) -> int:
     return max(1, cfg.tp_size // max(1, cfg.attn_dp_size) // max(1, cfg.attn_cp_size))
