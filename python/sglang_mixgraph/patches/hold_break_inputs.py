@@ -158,8 +158,8 @@ def _enabled() -> bool:
 # docs/results/bcg_break_inputs_h200.md), GLM-5's is read from its split op's arguments.
 HELD_DSV4 = (
     "each layer's attention sink (a model parameter) per captured bucket, alive anyway: no "
-    "memory added (measured end to end on DeepSeek-V4: 120 inputs held, 360 pool inputs left "
-    "weak, tokens equal to eager under allocator churn)"
+    "memory added (measured end to end on a tiny DeepSeek-V4: 120 inputs held, 360 pool inputs "
+    "left weak, tokens equal to eager under allocator churn)"
 )
 HELD_GLM5 = (
     "the indexer break's static inputs (the runner's positions, the static top-k buffer, "
