@@ -150,6 +150,7 @@ class PhaseRecord:
     no_overlap: bool = False  # the -noovl variant: SGLang's overlap scheduler off
     swing_accept: bool = False  # the -acc variant: acceptance forced to 2 or 3 a verify step
     online_c128: bool = False  # the -online variant: upstream's online c128 MTP compression
+    hold_break_inputs: bool = False  # run_e2e --hold-break-inputs: hold_break_inputs on
     spec_counts: dict = field(default_factory=dict)  # rid -> e2e_phase.spec_counts
     boundary_lens: tuple[int, ...] = ()  # the boundary workload: context lengths rows must cross
     logprob_rids: tuple[str, ...] = ()  # requests with return_logprob (speculative workloads)

@@ -37,6 +37,7 @@ GRAPHS = ("eager", "dgraph", "bcg")
 DES_SUFFIX = "-des"
 DES_FLAG = "SGLANG_OPT_BCG_DROP_EMPTY_SEGMENTS"
 DES_PATCH = "drop_empty_segments"
+HOLD_PATCH = "hold_break_inputs"  # run_e2e --hold-break-inputs switches it on in every phase
 BASELINE = f"{PREFIX}eager"
 PREFILL_MODES = ("EXTEND", "MIXED")
 # Step-log fields the probe adds (e2e_glm5_probe.py): split-op runs in the forward, and of those
@@ -194,9 +195,12 @@ def _tokens_equal(rec: PhaseRecord, other: PhaseRecord | None) -> Check:
 
 def _no_fallback(rec: PhaseRecord, phase: Glm5Phase) -> Check:
     """No patch handed anything back to upstream, and none but drop_empty_segments (where the
-    phase switches it on) counted an event. None is expected to fall back in any phase."""
+    phase switches it on) and hold_break_inputs (where the run does) counted an event. None is
+    expected to fall back in any phase."""
     fb = {p: c for p, c in (rec.counters.get("fallbacks") or {}).items() if c}
     allowed = {DES_PATCH} if phase.drop_empty else set()
+    if rec.hold_break_inputs:
+        allowed.add(HOLD_PATCH)
     acting = sorted(p for p, c in (rec.counters.get("events") or {}).items() if c)
     stray = [p for p in acting if p not in allowed]
     return Check(

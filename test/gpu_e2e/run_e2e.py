@@ -238,7 +238,16 @@ def run_wave(
             proc.wait()
             logf.close()
             del running[name]
-            results[name] = collect(phase, work, logs, time.time() - t0, timed_out, workload, dp=dp)
+            results[name] = collect(
+                phase,
+                work,
+                logs,
+                time.time() - t0,
+                timed_out,
+                workload,
+                dp=dp,
+                hold_break_inputs=hold_break_inputs,
+            )
             r = results[name]
             log(
                 f"== {name}: {'ok' if r['record'].ran else 'FAILED'} in {time.time() - t0:.0f}s "
@@ -261,7 +270,9 @@ def death_cause(log_text: str) -> str | None:
     return next((said for mark, said in DEATH_CAUSES if mark in log_text), None)
 
 
-def collect(phase, work, logs, seconds, timed_out, workload="full", dp=1) -> dict:
+def collect(
+    phase, work, logs, seconds, timed_out, workload="full", dp=1, hold_break_inputs=False
+) -> dict:
     from sglang_mixgraph.counters import parse_line
 
     d = os.path.join(work, phase.name)
@@ -320,6 +331,7 @@ def collect(phase, work, logs, seconds, timed_out, workload="full", dp=1) -> dic
         no_overlap=getattr(phase, "no_overlap", False),
         swing_accept=getattr(phase, "swing_accept", False),
         online_c128=getattr(phase, "online_c128", False),
+        hold_break_inputs=hold_break_inputs,
         ran=bool(out.get("ok")),
         error=error,
         outputs=out.get("outputs", {}),

@@ -29,6 +29,25 @@ def test_churn_and_hold_add_the_probe_and_the_patch_switch_and_nothing_else(tmp_
     assert both[run_e2e.HOLD_FLAG] == "1"
 
 
+@pytest.mark.parametrize("held", [False, True])
+def test_the_phase_record_says_whether_break_inputs_were_held(tmp_path, held):
+    """The GLM-5 checks allow hold_break_inputs' events only where the record says it was on."""
+    import e2e_glm5
+    import run_e2e
+
+    from sglang_mixgraph.patches import hold_break_inputs
+
+    assert e2e_glm5.HOLD_PATCH == hold_break_inputs.PATCH_ID
+    phase = P.Phase("bcg", "off")
+    (tmp_path / phase.name / "steps").mkdir(parents=True)
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / f"{phase.name}.log").write_text("")
+    r = run_e2e.collect(
+        phase, str(tmp_path), str(tmp_path / "logs"), 1.0, False, hold_break_inputs=held
+    )
+    assert r["record"].hold_break_inputs is held
+
+
 def test_each_step_frees_the_last_steps_blocks_and_keeps_half_of_its_own_filled():
     probe = churn.Churn(seed=3, device="cpu", step_bytes=8 << 20)
     first = probe.end(None)

@@ -249,6 +249,10 @@ def test_fallbacks_and_stray_patches_fail():
     # drop_empty_segments acting where the phase did not switch it on
     des_events = {"events": {G.DES_PATCH: {"captures_checked": 2}}, "fallbacks": {}}
     assert not _check(bcg, _rec(bcg, counters=des_events))[name].ok
+    # hold_break_inputs counts its held inputs only where the run switched it on
+    held = {"events": {G.HOLD_PATCH: {"inputs_held": 30}}, "fallbacks": {}}
+    assert not _check(bcg, _rec(bcg, counters=held))[name].ok
+    assert _check(bcg, _rec(bcg, counters=held, hold_break_inputs=True))[name].ok
 
 
 def test_guards_must_have_been_checked_live_and_hold():
