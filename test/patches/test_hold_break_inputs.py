@@ -5,6 +5,7 @@ a replay reads on a GPU is test/gpu_upstream/test_break_input_lifetime.py's job.
 
 from __future__ import annotations
 
+import gc
 import sys
 import types
 
@@ -42,6 +43,7 @@ def world(monkeypatch):
         hbi, "pool_segments", lambda pool: reads.append(pool) or [(0, 100)] if pool == POOL else []
     )
     hbi._ranges.set(None)
+    hbi._outside.set(None)
     counters.reset()
     w.segment_reads = reads
     return w
@@ -135,6 +137,25 @@ def test_pool_segments_are_read_again_before_answering_outside(world):
     assert hbi.in_pool(POOL, 10, 20) and len(world.segment_reads) == 1
     assert not hbi.in_pool(POOL, 0, 256) and len(world.segment_reads) == 2
     assert not hbi.in_pool((0, 8), 0, 64)  # another pool: its own segments (none here)
+
+
+def test_an_input_found_outside_is_not_looked_up_again_while_its_owner_lives(world):
+    """A static buffer reaches every layer's break in every bucket: one snapshot answers for it
+    (and for views of it) as long as the tensor checked lives; then it is checked again."""
+    outside = meta(8)
+    with installed([hbi.PATCH], {FLAG: "1"}):
+        for _ in range(3):  # three layers' breaks, each in a capture of its own
+            (kept,) = capture_break(POOL, outside)
+            assert kept is outside
+        (view,) = capture_break(POOL, outside[:8])
+        assert view._base is outside
+        assert len(world.segment_reads) == 1
+        del outside, kept, view
+        gc.collect()
+        again = meta(8)  # the same address and size, another owner: looked up again
+        (kept,) = capture_break(POOL, again)
+    assert kept is again and len(world.segment_reads) == 2
+    assert counters.get(hbi.PATCH_ID, "inputs_held") == 5
 
 
 def test_retired_where_eager_on_graph_holds_its_inputs(monkeypatch):

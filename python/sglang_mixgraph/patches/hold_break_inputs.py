@@ -21,6 +21,7 @@ import importlib
 import inspect
 import logging
 import textwrap
+import weakref
 from contextvars import ContextVar
 
 from sglang.srt.plugins.hook_registry import HookType
@@ -118,6 +119,35 @@ def in_pool(pool, address: int, nbytes: int) -> bool:
     return ranges.holds(address, nbytes)
 
 
+# Storages a snapshot found outside a pool, by (pool, address, bytes), each with a weak
+# reference to the tensor that owns it: while that tensor lives its block cannot become pool
+# memory, so the answer stands without another snapshot (a static buffer such as the runner's
+# positions reaches the break of every layer in every bucket).
+_outside: ContextVar[dict | None] = ContextVar("hold_break_inputs_outside", default=None)
+
+
+def _owner(x):
+    return x if x._base is None else x._base
+
+
+def known_outside(pool, address: int, nbytes: int) -> bool:
+    """Whether a storage at ``address`` of ``nbytes`` was found outside ``pool`` and the tensor
+    then checked is still alive."""
+    seen = _outside.get()
+    ref = None if seen is None else seen.get((pool, address, nbytes))
+    return ref is not None and ref() is not None
+
+
+def remember_outside(pool, address: int, nbytes: int, x) -> None:
+    seen = _outside.get()
+    if seen is None:
+        seen = {}
+        _outside.set(seen)
+    for key in [k for k, ref in seen.items() if ref() is None]:
+        del seen[key]
+    seen[(pool, address, nbytes)] = weakref.ref(_owner(x))
+
+
 def _device_tensor(x) -> bool:
     import torch
 
@@ -136,14 +166,18 @@ def around_weak_ref_if_tensor(original, x):
     if not isinstance(pool, tuple) or tuple(pool) == (0, 0):
         fallback_once(PATCH_ID, "capture without a shared memory pool handle", key="no pool")
         return original(x)
-    try:
-        inside = in_pool(pool, x.untyped_storage().data_ptr(), x.untyped_storage().nbytes())
-    except (RuntimeError, KeyError, TypeError) as e:
-        fallback_once(PATCH_ID, f"graph pool segments unreadable ({e})", key="no snapshot")
-        return original(x)
-    if inside:
-        counters.count(PATCH_ID, "inputs_weak_in_pool")
-        return original(x)
+    storage = x.untyped_storage()
+    address, nbytes = storage.data_ptr(), storage.nbytes()
+    if not known_outside(pool, address, nbytes):
+        try:
+            inside = in_pool(pool, address, nbytes)
+        except (RuntimeError, KeyError, TypeError) as e:
+            fallback_once(PATCH_ID, f"graph pool segments unreadable ({e})", key="no snapshot")
+            return original(x)
+        if inside:
+            counters.count(PATCH_ID, "inputs_weak_in_pool")
+            return original(x)
+        remember_outside(pool, address, nbytes, x)
     counters.count(PATCH_ID, "inputs_held")
     return x
 
@@ -204,8 +238,10 @@ PATCH = Patch(
     how=(
         "during a capture, each break input is looked up in the allocator's segments of the "
         "capture's memory pool; one outside the pool is stored as the tensor itself, so the "
-        "replay closure owns it; pool inputs, which the captured segments rewrite before every "
-        "replay of the break, stay weak views and capture memory does not grow"
+        "replay closure owns it, and its storage is remembered while its owner lives (one "
+        "snapshot for a static buffer every layer's break takes); pool inputs, which the "
+        "captured segments rewrite before every replay of the break, stay weak views and "
+        "capture memory does not grow"
     ),
     upstream_pr=(
         "SGLang PR #37448 (open) stores every break input strongly, as before PR #22218 made "
