@@ -131,6 +131,18 @@ def test_unreadable_pool_segments_fall_back_to_the_weak_view(world, monkeypatch)
     assert counters.get_fallback(hbi.PATCH_ID, "no snapshot") == 1
 
 
+def test_an_input_without_a_readable_storage_keeps_the_weak_view(world, monkeypatch):
+    """A tensor whose storage cannot be read (sparse, nested) gets upstream's view, said once."""
+    odd = meta(8)
+    monkeypatch.setattr(
+        type(odd), "untyped_storage", lambda self: (_ for _ in ()).throw(RuntimeError("sparse"))
+    )
+    with installed([hbi.PATCH], {FLAG: "1"}):
+        (kept,) = capture_break(POOL, odd)
+    assert isinstance(kept, Weak)
+    assert counters.get_fallback(hbi.PATCH_ID, "no storage") == 1
+
+
 def test_pool_segments_are_read_again_before_answering_outside(world):
     # Cached ranges answer "inside" without a read; an address outside them is checked again.
     assert hbi.in_pool(POOL, 0, 64) and len(world.segment_reads) == 1

@@ -166,8 +166,12 @@ def around_weak_ref_if_tensor(original, x):
     if not isinstance(pool, tuple) or tuple(pool) == (0, 0):
         fallback_once(PATCH_ID, "capture without a shared memory pool handle", key="no pool")
         return original(x)
-    storage = x.untyped_storage()
-    address, nbytes = storage.data_ptr(), storage.nbytes()
+    try:  # a tensor without a plain storage (sparse, nested) raises here
+        storage = x.untyped_storage()
+        address, nbytes = storage.data_ptr(), storage.nbytes()
+    except (RuntimeError, NotImplementedError) as e:
+        fallback_once(PATCH_ID, f"a break input has no readable storage ({e})", key="no storage")
+        return original(x)
     if not known_outside(pool, address, nbytes):
         try:
             inside = in_pool(pool, address, nbytes)
