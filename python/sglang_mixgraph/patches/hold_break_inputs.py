@@ -119,11 +119,13 @@ def in_pool(pool, address: int, nbytes: int) -> bool:
     return ranges.holds(address, nbytes)
 
 
-# Storages a snapshot found outside a pool, by (pool, address, bytes), each with a weak
-# reference to the tensor that owns it: while that tensor lives its block cannot become pool
-# memory, so the answer stands without another snapshot (a static buffer such as the runner's
-# positions reaches the break of every layer in every bucket).
-_outside: ContextVar[dict | None] = ContextVar("hold_break_inputs_outside", default=None)
+# Storages a snapshot found outside a pool, by (pool, address, bytes), each mapped weakly to
+# the tensor that owns it (an entry goes when that tensor does): while it lives its block
+# cannot become pool memory, so the answer stands without another snapshot (a static buffer
+# such as the runner's positions reaches the break of every layer in every bucket).
+_outside: ContextVar[weakref.WeakValueDictionary | None] = ContextVar(
+    "hold_break_inputs_outside", default=None
+)
 
 
 def _owner(x):
@@ -134,18 +136,15 @@ def known_outside(pool, address: int, nbytes: int) -> bool:
     """Whether a storage at ``address`` of ``nbytes`` was found outside ``pool`` and the tensor
     then checked is still alive."""
     seen = _outside.get()
-    ref = None if seen is None else seen.get((pool, address, nbytes))
-    return ref is not None and ref() is not None
+    return seen is not None and (pool, address, nbytes) in seen
 
 
 def remember_outside(pool, address: int, nbytes: int, x) -> None:
     seen = _outside.get()
     if seen is None:
-        seen = {}
+        seen = weakref.WeakValueDictionary()
         _outside.set(seen)
-    for key in [k for k, ref in seen.items() if ref() is None]:
-        del seen[key]
-    seen[(pool, address, nbytes)] = weakref.ref(_owner(x))
+    seen[(pool, address, nbytes)] = _owner(x)
 
 
 def _device_tensor(x) -> bool:
