@@ -8,7 +8,9 @@ after the start (a server with traffic reaching `num_steps`), "on_stop" at `/sto
 traffic), "on_traffic" after the first POST `/generate` (the load's), "elsewhere" never (a
 server writing on another host), "broken" a truncated file. "missing" answers 404 for the
 profiling endpoints (a server without them), "refuse" 400, "busy" 500. `stop_delay_s` is how
-long `/stop_profile` takes to answer (SGLang answers once the ranks have written).
+long `/stop_profile` takes to answer (SGLang answers once the ranks have written). With `log`
+set, `/start_profile` appends to that file what SGLang's log shows of a profile: its start line
+with the profile id, prefill batch lines `profiled_gap_ms` apart, and the stop line.
 """
 
 from __future__ import annotations
@@ -25,6 +27,15 @@ TRACES = Path(__file__).resolve().parent / "traces"
 SERVER_INFO = Path(__file__).resolve().parent / "server_info_dsv4.json"
 
 
+def batch_line(gap_ms: float, running: int = 8, queued: int = 40) -> str:
+    """A MIXED prefill batch line as SGLang logs it: its tokens over the time since the last."""
+    return (
+        f"[t] Prefill batch, #new-seq: 1, #new-token: 1024, #cached-token: 0, full token usage: "
+        f"0.10, #running-req: {running}, #queue-req: {queued}, #pending-token: 0, cuda graph: "
+        f"False, input throughput (token/s): {1024 / gap_ms * 1000:.2f}"
+    )
+
+
 def recorded_server_info() -> dict:
     return json.loads(SERVER_INFO.read_text())
 
@@ -36,6 +47,8 @@ class Standin:
         self.requests: list[tuple[str, str, dict | None]] = []
         self.pending: dict | None = None  # the start request whose traces are not written yet
         self.stop_delay_s = 0.0
+        self.log: Path | None = None
+        self.profiled_gap_ms = 400.0
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
@@ -63,6 +76,14 @@ class Standin:
                 target.write_bytes(trace.read_bytes()[: trace.stat().st_size // 2])
             else:
                 shutil.copyfile(trace, target)
+
+    def log_profile(self, profile_id: str) -> None:
+        lines = [
+            f"[t] Profiling starts. Traces will be saved to: x (with profile id: {profile_id})"
+        ]
+        lines += [batch_line(self.profiled_gap_ms)] * 8 + ["[t] Stop profiling..."]
+        with self.log.open("a") as f:
+            f.write("\n".join(lines) + "\n")
 
     def _handler(self):
         standin = self
@@ -102,6 +123,8 @@ class Standin:
                         return self._send(500, "Internal Server Error")
                 if self.path == "/start_profile":
                     standin.pending = body
+                    if standin.log is not None:
+                        standin.log_profile(body["profile_id"])
                     if mode in ("auto", "broken"):
                         threading.Timer(0.1, standin.write_traces).start()
                     return self._send(200, "Start profiling.\n")

@@ -324,3 +324,57 @@ def test_ranks_that_never_write_here_leave_the_ones_that_did(tmp_path, capsys, m
     profile = json.loads(capsys.readouterr().out)["profile"]
     assert (profile["ranks_read"], profile["ranks_expected"]) == (1, 2)
     assert profile["stopped_early"] is False
+
+
+def test_with_the_servers_log_the_burst_runs_unprofiled_first_and_prices_the_host(
+    tmp_path, capsys, monkeypatch
+):
+    """The profile waits for --steps MIXED batches of the burst in the server's log; their gaps
+    (280 ms) against the profiled ones (400 ms) scale the eager host."""
+    from advise_standin import batch_line
+
+    log = tmp_path / "server.log"
+    log.write_text(batch_line(999.0) + "\n")  # before the burst: not the burst's
+    lines = "\\n".join([batch_line(280.0)] * 6)
+    write = f"open({str(log)!r}, 'a').write('{lines}\\n')"
+    _fake_load(monkeypatch, f"{MAIN_RUN}; {write}; import time; time.sleep(2)")
+    with serve("auto", tp_size=1, dp_size=1, attn_dp_size=1) as standin:
+        standin.log = log
+        code = advise(
+            standin, tmp_path, "--load", "--json", "--steps", "5", "--server-log", str(log)
+        )
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    u = report["profile"]["unprofiled"]
+    # the burst's first line has no predecessor in the window: 5 gaps, then 7 profiled
+    assert (u["unprofiled_batches"], u["profiled_batches"]) == (5, 7)
+    assert u["factor"] == pytest.approx(280 / 400, abs=1e-3)
+    text = log.read_text()
+    assert text.index(batch_line(280.0)) < text.index("Profiling starts")  # unprofiled first
+    graph = next(v for v in report["verdicts"] if v["id"] == "prefill_graph")
+    assert graph["detail"]["host_factor"] == pytest.approx(0.7, abs=1e-3)
+
+
+def test_without_a_usable_log_the_host_is_priced_as_profiled_and_the_report_says_why(
+    tmp_path, capsys
+):
+    log = tmp_path / "server.log"
+    log.write_text("nothing of SGLang's here\n")
+    single = {"tp_size": 1, "dp_size": 1, "attn_dp_size": 1}
+    with serve("auto", **single) as standin:
+        assert advise(standin, tmp_path, "--server-log", str(log), "--json") == 0
+    problem = json.loads(capsys.readouterr().out)["profile"]["unprofiled"]["problem"]
+    assert problem.startswith("the log does not show profile mixgraph-advise-")
+    with serve("auto", tp_size=1) as standin:  # the recorded server: attention DP
+        assert advise(standin, tmp_path, "--server-log", str(log)) == 0
+    assert "eager host as profiled: under data parallelism the log" in capsys.readouterr().out
+    with serve("auto", **single) as standin:
+        assert advise(standin, tmp_path) == 0
+    assert "eager host as profiled (the profiler slows it; --server-log" in capsys.readouterr().out
+
+
+def test_a_server_log_that_is_not_a_file_is_a_bad_argument(tmp_path, capsys):
+    with serve("auto") as standin:
+        assert advise(standin, tmp_path, "--server-log", str(tmp_path)) == 2
+    assert "--server-log " in one_line(capsys.readouterr().err)
+    assert standin.requests == []

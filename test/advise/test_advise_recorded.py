@@ -144,3 +144,22 @@ def test_a_trace_shaped_as_the_real_h100_run_reads_as_advise_read_it_there(tmp_p
     assert verdicts["prefill_graph"]["outcome"] == "already on"
     rd = verdicts["replay_read_done"]  # nine steps followed by another, 3.54 ms idle each
     assert rd["outcome"] == "may pay" and rd["low_ms"] == pytest.approx(-3.54, abs=0.01)
+
+
+def test_the_servers_log_of_a_recorded_profile_prices_its_host(tmp_path, capsys):
+    from advise_standin import batch_line
+
+    record(tmp_path, "dsv4_eager_h200", "p7")
+    log = tmp_path / "server.log"
+    lines = [batch_line(150.0)] * 5 + [
+        "[t] Profiling starts. Traces will be saved to: x (with profile id: p7)",
+        *[batch_line(212.0)] * 5,
+        "[t] Stop profiling...",
+    ]
+    log.write_text("\n".join(lines) + "\n")
+    args = ["advise", "--trace-dir", str(tmp_path), "--model-path", str(DSV4_MODEL_DIR)]
+    assert main([*args, "--server-log", str(log), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["profile"]["unprofiled"]["factor"] == pytest.approx(150 / 212, abs=1e-3)
+    graph = {v["id"]: v for v in report["verdicts"]}["prefill_graph"]
+    assert graph["wall_ms"] == pytest.approx(150.0, abs=0.5)

@@ -321,3 +321,24 @@ def test_the_models_own_error_is_what_its_calibration_points_show(regime, result
         errors.append(abs((pair[1] - pair[0]) - measured) / p["off" + key])
     p90 = sorted(errors)[int(0.9 * len(errors))]
     assert ev.SPLIT_MODEL_CHANGE_ERROR[regime] == pytest.approx(p90, abs=0.0005)
+
+
+def test_the_servers_log_prices_the_eager_host_unprofiled():
+    """The profiler stretched the eager host: scaled by the log's factor (unprofiled over
+    profiled gaps) the step's wall, and so the gain, shrink; never below its kernels."""
+    from sglang_mixgraph.advise.server_log import HostScale
+
+    plain = by_id(inputs("dsv4_eager_h200"))["prefill_graph"]
+    scale = HostScale(159.0, 212.0, 16, 15)  # x0.75: 212 ms profiled is 159 unprofiled
+    graph = by_id(dataclasses.replace(inputs("dsv4_eager_h200"), host_scale=scale))["prefill_graph"]
+    assert graph.wall_ms == pytest.approx(159.0) and graph.detail["host_factor"] == 0.75
+    assert graph.reason.startswith("host-bound: 159 ms of launch over 140 ms of kernels")
+    # the replayed step's price is unchanged; the eager wall it is against is 53 ms less
+    assert graph.low_ms == pytest.approx(plain.low_ms + 53.0, abs=0.05)
+    assert graph.delta_ms == pytest.approx(plain.delta_ms + 53.0, abs=0.05)
+    assert "scaled by 0.75 to its unprofiled host" in graph.basis
+    assert "under the profiler" in plain.basis and "--server-log" in plain.basis
+    # a factor that would put the wall under the kernels leaves the step at its kernels
+    low = dataclasses.replace(inputs("dsv4_eager_h200"), host_scale=HostScale(50.0, 212.0, 16, 15))
+    graph = by_id(low)["prefill_graph"]
+    assert graph.wall_ms == pytest.approx(140.0, abs=0.5) and graph.outcome != V.PAYS

@@ -3,14 +3,14 @@
 device call (inside tools/gpu-upstream/device.sh, from the repository root):
 
     bash tools/gpu-upstream/device.sh python3 tools/rank-slice/advise_real.py [--layers N] [--budget-s S]
-        [--config TOML --arm NAME --fp8]
+        [--config TOML --arm NAME --fp8] [--server-log]
 
 Writes the slice model (`make_slice_model.py --layers N [--fp8]`), starts it through
 `sglang-mixgraph ab`'s own launcher (`ab.server.launch`: the process group, the health wait,
 the stop) with an `ab` configuration's server (`ab_slice.toml` unless --config; one source for
 both) plus SGLang's breakable prefill graph, or as the configuration's arm NAME (--arm: advise
 against an arm a serving A/B measured), then runs `advise --url URL --load --json` with nothing
-else on its command line, as a user would.
+else on its command line, as a user would (`--server-log`: and the server's log).
 Records in $OUT (or --out): `timeline.log` (what happened when), `advise.json`, `advise.err`,
 `server.log`. Exit 0 when advise exited 0 with a MIXED step among its rows; 1 otherwise, and the
 timeline says which step failed. The server is stopped (its whole process group) on every path.
@@ -92,6 +92,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", type=Path, default=AB_CONFIG, help="the ab configuration's server")
     p.add_argument("--arm", help="serve this arm of --config (default: a breakable-graph arm)")
     p.add_argument("--fp8", action="store_true", help="the FP8 slice (make_slice_model --fp8)")
+    p.add_argument(
+        "--server-log",
+        action="store_true",
+        help="give advise the server's log (--server-log): the eager host priced unprofiled",
+    )
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     log = Timeline(args.out)
@@ -140,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
             "--load",
             "--json",
         ]
+        if args.server_log:
+            advise += ["--server-log", str(args.out / "server.log")]
         t = time.monotonic()
         try:
             res = subprocess.run(

@@ -146,6 +146,24 @@ def wait_for_main_run(load: subprocess.Popen, log: Path, timeout_s: float) -> No
         time.sleep(POLL_S)
 
 
+def wait_for_batches(
+    load: subprocess.Popen, server_log: Path, offset: int, need: int, timeout_s: float
+) -> int:
+    """Until the server's log shows `need` MIXED batches of the burst past `offset` (unprofiled
+    steps to price the eager host with), the client exits or `timeout_s` passes: how many."""
+    from sglang_mixgraph.advise.server_log import mixed_batches, read_tail
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            seen = mixed_batches(read_tail(server_log, offset))
+        except OSError as e:
+            raise AdviseError(f"cannot read --server-log {server_log}: {e.strerror or e}") from None
+        if seen >= need or load.poll() is not None or time.monotonic() >= deadline:
+            return seen
+        time.sleep(POLL_S)
+
+
 def trace_files(trace_dir: Path, profile_id: str) -> list[Path]:
     return sorted(trace_dir.glob(f"{profile_id}-*.trace.json*"))
 

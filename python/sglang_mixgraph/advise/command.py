@@ -51,6 +51,8 @@ def _argument_problem(args) -> str | None:
     if args.trace_dir and Path(args.trace_dir).expanduser().exists():
         if not Path(args.trace_dir).expanduser().is_dir():
             return f"--trace-dir {args.trace_dir} is not a directory"
+    if args.server_log and not Path(args.server_log).expanduser().is_file():
+        return f"--server-log {args.server_log} is not a file"
     if args.model_path:
         p = Path(args.model_path).expanduser()
         if not (p.is_file() or (p / "config.json").is_file()):
@@ -145,6 +147,7 @@ def _read_earlier(args) -> str:
     facts = ServerFacts.offline(len(traces), args.model_path, config)
     profile = {
         "source": "recorded",
+        "unprofiled": _unprofiled(args, facts, profile_id, 0),
         "trace_dir": str(trace_dir),
         "profile_id": profile_id,
         "traces": [str(p) for p in traces],
@@ -178,12 +181,18 @@ def _profile_and_judge(args, server, facts, trace_dir: Path, *, keep_log: bool) 
     profile_id = capture.new_profile_id()
     body = capture.profile_request(trace_dir, args.steps, args.stack, profile_id)
     load = log = None
+    offset = _log_size(args.server_log)
     try:
         if args.load:
             burst = capture.Load(extra=tuple(shlex.split(args.load_args)))
             load, log = capture.start_load(server.url, burst, trace_dir)
             # The client's warm-up requests are not the burst: profile the main run only.
             capture.wait_for_main_run(load, log, args.timeout)
+            if args.server_log:
+                # Unprofiled steps of the burst first: the log times them to price the host.
+                offset = _log_size(args.server_log)
+                log_path = Path(args.server_log).expanduser()
+                capture.wait_for_batches(load, log_path, offset, args.steps, args.timeout)
         capture.start_profile(server, body)
         got = capture.collect(
             server,
@@ -201,6 +210,7 @@ def _profile_and_judge(args, server, facts, trace_dir: Path, *, keep_log: bool) 
             capture.stop_load(load)
     profile = {
         "source": "live",
+        "unprofiled": _unprofiled(args, facts, profile_id, offset),
         "trace_dir": str(trace_dir),
         "profile_id": profile_id,
         "traces": [str(p) for p in got.traces],
@@ -212,10 +222,41 @@ def _profile_and_judge(args, server, facts, trace_dir: Path, *, keep_log: bool) 
     return _judge(args, facts, got.traces, profile)
 
 
+def _log_size(path: str | None) -> int:
+    from sglang_mixgraph.advise.server import AdviseError
+
+    if not path:
+        return 0
+    try:
+        return Path(path).expanduser().stat().st_size
+    except OSError as e:
+        raise AdviseError(f"cannot read --server-log {path}: {e.strerror or e}") from None
+
+
+def _unprofiled(args, facts, profile_id: str, offset: int) -> dict | None:
+    """What the server's log says of the eager host without the profiler (docs/advise.md):
+    the factor, or the problem that left the host as profiled; None without --server-log."""
+    from sglang_mixgraph.advise.server import AdviseError
+    from sglang_mixgraph.advise.server_log import HostScale, host_scale, read_tail
+
+    if not args.server_log:
+        return None
+    if facts.dp_size > 1 or facts.attn_dp_size > 1:
+        return {"problem": "under data parallelism the log interleaves the ranks' batches"}
+    try:
+        found = host_scale(read_tail(Path(args.server_log).expanduser(), offset), profile_id)
+    except OSError as e:
+        raise AdviseError(
+            f"cannot read --server-log {args.server_log}: {e.strerror or e}"
+        ) from None
+    return found.to_json() if isinstance(found, HostScale) else {"problem": found}
+
+
 def _judge(args, facts, traces: list[Path], profile: dict) -> str:
     """Read every rank's trace and judge: the report's text (or strict JSON)."""
     from sglang_mixgraph.advise.report import report_json, report_text
     from sglang_mixgraph.advise.server import AdviseError
+    from sglang_mixgraph.advise.server_log import HostScale
     from sglang_mixgraph.advise.summary import kind_rows
     from sglang_mixgraph.advise.verdicts import Inputs, all_verdicts
 
@@ -232,7 +273,12 @@ def _judge(args, facts, traces: list[Path], profile: dict) -> str:
     model = problem = None
     if facts.deepseek_v4:
         model, problem = _model_layers(args.model_path or facts.model_path)
-    verdicts = all_verdicts(Inputs(facts, gpu, steps, model, problem))
+    scale = None
+    if (u := profile.get("unprofiled")) and "factor" in u:
+        scale = HostScale(
+            u["unprofiled_ms"], u["profiled_ms"], u["unprofiled_batches"], u["profiled_batches"]
+        )
+    verdicts = all_verdicts(Inputs(facts, gpu, steps, model, problem, scale))
     rows = kind_rows(steps, facts)
     profile |= {
         "ranks_read": len(ranks),

@@ -123,6 +123,18 @@ def _table(rows: list[KindRow]) -> list[str]:
     ]
 
 
+def _unprofiled_line(u: dict | None) -> str:
+    if u is None:
+        return "eager host as profiled (the profiler slows it; --server-log prices it unprofiled)"
+    if "factor" not in u:
+        return f"eager host as profiled: {u['problem']}"
+    return (
+        f"eager host unprofiled: the server's log spaced {u['unprofiled_batches']} eager MIXED "
+        f"batches {u['unprofiled_ms']:.1f} ms apart before the profile and "
+        f"{u['profiled_batches']} {u['profiled_ms']:.1f} ms apart inside it (x{u['factor']:.2f})"
+    )
+
+
 def report_text(report: dict, verdicts: list[Verdict], rows: list[KindRow]) -> str:
     s, gpu, prof = report["server"], report["gpu"], report["profile"]
     on_gpu = f"{gpu['name']} ({gpu['arch']})" if gpu else "a GPU the traces do not name"
@@ -139,6 +151,7 @@ def report_text(report: dict, verdicts: list[Verdict], rows: list[KindRow]) -> s
         f"ranks; traces in {prof['trace_dir']}" + (stacks if prof["with_stack"] else ""),
         "",
     )
+    lines += _wrap(_unprofiled_line(prof.get("unprofiled")), "")
     lines += ["", "Switch on first:"]
     first = switch_on_order(verdicts)
     for i, v in enumerate(first, 1):

@@ -2,7 +2,8 @@
 
 The mixed split (`SGLANG_OPT_MIXED_SPLIT_DECODE_ATTN`) is priced by its own cost model
 (split_pricing); the breakable prefill graph (`graph_config`'s buckets) by the eager MIXED
-steps' host and GPU time against a replayed step's (measured in this profile where some
+steps' host (unprofiled where the server's log gives the profiler's factor, server_log) and GPU
+time against a replayed step's (measured in this profile where some
 replayed, else the evidence's); the decode-tail graphs by the split's steps and the measured
 per-layer host and GPU costs of the tails; read-done by the GPU's idle time after replayed
 steps, which bounds what the whole-forward barrier costs. A prediction is a (low, high) range of
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 
 from sglang_mixgraph.advise import evidence as ev
 from sglang_mixgraph.advise.server import ServerFacts
+from sglang_mixgraph.advise.server_log import HostScale
 from sglang_mixgraph.advise.split_pricing import ModelLayers, StepPrice, price_step
 from sglang_mixgraph.advise.steps import Gpu, Step, med
 from sglang_mixgraph.advise.summary import padding_of
@@ -39,6 +41,7 @@ class Inputs:
     steps: list[Step]
     model: ModelLayers | None
     model_problem: str | None = None  # why `model` could not be read
+    host_scale: HostScale | None = None  # the profiler's stretch of the eager host, from the log
 
     @property
     def mixed(self) -> list[Step]:
@@ -335,8 +338,14 @@ def prefill_graph_verdict(x: Inputs) -> Verdict:
         return verdict(ALREADY_ON, f"all {len(mixed)} MIXED steps replayed a prefill graph")
     if len(eager) < MIN_STEPS:
         return verdict(UNKNOWN, _too_few(len(eager), "eager MIXED steps"))
-    host, kernel = med(s.host_ms for s in eager), med(s.kernel_ms for s in eager)
-    wall = med(s.wall_ms for s in eager)
+    # The profiler stretches the eager host; SGLang's log, where given, says by how much.
+    r = x.host_scale.factor if x.host_scale else 1.0
+
+    def eager_wall(s: Step) -> float:
+        return max(s.wall_ms * r, s.kernel_ms) if x.host_scale else s.wall_ms
+
+    host, kernel = med(s.host_ms for s in eager) * r, med(s.kernel_ms for s in eager)
+    wall = med(eager_wall(s) for s in eager)
     pads = [_padding_share(s, f) for s in eager]
     pad = med(pads) or 0.0
     factor = ev.DSV4_REPLAY_GPU_FACTOR if f.deepseek_v4 else None
@@ -371,9 +380,9 @@ def prefill_graph_verdict(x: Inputs) -> Verdict:
     lows, highs, mids = [], [], []
     for step, p in zip(eager, pads, strict=True):
         gpu = step.kernel_ms * (1 + (p or 0.0))  # padded to its bucket (0 where unknown)
-        lows.append(max(h[0], gpu * f_lo) - step.wall_ms)
-        highs.append(max(h[1], gpu * f_hi) - step.wall_ms)
-        mids.append(max((h[0] + h[1]) / 2, gpu * (f_lo + f_hi) / 2) - step.wall_ms)
+        lows.append(max(h[0], gpu * f_lo) - eager_wall(step))
+        highs.append(max(h[1], gpu * f_hi) - eager_wall(step))
+        mids.append(max((h[0] + h[1]) / 2, gpu * (f_lo + f_hi) / 2) - eager_wall(step))
     low, high = _spread(lows, highs)
     gpu_src = factor.source if factor else "padding only (the capture width's cost is unmeasured)"
     padded = "padded to the server's prefill buckets"
@@ -387,13 +396,33 @@ def prefill_graph_verdict(x: Inputs) -> Verdict:
         low_ms=low,
         high_ms=high,
         wall_ms=wall,
-        basis=f"eager MIXED steps measured here; replay host: {h[2] or 'at most the eager host'}; "
+        basis=f"{_eager_basis(x.host_scale)}; replay host: {h[2] or 'at most the eager host'}; "
         f"replay GPU: the eager kernels {padded}, times {gpu_src}. "
         "Run `sglang-mixgraph plan` with the server's launch arguments and these settings "
         "first: its capture estimate decides whether `auto` turns the graph on; the context "
         f"width is the longest the profile saw, set it to the longest you want replayed; "
         f"{RANGE_BASIS}",
-        detail={"eager_steps": len(eager), "replayed_steps": len(replayed), "padding": pad},
+        detail={
+            "eager_steps": len(eager),
+            "replayed_steps": len(replayed),
+            "padding": pad,
+            "host_factor": x.host_scale.factor if x.host_scale else None,
+        },
+    )
+
+
+def _eager_basis(scale: HostScale | None) -> str:
+    if scale is None:
+        return (
+            "eager MIXED steps measured here under the profiler, which slows their host (1.4x "
+            "on an H100 run), so a host-bound step's gain is overstated: give the server's log "
+            "(--server-log) to price the host unprofiled"
+        )
+    return (
+        f"eager MIXED steps measured here, each one's wall scaled by {scale.factor:.2f} to its "
+        f"unprofiled host: SGLang's log spaced {scale.unprofiled_batches} eager MIXED batches "
+        f"{scale.unprofiled_ms:.0f} ms apart before the profile and {scale.profiled_batches} "
+        f"{scale.profiled_ms:.0f} ms apart inside it"
     )
 
 

@@ -71,6 +71,13 @@ def add_parser(sub) -> None:
         help="more arguments for the benchmark client, one quoted string (with --load)",
     )
     parser.add_argument(
+        "--server-log",
+        help="the server's log file as it writes it (its stdout and stderr), readable here: "
+        "SGLang's prefill batch lines time the eager steps without the profiler, which slows "
+        "their host; with --load the profile then starts after --steps MIXED batches of the "
+        "burst. Without it the host is priced as profiled",
+    )
+    parser.add_argument(
         "--model-path",
         help="a local directory (or config.json) with the served model's config, when the "
         "server's model path is not readable here",

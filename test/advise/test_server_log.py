@@ -1,0 +1,114 @@
+"""SGLang's prefill batch lines read for the eager host without the profiler
+(advise/server_log.py): the lines' format is the installed SGLang's, the gaps are the steps',
+the profile's own lines bound its window, and too little evidence is a reason, not a number."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from sglang_mixgraph.advise import server_log as L
+
+# Verbatim, from SGLang 0.5.23's log of the 61-layer FP8 slice on one H100 (2026-12-07).
+REAL = (
+    "[2026-12-07 10:46:18] Prefill batch, #new-seq: 1, #new-token: 1024, #cached-token: 0, "
+    "full token usage: 0.01, swa token usage: 0.02, #running-req: 1, #queue-req: 61, "
+    "#pending-token: 0, cuda graph: False, input throughput (token/s): 2658.80"
+)
+PID = "mixgraph-advise-1-2"
+
+
+def line(gap_ms: float, running: int = 8, queued: int = 40, graph: bool = False) -> str:
+    """A prefill batch line as SGLang writes it: its tokens over the time since the last one."""
+    tokens = 1024
+    return (
+        f"[2026-12-07 10:00:00] Prefill batch, #new-seq: 1, #new-token: {tokens}, "
+        f"#cached-token: 0, full token usage: 0.10, #running-req: {running}, "
+        f"#queue-req: {queued}, #pending-token: 0, cuda graph: {graph}, "
+        f"input throughput (token/s): {tokens / gap_ms * 1000:.2f}"
+    )
+
+
+START = (
+    f"[2026-12-07 10:00:01] Profiling starts. Traces will be saved to: /t (with profile id: {PID})"
+)
+STOP = "[2026-12-07 10:00:02] Stop profiling..."
+
+
+def test_sglangs_own_line_is_read_and_its_gap_is_the_tokens_over_the_throughput():
+    b = L.parse_batch(REAL)
+    assert (b.tokens, b.running, b.queued, b.replayed, b.mixed) == (1024, 1, 61, False, True)
+    assert b.gap_ms == pytest.approx(1024 / 2658.80 * 1000)
+    assert L.parse_batch(REAL.replace("cuda graph: False", "cuda graph: True")).replayed
+    assert L.parse_batch(REAL.replace("Prefill batch,", "Prefill batch [812],")).tokens == 1024
+    assert (
+        L.parse_batch(
+            REAL.replace("throughput (token/s): 2658.80", "throughput (token/s): 0.00")
+        ).gap_ms
+        is None
+    )
+    assert L.parse_batch("[2026-12-07 10:46:18] Decode batch, #running-req: 8") is None
+
+
+def test_the_line_is_the_one_the_installed_sglang_writes():
+    from sglang.srt.managers.scheduler_components.metrics_reporter import SchedulerMetricsReporter
+    from sglang.srt.managers.scheduler_components.profiler_manager import SchedulerProfilerManager
+
+    source = inspect.getsource(SchedulerMetricsReporter.report_prefill_stats)
+    for piece in (
+        '"Prefill batch',
+        "#new-token: ",
+        "#running-req: ",
+        "#queue-req: ",
+        "input throughput (token/s): ",
+        "gap_latency",
+    ):
+        assert piece in source, piece
+    profiler = inspect.getsource(SchedulerProfilerManager)
+    assert "Profiling starts" in profiler and "(with profile id: " in profiler
+    assert '"Stop profiling"' in profiler
+
+
+def test_the_factor_is_the_unprofiled_gaps_over_the_profiled_ones():
+    before = [line(900, running=0), *(line(g) for g in (280, 290, 270, 285, 300))]
+    during = [line(5000), *(line(g) for g in (400, 390, 410, 420))]
+    after = [line(14000), line(280)]  # the export's pause, then unprofiled again
+    text = "\n".join([*before, START, *during, STOP, *after])
+    s = L.host_scale(text, PID)
+    # each window's first line has no predecessor in it; the decode-free first line is not MIXED
+    assert (s.unprofiled_batches, s.profiled_batches) == (5, 4)
+    assert s.unprofiled_ms == pytest.approx(285, abs=0.01)
+    assert s.profiled_ms == pytest.approx(405, abs=0.01)
+    assert s.factor == pytest.approx(285 / 405, abs=1e-4)
+
+
+def test_replayed_batches_and_batches_after_an_empty_queue_are_not_eager_steps():
+    # a replay; a batch that empties the queue; after it decode-only steps ran, so the next
+    # line's gap (900) spans several steps
+    before = [line(280), line(280), line(30, graph=True), line(280, queued=0), line(900)]
+    before += [line(280)] * 4
+    during = [line(400)] * 6
+    s = L.host_scale("\n".join([*before, START, *during, STOP]), PID)
+    assert s.unprofiled_batches == 6 and s.unprofiled_ms == pytest.approx(280, abs=0.01)
+
+
+def test_an_earlier_profile_ends_the_before_window_and_another_id_is_not_this_one():
+    earlier = [line(280)] * 6 + [START.replace(PID, "other"), line(400), STOP]
+    text = "\n".join([*earlier, line(281), line(282), START, *[line(400)] * 6, STOP])
+    reason = L.host_scale(text, PID)
+    assert reason == (
+        "the log has 1 back-to-back eager MIXED batches before the profile and 5 in it "
+        "(at least 4 each are needed)"
+    )
+    assert L.host_scale(text, "nope") == "the log does not show profile nope starting"
+
+
+def test_the_tail_is_read_from_an_offset(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text("\n".join([line(1)] * 3) + "\n")
+    offset = log.stat().st_size
+    with log.open("a") as f:
+        f.write("\n".join([line(280)] * 2) + "\n")
+    assert L.mixed_batches(L.read_tail(log, offset)) == 2
+    assert L.mixed_batches(L.read_tail(log)) == 5
