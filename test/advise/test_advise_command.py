@@ -378,3 +378,17 @@ def test_a_server_log_that_is_not_a_file_is_a_bad_argument(tmp_path, capsys):
         assert advise(standin, tmp_path, "--server-log", str(tmp_path)) == 2
     assert "--server-log " in one_line(capsys.readouterr().err)
     assert standin.requests == []
+
+
+def test_without_load_the_log_before_the_profile_prices_the_host(tmp_path, capsys):
+    """A server with traffic of its own: the batches it logged before advise came (180 ms
+    apart) against the profiled ones (400 ms)."""
+    from advise_standin import batch_line
+
+    log = tmp_path / "server.log"
+    log.write_text("\n".join([batch_line(180.0)] * 6) + "\n")
+    with serve("auto", tp_size=1, dp_size=1, attn_dp_size=1) as standin:
+        standin.log = log
+        assert advise(standin, tmp_path, "--json", "--server-log", str(log)) == 0
+    u = json.loads(capsys.readouterr().out)["profile"]["unprofiled"]
+    assert u["unprofiled_batches"] == 5 and u["factor"] == pytest.approx(180 / 400, abs=1e-3)

@@ -181,7 +181,7 @@ def _profile_and_judge(args, server, facts, trace_dir: Path, *, keep_log: bool) 
     profile_id = capture.new_profile_id()
     body = capture.profile_request(trace_dir, args.steps, args.stack, profile_id)
     load = log = None
-    offset = _log_size(args.server_log)
+    offset = 0  # without --load: the steps the server ran before the profile, from its log
     try:
         if args.load:
             burst = capture.Load(extra=tuple(shlex.split(args.load_args)))
