@@ -1,7 +1,7 @@
 """The eager step's host without the profiler: SGLang's own prefill batch lines in its log.
 
 The profiler slows the host it records (every op and launch is an event): an eager MIXED step
-that took 283 ms between batches on one H100 took 385-415 ms while profiled. SGLang logs every
+that took 283 ms between batches on one H100 took about 393 ms while profiled. SGLang logs every
 prefill batch, a MIXED step included (`SchedulerMetricsReporter.report_prefill_stats`):
 `#new-token`, `#running-req`, `#queue-req`, `cuda graph: True/False` and `input throughput
 (token/s)`, which is those tokens over the time since the previous prefill batch's line. Between
