@@ -482,3 +482,36 @@ def test_readme_example_is_the_example_config():
     assert shown.server.args == example.server.args and shown.server.env == example.server.env
     assert shown.sweep.concurrencies == example.sweep.concurrencies
     assert shown.gsm8k.threshold == example.gsm8k.threshold
+
+
+def test_each_visits_server_log_gives_its_prefill_steps(run_dir):
+    """SGLang's prefill batch lines in a launched visit's log: the steps counted, replayed and
+    MIXED, and the time between back-to-back MIXED steps per kind, in the report and the JSON;
+    a log without such lines (the stand-in's) gives no row."""
+    config = json.loads((run_dir / "run.json").read_text())["config"]
+    baseline, candidate = (a["name"] for a in config["arm"][:2])
+
+    def line(gap_ms: float, replayed: bool, queued: int = 9) -> str:
+        return (
+            f"[t] Prefill batch, #new-seq: 1, #new-token: 512, #cached-token: 0, #running-req: 4, "
+            f"#queue-req: {queued}, #pending-token: 0, cuda graph: {replayed}, input throughput "
+            f"(token/s): {512 / gap_ms * 1000:.2f}"
+        )
+
+    servers = run_dir / "servers"
+    servers.mkdir()
+    (servers / f"{baseline}_1.log").write_text("\n".join([line(250, False)] * 5) + "\n")
+    (servers / f"{candidate}_1.log").write_text("\n".join([line(100, True)] * 4) + "\n")
+    (servers / f"{candidate}_2.log").write_text("INFO: stand-in listening\n")
+    report.build(run_dir)
+    rows = json.loads((run_dir / "results.json").read_text())["server_steps"]
+    assert [(r["arm"], r["visit"], r["prefill_batches"], r["replayed"]) for r in rows] == [
+        (baseline, "1", 5, 0),
+        (candidate, "1", 4, 4),
+    ]
+    assert rows[0]["eager_mixed_apart_ms"] == pytest.approx(250, abs=0.01)
+    assert rows[1]["replayed_mixed_apart_ms"] == pytest.approx(100, abs=0.01)
+    assert rows[1]["eager_mixed_apart_ms"] is None
+    text = (run_dir / "report.md").read_text()
+    assert "## Prefill steps as each server logged them" in text
+    assert f"| `{candidate}` | 1 | 4 | 4 | 4 | - | 100.0 (3) |" in text

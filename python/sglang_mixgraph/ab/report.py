@@ -222,6 +222,7 @@ def render_markdown(results: Results) -> str:
             lines += _blocks_section(results)
     lines += _gsm8k_section(results)
     lines += _tokens_section(results)
+    lines += _server_steps_section(results)
     if results.gates:
         lines += [
             "## Gates",
@@ -604,6 +605,37 @@ def _tokens_section(results: Results) -> list[str]:
     lines.append("")
     lines += _tokens_within_arms(tokens["within_arm"])
     return lines
+
+
+def _server_steps_section(results: Results) -> list[str]:
+    rows = results.server_steps
+    if not rows:
+        return []
+    lines = [
+        "## Prefill steps as each server logged them",
+        "",
+        "From SGLang's prefill batch lines in `servers/<arm>_<visit>.log` (the whole visit: its "
+        "warm-up request and every cell): prefill steps, those that replayed a prefill graph, "
+        "MIXED ones (decode rows beside the chunk), and the median time between back-to-back "
+        "MIXED steps (the previous one left requests queued), eager and replayed, with how "
+        "many were timed. No profiler was running.",
+        "",
+        "| arm | visit | prefill steps | replayed | MIXED | eager MIXED ms apart (timed) | "
+        "replayed MIXED ms apart (timed) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        apart = [
+            "-"
+            if r[f"{k}_mixed_apart_ms"] is None
+            else f"{r[f'{k}_mixed_apart_ms']:.1f} ({r[f'{k}_mixed_timed']})"
+            for k in ("eager", "replayed")
+        ]
+        lines.append(
+            f"| `{r['arm']}` | {r['visit']} | {r['prefill_batches']} | {r['replayed']} | "
+            f"{r['mixed']} | {apart[0]} | {apart[1]} |"
+        )
+    return [*lines, ""]
 
 
 def _tokens_within_arms(within: dict[str, dict[str, Any]]) -> list[str]:

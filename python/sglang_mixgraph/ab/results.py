@@ -41,6 +41,7 @@ from typing import Any
 
 from sglang_mixgraph.ab import files, runner, versions
 from sglang_mixgraph.ab.config import CONCURRENCY, Config, Gate, Point, parse_config
+from sglang_mixgraph.ab.server_steps import visit_steps
 from sglang_mixgraph.ab.stats import (
     Estimate,
     RatioEstimate,
@@ -143,6 +144,8 @@ class Results:
     # version each arm's server reported in /server_info (bench_serving records it).
     versions: dict[str, int] = field(default_factory=dict)
     server_versions: dict[str, list[str]] = field(default_factory=dict)
+    # server_steps: one row per launched visit's server log (ab.server_steps.visit_steps).
+    server_steps: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def baseline(self) -> str:
@@ -282,6 +285,7 @@ def collect(run_dir: Path) -> Results:
         _greedy_tokens(results, token_outputs)
     _pareto(results)
     _verdict(results)
+    results.server_steps = visit_steps(run_dir, [a.name for a in config.arms])
     return results
 
 
@@ -653,6 +657,8 @@ def results_json(results: Results) -> dict[str, Any]:
         # Only with [tokens] on: the results of runs without it keep their keys.
         **({"tokens": results.tokens} if results.tokens else {}),
         "gates": results.gates,
+        # Only where launched visits left their server logs: other runs keep their keys.
+        **({"server_steps": results.server_steps} if results.server_steps else {}),
         "cells": results.cells,
         "status": results.status,
         "passed": results.passed,

@@ -151,12 +151,12 @@ def wait_for_batches(
 ) -> int:
     """Until the server's log shows `need` MIXED batches of the burst past `offset` (unprofiled
     steps to price the eager host with), the client exits or `timeout_s` passes: how many."""
-    from sglang_mixgraph.advise.server_log import mixed_batches, read_tail
+    from sglang_mixgraph.core.prefill_log import batches, read_tail
 
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            seen = mixed_batches(read_tail(server_log, offset))
+            seen = sum(b.mixed for b in batches(read_tail(server_log, offset)))
         except OSError as e:
             raise AdviseError(f"cannot read --server-log {server_log}: {e.strerror or e}") from None
         if seen >= need or load.poll() is not None or time.monotonic() >= deadline:

@@ -237,7 +237,8 @@ def _unprofiled(args, facts, profile_id: str, offset: int) -> dict | None:
     """What the server's log says of the eager host without the profiler (docs/advise.md):
     the factor, or the problem that left the host as profiled; None without --server-log."""
     from sglang_mixgraph.advise.server import AdviseError
-    from sglang_mixgraph.advise.server_log import HostScale, host_scale, read_tail
+    from sglang_mixgraph.advise.server_log import HostScale, host_scale
+    from sglang_mixgraph.core.prefill_log import read_tail
 
     if not args.server_log:
         return None
