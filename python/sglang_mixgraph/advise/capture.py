@@ -148,9 +148,10 @@ def wait_for_main_run(load: subprocess.Popen, log: Path, timeout_s: float) -> No
 
 def wait_for_batches(
     load: subprocess.Popen, server_log: Path, offset: int, need: int, timeout_s: float
-) -> int:
+) -> None:
     """Until the server's log shows `need` MIXED batches of the burst past `offset` (unprofiled
-    steps to price the eager host with), the client exits or `timeout_s` passes: how many."""
+    steps to price the eager host with), the client exits or `timeout_s` passes; how many there
+    were is read again with the profile's window (server_log.host_scale)."""
     from sglang_mixgraph.core.prefill_log import batches, read_tail
 
     deadline = time.monotonic() + timeout_s
@@ -160,7 +161,7 @@ def wait_for_batches(
         except OSError as e:
             raise AdviseError(f"cannot read --server-log {server_log}: {e.strerror or e}") from None
         if seen >= need or load.poll() is not None or time.monotonic() >= deadline:
-            return seen
+            return
         time.sleep(POLL_S)
 
 
