@@ -27,12 +27,12 @@ TRACES = Path(__file__).resolve().parent / "traces"
 SERVER_INFO = Path(__file__).resolve().parent / "server_info_dsv4.json"
 
 
-def batch_line(gap_ms: float, running: int = 8, queued: int = 40) -> str:
-    """A MIXED prefill batch line as SGLang logs it: its tokens over the time since the last."""
+def batch_line(gap_ms: float, running: int = 8, queued: int = 40, graph: bool = False) -> str:
+    """A prefill batch line as SGLang logs it: its tokens over the time since the last."""
     return (
         f"[t] Prefill batch, #new-seq: 1, #new-token: 1024, #cached-token: 0, full token usage: "
         f"0.10, #running-req: {running}, #queue-req: {queued}, #pending-token: 0, cuda graph: "
-        f"False, input throughput (token/s): {1024 / gap_ms * 1000:.2f}"
+        f"{graph}, input throughput (token/s): {1024 / gap_ms * 1000:.2f}"
     )
 
 

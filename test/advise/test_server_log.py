@@ -6,21 +6,11 @@ test/core/test_prefill_log.py."""
 from __future__ import annotations
 
 import pytest
+from advise_standin import batch_line as line
 
 from sglang_mixgraph.advise import server_log as L
 
 PID = "mixgraph-advise-1-2"
-
-
-def line(gap_ms: float, running: int = 8, queued: int = 40, graph: bool = False) -> str:
-    """A prefill batch line as SGLang writes it: its tokens over the time since the last one."""
-    tokens = 1024
-    return (
-        f"[2026-12-07 10:00:00] Prefill batch, #new-seq: 1, #new-token: {tokens}, "
-        f"#cached-token: 0, full token usage: 0.10, #running-req: {running}, "
-        f"#queue-req: {queued}, #pending-token: 0, cuda graph: {graph}, "
-        f"input throughput (token/s): {tokens / gap_ms * 1000:.2f}"
-    )
 
 
 START = (

@@ -147,7 +147,7 @@ def _read_earlier(args) -> str:
     facts = ServerFacts.offline(len(traces), args.model_path, config)
     profile = {
         "source": "recorded",
-        "unprofiled": _unprofiled(args, facts, profile_id, 0),
+        "unprofiled": None,
         "trace_dir": str(trace_dir),
         "profile_id": profile_id,
         "traces": [str(p) for p in traces],
@@ -157,7 +157,7 @@ def _read_earlier(args) -> str:
         "stopped_early": None,
         "load_log": None,
     }
-    return _judge(args, facts, traces, profile)
+    return _judge(args, facts, traces, profile, _host_scale(args, facts, profile_id, 0))
 
 
 def _model_config(path: str) -> dict:
@@ -210,7 +210,7 @@ def _profile_and_judge(args, server, facts, trace_dir: Path, *, keep_log: bool) 
             capture.stop_load(load)
     profile = {
         "source": "live",
-        "unprofiled": _unprofiled(args, facts, profile_id, offset),
+        "unprofiled": None,
         "trace_dir": str(trace_dir),
         "profile_id": profile_id,
         "traces": [str(p) for p in got.traces],
@@ -219,7 +219,7 @@ def _profile_and_judge(args, server, facts, trace_dir: Path, *, keep_log: bool) 
         "stopped_early": got.stopped,
         "load_log": str(log) if log else None,
     }
-    return _judge(args, facts, got.traces, profile)
+    return _judge(args, facts, got.traces, profile, _host_scale(args, facts, profile_id, offset))
 
 
 def _log_size(path: str | None) -> int:
@@ -233,28 +233,29 @@ def _log_size(path: str | None) -> int:
         raise AdviseError(f"cannot read --server-log {path}: {e.strerror or e}") from None
 
 
-def _unprofiled(args, facts, profile_id: str, offset: int) -> dict | None:
+def _host_scale(args, facts, profile_id: str, offset: int):
     """What the server's log says of the eager host without the profiler (docs/advise.md):
-    the factor, or the problem that left the host as profiled; None without --server-log."""
+    a HostScale, or the problem (a phrase) that left the host as profiled; None without
+    --server-log."""
     from sglang_mixgraph.advise.server import AdviseError
-    from sglang_mixgraph.advise.server_log import HostScale, host_scale
+    from sglang_mixgraph.advise.server_log import host_scale
     from sglang_mixgraph.core.prefill_log import read_tail
 
     if not args.server_log:
         return None
     if facts.dp_size > 1 or facts.attn_dp_size > 1:
-        return {"problem": "under data parallelism the log interleaves the ranks' batches"}
+        return "under data parallelism the log interleaves the ranks' batches"
     try:
-        found = host_scale(read_tail(Path(args.server_log).expanduser(), offset), profile_id)
+        return host_scale(read_tail(Path(args.server_log).expanduser(), offset), profile_id)
     except OSError as e:
         raise AdviseError(
             f"cannot read --server-log {args.server_log}: {e.strerror or e}"
         ) from None
-    return found.to_json() if isinstance(found, HostScale) else {"problem": found}
 
 
-def _judge(args, facts, traces: list[Path], profile: dict) -> str:
-    """Read every rank's trace and judge: the report's text (or strict JSON)."""
+def _judge(args, facts, traces: list[Path], profile: dict, found=None) -> str:
+    """Read every rank's trace and judge: the report's text (or strict JSON). `found` is
+    `_host_scale`'s answer, recorded in the profile as `unprofiled`."""
     from sglang_mixgraph.advise.report import report_json, report_text
     from sglang_mixgraph.advise.server import AdviseError
     from sglang_mixgraph.advise.server_log import HostScale
@@ -274,11 +275,9 @@ def _judge(args, facts, traces: list[Path], profile: dict) -> str:
     model = problem = None
     if facts.deepseek_v4:
         model, problem = _model_layers(args.model_path or facts.model_path)
-    scale = None
-    if (u := profile.get("unprofiled")) and "factor" in u:
-        scale = HostScale(
-            u["unprofiled_ms"], u["profiled_ms"], u["unprofiled_batches"], u["profiled_batches"]
-        )
+    scale = found if isinstance(found, HostScale) else None
+    if found is not None:
+        profile["unprofiled"] = scale.to_json() if scale else {"problem": found}
     verdicts = all_verdicts(Inputs(facts, gpu, steps, model, problem, scale))
     rows = kind_rows(steps, facts)
     profile |= {
