@@ -319,7 +319,8 @@ class Calibration:
 
 
 # DeepSeek-V4-Pro's attention stack: fitted on one H200 (docs/results/rank_slice_h200.md),
-# checked within 12% of SGLang's own captures on one H100 (docs/results/replay_cost_h100.md).
+# checked within 12% of SGLang's own captures on one H100 (docs/results/replay_cost_h100.md)
+# and, with the same bytes per shape, on one H200 (docs/results/bcg_auto_h200.md).
 CALIBRATION = Calibration("DeepSeek-V4-Pro", ("DeepseekV4ForCausalLM",), ("H200", "H100"))
 
 
