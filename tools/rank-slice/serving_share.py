@@ -1,0 +1,111 @@
+"""How much of a served burst a prefill-step speedup can shorten, read from an `ab` run's logs.
+
+A replay shortens the prefill (MIXED) steps; the decode-only steps after the last prefill are
+graph replays in every arm and stay. In each visit's server log (SGLang's prefill batch lines,
+core.prefill_log, and its decode batch lines at `--decode-log-interval 1`) a burst is the
+stretch from a prefill batch that starts from idle to the next one: its prefill phase is the
+sum of its prefill batches' gaps after the first, its decode tail the decode-only steps after
+its last prefill batch (#running-req over gen throughput; the first such line's gap spans the
+prefill phase and is left out). Then, per baseline visit and block:
+  predicted change of the time per output token = share x step change,
+share = prefill phase / (prefill phase + decode tail), step change = the other arm's median
+back-to-back MIXED gap over this visit's, minus 1; measured = the visit's output tok/s over the
+other arm's mean in the block, minus 1. Usage:
+  python3 tools/rank-slice/serving_share.py RUN_DIR --baseline upstream --arm bcg-auto-lean
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from statistics import mean, median
+
+from sglang_mixgraph.core import prefill_log
+
+_DECODE = re.compile(r"Decode batch.*?#running-req: (\d+),.*?gen throughput \(token/s\): ([0-9.]+)")
+
+
+def bursts(text: str) -> list[tuple[list[prefill_log.Batch], list[float]]]:
+    """(prefill batches, decode-only step ms after the last of them) per burst."""
+    found: list[tuple[list[prefill_log.Batch], list[float]]] = []
+    for line in text.splitlines():
+        batch = prefill_log.parse_batch(line)
+        if batch is not None:
+            if batch.running == 0 and (not found or found[-1][1]):
+                found.append(([batch], []))
+            elif found:
+                found[-1][1].clear()  # decode steps between prefills lie inside the gaps
+                found[-1][0].append(batch)
+        elif found and (m := _DECODE.search(line)):
+            running, throughput = int(m[1]), float(m[2])
+            found[-1][1].append(running / throughput * 1000 if throughput > 0 else 0.0)
+    return found
+
+
+def visit(log: Path, replayed: bool, min_tokens: int) -> dict:
+    """The last burst of a visit's log with a load cell's prefill tokens (a resumed run's log
+    holds the superseded cell's burst before it): its phases and step median."""
+    loads = [b for b in bursts(log.read_text()) if sum(x.tokens for x in b[0]) >= min_tokens]
+    if not loads:
+        raise SystemExit(f"{log}: no burst of {min_tokens} prefill tokens")
+    prefills, decodes = loads[-1]
+    phase = sum(b.gap_ms for b in prefills[1:] if b.gap_ms) / 1000
+    tail = sum(decodes[1:]) / 1000
+    gaps = prefill_log.back_to_back_gaps(prefills, replayed=replayed)
+    return {
+        "prefill_s": phase,
+        "tail_s": tail,
+        "share": phase / (phase + tail),
+        "step_ms": median(gaps),
+        "mixed": sum(b.mixed for b in prefills),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("run_dir", type=Path)
+    ap.add_argument("--baseline", default="upstream")
+    ap.add_argument("--arm", required=True, help="the arm whose prefill steps are faster")
+    ap.add_argument("--min-tokens", type=int, default=100_000, help="a load cell's prefill tokens")
+    args = ap.parse_args()
+    results = json.loads((args.run_dir / "results.json").read_text())
+    rows = []
+    for cell in results["cells"]:
+        if cell["arm"] not in (args.baseline, args.arm) or cell["status"] != "ok":
+            continue
+        log = args.run_dir / "servers" / f"{cell['arm']}_{cell['repeat'] + 1}.log"
+        row = visit(log, cell["arm"] != args.baseline, args.min_tokens)
+        row.update(
+            arm=cell["arm"],
+            repeat=cell["repeat"],
+            block=cell["block"],
+            tok_s=cell["metrics"]["output_throughput"],
+        )
+        rows.append(row)
+    for r in rows:
+        print(
+            f"{r['arm']:>16} visit {r['repeat'] + 1} block {r['block'] + 1}: {r['tok_s']:.1f} "
+            f"tok/s; prefill phase {r['prefill_s']:.2f} s ({r['mixed']} MIXED), decode tail "
+            f"{r['tail_s']:.2f} s, share {r['share']:.3f}; MIXED {r['step_ms']:.1f} ms apart"
+        )
+    for block in sorted({r["block"] for r in rows}):
+        other = [r for r in rows if r["block"] == block and r["arm"] == args.arm]
+        for base in (r for r in rows if r["block"] == block and r["arm"] == args.baseline):
+            if not other:
+                continue
+            step = mean(r["step_ms"] for r in other) / base["step_ms"] - 1
+            predicted = base["share"] * step
+            measured = base["tok_s"] / mean(r["tok_s"] for r in other) - 1
+            print(
+                f"block {block + 1}, {args.baseline} visit {base['repeat'] + 1}: step "
+                f"{step:+.1%} x share {base['share']:.3f} = {predicted:+.1%} of the time per "
+                f"output token; measured {measured:+.1%} ({(predicted - measured) * 100:+.1f} points)"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
