@@ -55,6 +55,9 @@ def test_the_line_is_the_one_the_installed_sglang_writes():
         "gap_latency",
     ):
         assert piece in source, piece
+    decode = inspect.getsource(SchedulerMetricsReporter.report_decode_stats)
+    for piece in ('"Decode batch', "#running-req: ", "gen throughput (token/s): ", "gap_latency"):
+        assert piece in decode, piece
     profiler = inspect.getsource(SchedulerProfilerManager)
     assert "Profiling starts" in profiler and "(with profile id: " in profiler
     assert '"Stop profiling"' in profiler
@@ -90,3 +93,42 @@ def test_a_visits_steps_are_counted_and_timed_per_kind():
     assert s["replayed_mixed_apart_ms"] == pytest.approx(110, abs=0.01)
     empty = P.step_summary("nothing")
     assert empty["prefill_batches"] == 0 and empty["eager_mixed_apart_ms"] is None
+
+
+# Verbatim, from the same server's log at --decode-log-interval 1 (2026-12-06).
+REAL_DECODE = (
+    "[2026-12-06 18:54:22] Decode batch, #running-req: 1, #full token: 256, full token usage: "
+    "0.00, #swa token: 256, swa token usage: 0.00, cuda graph: True, gen throughput (token/s): "
+    "56.51, #queue-req: 0"
+)
+
+
+def decode(step_ms: float, running: int = 4) -> str:
+    return REAL_DECODE.replace("#running-req: 1", f"#running-req: {running}").replace(
+        "56.51", f"{running / step_ms * 1000:.4f}"
+    )
+
+
+def test_a_burst_is_its_prefill_phase_and_the_decode_tail_after_it():
+    burst = [
+        line(5000, running=0, queued=3),  # from idle: its gap is the idle time, left out
+        line(300, queued=2),
+        decode(40),  # between two prefill batches: inside the next one's gap
+        line(320, queued=0),
+        decode(99999),  # timed from the last decode line: spans the prefill phase, left out
+        decode(50),
+        decode(30, running=2),
+    ]
+    text = "\n".join([REAL_DECODE, *burst, *burst])  # a decode line before any burst: ignored
+    first, second = P.bursts(text)
+    assert len(first.prefills) == len(second.prefills) == 3
+    assert first.prefill_tokens == 3 * 1024
+    assert first.prefill_phase_s == pytest.approx(0.62, rel=1e-4)
+    assert first.tail_s == pytest.approx(0.08, rel=1e-4)
+    assert first.prefill_share == pytest.approx(0.62 / 0.70, rel=1e-4)
+    # the decode line's gap is its running requests over its throughput
+    (one,) = P.bursts("\n".join([line(1, running=0), REAL_DECODE]))
+    assert one.tail_ms == pytest.approx([1 / 56.51 * 1000])
+    # a prefill batch from idle while the tail has not begun stays in the same burst
+    assert len(P.bursts("\n".join([line(1, running=0), line(1, running=0)]))) == 1
+    assert P.bursts("nothing") == [] and P.Burst([], []).prefill_share is None

@@ -41,24 +41,6 @@ def burst(step_ms: float, graph: bool, n: int = 10, tail_ms: float = 50.0, tail:
     return lines
 
 
-def test_a_burst_is_its_prefill_phase_and_decode_tail():
-    text = "\n".join([DECODE, *burst(100.0, False), *burst(40.0, True)])
-    (p1, d1), (p2, d2) = S.bursts(text)
-    assert len(p1) == len(p2) == 10 and not p1[0].mixed and p1[1].mixed
-    assert d1[1:] == pytest.approx([50.0] * 5, rel=1e-4)
-    # decode steps between two prefill batches are inside the second one's gap, not the tail
-    mid = [
-        prefill(9999, 0, 5, False),
-        prefill(100, 4, 4, False),
-        decode(30),
-        prefill(100, 4, 3, False),
-        decode(999),
-        decode(20),
-    ]
-    ((_, tail),) = S.bursts("\n".join(mid))
-    assert tail == pytest.approx([999, 20], rel=1e-4)
-
-
 def test_the_last_load_burst_of_a_log_is_the_visit(tmp_path):
     log = tmp_path / "upstream_1.log"
     log.write_text("\n".join([*burst(500.0, False), *burst(100.0, False)]))

@@ -3,10 +3,9 @@
 A replay shortens the prefill (MIXED) steps; the decode-only steps after the last prefill are
 graph replays in every arm and stay. In each visit's server log (SGLang's prefill batch lines,
 core.prefill_log, and its decode batch lines at `--decode-log-interval 1`) a burst is the
-stretch from a prefill batch that starts from idle to the next one: its prefill phase is the
-sum of its prefill batches' gaps after the first, its decode tail the decode-only steps after
-its last prefill batch (#running-req over gen throughput; the first such line's gap spans the
-prefill phase and is left out). Then, per baseline visit and block:
+stretch from a prefill batch that starts from idle to the next one (core.prefill_log.bursts):
+its prefill phase, and the decode-only steps after its last prefill batch. Then, per baseline
+visit and block:
   predicted change of the time per output token = share x step change,
 share = prefill phase / (prefill phase + decode tail), step change = the other arm's median
 back-to-back MIXED gap over this visit's, minus 1; measured = the visit's output tok/s over the
@@ -18,49 +17,27 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
 from statistics import mean, median
 
 from sglang_mixgraph.core import prefill_log
 
-_DECODE = re.compile(r"Decode batch.*?#running-req: (\d+),.*?gen throughput \(token/s\): ([0-9.]+)")
-
-
-def bursts(text: str) -> list[tuple[list[prefill_log.Batch], list[float]]]:
-    """(prefill batches, decode-only step ms after the last of them) per burst."""
-    found: list[tuple[list[prefill_log.Batch], list[float]]] = []
-    for line in text.splitlines():
-        batch = prefill_log.parse_batch(line)
-        if batch is not None:
-            if batch.running == 0 and (not found or found[-1][1]):
-                found.append(([batch], []))
-            elif found:
-                found[-1][1].clear()  # decode steps between prefills lie inside the gaps
-                found[-1][0].append(batch)
-        elif found and (m := _DECODE.search(line)):
-            running, throughput = int(m[1]), float(m[2])
-            found[-1][1].append(running / throughput * 1000 if throughput > 0 else 0.0)
-    return found
-
 
 def visit(log: Path, replayed: bool, min_tokens: int) -> dict:
     """The last burst of a visit's log with a load cell's prefill tokens (a resumed run's log
     holds the superseded cell's burst before it): its phases and step median."""
-    loads = [b for b in bursts(log.read_text()) if sum(x.tokens for x in b[0]) >= min_tokens]
+    loads = [b for b in prefill_log.bursts(log.read_text()) if b.prefill_tokens >= min_tokens]
     if not loads:
         raise SystemExit(f"{log}: no burst of {min_tokens} prefill tokens")
-    prefills, decodes = loads[-1]
-    phase = sum(b.gap_ms for b in prefills[1:] if b.gap_ms) / 1000
-    tail = sum(decodes[1:]) / 1000
-    gaps = prefill_log.back_to_back_gaps(prefills, replayed=replayed)
+    burst = loads[-1]
+    gaps = prefill_log.back_to_back_gaps(burst.prefills, replayed=replayed)
     return {
-        "prefill_s": phase,
-        "tail_s": tail,
-        "share": phase / (phase + tail),
+        "prefill_s": burst.prefill_phase_s,
+        "tail_s": burst.tail_s,
+        "share": burst.prefill_share,
         "step_ms": median(gaps),
-        "mixed": sum(b.mixed for b in prefills),
+        "mixed": sum(b.mixed for b in burst.prefills),
     }
 
 

@@ -7,7 +7,10 @@ SGLang logs every prefill batch, a MIXED step included
 throughput (token/s)`, which is those tokens over the time since the previous prefill batch's
 line. Between two back-to-back prefill batches (requests still queued at the first, so no
 decode-only step ran between them) that time is one step, timed without any profiler. `advise`
-reads it to price the eager host unprofiled; `ab` to say what each visit's steps cost.
+reads it to price the eager host unprofiled; `ab` to say what each visit's steps cost. With
+`--decode-log-interval 1` SGLang also logs every decode step (`report_decode_stats`: `#running-req`
+over `gen throughput`), which splits a served burst into its prefill phase and the decode tail
+after it: the share a faster prefill step can shorten.
 """
 
 from __future__ import annotations
@@ -24,6 +27,12 @@ _BATCH = re.compile(
     r"#running-req: (?P<running>\d+), #queue-req: (?P<queued>\d+),.*?"
     r"(?:\w+ )?graph: (?P<graph>True|False),.*?"
     r"input throughput \(token/s\): (?P<throughput>[0-9.]+)"
+)
+
+
+_DECODE = re.compile(
+    r"Decode batch(?: \[\d+\])?, #running-req: (?P<running>\d+),.*?"
+    r"gen throughput \(token/s\): (?P<throughput>[0-9.]+)"
 )
 
 
@@ -85,3 +94,50 @@ def step_summary(text: str) -> dict:
         summary[f"{kind}_mixed_apart_ms"] = median(gaps) if gaps else None
         summary[f"{kind}_mixed_timed"] = len(gaps)
     return summary
+
+
+@dataclass
+class Burst:
+    """A stretch of serving from a prefill batch that started from idle (no request running)
+    to the next: its prefill batches, and the decode-only steps after the last of them (ms,
+    each `#running-req` over `gen throughput`, which holds at a decode log interval of 1)."""
+
+    prefills: list[Batch]
+    tail_ms: list[float]
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(b.tokens for b in self.prefills)
+
+    @property
+    def prefill_phase_s(self) -> float:
+        """The gaps of its prefill batches after the first (the first one's is the idle time
+        before the burst); decode steps between two prefill batches lie inside these gaps."""
+        return sum(b.gap_ms for b in self.prefills[1:] if b.gap_ms) / 1000
+
+    @property
+    def tail_s(self) -> float:
+        """The decode tail; its first step's line is left out: SGLang times a decode line
+        from the previous decode line, so that one's gap spans the whole prefill phase."""
+        return sum(self.tail_ms[1:]) / 1000
+
+    @property
+    def prefill_share(self) -> float | None:
+        whole = self.prefill_phase_s + self.tail_s
+        return self.prefill_phase_s / whole if whole > 0 else None
+
+
+def bursts(text: str) -> list[Burst]:
+    found: list[Burst] = []
+    for line in text.splitlines():
+        batch = parse_batch(line)
+        if batch is not None:
+            if batch.running == 0 and (not found or found[-1].tail_ms):
+                found.append(Burst([batch], []))
+            elif found:
+                found[-1].tail_ms.clear()  # those decode steps were inside the next gap
+                found[-1].prefills.append(batch)
+        elif found and (m := _DECODE.search(line)):
+            running, throughput = int(m["running"]), float(m["throughput"])
+            found[-1].tail_ms.append(running / throughput * 1000 if throughput > 0 else 0.0)
+    return found
