@@ -512,6 +512,50 @@ def test_each_visits_server_log_gives_its_prefill_steps(run_dir):
     assert rows[0]["eager_mixed_apart_ms"] == pytest.approx(250, abs=0.01)
     assert rows[1]["replayed_mixed_apart_ms"] == pytest.approx(100, abs=0.01)
     assert rows[1]["eager_mixed_apart_ms"] is None
+    assert rows[0]["largest_burst"] is None  # no decode log interval of 1 in its log
     text = (run_dir / "report.md").read_text()
     assert "## Prefill steps as each server logged them" in text
-    assert f"| `{candidate}` | 1 | 4 | 4 | 4 | - | 100.0 (3) |" in text
+    assert f"| `{candidate}` | 1 | 4 | 4 | 4 | - | 100.0 (3) | - |" in text
+
+
+def test_a_visit_that_logged_every_decode_step_gives_its_bursts_phases(run_dir):
+    """At --decode-log-interval 1 (as SGLang prints its server_args) the visit's largest burst:
+    the prefill phase, the decode tail after it and the prefill share."""
+    config = json.loads((run_dir / "run.json").read_text())["config"]
+    baseline = config["arm"][0]["name"]
+
+    def prefill(gap_ms: float, running: int, tokens: int = 512) -> str:
+        return (
+            f"[t] Prefill batch, #new-seq: 1, #new-token: {tokens}, #cached-token: 0, "
+            f"#running-req: {running}, #queue-req: 3, #pending-token: 0, cuda graph: False, "
+            f"input throughput (token/s): {tokens / gap_ms * 1000:.4f}"
+        )
+
+    def decode(step_ms: float) -> str:
+        return (
+            f"[t] Decode batch, #running-req: 4, #full token: 256, full token usage: 0.00, "
+            f"cuda graph: True, gen throughput (token/s): {4 / step_ms * 1000:.4f}, #queue-req: 0"
+        )
+
+    small = [prefill(9, 0, tokens=30), decode(5), decode(5)]  # the server's warm-up request
+    load = [prefill(999, 0), prefill(300, 4), prefill(300, 4), decode(1e5), decode(100)]
+    log = [*small, *load, *small]
+    servers = run_dir / "servers"
+    servers.mkdir()
+    args = "server_args=ServerArgs(..., 'decode_log_interval': {}, ...)"
+    (servers / f"{baseline}_1.log").write_text("\n".join([args.format(1), *log]) + "\n")
+    (servers / f"{baseline}_2.log").write_text("\n".join([args.format(40), *log]) + "\n")
+    # a resumed run served the cell again: the later of two equal bursts is the visit's
+    again = [prefill(999, 0), prefill(500, 4), prefill(500, 4), decode(1e5), decode(100)]
+    (servers / f"{baseline}_3.log").write_text("\n".join([args.format(1), *again, *log]))
+    report.build(run_dir)
+    rows = json.loads((run_dir / "results.json").read_text())["server_steps"]
+    burst = rows[0]["largest_burst"]
+    assert burst["prefill_tokens"] == 3 * 512
+    assert burst["prefill_phase_s"] == pytest.approx(0.6, rel=1e-3)
+    assert burst["decode_tail_s"] == pytest.approx(0.1, rel=1e-3)
+    assert burst["prefill_share"] == pytest.approx(0.6 / 0.7, rel=1e-3)
+    assert rows[1]["largest_burst"] is None  # every 40th decode step: no tail to sum
+    assert rows[2]["largest_burst"]["prefill_phase_s"] == pytest.approx(0.6, rel=1e-3)
+    text = (run_dir / "report.md").read_text()
+    assert f"| `{baseline}` | 1 | 5 | 0 | 2 | 300.0 (2) | - | 0.60 + 0.10 s (0.857) |" in text

@@ -618,11 +618,15 @@ def _server_steps_section(results: Results) -> list[str]:
         "warm-up request and every cell): prefill steps, those that replayed a prefill graph, "
         "MIXED ones (decode rows beside the chunk), and the median time between back-to-back "
         "MIXED steps (the previous one left requests queued), eager and replayed, with how "
-        "many were timed. No profiler was running.",
+        "many were timed. No profiler was running. Where the server logged every decode step "
+        "(`--decode-log-interval 1`), its largest burst split into the prefill phase and the "
+        "decode tail after it: a faster prefill step shortens that burst by about the prefill "
+        "share times the step's change, so the share bounds what a prefill-step gain can give "
+        "the served tokens.",
         "",
         "| arm | visit | prefill steps | replayed | MIXED | eager MIXED ms apart (timed) | "
-        "replayed MIXED ms apart (timed) |",
-        "|---|---|---|---|---|---|---|",
+        "replayed MIXED ms apart (timed) | largest burst: prefill phase + decode tail (share) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         apart = [
@@ -631,9 +635,16 @@ def _server_steps_section(results: Results) -> list[str]:
             else f"{r[f'{k}_mixed_apart_ms']:.1f} ({r[f'{k}_mixed_timed']})"
             for k in ("eager", "replayed")
         ]
+        burst = r.get("largest_burst")
+        phases = (
+            "-"
+            if not burst
+            else f"{burst['prefill_phase_s']:.2f} + {burst['decode_tail_s']:.2f} s "
+            f"({burst['prefill_share']:.3f})"
+        )
         lines.append(
             f"| `{r['arm']}` | {r['visit']} | {r['prefill_batches']} | {r['replayed']} | "
-            f"{r['mixed']} | {apart[0]} | {apart[1]} |"
+            f"{r['mixed']} | {apart[0]} | {apart[1]} | {phases} |"
         )
     return [*lines, ""]
 
