@@ -392,3 +392,67 @@ def test_without_load_the_log_before_the_profile_prices_the_host(tmp_path, capsy
         assert advise(standin, tmp_path, "--json", "--server-log", str(log)) == 0
     u = json.loads(capsys.readouterr().out)["profile"]["unprofiled"]
     assert u["unprofiled_batches"] == 5 and u["factor"] == pytest.approx(180 / 400, abs=1e-3)
+
+
+def test_the_loads_whole_burst_gives_the_prefill_share_of_the_served_time(
+    tmp_path, capsys, monkeypatch
+):
+    """With --server-log the burst runs to its end: its prefill batches (the profiled ones
+    priced by the host factor) against the rest of the client's benchmark duration."""
+    from advise_standin import batch_line
+
+    log = tmp_path / "server.log"
+    log.write_text(batch_line(999.0) + "\n")  # before the burst: not the burst's
+    lines = "\\n".join([batch_line(280.0)] * 6)
+    write = f"open({str(log)!r}, 'a').write('{lines}\\n')"
+    done = "print('Benchmark duration (s):'.ljust(40), '5.60', flush=True)"
+    _fake_load(monkeypatch, f"{MAIN_RUN}; {write}; import time; time.sleep(2); {done}")
+    with serve("auto", tp_size=1, dp_size=1, attn_dp_size=1) as standin:
+        standin.log = log
+        code = advise(
+            standin, tmp_path, "--load", "--json", "--steps", "5", "--server-log", str(log)
+        )
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    served = report["profile"]["served"]
+    # 5 unprofiled gaps (the burst's first is the idle before it), 8 profiled at 400 ms x 0.7
+    prefill = 5 * 0.28 + 8 * 0.4 * 0.7
+    tail = 5.60 - (5 * 0.28 + 8 * 0.4)
+    assert served["prefill_batches"] == 13
+    assert served["prefill_s"] == pytest.approx(prefill, abs=2e-3)
+    assert served["decode_tail_s"] == pytest.approx(tail, abs=2e-3)
+    assert served["prefill_share"] == pytest.approx(prefill / (prefill + tail), abs=1e-3)
+    graph = next(v for v in report["verdicts"] if v["id"] == "prefill_graph")
+    change = served["prefill_share"] * graph["delta_ms"] / graph["wall_ms"]
+    assert graph["detail"]["time_per_token_change"] == pytest.approx(change)
+    assert f"about {change:+.0%} of the time per output token" in graph["reason"]
+
+
+def test_a_load_that_prints_no_duration_gives_no_share_and_says_why(tmp_path, capsys, monkeypatch):
+    from advise_standin import batch_line
+
+    log = tmp_path / "server.log"
+    log.write_text("")
+    lines = "\\n".join([batch_line(280.0)] * 6)
+    write = f"open({str(log)!r}, 'a').write('{lines}\\n')"
+    _fake_load(monkeypatch, f"{MAIN_RUN}; {write}; import time; time.sleep(1)")
+    with serve("auto", tp_size=1, dp_size=1, attn_dp_size=1) as standin:
+        standin.log = log
+        assert advise(standin, tmp_path, "--load", "--steps", "5", "--server-log", str(log)) == 0
+    out = capsys.readouterr().out
+    assert "no prefill share of the load's burst: the load client printed no benchmark" in out
+    assert "time per output token" not in out
+
+
+def test_the_duration_line_is_the_one_sglangs_client_prints(tmp_path):
+    import importlib.util
+    import subprocess
+
+    source = Path(importlib.util.find_spec(capture.BENCH_MODULE).origin).read_text()
+    assert '"Benchmark duration (s):", benchmark_duration' in source
+    log = tmp_path / "load.log"
+    log.write_text("{:<40} {:<10.2f}\n".format("Benchmark duration (s):", 42.317))
+    done = subprocess.Popen([sys.executable, "-c", "pass"])
+    assert capture.wait_for_load_end(done, log, 5) == pytest.approx(42.32)
+    log.write_text("Starting main benchmark run\n")
+    assert capture.wait_for_load_end(done, log, 5) is None

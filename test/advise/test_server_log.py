@@ -51,3 +51,29 @@ def test_an_earlier_profile_ends_the_before_window_and_another_id_is_not_this_on
         "(at least 4 each are needed)"
     )
     assert L.host_scale(text, "nope") == "the log does not show profile nope starting"
+
+
+def test_the_bursts_prefill_share_prices_the_profile_and_leaves_the_export_out():
+    before = [line(900, running=0), *(line(g) for g in (280, 280, 280, 280))]
+    during = [line(400)] * 4
+    after = [line(14000), line(280), line(280)]  # the trace export's pause, then unprofiled
+    text = "\n".join([*before, START, *during, STOP, *after])
+    scale = L.HostScale(280.0, 400.0, 4, 4)
+    spent = 4 * 0.28 + 4 * 0.4 + 14.0 + 2 * 0.28
+    got = L.served_share(text, PID, scale, duration_s=spent + 2.0)
+    assert got.batches == 11
+    # the export leaves the duration and counts as one median step (280 ms, all priced)
+    assert got.prefill_s == pytest.approx(6 * 0.28 + 4 * 0.4 * 0.7 + 0.28, abs=2e-3)
+    assert got.tail_s == pytest.approx(2.0, abs=2e-3)
+    assert got.share == pytest.approx(got.prefill_s / (got.prefill_s + got.tail_s))
+    assert got.to_json()["prefill_share"] == got.share
+
+
+def test_no_share_without_the_profiles_stop_enough_batches_or_a_tail():
+    scale = L.HostScale(280.0, 400.0, 4, 4)
+    burst = [line(900, running=0), *[line(280)] * 4, START, *[line(400)] * 4]
+    assert "starting and stopping" in L.served_share("\n".join(burst), PID, scale, 60.0)
+    few = [line(900, running=0), line(280), START, line(400), STOP]
+    assert "2 timed prefill batches" in L.served_share("\n".join(few), PID, scale, 60.0)
+    whole = "\n".join([*burst, STOP])
+    assert "other traffic shared the server" in L.served_share(whole, PID, scale, 2.0)

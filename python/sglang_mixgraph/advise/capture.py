@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -163,6 +164,22 @@ def wait_for_batches(
         if seen >= need or load.poll() is not None or time.monotonic() >= deadline:
             return
         time.sleep(POLL_S)
+
+
+# What the client prints when its burst is over (`sglang.benchmark.serving`, its results).
+_DURATION = re.compile(rb"Benchmark duration \(s\):\s+([0-9.]+)")
+
+
+def wait_for_load_end(load: subprocess.Popen, log: Path, timeout_s: float) -> float | None:
+    """Until the load client has finished its burst, at most `timeout_s`: the benchmark
+    duration it printed (s), or None where it printed none in time."""
+    deadline = time.monotonic() + timeout_s
+    while load.poll() is None and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+    with contextlib.suppress(OSError):
+        if m := _DURATION.search(log.read_bytes()):
+            return float(m[1])
+    return None
 
 
 def trace_files(trace_dir: Path, profile_id: str) -> list[Path]:

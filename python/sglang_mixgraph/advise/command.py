@@ -148,6 +148,7 @@ def _read_earlier(args) -> str:
     profile = {
         "source": "recorded",
         "unprofiled": None,
+        "served": None,
         "trace_dir": str(trace_dir),
         "profile_id": profile_id,
         "traces": [str(p) for p in traces],
@@ -180,7 +181,7 @@ def _profile_and_judge(args, server, facts, trace_dir: Path, *, keep_log: bool) 
 
     profile_id = capture.new_profile_id()
     body = capture.profile_request(trace_dir, args.steps, args.stack, profile_id)
-    load = log = None
+    load = log = duration = None
     offset = 0  # without --load: the steps the server ran before the profile, from its log
     try:
         if args.load:
@@ -205,12 +206,16 @@ def _profile_and_judge(args, server, facts, trace_dir: Path, *, keep_log: bool) 
             keep_log=keep_log,
             with_stack=args.stack,
         )
+        if load is not None and args.server_log:
+            # The burst to its end: with the client's duration it splits into its phases.
+            duration = capture.wait_for_load_end(load, log, args.timeout)
     finally:
         if load is not None:
             capture.stop_load(load)
     profile = {
         "source": "live",
         "unprofiled": None,
+        "served": None,
         "trace_dir": str(trace_dir),
         "profile_id": profile_id,
         "traces": [str(p) for p in got.traces],
@@ -219,7 +224,31 @@ def _profile_and_judge(args, server, facts, trace_dir: Path, *, keep_log: bool) 
         "stopped_early": got.stopped,
         "load_log": str(log) if log else None,
     }
-    return _judge(args, facts, got.traces, profile, _host_scale(args, facts, profile_id, offset))
+    scale = _host_scale(args, facts, profile_id, offset)
+    served = _served_share(args, profile_id, offset, scale, duration) if args.load else None
+    return _judge(args, facts, got.traces, profile, scale, served)
+
+
+def _served_share(args, profile_id: str, offset: int, scale, duration: float | None):
+    """The load's burst split into its prefill phase and decode tail (docs/advise.md): a
+    ServedShare, or the problem (a phrase); None without --server-log."""
+    from sglang_mixgraph.advise.server import AdviseError
+    from sglang_mixgraph.advise.server_log import HostScale, served_share
+    from sglang_mixgraph.core.prefill_log import read_tail
+
+    if not args.server_log:
+        return None
+    if not isinstance(scale, HostScale):
+        return "no unprofiled host to price the profiled batches with"
+    if duration is None:
+        return f"the load client printed no benchmark duration within {args.timeout:g} s"
+    try:
+        text = read_tail(Path(args.server_log).expanduser(), offset)
+    except OSError as e:
+        raise AdviseError(
+            f"cannot read --server-log {args.server_log}: {e.strerror or e}"
+        ) from None
+    return served_share(text, profile_id, scale, duration)
 
 
 def _log_size(path: str | None) -> int:
@@ -253,12 +282,13 @@ def _host_scale(args, facts, profile_id: str, offset: int):
         ) from None
 
 
-def _judge(args, facts, traces: list[Path], profile: dict, found=None) -> str:
+def _judge(args, facts, traces: list[Path], profile: dict, found=None, served=None) -> str:
     """Read every rank's trace and judge: the report's text (or strict JSON). `found` is
-    `_host_scale`'s answer, recorded in the profile as `unprofiled`."""
+    `_host_scale`'s answer, recorded in the profile as `unprofiled`; `served` is
+    `_served_share`'s, recorded as `served`."""
     from sglang_mixgraph.advise.report import report_json, report_text
     from sglang_mixgraph.advise.server import AdviseError
-    from sglang_mixgraph.advise.server_log import HostScale
+    from sglang_mixgraph.advise.server_log import HostScale, ServedShare
     from sglang_mixgraph.advise.summary import kind_rows
     from sglang_mixgraph.advise.verdicts import Inputs, all_verdicts
 
@@ -278,7 +308,10 @@ def _judge(args, facts, traces: list[Path], profile: dict, found=None) -> str:
     scale = found if isinstance(found, HostScale) else None
     if found is not None:
         profile["unprofiled"] = scale.to_json() if scale else {"problem": found}
-    verdicts = all_verdicts(Inputs(facts, gpu, steps, model, problem, scale))
+    share = served if isinstance(served, ServedShare) else None
+    if served is not None:
+        profile["served"] = share.to_json() if share else {"problem": served}
+    verdicts = all_verdicts(Inputs(facts, gpu, steps, model, problem, scale, share))
     rows = kind_rows(steps, facts)
     profile |= {
         "ranks_read": len(ranks),

@@ -135,6 +135,19 @@ def _unprofiled_line(u: dict | None) -> str:
     )
 
 
+def _served_line(served: dict | None) -> list[str]:
+    if served is None:
+        return []
+    if "prefill_share" not in served:
+        return _wrap(f"no prefill share of the load's burst: {served['problem']}", "")
+    return _wrap(
+        f"the load's burst: prefill phase {served['prefill_s']:.1f} s (unprofiled, "
+        f"{served['prefill_batches']} batches), decode tail {served['decode_tail_s']:.1f} s: "
+        f"prefill share {served['prefill_share']:.2f}",
+        "",
+    )
+
+
 def report_text(report: dict, verdicts: list[Verdict], rows: list[KindRow]) -> str:
     s, gpu, prof = report["server"], report["gpu"], report["profile"]
     on_gpu = f"{gpu['name']} ({gpu['arch']})" if gpu else "a GPU the traces do not name"
@@ -152,6 +165,7 @@ def report_text(report: dict, verdicts: list[Verdict], rows: list[KindRow]) -> s
         "",
     )
     lines += _wrap(_unprofiled_line(prof.get("unprofiled")), "")
+    lines += _served_line(prof.get("served"))
     lines += ["", "Switch on first:"]
     first = switch_on_order(verdicts)
     for i, v in enumerate(first, 1):

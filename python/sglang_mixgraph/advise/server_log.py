@@ -5,7 +5,10 @@ that took 283 ms between batches on one H100 took about 393 ms while profiled. S
 batch lines time every step unprofiled outside a profile. The median gap of the back-to-back
 eager MIXED batches just before the profile against the median inside it is the factor by which
 the profiler stretched the host; the profile's own lines ("Profiling starts ... (with profile
-id: ID)", "Stop profiling") mark the window.
+id: ID)", "Stop profiling") mark the window. With the load's whole burst in the log and the
+client's benchmark duration, the burst splits into its prefill phase (the batches' gaps, those
+inside the profile priced by the factor) and the rest, the decode tail: a prefill step's change
+moves the time per output token by about the prefill share of it.
 """
 
 from __future__ import annotations
@@ -78,3 +81,67 @@ def host_scale(text: str, profile_id: str, last: int = 64) -> HostScale | str:
             f"and {len(profiled)} in it (at least {MIN_BATCHES} each are needed)"
         )
     return HostScale(med(unprofiled), med(profiled), len(unprofiled), len(profiled))
+
+
+@dataclass(frozen=True)
+class ServedShare:
+    """The load's burst: its prefill phase priced unprofiled, and the rest of the client's
+    benchmark duration (the decode tail after the last prefill batch)."""
+
+    prefill_s: float
+    tail_s: float
+    batches: int  # prefill batches timed
+
+    @property
+    def share(self) -> float:
+        return self.prefill_s / (self.prefill_s + self.tail_s)
+
+    def to_json(self) -> dict:
+        return {
+            "prefill_s": self.prefill_s,
+            "decode_tail_s": self.tail_s,
+            "prefill_batches": self.batches,
+            "prefill_share": self.share,
+        }
+
+
+def served_share(
+    text: str, profile_id: str, scale: HostScale, duration_s: float
+) -> ServedShare | str:
+    """`text`: the log from just before the burst's first batch to its end. The first batch's
+    gap is the idle time before the burst and is left out; the profiled batches' gaps are
+    scaled by the host factor; the first gap after the profile holds SGLang's trace export
+    (seconds the scheduler stood still: 14 s on one H100), which unprofiled serving does not
+    have, so it leaves the duration and counts as one median step. Why there is no share,
+    where there is none (a phrase)."""
+    outside: list[float] = []
+    inside: list[float] = []
+    export = None
+    seen, state = 0, "before"
+    for line in text.splitlines():
+        if state == "before" and (m := _START.search(line)) and m["id"].strip() == profile_id:
+            state = "inside"
+        elif state == "inside" and _STOP in line:
+            state = "stopped"
+        elif (b := parse_batch(line)) is not None:
+            seen += 1
+            if seen == 1 or b.gap_ms is None:
+                continue
+            if state == "stopped":
+                export, state = b.gap_ms / 1000, "after"
+            else:
+                (inside if state == "inside" else outside).append(b.gap_ms / 1000)
+    if state not in ("stopped", "after"):
+        return f"the log does not show profile {profile_id} starting and stopping"
+    timed = len(outside) + len(inside) + (export is not None)
+    if len(outside) + len(inside) < MIN_BATCHES:
+        return f"the log has {timed} timed prefill batches of the burst (at least {MIN_BATCHES})"
+    spent = sum(outside) + sum(inside) + (export or 0.0)
+    tail = duration_s - spent
+    if tail <= 0:
+        return (
+            f"the burst's prefill batches span {spent:.1f} s, not less than the client's "
+            f"{duration_s:.1f} s benchmark: other traffic shared the server"
+        )
+    step = med([*outside, *(g * scale.factor for g in inside)]) if export is not None else 0.0
+    return ServedShare(sum(outside) + sum(inside) * scale.factor + step, tail, timed)

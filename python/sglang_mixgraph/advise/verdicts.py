@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from sglang_mixgraph.advise import evidence as ev
 from sglang_mixgraph.advise.server import ServerFacts
-from sglang_mixgraph.advise.server_log import HostScale
+from sglang_mixgraph.advise.server_log import HostScale, ServedShare
 from sglang_mixgraph.advise.split_pricing import ModelLayers, StepPrice, price_step
 from sglang_mixgraph.advise.steps import Gpu, Step, med
 from sglang_mixgraph.advise.summary import padding_of
@@ -42,6 +42,7 @@ class Inputs:
     model: ModelLayers | None
     model_problem: str | None = None  # why `model` could not be read
     host_scale: HostScale | None = None  # the profiler's stretch of the eager host, from the log
+    served: ServedShare | None = None  # the load's burst: its prefill phase against its tail
 
     @property
     def mixed(self) -> list[Step]:
@@ -384,6 +385,15 @@ def prefill_graph_verdict(x: Inputs) -> Verdict:
         highs.append(max(h[1], gpu * f_hi) - eager_wall(step))
         mids.append(max((h[0] + h[1]) / 2, gpu * (f_lo + f_hi) / 2) - eager_wall(step))
     low, high = _spread(lows, highs)
+    served = {}
+    if x.served is not None and wall > 0:
+        # Only the prefill phase gets faster: the decode tail after it replays in both.
+        change = x.served.share * med(mids) / wall
+        reason += (
+            f"; at the load's prefill share of {x.served.share:.2f}, about {change:+.0%} of "
+            "the time per output token"
+        )
+        served = {"prefill_share": x.served.share, "time_per_token_change": change}
     gpu_src = factor.source if factor else "padding only (the capture width's cost is unmeasured)"
     padded = "padded to the server's prefill buckets"
     if not f.prefill_graph.buckets:
@@ -407,6 +417,7 @@ def prefill_graph_verdict(x: Inputs) -> Verdict:
             "replayed_steps": len(replayed),
             "padding": pad,
             "host_factor": x.host_scale.factor if x.host_scale else None,
+            **served,
         },
     )
 

@@ -57,7 +57,8 @@ def add_parser(sub) -> None:
         type=float,
         default=60.0,
         help="seconds to wait for the steps before stopping the profile, and with --load first "
-        "for the client's warm-up to end (default 60 each)",
+        "for the client's warm-up to end and, with --server-log, after the profile for its "
+        "burst to end (default 60 each)",
     )
     parser.add_argument(
         "--load",
@@ -75,7 +76,8 @@ def add_parser(sub) -> None:
         help="the server's log file as it writes it (its stdout and stderr), readable here: "
         "SGLang's prefill batch lines time the eager steps without the profiler, which slows "
         "their host; with --load the profile then starts after --steps MIXED batches of the "
-        "burst. Without it the host is priced as profiled",
+        "burst, and the whole burst gives the prefill share of the served time. Without it "
+        "the host is priced as profiled",
     )
     parser.add_argument(
         "--model-path",
