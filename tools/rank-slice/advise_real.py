@@ -3,14 +3,15 @@
 device call (inside tools/gpu-upstream/device.sh, from the repository root):
 
     bash tools/gpu-upstream/device.sh python3 tools/rank-slice/advise_real.py [--layers N] [--budget-s S]
-        [--config TOML --arm NAME --fp8] [--server-log]
+        [--config TOML --arm NAME --fp8] [--server-log] [--load-args 'ARGS']
 
 Writes the slice model (`make_slice_model.py --layers N [--fp8]`), starts it through
 `sglang-mixgraph ab`'s own launcher (`ab.server.launch`: the process group, the health wait,
 the stop) with an `ab` configuration's server (`ab_slice.toml` unless --config; one source for
 both) plus SGLang's breakable prefill graph, or as the configuration's arm NAME (--arm: advise
 against an arm a serving A/B measured), then runs `advise --url URL --load --json` with nothing
-else on its command line, as a user would (`--server-log`: and the server's log).
+else on its command line, as a user would (`--server-log`: and the server's log;
+`--load-args`: and the burst's shape).
 Records in $OUT (or --out): `timeline.log` (what happened when), `advise.json`, `advise.err`,
 `server.log`. Exit 0 when advise exited 0 with a MIXED step among its rows; 1 otherwise, and the
 timeline says which step failed. The server is stopped (its whole process group) on every path.
@@ -97,6 +98,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="give advise the server's log (--server-log): the eager host priced unprofiled",
     )
+    p.add_argument(
+        "--load-args",
+        default="",
+        help="advise's --load-args (the burst's shape, e.g. the serving A/B's lengths)",
+    )
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     log = Timeline(args.out)
@@ -147,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
         ]
         if args.server_log:
             advise += ["--server-log", str(args.out / "server.log")]
+        if args.load_args:
+            advise += ["--load-args", args.load_args]
         t = time.monotonic()
         try:
             res = subprocess.run(
