@@ -326,6 +326,23 @@ def test_ranks_that_never_write_here_leave_the_ones_that_did(tmp_path, capsys, m
     assert profile["stopped_early"] is False
 
 
+def _advise_on_a_logged_burst(tmp_path, monkeypatch, then: str = "", *more: str) -> int:
+    """`advise --load --steps 5 --server-log LOG` against the stand-in: the burst's client
+    writes 6 MIXED batches 280 ms apart into the log (after one of the traffic before it),
+    sleeps 2 s while the profile runs (the stand-in logs 8 batches 400 ms apart in it), then
+    runs `then`."""
+    from advise_standin import batch_line
+
+    log = tmp_path / "server.log"
+    log.write_text(batch_line(999.0) + "\n")  # before the burst: not the burst's
+    lines = "\\n".join([batch_line(280.0)] * 6)
+    write = f"open({str(log)!r}, 'a').write('{lines}\\n')"
+    _fake_load(monkeypatch, f"{MAIN_RUN}; {write}; import time; time.sleep(2); {then or 'pass'}")
+    with serve("auto", tp_size=1, dp_size=1, attn_dp_size=1) as standin:
+        standin.log = log
+        return advise(standin, tmp_path, "--load", "--steps", "5", "--server-log", str(log), *more)
+
+
 def test_with_the_servers_log_the_burst_runs_unprofiled_first_and_prices_the_host(
     tmp_path, capsys, monkeypatch
 ):
@@ -333,17 +350,8 @@ def test_with_the_servers_log_the_burst_runs_unprofiled_first_and_prices_the_hos
     (280 ms) against the profiled ones (400 ms) scale the eager host."""
     from advise_standin import batch_line
 
+    assert _advise_on_a_logged_burst(tmp_path, monkeypatch, "", "--json") == 0
     log = tmp_path / "server.log"
-    log.write_text(batch_line(999.0) + "\n")  # before the burst: not the burst's
-    lines = "\\n".join([batch_line(280.0)] * 6)
-    write = f"open({str(log)!r}, 'a').write('{lines}\\n')"
-    _fake_load(monkeypatch, f"{MAIN_RUN}; {write}; import time; time.sleep(2)")
-    with serve("auto", tp_size=1, dp_size=1, attn_dp_size=1) as standin:
-        standin.log = log
-        code = advise(
-            standin, tmp_path, "--load", "--json", "--steps", "5", "--server-log", str(log)
-        )
-    assert code == 0
     report = json.loads(capsys.readouterr().out)
     u = report["profile"]["unprofiled"]
     # the burst's first line has no predecessor in the window: 5 gaps, then 7 profiled
@@ -399,20 +407,8 @@ def test_the_loads_whole_burst_gives_the_prefill_share_of_the_served_time(
 ):
     """With --server-log the burst runs to its end: its prefill batches (the profiled ones
     priced by the host factor) against the rest of the client's benchmark duration."""
-    from advise_standin import batch_line
-
-    log = tmp_path / "server.log"
-    log.write_text(batch_line(999.0) + "\n")  # before the burst: not the burst's
-    lines = "\\n".join([batch_line(280.0)] * 6)
-    write = f"open({str(log)!r}, 'a').write('{lines}\\n')"
     done = "print('Benchmark duration (s):'.ljust(40), '5.60', flush=True)"
-    _fake_load(monkeypatch, f"{MAIN_RUN}; {write}; import time; time.sleep(2); {done}")
-    with serve("auto", tp_size=1, dp_size=1, attn_dp_size=1) as standin:
-        standin.log = log
-        code = advise(
-            standin, tmp_path, "--load", "--json", "--steps", "5", "--server-log", str(log)
-        )
-    assert code == 0
+    assert _advise_on_a_logged_burst(tmp_path, monkeypatch, done, "--json") == 0
     report = json.loads(capsys.readouterr().out)
     served = report["profile"]["served"]
     # 5 unprofiled gaps (the burst's first is the idle before it), 8 profiled at 400 ms x 0.7
@@ -429,16 +425,7 @@ def test_the_loads_whole_burst_gives_the_prefill_share_of_the_served_time(
 
 
 def test_a_load_that_prints_no_duration_gives_no_share_and_says_why(tmp_path, capsys, monkeypatch):
-    from advise_standin import batch_line
-
-    log = tmp_path / "server.log"
-    log.write_text("")
-    lines = "\\n".join([batch_line(280.0)] * 6)
-    write = f"open({str(log)!r}, 'a').write('{lines}\\n')"
-    _fake_load(monkeypatch, f"{MAIN_RUN}; {write}; import time; time.sleep(1)")
-    with serve("auto", tp_size=1, dp_size=1, attn_dp_size=1) as standin:
-        standin.log = log
-        assert advise(standin, tmp_path, "--load", "--steps", "5", "--server-log", str(log)) == 0
+    assert _advise_on_a_logged_burst(tmp_path, monkeypatch) == 0
     out = capsys.readouterr().out
     assert "no prefill share of the load's burst: the load client printed no benchmark" in out
     assert "time per output token" not in out
