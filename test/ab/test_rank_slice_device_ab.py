@@ -86,3 +86,16 @@ def test_a_run_split_over_two_machines_resumes_one_block_each_after_a_warm_visit
 def test_usage_line_and_exit_2_without_arguments():
     p = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True)
     assert p.returncode == 2 and "usage: device_ab.sh CONFIG RUN.tgz SECONDS" in p.stderr
+
+
+@pytest.mark.parametrize("fp8", [True, False])
+def test_a_missing_slice_model_is_built_at_the_configurations_precision(tmp_path, fp8):
+    """A configuration that runs the kit's FP8 GEMM stand-in gets an FP8 slice model, any
+    other a bf16 one (the run itself is not the point here: its server cannot start)."""
+    model = tmp_path / "model"
+    env = '[server.env]\nMIXGRAPH_KIT_FP8_GEMM = "torch"\n' if fp8 else ""
+    config = tmp_path / "ab.toml"
+    config.write_text(f'[server]\nmodel_path = "{model}"\n{env}')
+    _call(tmp_path, config, tmp_path / "carried" / "slice.tgz", seconds=5)
+    built = json.loads((model / "config.json").read_text())
+    assert ("quantization_config" in built) is fp8

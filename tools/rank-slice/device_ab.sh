@@ -25,8 +25,10 @@ T0=$(date +%s)
 mkdir -p "$RUNS" "$OUT"
 [[ -f "$RESUME" ]] && tar xzf "$RESUME" -C "$RUNS" \
   && echo "device_ab: restored $(ls "$RUNS/$NAME/cells"/*/ 2>/dev/null | grep -c jsonl) cell files"
-MODEL=$(python3 -c "import sys,tomllib; print(tomllib.load(open(sys.argv[1],'rb'))['server']['model_path'])" "$CONFIG")
-[[ -f "$MODEL/config.json" ]] || python3 "$ROOT/tools/rank-slice/make_slice_model.py" "$MODEL" > /dev/null
+# The slice model, built here when missing: FP8 where the configuration runs the kit's FP8 GEMM
+# stand-in (MIXGRAPH_KIT_FP8_GEMM), which a bf16 model would leave unused without a word.
+read -r MODEL FP8 < <(python3 -c "import sys,tomllib; s=tomllib.load(open(sys.argv[1],'rb'))['server']; print(s['model_path'], '--fp8' if 'MIXGRAPH_KIT_FP8_GEMM' in s.get('env', {}) else '')" "$CONFIG")
+[[ -f "$MODEL/config.json" ]] || python3 "$ROOT/tools/rank-slice/make_slice_model.py" "$MODEL" $FP8 > /dev/null
 LEFT=$((SECONDS_LEFT - ($(date +%s) - T0)))
 timeout -s TERM "$LEFT" python3 -m sglang_mixgraph.cli ab run "$CONFIG" --run-dir "$RUNS/$NAME" "$@"
 echo "device_ab: ab exited $?"
