@@ -158,7 +158,8 @@ def _read_earlier(args) -> str:
         "stopped_early": None,
         "load_log": None,
     }
-    return _judge(args, facts, traces, profile, _host_scale(args, facts, profile_id, 0))
+    scale, _ = _log_evidence(args, facts, profile_id, 0, None, load=False)
+    return _judge(args, facts, traces, profile, scale)
 
 
 def _model_config(path: str) -> dict:
@@ -224,31 +225,8 @@ def _profile_and_judge(args, server, facts, trace_dir: Path, *, keep_log: bool) 
         "stopped_early": got.stopped,
         "load_log": str(log) if log else None,
     }
-    scale = _host_scale(args, facts, profile_id, offset)
-    served = _served_share(args, profile_id, offset, scale, duration) if args.load else None
+    scale, served = _log_evidence(args, facts, profile_id, offset, duration, load=args.load)
     return _judge(args, facts, got.traces, profile, scale, served)
-
-
-def _served_share(args, profile_id: str, offset: int, scale, duration: float | None):
-    """The load's burst split into its prefill phase and decode tail (docs/advise.md): a
-    ServedShare, or the problem (a phrase); None without --server-log."""
-    from sglang_mixgraph.advise.server import AdviseError
-    from sglang_mixgraph.advise.server_log import HostScale, served_share
-    from sglang_mixgraph.core.prefill_log import read_tail
-
-    if not args.server_log:
-        return None
-    if not isinstance(scale, HostScale):
-        return "no unprofiled host to price the profiled batches with"
-    if duration is None:
-        return f"the load client printed no benchmark duration within {args.timeout:g} s"
-    try:
-        text = read_tail(Path(args.server_log).expanduser(), offset)
-    except OSError as e:
-        raise AdviseError(
-            f"cannot read --server-log {args.server_log}: {e.strerror or e}"
-        ) from None
-    return served_share(text, profile_id, scale, duration)
 
 
 def _log_size(path: str | None) -> int:
@@ -262,30 +240,41 @@ def _log_size(path: str | None) -> int:
         raise AdviseError(f"cannot read --server-log {path}: {e.strerror or e}") from None
 
 
-def _host_scale(args, facts, profile_id: str, offset: int):
-    """What the server's log says of the eager host without the profiler (docs/advise.md):
-    a HostScale, or the problem (a phrase) that left the host as profiled; None without
-    --server-log."""
+def _log_evidence(args, facts, profile_id: str, offset: int, duration, *, load: bool):
+    """What the server's log (read once, from `offset`) says (docs/advise.md): the eager host
+    without the profiler, a HostScale or the problem (a phrase) that left the host as
+    profiled; and with --load the burst split into its prefill phase and decode tail, a
+    ServedShare or the problem. (None, None) without --server-log."""
     from sglang_mixgraph.advise.server import AdviseError
-    from sglang_mixgraph.advise.server_log import host_scale
+    from sglang_mixgraph.advise.server_log import HostScale, host_scale, served_share
     from sglang_mixgraph.core.prefill_log import read_tail
 
     if not args.server_log:
-        return None
+        return None, None
     if facts.dp_size > 1 or facts.attn_dp_size > 1:
-        return "under data parallelism the log interleaves the ranks' batches"
-    try:
-        return host_scale(read_tail(Path(args.server_log).expanduser(), offset), profile_id)
-    except OSError as e:
-        raise AdviseError(
-            f"cannot read --server-log {args.server_log}: {e.strerror or e}"
-        ) from None
+        scale = "under data parallelism the log interleaves the ranks' batches"
+        text = None
+    else:
+        try:
+            text = read_tail(Path(args.server_log).expanduser(), offset)
+        except OSError as e:
+            raise AdviseError(
+                f"cannot read --server-log {args.server_log}: {e.strerror or e}"
+            ) from None
+        scale = host_scale(text, profile_id)
+    if not load:
+        return scale, None
+    if not isinstance(scale, HostScale):
+        return scale, "no unprofiled host to price the profiled batches with"
+    if duration is None:
+        return scale, f"the load client printed no benchmark duration within {args.timeout:g} s"
+    return scale, served_share(text, profile_id, scale, duration)
 
 
 def _judge(args, facts, traces: list[Path], profile: dict, found=None, served=None) -> str:
-    """Read every rank's trace and judge: the report's text (or strict JSON). `found` is
-    `_host_scale`'s answer, recorded in the profile as `unprofiled`; `served` is
-    `_served_share`'s, recorded as `served`."""
+    """Read every rank's trace and judge: the report's text (or strict JSON). `found` and
+    `served` are `_log_evidence`'s answers, recorded in the profile as `unprofiled` and
+    `served`."""
     from sglang_mixgraph.advise.report import report_json, report_text
     from sglang_mixgraph.advise.server import AdviseError
     from sglang_mixgraph.advise.server_log import HostScale, ServedShare
