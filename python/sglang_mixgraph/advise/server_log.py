@@ -48,23 +48,38 @@ class HostScale:
         }
 
 
+def _around(text: str, profile_id: str):
+    """The log's prefill batches by their place around the profile: ("before" | "inside" |
+    "after", batch), and the events ("start", None), ("stop", None) for this profile and
+    ("earlier stop", None) for another one's stop before it."""
+    place = "before"
+    for line in text.splitlines():
+        if place == "before" and (m := _START.search(line)) and m["id"].strip() == profile_id:
+            place = "inside"
+            yield "start", None
+        elif place != "after" and _STOP in line:
+            yield ("stop" if place == "inside" else "earlier stop"), None
+            place = "after" if place == "inside" else place
+        elif (b := parse_batch(line)) is not None:
+            yield place, b
+
+
 def windows(text: str, profile_id: str) -> tuple[list[Batch], list[Batch]] | None:
     """(batches before the profile, batches inside it), or None where the log does not hold
     that profile's start. "Before" starts after any earlier profile's stop."""
     before: list[Batch] = []
     during: list[Batch] | None = None
-    for line in text.splitlines():
-        if during is None:
-            if (m := _START.search(line)) and m["id"].strip() == profile_id:
-                during = []
-            elif _STOP in line:
-                before = []
-            elif b := parse_batch(line):
-                before.append(b)
-        elif _STOP in line:
-            break
-        elif b := parse_batch(line):
+    for place, b in _around(text, profile_id):
+        if place == "earlier stop":
+            before = []
+        elif place == "start":
+            during = []
+        elif place == "before":
+            before.append(b)
+        elif place == "inside":
             during.append(b)
+        elif place == "stop":
+            break
     return None if during is None else (before, during)
 
 
@@ -117,21 +132,19 @@ def served_share(
     outside: list[float] = []
     inside: list[float] = []
     export = None
-    seen, state = 0, "before"
-    for line in text.splitlines():
-        if state == "before" and (m := _START.search(line)) and m["id"].strip() == profile_id:
-            state = "inside"
-        elif state == "inside" and _STOP in line:
-            state = "stopped"
-        elif (b := parse_batch(line)) is not None:
-            seen += 1
-            if seen == 1 or b.gap_ms is None:
-                continue
-            if state == "stopped":
-                export, state = b.gap_ms / 1000, "after"
-            else:
-                (inside if state == "inside" else outside).append(b.gap_ms / 1000)
-    if state not in ("stopped", "after"):
+    seen, stopped = 0, False
+    for place, b in _around(text, profile_id):
+        stopped |= place == "stop"
+        if b is None:
+            continue
+        seen += 1
+        if seen == 1 or b.gap_ms is None:
+            continue
+        if place == "after" and export is None:
+            export = b.gap_ms / 1000
+        else:
+            (inside if place == "inside" else outside).append(b.gap_ms / 1000)
+    if not stopped:
         return f"the log does not show profile {profile_id} starting and stopping"
     timed = len(outside) + len(inside) + (export is not None)
     if len(outside) + len(inside) < MIN_BATCHES:
