@@ -63,6 +63,7 @@ def test_the_prediction_is_share_times_step_change(tmp_path, capsys, monkeypatch
         (tmp_path / "servers" / f"{arm}_{repeat + 1}.log").write_text("\n".join(burst(step, graph)))
         cells.append(
             {
+                "kind": "bench",
                 "arm": arm,
                 "repeat": repeat,
                 "block": 0,
@@ -70,6 +71,8 @@ def test_the_prediction_is_share_times_step_change(tmp_path, capsys, monkeypatch
                 "metrics": {"output_throughput": tok_s},
             }
         )
+        # ab's greedy token check after the load cell: same visit, no timing
+        cells.append({"kind": "tokens", "arm": arm, "repeat": repeat, "block": 0, "status": "ok"})
     (tmp_path / "results.json").write_text(json.dumps({"cells": cells}))
     monkeypatch.setattr(
         sys, "argv", ["serving_share.py", str(tmp_path), "--arm", "lean", "--min-tokens", "5000"]
