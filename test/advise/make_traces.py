@@ -191,6 +191,19 @@ def write(root: Path = TRACES) -> list[Path]:
     return written
 
 
+def reference_argv() -> list[str]:
+    """The recorded server's launch arguments: the DeepSeek-V4-Pro preset on two ranks with
+    DP attention, 2816 chunk tokens and 256 running requests a rank."""
+    from sglang_mixgraph.resolution.presets import DSV4_PRO
+
+    argv = list(DSV4_PRO.argv)
+    sizes = {"--tp": "2", "--attn-dp-size": "2", "--chunked-prefill-size": str(2816 * 2)}
+    sizes["--max-running-requests"] = str(256 * 2)
+    for flag, value in sizes.items():
+        argv[argv.index(flag) + 1] = value
+    return argv
+
+
 def record_server_info() -> dict:
     """`/server_info` as SGLang builds it (`build_server_info`: the resolved arguments, then
     the endpoint's `version` and `launch_command`), trimmed to what advise reads."""
@@ -201,11 +214,7 @@ def record_server_info() -> dict:
     from sglang_mixgraph.resolution.resolve import resolve, select_described_platform
 
     select_described_platform("H200")
-    argv = list(DSV4_PRO.argv)
-    sizes = {"--tp": "2", "--attn-dp-size": "2", "--chunked-prefill-size": str(2816 * 2)}
-    sizes["--max-running-requests"] = str(256 * 2)
-    for flag, value in sizes.items():
-        argv[argv.index(flag) + 1] = value
+    argv = reference_argv()
     os.environ.update(DSV4_PRO.env)
     resolved = resolve(argv, "H200").resolved
     info = {k: resolved[k] for k in RESOLVED_KEYS}

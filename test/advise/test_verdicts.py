@@ -45,12 +45,16 @@ def test_host_bound_eager_mixed_steps_switch_the_breakable_prefill_graph_on_firs
     assert graph.reason == (
         "host-bound: 212 ms of launch over 140 ms of kernels; a replayed step launches about 42 ms"
     )
-    # eager wall 212 ms; replay GPU 140 ms padded 2584 -> 2816 rows (+9.0%), times the replay's
-    # GPU factor 1.00-1.25 of the H200 slice (the capture width); replay host 30.6-54 ms: the
-    # replayed step is GPU-bound
-    assert graph.low_ms == pytest.approx(140 * 2816 / 2584 - 212, abs=0.05)
+    # eager wall 212 ms; replay GPU 140 ms padded 2584 -> 2592 rows, the band bucket `auto`
+    # derives for this server (2816 where the band does not fit: the high end), times the
+    # replay's GPU factor 1.00-1.25 of the H200 slice (the capture width; the middle at 1.00, the
+    # width advised); replay host 30.6-54 ms: the replayed step is GPU-bound
+    assert graph.low_ms == pytest.approx(140 * 2592 / 2584 - 212, abs=0.05)
     assert graph.high_ms == pytest.approx(140 * 2816 / 2584 * 963 / 773 - 212, abs=0.05)
-    assert graph.wall_ms == 212.0 and graph.low_ms < graph.delta_ms < graph.high_ms < 0
+    assert graph.delta_ms == pytest.approx(140 * 2592 / 2584 - 212, abs=0.05)
+    assert graph.wall_ms == 212.0 and graph.low_ms <= graph.delta_ms < graph.high_ms < 0
+    assert "padded to the 17 prefill buckets auto derives for this server (up to 2816), the high " \
+        "end to the 10 left where the 7 mixed-band buckets' capture does not fit" in graph.basis
     assert graph.flags[0] == "SGLANG_MIXGRAPH_PREFILL_BUCKETS=auto"
     # the capture width cut to the longest context seen (4608: page aligned already)
     assert graph.flags[1:] == ("--cuda-graph-prefill-max-context 4608",)
@@ -260,9 +264,9 @@ def test_the_range_is_the_spread_of_the_profiled_steps():
     graph = by_id(x)["prefill_graph"]
     # each step: its padded GPU work (above the replay's 30.6-54 ms of host) times the capture
     # width's 1.00-1.25, less its own wall
-    gpu = 140 * 2816 / 2584
+    gpu, gpu_hi = 140 * 2592 / 2584, 140 * 2816 / 2584  # auto's buckets, with the band and without
     lows = [gpu - s.wall_ms for s in mixed]
-    highs = [gpu * ev.DSV4_REPLAY_GPU_FACTOR.high - s.wall_ms for s in mixed]
+    highs = [gpu_hi * ev.DSV4_REPLAY_GPU_FACTOR.high - s.wall_ms for s in mixed]
     assert graph.low_ms == pytest.approx(_quantile(lows, 0.1))
     assert graph.high_ms == pytest.approx(_quantile(highs, 0.9))
     # wider than one step's own range (the capture width's factor alone)

@@ -38,6 +38,11 @@ RESOLVED_KEYS = (
     "enable_hisparse",
     "disable_cuda_graph",
     "cuda_graph_config",
+    "max_running_requests",
+    "page_size",
+    "moe_a2a_backend",
+    "cuda_graph_bs_prefill",
+    "cuda_graph_max_bs_prefill",
 )
 ENDPOINT_KEYS = ("version", "launch_command")
 # What every SGLang /server_info holds: without them the server is something else.
@@ -194,6 +199,11 @@ class ServerFacts:
     prefill_graph: PhaseGraph
     decode_graph: PhaseGraph
     launch_command: str | None
+    # What `auto`'s bucket derivation reads (advise.auto_buckets); None where unknown.
+    max_running_requests: int | None = None
+    page_size: int | None = None
+    moe_a2a_backend: str | None = None
+    prefill_buckets_user_set: bool = False
 
     @property
     def expected_traces(self) -> int:
@@ -244,6 +254,11 @@ class ServerFacts:
             prefill_graph=PhaseGraph.read(graphs, "prefill"),
             decode_graph=PhaseGraph.read(graphs, "decode"),
             launch_command=s.text("launch_command"),
+            max_running_requests=s.count("max_running_requests"),
+            page_size=s.count("page_size"),
+            moe_a2a_backend=s.text("moe_a2a_backend"),
+            prefill_buckets_user_set=bool(s.counts("cuda_graph_bs_prefill"))
+            or s.count("cuda_graph_max_bs_prefill") is not None,
         )
 
     @classmethod

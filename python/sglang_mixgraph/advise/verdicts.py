@@ -24,7 +24,8 @@ from sglang_mixgraph.advise.server import ServerFacts
 from sglang_mixgraph.advise.server_log import HostScale, ServedShare
 from sglang_mixgraph.advise.split_pricing import ModelLayers, StepPrice, price_step
 from sglang_mixgraph.advise.steps import Gpu, Step, med
-from sglang_mixgraph.advise.summary import padding_of
+from sglang_mixgraph.advise.auto_buckets import auto_prefill_buckets
+from sglang_mixgraph.advise.summary import bucket_for
 
 PAYS, MAY_PAY, NO_GAIN = "pays", "may pay", "no gain"
 ALREADY_ON, CANNOT_ACT, UNKNOWN = "already on", "cannot act", "unknown"
@@ -311,10 +312,11 @@ def _replay_host(x: Inputs, replayed: list[Step]) -> tuple[float, float, str] | 
     return per.low * layers, per.high * layers, f"{per.source}, {layers} layers"
 
 
-def _padding_share(step: Step, facts: ServerFacts) -> float | None:
-    """The rows a replay of this step would add in the server's bucket, over its rows."""
-    padding, rows = padding_of(step, facts)[1], step.label.rows
-    return padding / rows if padding is not None and rows else None
+def _padding_share(step: Step, buckets: tuple[int, ...]) -> float | None:
+    """The rows a replay of this step would add in its bucket of `buckets`, over its rows."""
+    rows = step.label.rows
+    bucket = bucket_for(rows, buckets) if rows else None
+    return (bucket - rows) / rows if bucket is not None and rows else None
 
 
 def prefill_graph_verdict(x: Inputs) -> Verdict:
@@ -347,7 +349,11 @@ def prefill_graph_verdict(x: Inputs) -> Verdict:
 
     host, kernel = med(s.host_ms for s in eager) * r, med(s.kernel_ms for s in eager)
     wall = med(eager_wall(s) for s in eager)
-    pads = [_padding_share(s, f) for s in eager]
+    # Priced in the buckets `auto` (the flag advised) would capture, where it derives them: the
+    # high end without the mixed band, which `auto` drops where the band's capture does not fit.
+    auto = auto_prefill_buckets(f)
+    pads = [_padding_share(s, auto.banded if auto else f.prefill_graph.buckets) for s in eager]
+    pads_hi = [_padding_share(s, auto.narrow) for s in eager] if auto else pads
     pad = med(pads) or 0.0
     factor = ev.DSV4_REPLAY_GPU_FACTOR if f.deepseek_v4 else None
     f_lo, f_hi = (factor.low, factor.high) if factor else (1.0, 1.0)
@@ -359,6 +365,8 @@ def prefill_graph_verdict(x: Inputs) -> Verdict:
         # longer than the width run eagerly. (The live-width indexer would cut the GPU work
         # too, but runs every c4 indexer eagerly: a replay's host grew to 451 ms with it.)
         flags.append(f"--cuda-graph-prefill-max-context {-(-longest // PAGE) * PAGE}")
+    # The middle at the factor's low end where the width advised is the live context.
+    f_mid = f_lo if len(flags) > 1 else (f_lo + f_hi) / 2
     if host > kernel:
         if h is None:
             return verdict(
@@ -379,11 +387,11 @@ def prefill_graph_verdict(x: Inputs) -> Verdict:
     if len(eager) < len(mixed):
         reason += f"; {len(eager)} of {len(mixed)} MIXED steps ran eagerly"
     lows, highs, mids = [], [], []
-    for step, p in zip(eager, pads, strict=True):
+    for step, p, p_hi in zip(eager, pads, pads_hi, strict=True):
         gpu = step.kernel_ms * (1 + (p or 0.0))  # padded to its bucket (0 where unknown)
         lows.append(max(h[0], gpu * f_lo) - eager_wall(step))
-        highs.append(max(h[1], gpu * f_hi) - eager_wall(step))
-        mids.append(max((h[0] + h[1]) / 2, gpu * (f_lo + f_hi) / 2) - eager_wall(step))
+        highs.append(max(h[1], step.kernel_ms * (1 + (p_hi or 0.0)) * f_hi) - eager_wall(step))
+        mids.append(max((h[0] + h[1]) / 2, gpu * f_mid) - eager_wall(step))
     low, high = _spread(lows, highs)
     served = {}
     if x.served is not None and wall > 0:
@@ -396,7 +404,18 @@ def prefill_graph_verdict(x: Inputs) -> Verdict:
         served = {"prefill_share": x.served.share, "time_per_token_change": change}
     gpu_src = factor.source if factor else "padding only (the capture width's cost is unmeasured)"
     padded = "padded to the server's prefill buckets"
-    if not f.prefill_graph.buckets:
+    if auto:
+        padded = (
+            f"padded to the {len(auto.banded)} prefill buckets auto derives for this server "
+            f"(up to {auto.banded[-1]})"
+        )
+        if auto.banded != auto.narrow:
+            band = len(auto.banded) - len(auto.narrow)
+            padded += (
+                f", the high end to the {len(auto.narrow)} left where the {band} mixed-band "
+                "buckets' capture does not fit (`plan` says whether it does)"
+            )
+    elif not f.prefill_graph.buckets:
         padded = "unpadded (no bucket list known without the server)"
     return verdict(
         _ranged(low, high),
