@@ -43,9 +43,7 @@ def test_the_list_is_the_one_the_patch_resolves_for_the_same_launch(plan_env):
 
 def test_the_list_an_h100_server_logged_for_chunk_1280():
     """The FP8 slice's `bcg-auto-lean` server (H100, 2026-12-07) logged its derived buckets."""
-    one_rank = facts(
-        tp_size=1, attn_dp_size=1, chunked_prefill_size=1280, max_running_requests=256
-    )
+    one_rank = facts(tp_size=1, attn_dp_size=1, chunked_prefill_size=1280, max_running_requests=256)
     logged = (16, 24, 40, 80, 160, 256, 320, 640, 1056, 1088, 1120, 1152, 1184, 1216, 1248, 1280)
     assert auto_prefill_buckets(one_rank).banded == logged
     # GLM-5: no band below the chunk (the patch keeps it for DeepSeek-V4 only)

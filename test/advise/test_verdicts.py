@@ -53,8 +53,10 @@ def test_host_bound_eager_mixed_steps_switch_the_breakable_prefill_graph_on_firs
     assert graph.high_ms == pytest.approx(140 * 2816 / 2584 * 963 / 773 - 212, abs=0.05)
     assert graph.delta_ms == pytest.approx(140 * 2592 / 2584 - 212, abs=0.05)
     assert graph.wall_ms == 212.0 and graph.low_ms <= graph.delta_ms < graph.high_ms < 0
-    assert "padded to the 17 prefill buckets auto derives for this server (up to 2816), the high " \
+    assert (
+        "padded to the 17 prefill buckets auto derives for this server (up to 2816), the high "
         "end to the 10 left where the 7 mixed-band buckets' capture does not fit" in graph.basis
+    )
     assert graph.flags[0] == "SGLANG_MIXGRAPH_PREFILL_BUCKETS=auto"
     # the capture width cut to the longest context seen (4608: page aligned already)
     assert graph.flags[1:] == ("--cuda-graph-prefill-max-context 4608",)

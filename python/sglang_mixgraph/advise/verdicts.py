@@ -20,11 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sglang_mixgraph.advise import evidence as ev
+from sglang_mixgraph.advise.auto_buckets import auto_prefill_buckets
 from sglang_mixgraph.advise.server import ServerFacts
 from sglang_mixgraph.advise.server_log import HostScale, ServedShare
 from sglang_mixgraph.advise.split_pricing import ModelLayers, StepPrice, price_step
 from sglang_mixgraph.advise.steps import Gpu, Step, med
-from sglang_mixgraph.advise.auto_buckets import auto_prefill_buckets
 from sglang_mixgraph.advise.summary import bucket_for
 
 PAYS, MAY_PAY, NO_GAIN = "pays", "may pay", "no gain"
