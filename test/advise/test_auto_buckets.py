@@ -11,7 +11,7 @@ from advise_standin import recorded_server_info
 from make_traces import reference_argv
 
 from sglang_mixgraph.advise.auto_buckets import auto_prefill_buckets, unhandled
-from sglang_mixgraph.advise.server import ServerFacts
+from sglang_mixgraph.advise.server import PhaseGraph, ServerFacts
 
 DSV4 = {"architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4"}
 GLM5 = {"architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa"}
@@ -60,6 +60,7 @@ def test_the_list_an_h100_server_logged_for_chunk_1280():
         ({"pp_size": 2}, "pipeline parallelism"),
         ({"context_parallel": True}, "context parallelism"),
         ({"chunked_prefill_size": None}, "chunked prefill"),
+        ({"prefill_graph": PhaseGraph("full", (512, 2816))}, "prefill graph backend 'full'"),
     ],
 )
 def test_where_auto_keeps_the_servers_list_advise_prices_that_list(change, why):

@@ -30,6 +30,8 @@ def unhandled(facts: ServerFacts) -> str | None:
     that `/server_info` shows, and buckets the user set), or None."""
     if facts.prefill_buckets_user_set:
         return "the prefill buckets are set on the command line (they win over auto)"
+    if facts.prefill_graph.backend not in ("breakable", "disabled"):
+        return f"prefill graph backend {facts.prefill_graph.backend!r}"
     if facts.pp_size > 1:
         return "pipeline parallelism"
     if facts.context_parallel:

@@ -360,13 +360,14 @@ def prefill_graph_verdict(x: Inputs) -> Verdict:
     h = _replay_host(x, replayed)
     flags = [_setting(PREFILL_BUCKETS, "auto")]
     longest = max((s.label.longest_context_at_least or 0) for s in mixed)
-    if f.deepseek_v4 and longest:
+    width_advised = bool(f.deepseek_v4 and longest)
+    if width_advised:
         # The low end of the GPU factor is a capture width cut to the live context; steps
         # longer than the width run eagerly. (The live-width indexer would cut the GPU work
         # too, but runs every c4 indexer eagerly: a replay's host grew to 451 ms with it.)
         flags.append(f"--cuda-graph-prefill-max-context {-(-longest // PAGE) * PAGE}")
     # The middle at the factor's low end where the width advised is the live context.
-    f_mid = f_lo if len(flags) > 1 else (f_lo + f_hi) / 2
+    f_mid = f_lo if width_advised else (f_lo + f_hi) / 2
     if host > kernel:
         if h is None:
             return verdict(
