@@ -17,6 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sglang_mixgraph.advise.server import ServerFacts
+from sglang_mixgraph.core.prefill_buckets import (
+    BucketDerivationError,
+    bucket_alignment,
+    derive_prefill_buckets,
+)
 
 
 @dataclass(frozen=True)
@@ -45,12 +50,6 @@ def unhandled(facts: ServerFacts) -> str | None:
 
 def auto_prefill_buckets(facts: ServerFacts) -> AutoBuckets | None:
     """The lists `auto` would derive for this server, or None where it keeps the server's."""
-    from sglang_mixgraph.core.prefill_buckets import (
-        BucketDerivationError,
-        bucket_alignment,
-        derive_prefill_buckets,
-    )
-
     if unhandled(facts) is not None:
         return None
     attn_dp = max(1, facts.attn_dp_size)

@@ -315,7 +315,7 @@ def _replay_host(x: Inputs, replayed: list[Step]) -> tuple[float, float, str] | 
 def _padding_share(step: Step, buckets: tuple[int, ...]) -> float | None:
     """The rows a replay of this step would add in its bucket of `buckets`, over its rows."""
     rows = step.label.rows
-    bucket = bucket_for(rows, buckets) if rows else None
+    bucket = bucket_for(rows, buckets)  # None for unknown rows
     return (bucket - rows) / rows if bucket is not None and rows else None
 
 
