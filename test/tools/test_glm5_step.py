@@ -102,6 +102,8 @@ def test_dropped_segments_read_from_the_last_counter_line(step):
         (["--lengths", "0,8192"], "--lengths: '0,8192': positive whole numbers"),
         (["--lengths", "1k"], "'1k': comma-separated whole numbers"),
         (["--arms", "eager,pcg"], "'eager,pcg': arms among eager,bcg,bcg-des"),
+        (["--arms", "bcg,bcg"], "'bcg,bcg': arms among eager,bcg,bcg-des, each once"),
+        (["--arms", "bcg#"], "'bcg#': arms among"),
         (["--rounds", "0"], "--rounds 0 --warmup 2: at least 1 round, warmup >= 0"),
         (["--layers", "1"], "--layers 1: at least 2"),
         (["--e2e-results", "/nonexistent.json"], "--e2e-results /nonexistent.json: no such file"),
@@ -169,6 +171,20 @@ def test_driver_times_interleaved_rounds_and_writes_the_summary(step, monkeypatc
     assert summary["breakable_vs_eager_8k"]["ratio"] == pytest.approx(2.0)
     assert summary["empty_segments_dropped"] == 0
     assert (summary["e2e_checks"], summary["e2e_failed"]) == (9, 0)
+
+
+def test_engines_start_in_the_given_order_and_a_twin_gives_the_same_arm_ratio(
+    step, monkeypatch, tmp_path
+):
+    rc, result = _drive(step, monkeypatch, tmp_path, "--arms", "bcg-des,bcg,bcg#2", "--lengths", "1024")
+    assert rc == 0 and list(result["samples_ms"]) == ["bcg-des", "bcg", "bcg#2"]
+    assert result["engine_kwargs"]["bcg#2"] == result["engine_kwargs"]["bcg"]
+    log = (tmp_path / "out" / "glm5_step.log").read_text().splitlines()
+    assert [x.split(":")[0] for x in log if ": ready" in x] == ["bcg-des", "bcg", "bcg#2"]
+    assert (tmp_path / "out" / "glm5_step_bcg-2.log").is_file()
+    same = result["summary"]["same_arm"]
+    assert list(same) == ["bcg#2"] and same["bcg#2"]["ratio"] == pytest.approx(1.0)
+    assert same["bcg#2"]["definition"] == "bcg step ms / bcg#2 step ms"
 
 
 def test_a_worker_that_never_answers_stops_the_run_at_its_deadline(step, monkeypatch, tmp_path):

@@ -10,6 +10,10 @@ One Engine per arm, each in a worker process of its own, all started before the 
 * ``bcg``: SGLang's breakable prefill graph, captured at exactly the timed prompt lengths;
 * ``bcg-des``: the same with ``drop_empty_segments`` (SGLANG_OPT_BCG_DROP_EMPTY_SEGMENTS=1).
 
+The Engines start in the order ``--arms`` gives; ``NAME#2`` starts a second Engine of an arm,
+and ``summary.same_arm`` gives the two's ratio: how far two processes of one configuration
+time apart, the floor under any other ratio of the run.
+
 SGLang 0.5.23 has no piecewise prefill graph (it refuses ``tc_piecewise``: "tc_piecewise was
 removed"), so breakable against piecewise is reported as not measurable, with breakable
 against eager beside it. Each round sends, for every prompt length (1k and 8k by default), one
@@ -64,12 +68,19 @@ def _positive_ints(text: str) -> list[int]:
     return sorted(set(values))
 
 
+def base_arm(label: str) -> str:
+    """The configuration an arm runs: ``bcg#2`` is a second Engine of ``bcg``."""
+    return label.split("#", 1)[0]
+
+
 def _arms(text: str) -> list[str]:
     arms = [a.strip() for a in text.split(",") if a.strip()]
-    unknown = [a for a in arms if a not in ARMS]
-    if unknown or not arms:
-        raise argparse.ArgumentTypeError(f"{text!r}: arms among {','.join(ARMS)}")
-    return [a for a in ARMS if a in arms]
+    bad = [a for a in arms if base_arm(a) not in ARMS or a.count("#") > 1 or a.endswith("#")]
+    if bad or not arms or len(set(arms)) != len(arms):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: arms among {','.join(ARMS)}, each once (a second Engine of one: NAME#2)"
+        )
+    return arms  # the order given is the order the Engines start in
 
 
 class _Parser(argparse.ArgumentParser):
@@ -85,7 +96,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--lengths", type=_positive_ints, default=[1024, 8192], help="prompt tokens")
     ap.add_argument("--rounds", type=int, default=10, help="timed rounds (each: every arm, length)")
     ap.add_argument("--warmup", type=int, default=2, help="rounds run first and discarded")
-    ap.add_argument("--arms", type=_arms, default=list(ARMS), help=f"among {','.join(ARMS)}")
+    ap.add_argument(
+        "--arms",
+        type=_arms,
+        default=list(ARMS),
+        help=f"among {','.join(ARMS)}, started in this order; NAME#2 starts a second Engine of one",
+    )
     ap.add_argument("--budget-s", type=float, default=560, help="the whole run's deadline")
     ap.add_argument("--e2e-results", type=Path, help="run_e2e.py's e2e_results.json (GLM-5)")
     ap.add_argument("--worker", choices=ARMS, help=argparse.SUPPRESS)  # an arm's Engine process
@@ -234,6 +250,11 @@ def summarize(samples: dict, lengths: list[int], arms: list[str]) -> dict:
         return {"ratio": None, "lo": None, "hi": None, "prompt": n, "why": f"needs {num} and {den}"}
 
     short, long_ = min(lengths), max(lengths)
+    same_arm = {
+        twin: ratio(base_arm(twin), twin, short, f"{base_arm(twin)} step ms / {twin} step ms")
+        for twin in arms
+        if twin != base_arm(twin)
+    }
     return {
         "drop_empty_segments_gain": ratio(
             "bcg", "bcg-des", short, "bcg step ms / bcg-des step ms (> 1: dropping is faster)"
@@ -249,6 +270,8 @@ def summarize(samples: dict, lengths: list[int], arms: list[str]) -> dict:
             "eager step ms / bcg step ms (> 1: the breakable graph is faster)",
         ),
         "per_arm": per,
+        # Two Engines of one configuration: how far apart two processes of the same arm time.
+        "same_arm": same_arm,
     }
 
 
@@ -306,14 +329,14 @@ class Arm:
 
     def __init__(self, name: str, args: argparse.Namespace, model_dir: str, work: Path):
         self.name = name
-        self.log_path = work / f"{name}.log"
-        steps = work / f"{name}_steps"
+        self.log_path = work / f"{file_name(name)}.log"
+        steps = work / f"{file_name(name)}_steps"
         steps.mkdir()
         cmd = [
             sys.executable,
             str(WORKER),
             "--worker",
-            name,
+            base_arm(name),
             "--model",
             model_dir,
         ]
@@ -323,7 +346,7 @@ class Arm:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=open(self.log_path, "w"),
-            env=arm_env(name, str(steps)),
+            env=arm_env(base_arm(name), str(steps)),
             text=True,
             start_new_session=True,
         )
@@ -357,6 +380,11 @@ class Arm:
             self.kill()
             self.proc.wait()
         return self.log_path.read_text(errors="replace")
+
+
+def file_name(label: str) -> str:
+    """An arm's label as a file name ('#' does not travel back from the GPU machine)."""
+    return label.replace("#", "-")
 
 
 def _generator():
@@ -416,7 +444,7 @@ def run(args: argparse.Namespace) -> int:
         for r, n, name in schedule(args.arms, args.lengths, args.warmup + args.rounds):
             seed += 1
             got = arms[name].step(n, seed, deadline)
-            if got.get("ms") is None or (name != "eager") != got.get("graph"):
+            if got.get("ms") is None or (base_arm(name) != "eager") != got.get("graph"):
                 raise RuntimeError(f"{name} at {n}: no EXTEND step of its kind logged ({got})")
             if r >= args.warmup:
                 samples[name][n].append(got["ms"])
@@ -437,13 +465,13 @@ def run(args: argparse.Namespace) -> int:
         "rounds": args.rounds,
         "warmup": args.warmup,
         "samples_ms": {a: {str(n): v for n, v in s.items()} for a, s in samples.items()},
-        "engine_kwargs": {a: engine_kwargs(a, "<model>", args.lengths) for a in args.arms},
+        "engine_kwargs": {a: engine_kwargs(base_arm(a), "<model>", args.lengths) for a in args.arms},
         "kit_env": gpu_machine.GLM5_ENV,
     }
     (args.out / "glm5_step.json").write_text(json.dumps(result, indent=1) + "\n")
     log(f"summary: {json.dumps(summary)}")
     for name, text in logs.items():
-        (args.out / f"glm5_step_{name}.log").write_text(text[-200000:])
+        (args.out / f"glm5_step_{file_name(name)}.log").write_text(text[-200000:])
     return 0 if status == "complete" else 1
 
 
