@@ -176,7 +176,9 @@ def test_driver_times_interleaved_rounds_and_writes_the_summary(step, monkeypatc
 def test_engines_start_in_the_given_order_and_a_twin_gives_the_same_arm_ratio(
     step, monkeypatch, tmp_path
 ):
-    rc, result = _drive(step, monkeypatch, tmp_path, "--arms", "bcg-des,bcg,bcg#2", "--lengths", "1024")
+    rc, result = _drive(
+        step, monkeypatch, tmp_path, "--arms", "bcg-des,bcg,bcg#2", "--lengths", "1024"
+    )
     assert rc == 0 and list(result["samples_ms"]) == ["bcg-des", "bcg", "bcg#2"]
     assert result["engine_kwargs"]["bcg#2"] == result["engine_kwargs"]["bcg"]
     log = (tmp_path / "out" / "glm5_step.log").read_text().splitlines()

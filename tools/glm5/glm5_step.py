@@ -465,7 +465,9 @@ def run(args: argparse.Namespace) -> int:
         "rounds": args.rounds,
         "warmup": args.warmup,
         "samples_ms": {a: {str(n): v for n, v in s.items()} for a, s in samples.items()},
-        "engine_kwargs": {a: engine_kwargs(base_arm(a), "<model>", args.lengths) for a in args.arms},
+        "engine_kwargs": {
+            a: engine_kwargs(base_arm(a), "<model>", args.lengths) for a in args.arms
+        },
         "kit_env": gpu_machine.GLM5_ENV,
     }
     (args.out / "glm5_step.json").write_text(json.dumps(result, indent=1) + "\n")
