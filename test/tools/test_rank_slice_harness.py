@@ -64,6 +64,9 @@ def test_every_arm_flag_is_a_plugin_or_sglang_flag():
     assert A.ARMS["bcg-auto-1s"].env == dict(
         A.ARMS["bcg-auto"].env, SGLANG_OPT_USE_MULTI_STREAM_OVERLAP="0"
     )
+    assert A.ARMS["bcg-auto-held"].env == dict(
+        A.ARMS["bcg-auto"].env, SGLANG_MIXGRAPH_BCG_HOLD_BREAK_INPUTS="1"
+    )
     assert A.ARMS["bcg-split-rd-lw"].env == dict(
         A.ARMS["bcg-split-rd-always"].env,
         SGLANG_OPT_DSV4_BCG_LIVE_WIDTH_INDEXER="1",

@@ -32,6 +32,7 @@ FORCE_BCG = "SGLANG_EXPERIMENTAL_FORCE_BCG"
 LIVE_WIDTH = "SGLANG_OPT_DSV4_BCG_LIVE_WIDTH_INDEXER"
 WO_A_IN_BREAK = "SGLANG_MIXGRAPH_BCG_WO_A_IN_BREAK"
 COMPRESS_CAP = "SGLANG_MIXGRAPH_BCG_COMPRESS_PLAN_CAP"
+HOLD = "SGLANG_MIXGRAPH_BCG_HOLD_BREAK_INPUTS"
 ONE_STREAM = {"SGLANG_OPT_USE_MULTI_STREAM_OVERLAP": "0"}  # upstream's DSV4 stream overlap off
 # An allowlist that names no installed plugin: SGLang loads none, so the arm is SGLang alone.
 NO_PLUGIN = {"SGLANG_PLUGINS": "none"}
@@ -81,6 +82,11 @@ ARMS = {
             "bcg-auto-lean",
             "bcg-auto-wo-a with the compressor plans capped (the replay's extra GPU work removed)",
             {BUCKETS: "auto", WO_A_IN_BREAK: "1", COMPRESS_CAP: "1"},
+        ),
+        Arm(
+            "bcg-auto-held",
+            "bcg-auto with the eager breaks' inputs from outside the pool held (capture memory)",
+            {BUCKETS: "auto", HOLD: "1"},
         ),
         Arm(
             "bcg-auto-ctx",
