@@ -424,6 +424,19 @@ def test_the_loads_whole_burst_gives_the_prefill_share_of_the_served_time(
     assert f"about {change:+.0%} of the time per output token" in graph["reason"]
 
 
+def test_the_text_names_what_the_rest_of_the_burst_holds(tmp_path, capsys, monkeypatch):
+    """The time outside the prefill phase is not all decode: the requests' wait before the
+    first batch is in the client's duration too."""
+    done = "print('Benchmark duration (s):'.ljust(40), '5.60', flush=True)"
+    assert _advise_on_a_logged_burst(tmp_path, monkeypatch, done) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    rest = 5.60 - (5 * 0.28 + 8 * 0.4)
+    assert (
+        f"the rest {rest:.1f} s (decode after the last prefill batch, and any wait before the "
+        "first): prefill share" in text
+    )
+
+
 def test_a_load_that_prints_no_duration_gives_no_share_and_says_why(tmp_path, capsys, monkeypatch):
     assert _advise_on_a_logged_burst(tmp_path, monkeypatch) == 0
     out = capsys.readouterr().out

@@ -243,7 +243,7 @@ def _log_size(path: str | None) -> int:
 def _log_evidence(args, facts, profile_id: str, offset: int, duration, *, load: bool):
     """What the server's log (read once, from `offset`) says (docs/advise.md): the eager host
     without the profiler, a HostScale or the problem (a phrase) that left the host as
-    profiled; and with --load the burst split into its prefill phase and decode tail, a
+    profiled; and with --load the burst split into its prefill phase and the rest, a
     ServedShare or the problem. (None, None) without --server-log."""
     from sglang_mixgraph.advise.server import AdviseError
     from sglang_mixgraph.advise.server_log import HostScale, host_scale, served_share

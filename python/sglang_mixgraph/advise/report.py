@@ -142,7 +142,8 @@ def _served_line(served: dict | None) -> list[str]:
         return _wrap(f"no prefill share of the load's burst: {served['problem']}", "")
     return _wrap(
         f"the load's burst: prefill phase {served['prefill_s']:.1f} s (unprofiled, "
-        f"{served['prefill_batches']} batches), decode tail {served['decode_tail_s']:.1f} s: "
+        f"{served['prefill_batches']} batches), the rest {served['decode_tail_s']:.1f} s (decode "
+        "after the last prefill batch, and any wait before the first): "
         f"prefill share {served['prefill_share']:.2f}",
         "",
     )

@@ -7,8 +7,9 @@ eager MIXED batches just before the profile against the median inside it is the 
 the profiler stretched the host; the profile's own lines ("Profiling starts ... (with profile
 id: ID)", "Stop profiling") mark the window. With the load's whole burst in the log and the
 client's benchmark duration, the burst splits into its prefill phase (the batches' gaps, those
-inside the profile priced by the factor) and the rest, the decode tail: a prefill step's change
-moves the time per output token by about the prefill share of it.
+inside the profile priced by the factor) and the rest (the decode after the last prefill batch,
+and the requests' wait before the first): a prefill step's change moves the time per output
+token by about the prefill share of it.
 """
 
 from __future__ import annotations
@@ -101,7 +102,8 @@ def host_scale(text: str, profile_id: str, last: int = 64) -> HostScale | str:
 @dataclass(frozen=True)
 class ServedShare:
     """The load's burst: its prefill phase priced unprofiled, and the rest of the client's
-    benchmark duration (the decode tail after the last prefill batch)."""
+    benchmark duration (the decode after the last prefill batch, and any wait before the first:
+    ``tail_s``, ``decode_tail_s`` in the JSON)."""
 
     prefill_s: float
     tail_s: float
