@@ -147,7 +147,8 @@ base = {"eager": 2.0, "bcg": 1.0, "bcg-des": 1.0}[arm]
 for line in sys.stdin:
     n, seed = map(int, line.split())
     rnd = (seed - 1) // 6  # 3 arms x 2 lengths per round: a round's noise hits every arm alike
-    say(kind="step", ms=base * n / 1024 * (1 + rnd % 3 / 10), graph=arm != "eager")
+    ms = base * n / 1024 * (1 + rnd % 3 / 10)
+    say(kind="step", ms=ms, host_ms=ms / 2, graph=arm != "eager")
 """
 
 
@@ -171,6 +172,9 @@ def test_driver_times_interleaved_rounds_and_writes_the_summary(step, monkeypatc
     assert summary["breakable_vs_eager_8k"]["ratio"] == pytest.approx(2.0)
     assert summary["empty_segments_dropped"] == 0
     assert (summary["e2e_checks"], summary["e2e_failed"]) == (9, 0)
+    bcg = summary["per_arm"]["bcg"]["1024"]  # the host's part rides along, per arm and length
+    assert bcg["host_median_ms"] == pytest.approx(bcg["median_ms"] / 2)
+    assert result["host_ms"]["bcg"]["1024"] == [x / 2 for x in result["samples_ms"]["bcg"]["1024"]]
 
 
 def test_engines_start_in_the_given_order_and_a_twin_gives_the_same_arm_ratio(
@@ -219,7 +223,7 @@ def test_the_step_timer_logs_each_forward(monkeypatch, tmp_path):
         ("EXTEND", 8, True),
         ("EXTEND", 3, False),
     ]
-    assert all(x["ms"] >= 0 for x in lines)
+    assert all(0 <= x["host_ms"] <= x["ms"] for x in lines)
 
 
 def test_sglang_plans_the_bcg_arm_with_the_timed_lengths_as_its_buckets(

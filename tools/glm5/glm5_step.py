@@ -232,14 +232,17 @@ def ratio_stats(num: list[float], den: list[float]) -> dict:
     }
 
 
-def summarize(samples: dict, lengths: list[int], arms: list[str]) -> dict:
-    """``samples[arm][length]``: the timed rounds' step ms, in round order."""
-    per = {
-        a: {
-            str(n): {"median_ms": round(median(samples[a][n]), 3)} for n in lengths if samples[a][n]
-        }
-        for a in arms
-    }
+def summarize(samples: dict, lengths: list[int], arms: list[str], host: dict | None = None) -> dict:
+    """``samples[arm][length]``: the timed rounds' step ms, in round order; ``host`` the same
+    shape, the host's part of each step (the per-arm medians only)."""
+
+    def medians(a: str, n: int) -> dict:
+        out = {"median_ms": round(median(samples[a][n]), 3)}
+        if host and host[a][n]:
+            out["host_median_ms"] = round(median(host[a][n]), 3)
+        return out
+
+    per = {a: {str(n): medians(a, n) for n in lengths if samples[a][n]} for a in arms}
 
     def ratio(num: str, den: str, n: int, definition: str) -> dict:
         if num in arms and den in arms and samples[num][n] and samples[den][n]:
@@ -314,7 +317,13 @@ def worker(args: argparse.Namespace) -> int:
                 steps += [json.loads(x) for x in f if x.strip()]
         mine = [s for s in steps if s["mode"] == "EXTEND" and s["rows"] == n]
         last = mine[-1] if mine else {}
-        _say(out, "step", ms=last.get("ms"), graph=bool(last.get("graph")))
+        _say(
+            out,
+            "step",
+            ms=last.get("ms"),
+            host_ms=last.get("host_ms"),
+            graph=bool(last.get("graph")),
+        )
         for fn in os.listdir(log_dir):  # the next prompt's line is then the only one
             os.remove(os.path.join(log_dir, fn))
     engine.shutdown()
@@ -431,7 +440,9 @@ def run(args: argparse.Namespace) -> int:
         f"glm5 step timing {time.strftime('%Y-%m-%d %H:%M:%S %Z')}: {args.layers} layers, arms "
         f"{args.arms}, prompts {args.lengths}, {args.rounds} rounds after {args.warmup} warm-up"
     )
-    arms, samples, status = {}, {a: {n: [] for n in args.lengths} for a in args.arms}, "complete"
+    arms, status = {}, "complete"
+    samples = {a: {n: [] for n in args.lengths} for a in args.arms}
+    host = {a: {n: [] for n in args.lengths} for a in args.arms}  # the host's part of each step
     # At the deadline every worker is killed: a blocked read then ends, and what was timed is kept.
     watchdog = threading.Timer(args.budget_s, lambda: [a.kill() for a in list(arms.values())])
     watchdog.daemon = True
@@ -448,13 +459,15 @@ def run(args: argparse.Namespace) -> int:
                 raise RuntimeError(f"{name} at {n}: no EXTEND step of its kind logged ({got})")
             if r >= args.warmup:
                 samples[name][n].append(got["ms"])
+                if got.get("host_ms") is not None:
+                    host[name][n].append(got["host_ms"])
     except (RuntimeError, TimeoutError) as e:
         status = f"stopped: {e}"
         log(status)
     watchdog.cancel()
     logs = {name: arm.stop() for name, arm in arms.items()}
     timed = min((len(v) for a in samples.values() for v in a.values()), default=0)
-    summary = summarize(samples, args.lengths, args.arms) if timed else {}
+    summary = summarize(samples, args.lengths, args.arms, host) if timed else {}
     summary["empty_segments_dropped"] = dropped_segments(logs.get("bcg-des", ""))
     summary.update(e2e_counts(args.e2e_results))
     result = {
@@ -465,6 +478,7 @@ def run(args: argparse.Namespace) -> int:
         "rounds": args.rounds,
         "warmup": args.warmup,
         "samples_ms": {a: {str(n): v for n, v in s.items()} for a, s in samples.items()},
+        "host_ms": {a: {str(n): v for n, v in s.items()} for a, s in host.items()},
         "engine_kwargs": {
             a: engine_kwargs(base_arm(a), "<model>", args.lengths) for a in args.arms
         },

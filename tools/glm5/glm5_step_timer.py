@@ -3,9 +3,10 @@
 Imported at start-up of every process of an arm's Engine (``MIXGRAPH_E2E_STARTUP``, read by
 tools/gpu-upstream/engine/sitecustomize.py, with this folder on ``PYTHONPATH``); only the
 scheduler runs forwards. Each ``ModelRunner.forward`` call appends one JSON line
-``{"mode", "rows", "graph", "ms"}`` to ``$GLM5_STEP_LOG/steps_<pid>.jsonl``: the forward mode at
-entry, the batch's tokens, whether a CUDA graph ran (``can_run_graph``) and the wall time between
-two ``torch.cuda.synchronize`` calls around it, i.e. the step's GPU and host work together.
+``{"mode", "rows", "graph", "ms", "host_ms"}`` to ``$GLM5_STEP_LOG/steps_<pid>.jsonl``: the
+forward mode at entry, the batch's tokens, whether a CUDA graph ran (``can_run_graph``), the wall
+time between two ``torch.cuda.synchronize`` calls around it (the step's GPU and host work
+together) and the host's part, the time until the call returned (what a slower process shows).
 """
 
 from __future__ import annotations
@@ -34,12 +35,18 @@ def _wrap_forward(model_runner_module) -> None:
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         out = forward(self, forward_batch, *args, **kwargs)
+        host_ms = (time.perf_counter() - t0) * 1e3
         torch.cuda.synchronize()
         ms = (time.perf_counter() - t0) * 1e3
         graph = bool(getattr(out, "can_run_graph", False))
         try:
             with open(path, "a") as f:
-                f.write(json.dumps({"mode": mode, "rows": rows, "graph": graph, "ms": ms}) + "\n")
+                f.write(
+                    json.dumps(
+                        {"mode": mode, "rows": rows, "graph": graph, "ms": ms, "host_ms": host_ms}
+                    )
+                    + "\n"
+                )
         except OSError as e:  # a timing line must never break a step
             sys.stderr.write(f"[glm5 step timer] {e!r}\n")
         return out
