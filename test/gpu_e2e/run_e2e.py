@@ -36,6 +36,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import statistics
@@ -270,6 +271,22 @@ def death_cause(log_text: str) -> str | None:
     return next((said for mark, said in DEATH_CAUSES if mark in log_text), None)
 
 
+_CAPTURE_END = re.compile(
+    r"Capture target (?P<kind>prefill|decode) CUDA graph end\..*mem usage=(?P<gb>-?[0-9.]+) GB"
+)
+
+
+def capture_memory(log_text: str) -> dict[str, float]:
+    """SGLang's own capture lines (``Capture target prefill|decode CUDA graph end ... mem
+    usage=X GB``, the free GPU memory the capture took): GB per kind, summed over the log's
+    schedulers. Another process allocating meanwhile moves it, so it is the capture's memory
+    only where the phase had the GPU to itself (``--parallel 1``)."""
+    out: dict[str, float] = {}
+    for m in _CAPTURE_END.finditer(log_text):
+        out[m["kind"]] = round(out.get(m["kind"], 0.0) + float(m["gb"]), 2)
+    return out
+
+
 def collect(
     phase, work, logs, seconds, timed_out, workload="full", dp=1, hold_break_inputs=False
 ) -> dict:
@@ -361,6 +378,7 @@ def collect(
         "wall_s": round(seconds, 1),
         "standins": sorted(set(standins)),
         "fallback_lines": sorted(set(fallbacks)),
+        "capture_mem_gb": capture_memory(text),
         "radix_lines": radix_lines[:20],
         "traceback": out.get("traceback", ""),
         "shutdown_error": out.get("shutdown_error"),
@@ -626,6 +644,9 @@ def main() -> int:
             log("   " + line)
         log(f"   step times: {step_times(rec.steps)}")
         log(f"   stand-ins used: {r['standins']}")
+        if r["capture_mem_gb"]:
+            alone = "alone on the GPU" if args.parallel == 1 else "other phases beside it"
+            log(f"   graph capture memory, SGLang's log ({alone}): {r['capture_mem_gb']} GB")
         if r["fallback_lines"]:
             log(f"   fallback log lines: {r['fallback_lines']}")
         for c in phase_checks:
@@ -647,6 +668,8 @@ def main() -> int:
             "standins": r["standins"],
             "stub_calls": rec.stub_calls,
             "fallback_lines": r["fallback_lines"],
+            "capture_mem_gb": r["capture_mem_gb"],
+            "capture_alone": args.parallel == 1,
             "shutdown_error": r["shutdown_error"],
             "checks": [asdict(c) for c in phase_checks],
             "outputs": rec.outputs,

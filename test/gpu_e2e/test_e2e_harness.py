@@ -718,6 +718,8 @@ if patches:
     snap = {"pid": 7, "events": patches, "fallbacks": {}}
     print("[x] sglang-mixgraph counters " + json.dumps(snap))
 print("[gpu-upstream] stand-in first use: sgl_kernel.rmsnorm -> torch (pid 7)")
+if graph:
+    print("[t] Capture target prefill CUDA graph end. elapsed=1.0 s, mem usage=0.50 GB, avail mem=9 GB.")
 json.dump({"ok": True, "outputs": {"r0": [1, 2]}, "expected_lens": {"r0": 2}, "timings": {}}, open(out, "w"))
 """
 
@@ -791,6 +793,25 @@ def test_driver_reports_phases_and_exits_zero_when_every_check_holds(tmp_path, m
     assert "radix cache ON (--radix on)" in log
     assert [c["name"] for c in report["phases"]["bcg-off-rd"]["checks"] if not c["ok"]] == []
     assert (tmp_path / "out" / "phase_logs.tgz").exists()
+    # SGLang's capture line, per phase: only the breakable phases capture a prefill graph
+    assert report["phases"]["bcg-off"]["capture_mem_gb"] == {"prefill": 0.5}
+    assert eager["capture_mem_gb"] == {} and report["phases"]["bcg-off"]["capture_alone"] is False
+    assert "graph capture memory, SGLang's log (other phases beside it): {'prefill': 0.5} GB" in log
+
+
+def test_capture_memory_sums_each_kind_over_the_logs_schedulers():
+    import run_e2e
+
+    log = "\n".join(
+        [
+            "[a] Capture target prefill CUDA graph begin. backend=breakable, avail mem=70.80 GB",
+            "[a] Capture target prefill CUDA graph end. elapsed=4.88 s, mem usage=7.37 GB, x",
+            "[b] Capture target prefill CUDA graph end. elapsed=4.10 s, mem usage=1.03 GB, x",
+            "[a] Capture target decode CUDA graph end. bs=[1, 2], elapsed=2.89 s, mem usage=-2.61 GB",
+        ]
+    )
+    assert run_e2e.capture_memory(log) == {"prefill": 8.4, "decode": -2.61}
+    assert run_e2e.capture_memory("no capture here") == {}
 
 
 def test_auto_radix_runs_the_baselines_first(tmp_path, monkeypatch):
