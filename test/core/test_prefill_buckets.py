@@ -13,6 +13,7 @@ from sglang_mixgraph.core.prefill_buckets import (
     BucketDerivationError,
     bucket_alignment,
     bucket_for,
+    derivation_gap,
     derive_prefill_buckets,
     mixed_sampling_rows_bound,
     padding_profile,
@@ -138,3 +139,25 @@ def test_mixed_sampling_rows_bound():
         mixed_sampling_rows_bound(running_per_rank=256, attn_dp_size=8, attn_dp_enabled=False)
         == 257
     )
+
+
+_PLAIN = dict(pp_size=1, context_parallel=False, speculative=False, chunked=True)
+
+
+@pytest.mark.parametrize(
+    "change, reason",
+    [
+        ({}, None),
+        ({"pp_size": 2}, "pipeline parallelism (upstream's PP bucket policy applies)"),
+        ({"context_parallel": True}, "prefill context parallelism"),
+        ({"speculative": True}, "speculative decoding"),
+        ({"pd_decode": True}, "PD decode node"),
+        ({"dllm": True}, "diffusion LLM inference"),
+        ({"chunked": False}, "chunked prefill disabled"),
+        # the first gap found is the one named
+        ({"pp_size": 4, "speculative": True, "chunked": False}, "pipeline parallelism (upstream"),
+    ],
+)
+def test_derivation_gap_names_what_leaves_the_list_to_upstream(change, reason):
+    got = derivation_gap(**{**_PLAIN, **change})
+    assert got is None if reason is None else got.startswith(reason)

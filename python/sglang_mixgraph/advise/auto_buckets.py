@@ -20,6 +20,7 @@ from sglang_mixgraph.advise.server import ServerFacts
 from sglang_mixgraph.core.prefill_buckets import (
     BucketDerivationError,
     bucket_alignment,
+    derivation_gap,
     derive_prefill_buckets,
 )
 
@@ -31,21 +32,18 @@ class AutoBuckets:
 
 
 def unhandled(facts: ServerFacts) -> str | None:
-    """Why `auto` would keep the server's list here (`planner.graph_plan.unhandled`'s cases
-    that `/server_info` shows, and buckets the user set), or None."""
+    """Why `auto` would keep the server's list here (buckets the user set, an unsupported
+    backend, then `core.prefill_buckets.derivation_gap` on what `/server_info` shows), or None."""
     if facts.prefill_buckets_user_set:
         return "the prefill buckets are set on the command line (they win over auto)"
     if facts.prefill_graph.backend not in ("breakable", "disabled"):
         return f"prefill graph backend {facts.prefill_graph.backend!r}"
-    if facts.pp_size > 1:
-        return "pipeline parallelism"
-    if facts.context_parallel:
-        return "context parallelism"
-    if facts.speculative_algorithm:
-        return "speculative decoding"
-    if not facts.chunked_prefill_size or facts.chunked_prefill_size <= 0:
-        return "chunked prefill is off or unknown"
-    return None
+    return derivation_gap(
+        pp_size=facts.pp_size,
+        context_parallel=bool(facts.context_parallel),
+        speculative=bool(facts.speculative_algorithm),
+        chunked=bool(facts.chunked_prefill_size) and facts.chunked_prefill_size > 0,
+    )
 
 
 def auto_prefill_buckets(facts: ServerFacts) -> AutoBuckets | None:

@@ -55,6 +55,33 @@ class BucketDerivationError(ValueError):
     """The inputs do not admit a bucket list (for example C above the MoE cap)."""
 
 
+def derivation_gap(
+    *,
+    pp_size: int,
+    context_parallel: bool,
+    speculative: bool,
+    chunked: bool,
+    pd_decode: bool = False,
+    dllm: bool = False,
+) -> str | None:
+    """Why the derivation leaves a breakable deployment to upstream's list (a phrase), or None.
+    The patch's resolution (``planner.graph_plan.unhandled``) and advise's pricing
+    (``advise.auto_buckets.unhandled``) both ask it, each from the facts it has."""
+    if pp_size > 1:
+        return "pipeline parallelism (upstream's PP bucket policy applies)"
+    if context_parallel:
+        return "prefill context parallelism"
+    if speculative:
+        return "speculative decoding"
+    if pd_decode:
+        return "PD decode node"
+    if dllm:
+        return "diffusion LLM inference"
+    if not chunked:
+        return "chunked prefill disabled"
+    return None
+
+
 def ceil_align(value: int, alignment: int) -> int:
     if alignment <= 1:
         return int(value)

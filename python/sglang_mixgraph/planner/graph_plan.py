@@ -25,7 +25,7 @@ from sglang_mixgraph.core.capture_memory import (
     ModelShape,
     Verdict,
 )
-from sglang_mixgraph.core.prefill_buckets import PaddingProfile
+from sglang_mixgraph.core.prefill_buckets import PaddingProfile, derivation_gap
 from sglang_mixgraph.planner.deployment_facts import Deployment
 from sglang_mixgraph.planner.memory_fit import MemoryFit
 from sglang_mixgraph.target_gpu import GpuSpec
@@ -52,19 +52,14 @@ def unhandled(facts: Deployment) -> str | None:
     backend = facts.prefill_graph.backend
     if backend != Backend.BREAKABLE:
         return None if backend == Backend.DISABLED else f"prefill graph backend {backend!r}"
-    if facts.memory.pp_size > 1:
-        return "pipeline parallelism (upstream's PP bucket policy applies)"
-    if facts.prefill_cp:
-        return "prefill context parallelism"
-    if facts.speculative_algorithm is not None:
-        return "speculative decoding"
-    if facts.disaggregation_mode == "decode":
-        return "PD decode node"
-    if facts.dllm:
-        return "diffusion LLM inference"
-    if not facts.chunked:
-        return "chunked prefill disabled"
-    return None
+    return derivation_gap(
+        pp_size=facts.memory.pp_size,
+        context_parallel=bool(facts.prefill_cp),
+        speculative=facts.speculative_algorithm is not None,
+        chunked=bool(facts.chunked),
+        pd_decode=facts.disaggregation_mode == "decode",
+        dllm=bool(facts.dllm),
+    )
 
 
 def bucket_top(facts: Deployment, upstream_max_bs: int | None) -> int:
