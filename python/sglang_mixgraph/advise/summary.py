@@ -11,24 +11,21 @@ attention DP the ranks pad to the largest rank's rows, so it is a lower bound th
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sglang_mixgraph.advise.server import ServerFacts
 from sglang_mixgraph.advise.steps import Step, med
+from sglang_mixgraph.core import prefill_buckets
 
 MODES = ("MIXED", "EXTEND", "DECODE")
 SHOWN_CLASSES = ("attention", "dequant", "indexer", "gemm")
 
 
 def bucket_for(rows: int | None, buckets: Sequence[int]) -> int | None:
-    """The smallest bucket that holds `rows` (None: unknown rows, or larger than every one)."""
-    if rows is None or not buckets:
-        return None
-    ordered = sorted(buckets)
-    i = bisect.bisect_left(ordered, rows)
-    return ordered[i] if i < len(ordered) else None
+    """The smallest bucket that holds `rows` (None: unknown rows, or larger than every one):
+    the patch's own `core.prefill_buckets.bucket_for`, for rows a trace may not tell."""
+    return None if rows is None else prefill_buckets.bucket_for(rows, buckets)
 
 
 def graph_buckets(step: Step, facts: ServerFacts) -> tuple[int, ...]:
